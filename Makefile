@@ -1,0 +1,32 @@
+# Two commands do all set-up on a fresh machine: `make train` (tiny GRPO demo on CPU) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rlcore-installed
+TINY_DIR := .cache/tiny_cpu
+
+.PHONY: env train test test-fast clean
+
+env: $(STAMP)
+
+# torch first (CPU wheel), then the package with a constraints file so pip never swaps in a CUDA torch.
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+# Builds the tiny task, tokenizer and SFT warm-started model (cached), then runs GRPO on it.
+train: $(STAMP)
+	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
+	$(PY) -m rlcore.train recipe=tiny_cpu $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests $(ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests $(ARGS)
+
+clean:
+	rm -rf .cache outputs

@@ -1,0 +1,8 @@
+"""Algorithm math: pure tensor functions in name registries (advantages, policy losses, KL, aggregation)."""
+
+from rlcore.algos.advantages import ADV_ESTIMATORS, compute_advantage
+from rlcore.algos.agg import LOSS_AGGREGATIONS, agg_loss
+from rlcore.algos.kl import KL_ESTIMATORS, kl_penalty, make_kl_controller
+from rlcore.algos.policy_loss import POLICY_LOSSES
+
+__all__ = ["ADV_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "agg_loss", "compute_advantage", "kl_penalty", "make_kl_controller"]

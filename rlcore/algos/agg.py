@@ -1,0 +1,58 @@
+"""Loss aggregation (`actor.loss_agg_mode`) that stays exact under gradient accumulation and data parallelism.
+
+A mini-batch is processed as several micro-batches on several ranks. Each micro-batch returns its share of the
+mini-batch loss, normalised by mini-batch-wide counts (`global_tokens`, `global_seqs`, summed over micro-batches
+and ranks), times `dp_size` because data-parallel gradient reduction averages over ranks. Summing the shares
+over micro-batches and averaging over ranks then gives exactly the loss of the whole mini-batch in one piece.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlcore.algos.registry import Registry
+
+LOSS_AGGREGATIONS = Registry("loss aggregation", "actor.loss_agg_mode")
+
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def _token_mean(loss_mat, mask, global_tokens, global_seqs, horizon):
+    """sum over all valid tokens / number of valid tokens in the mini-batch."""
+    return (loss_mat * mask).sum() / global_tokens
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
+def _seq_mean_token_sum(loss_mat, mask, global_tokens, global_seqs, horizon):
+    """mean over sequences of the per-sequence token sum."""
+    return (loss_mat * mask).sum() / global_seqs
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def _seq_mean_token_mean(loss_mat, mask, global_tokens, global_seqs, horizon):
+    """mean over sequences of the per-sequence token mean."""
+    per_seq = (loss_mat * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / global_seqs
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(loss_mat, mask, global_tokens, global_seqs, horizon):
+    """Dr. GRPO: token sums divided by a constant horizon (max response length), averaged over sequences."""
+    return (loss_mat * mask).sum() / (global_seqs * horizon)
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    global_tokens: float | None = None,
+    global_seqs: float | None = None,
+    dp_size: int = 1,
+) -> torch.Tensor:
+    """Aggregates `loss_mat` `[batch, response_len]` over `mask` (same shape, 0/1) into a scalar.
+
+    Without global counts this is the plain loss of this batch alone.
+    """
+    mask = mask.to(loss_mat.dtype)
+    global_tokens = mask.sum().clamp(min=1).item() if global_tokens is None else max(global_tokens, 1.0)
+    global_seqs = float(mask.shape[0]) if global_seqs is None else max(global_seqs, 1.0)
+    return LOSS_AGGREGATIONS.get(mode)(loss_mat, mask, global_tokens, global_seqs, mask.shape[-1]) * dp_size

@@ -1,0 +1,36 @@
+"""Policy losses, registered by `actor.policy_loss.loss_mode`.
+
+Each takes `old_log_prob`, `log_prob`, `advantages`, `response_mask` (all `[batch, response_len]`) and the
+actor config, and returns `(loss_mat, metrics)`: the per-token loss `[batch, response_len]` (aggregated by
+`rlcore.algos.agg`) and detached per-token statistics to aggregate the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlcore.algos.registry import Registry
+
+POLICY_LOSSES = Registry("policy loss", "actor.policy_loss.loss_mode")
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla_ppo_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0):
+    """PPO clip with dual clip (Ye et al. 2020).
+
+    ratio r = exp(clamp(log_prob - old_log_prob, -20, 20))
+    L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high));  for A < 0 additionally L = min(L, -A c).
+    """
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_clip = torch.maximum(unclipped, clipped)
+    loss_dual = torch.minimum(loss_clip, -advantages * clip_ratio_c)
+    loss_mat = torch.where(advantages < 0, loss_dual, loss_clip)
+    stats = {
+        "actor/pg_clipfrac": (clipped > unclipped).float().detach(),
+        "actor/pg_clipfrac_lower": ((loss_clip > -advantages * clip_ratio_c) & (advantages < 0)).float().detach(),
+        "actor/ppo_kl": (-log_ratio).detach(),
+    }
+    return loss_mat, stats

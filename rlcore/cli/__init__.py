@@ -1,0 +1,1 @@
+"""Command-line tools besides the Hydra trainer (asset preparation for the embedded demo)."""

@@ -1,0 +1,45 @@
+"""Typed config schema, Hydra registration and validation (importable without torch or ray).
+
+Entry points that use `@hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base="1.3")` must
+call `register_configs()` first: config/ppo_trainer.yaml's defaults list starts with the structured schema
+`rlcore_ppo_schema`, which lives in Hydra's ConfigStore, not on disk.
+"""
+
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlcore.config.schema import PPOConfig
+from rlcore.config.validate import BatchPlan, ConfigError, format_plan, validate_config
+
+# rlcore/config/__init__.py -> repository root -> config/ (present in a source checkout / editable install)
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")
+SCHEMA_NAME = "rlcore_ppo_schema"
+
+__all__ = [
+    "CONFIG_DIR", "SCHEMA_NAME", "BatchPlan", "ConfigError", "PPOConfig",
+    "compose", "format_plan", "register_configs", "validate_config",
+]
+
+
+def register_configs() -> None:
+    """Stores the structured schema in Hydra's ConfigStore under SCHEMA_NAME (safe to call repeatedly)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=PPOConfig)
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> DictConfig:
+    """Composes `config/<config_name>.yaml` with Hydra command-line style overrides, for tests and tools.
+
+    The result is in struct mode: reading or setting an unknown key raises. Not for use inside a running
+    `@hydra.main` app (Hydra allows one global initialization at a time)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    OmegaConf.set_struct(cfg, True)
+    return cfg

@@ -1,0 +1,398 @@
+"""Typed config tree for PPO/GRPO training: one dataclass per component, the single source of every default.
+
+Key names, meanings and defaults follow verl's config tree (shared/reference/verl_config_keys.txt), so verl command
+lines compose unchanged; rlcore additions and changed defaults say so in their comment. The tree is registered with
+Hydra's ConfigStore (see rlcore/config/__init__.py) so a misspelled key fails at composition.
+
+Conventions:
+- Enumerations are plain `str` fields with the allowed values in the field comment: OmegaConf structured configs
+  do not support `Literal`. rlcore/config/validate.py checks every enumeration and says which value to use.
+- Batch units follow verl: `data.train_batch_size` and `*ppo_mini_batch_size` count PROMPTS; `*_per_gpu` fields
+  count SAMPLES (prompt x response) per data-parallel rank; `*_max_token_len_per_gpu` count tokens per rank.
+- Defaults written as `II("...")` are OmegaConf interpolations copied from verl's YAML: they follow another key
+  until set explicitly (e.g. rollout.prompt_length follows data.max_prompt_length).
+- Dict fields (override_config, engine_kwargs.*) start empty; add keys with Hydra's `+key=value`, as in verl.
+
+This module imports neither torch nor ray.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II
+
+
+@dataclass
+class DataConfig:
+    """Prompt datasets (parquet in verl's row format) and the prompt batch (`data.*`)."""
+
+    tokenizer: Optional[str] = None  # tokenizer path for the dataset; None = actor_rollout_ref.model's
+    use_shm: bool = False  # copy dataset files to /dev/shm before reading
+    train_files: Any = "~/data/rlhf/gsm8k/train.parquet"  # parquet path or list of paths
+    val_files: Any = "~/data/rlhf/gsm8k/test.parquet"  # parquet path or list of paths
+    train_max_samples: int = -1  # use only the first N training rows; -1 = all
+    val_max_samples: int = -1  # use only the first N validation rows; -1 = all
+    prompt_key: str = "prompt"  # column holding the prompt as chat messages
+    reward_fn_key: str = "data_source"  # column that selects the rule scorer
+    max_prompt_length: int = 512  # prompt tokens at most (see truncation / filter_overlong_prompts)
+    max_response_length: int = 512  # generated tokens per sample at most
+    train_batch_size: int = 1024  # PROMPTS per training step; samples = this x rollout.n
+    val_batch_size: Optional[int] = None  # prompts per validation batch; None = the whole validation set
+    return_raw_input_ids: bool = False  # also return un-padded prompt ids (for a reward model's tokenizer)
+    return_raw_chat: bool = True  # keep the chat messages in the batch (needed by chat-based rollouts)
+    return_full_prompt: bool = False  # keep the templated prompt string in the batch
+    shuffle: bool = True  # shuffle training prompts each epoch
+    validation_shuffle: bool = False  # shuffle validation prompts
+    seed: Optional[int] = None  # shuffle seed; None = trainer.seed
+    dataloader_num_workers: int = 8  # DataLoader worker processes
+    filter_overlong_prompts: bool = False  # drop prompts longer than max_prompt_length at load time
+    filter_overlong_prompts_workers: int = 1  # processes used for that filtering
+    truncation: str = "error"  # overlong prompt handling: error | left | right | middle
+    trust_remote_code: bool = False  # allow custom tokenizer code
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments
+
+
+@dataclass
+class ModelConfig:
+    """The policy model shared by actor, reference and rollout (`actor_rollout_ref.model.*`)."""
+
+    path: str = "~/models/deepseek-llm-7b-chat"  # local HF model directory (save_pretrained layout)
+    hf_config_path: Optional[str] = None  # HF config to use instead of path's; None = path
+    tokenizer_path: Optional[str] = None  # None = path
+    use_shm: bool = False  # copy the model to /dev/shm before loading
+    trust_remote_code: bool = False  # allow custom model code from the model directory
+    custom_chat_template: Optional[str] = None  # Jinja chat template replacing the tokenizer's
+    external_lib: Optional[str] = None  # module imported before loading (registers custom architectures)
+    override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
+    enable_gradient_checkpointing: bool = True  # recompute activations in backward
+    enable_activation_offload: bool = False  # offload checkpointed activations to CPU
+    use_remove_padding: bool = True  # packed (varlen) sequences without pad tokens
+    lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (> 0 not supported yet by rlcore)
+    lora_alpha: int = 16  # LoRA scaling numerator
+    target_modules: Any = "all-linear"  # LoRA target modules: "all-linear" or a list of names
+    use_fused_kernels: bool = False  # fused log-prob/entropy kernels
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (`*.optim.*`)."""
+
+    optimizer: str = "AdamW"  # optimizer class name
+    lr: float = 1e-6  # peak learning rate
+    lr_warmup_steps: int = -1  # linear warmup steps; -1 = lr_warmup_steps_ratio x total_training_steps
+    lr_warmup_steps_ratio: float = 0.0  # warmup as a fraction of total steps, in [0, 1]
+    total_training_steps: int = -1  # schedule length; -1 = filled in by the trainer
+    weight_decay: float = 0.01  # decoupled weight decay
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
+    clip_grad: float = 1.0  # max global grad norm
+    lr_scheduler_type: str = "constant"  # after warmup: constant | cosine
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+    num_cycles: float = 0.5  # cosine cycles over the schedule (0.5 = one half-cosine decay)
+
+
+@dataclass
+class WrapPolicyConfig:
+    """Which modules get their own FSDP unit (`*.fsdp_config.wrap_policy.*`)."""
+
+    min_num_params: int = 0  # wrap modules with at least this many parameters; 0 = per decoder layer
+
+
+@dataclass
+class FSDPConfig:
+    """FSDP2 sharding, offload and precision (`*.fsdp_config.*`)."""
+
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)  # FSDP unit granularity
+    param_offload: bool = False  # keep parameters on CPU between uses
+    optimizer_offload: bool = False  # keep optimizer state on CPU between steps
+    offload_policy: bool = False  # FSDP2 CPUOffloadPolicy (params + grads + optimizer step on CPU)
+    reshard_after_forward: bool = True  # free gathered params after forward (ZeRO-3); False = ZeRO-2
+    fsdp_size: int = -1  # ranks per shard group; -1 = all data-parallel ranks (otherwise HSDP)
+    forward_prefetch: bool = False  # prefetch the next unit's all-gather during forward
+    model_dtype: str = "fp32"  # dtype the weights are loaded and kept in: fp32 | bf16 | fp16 (long names ok)
+    dtype: str = "bfloat16"  # mixed-precision compute dtype: bfloat16 | float16 | float32 (short names ok)
+
+
+@dataclass
+class CheckpointConfig:
+    """What a checkpoint holds (`actor_rollout_ref.actor.checkpoint.*`)."""
+
+    save_contents: List[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # + "hf_model"
+    load_contents: List[str] = II(".save_contents")  # what to restore; default = save_contents
+
+
+@dataclass
+class PolicyLossConfig:
+    """Policy-gradient loss variant (`actor_rollout_ref.actor.policy_loss.*`)."""
+
+    loss_mode: str = "vanilla"  # registered loss name (vanilla = PPO clip); rlcore/algos checks the name
+    clip_cov_ratio: float = 0.0002  # clip_cov: fraction of tokens clipped
+    clip_cov_lb: float = 1.0  # clip_cov: covariance lower bound
+    clip_cov_ub: float = 5.0  # clip_cov: covariance upper bound
+    kl_cov_ratio: float = 0.0002  # kl_cov: fraction of tokens with a KL penalty
+    ppo_kl_coef: float = 0.1  # kl_cov: penalty coefficient
+
+
+@dataclass
+class ActorConfig:
+    """The trained policy: PPO update, losses, optimizer and sharding (`actor_rollout_ref.actor.*`)."""
+
+    strategy: str = "fsdp"  # fsdp | fsdp2 (both run FSDP2 in rlcore); megatron: not supported yet
+    ppo_mini_batch_size: int = 256  # PROMPTS per optimizer step; samples = this x rollout.n
+    ppo_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward/backward per rank
+    use_dynamic_bsz: bool = False  # form micro-batches by token budget instead of sample count
+    ppo_max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank (use_dynamic_bsz)
+    ppo_epochs: int = 1  # passes over each step's samples
+    shuffle: bool = False  # shuffle samples between mini-batches
+    clip_ratio: float = 0.2  # PPO clip epsilon (fallback for clip_ratio_low/high)
+    clip_ratio_low: float = 0.2  # lower clip: ratio >= 1 - clip_ratio_low
+    clip_ratio_high: float = 0.2  # upper clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher)
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; must be > 1
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # loss variant
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    entropy_coeff: float = 0.0  # entropy bonus weight (0 = off)
+    use_kl_loss: bool = False  # add KL(actor || ref) to the loss (GRPO style); needs the ref model
+    kl_loss_coef: float = 0.001  # weight of that KL term
+    kl_loss_type: str = "low_var_kl"  # kl|k1 | abs | mse|k2 | low_var_kl|k3, each optionally with "+"
+    grad_clip: float = 1.0  # max global grad norm (verl's actor key; optim.clip_grad is the engine's)
+    ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size (> 1 not supported yet)
+    use_torch_compile: bool = True  # torch.compile the log-prob/entropy helpers
+    entropy_from_logits_with_chunking: bool = False  # compute entropy in chunks to save memory
+    entropy_checkpointing: bool = False  # recompute entropy in backward to save memory
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoint contents
+    optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy for the KL term (`actor_rollout_ref.ref.*`); built only when a KL uses it."""
+
+    strategy: str = II("actor_rollout_ref.actor.strategy")  # same choices as actor.strategy
+    log_prob_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
+    log_prob_use_dynamic_bsz: bool = II("oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false")  # token budgets
+    log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
+    ulysses_sequence_parallel_size: int = II("oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1")
+    use_torch_compile: bool = II("oc.select:actor_rollout_ref.actor.use_torch_compile,true")  # as actor's
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding (param_offload is the usual change)
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling for validation generations (`actor_rollout_ref.rollout.val_kwargs.*`); greedy by default."""
+
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    temperature: float = 0.0  # 0 = greedy
+    n: int = 1  # samples per validation prompt
+    do_sample: bool = False  # False = greedy decoding
+
+
+@dataclass
+class RolloutEngineKwargs:
+    """Extra engine arguments passed through unchanged (`actor_rollout_ref.rollout.engine_kwargs.*`)."""
+
+    vllm: Dict[str, Any] = field(default_factory=dict)  # vllm.LLM / engine arguments
+    native: Dict[str, Any] = field(default_factory=dict)  # rlcore addition: native engine arguments
+
+
+@dataclass
+class RolloutConfig:
+    """Generation engine and sampling for training rollouts (`actor_rollout_ref.rollout.*`)."""
+
+    name: str = "native"  # native | vllm | hf (= native); sglang not supported yet. verl: mandatory (???)
+    mode: str = "async"  # sync | async
+    n: int = 1  # samples per prompt (the GRPO group size)
+    temperature: float = 1.0  # >= 0; 0 = greedy
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    do_sample: bool = True  # False = greedy decoding
+    ignore_eos: bool = False  # keep generating past EOS up to response_length
+    prompt_length: int = II("oc.select:data.max_prompt_length,512")  # max prompt tokens
+    response_length: int = II("oc.select:data.max_response_length,512")  # max generated tokens
+    dtype: str = "bfloat16"  # rollout weights/compute dtype: bfloat16 | float16 | float32 (short names ok)
+    gpu_memory_utilization: float = 0.5  # vllm: fraction of device memory for weights + KV cache, in (0, 1]
+    tensor_model_parallel_size: int = 2  # rollout TP; divides the world size, <= trainer.n_gpus_per_node
+    data_parallel_size: int = 1  # vllm: data-parallel replicas inside one engine
+    pipeline_model_parallel_size: int = 1  # vllm: pipeline stages
+    max_num_batched_tokens: int = 8192  # vllm: tokens per scheduler step
+    max_model_len: Optional[int] = None  # engine context length; None = prompt_length + response_length
+    max_num_seqs: int = 256  # sequences decoded concurrently
+    enable_chunked_prefill: bool = True  # vllm: split long prefills across steps
+    enable_prefix_caching: bool = True  # reuse KV of shared prefixes (the n samples of a prompt)
+    enforce_eager: bool = False  # vllm: no CUDA graphs
+    free_cache_engine: bool = True  # free the KV cache after each generation (hybrid engine)
+    load_format: str = "dummy"  # vllm weight init before the first sync: dummy | auto | ...
+    disable_log_stats: bool = True  # vllm: silence periodic stats
+    log_prob_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per old-log-prob forward per rank
+    log_prob_use_dynamic_bsz: bool = II("oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false")  # token budgets
+    log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
+    calculate_log_probs: bool = False  # also return the engine's own log-probs (for mismatch metrics)
+    layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
+    update_weights_bucket_megabytes: int = 512  # rlcore addition: weight-sync bucket size
+    engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)  # engine pass-through
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)  # validation sampling
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """Actor, rollout and reference colocated on the same devices (`actor_rollout_ref.*`)."""
+
+    hybrid_engine: bool = True  # rollout shares the actor's devices and weights (rlcore requires True)
+    nccl_timeout: int = 600  # seconds before a collective times out
+    model: ModelConfig = field(default_factory=ModelConfig)  # the policy model
+    actor: ActorConfig = field(default_factory=ActorConfig)  # training
+    ref: RefConfig = field(default_factory=RefConfig)  # frozen reference
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # generation
+
+
+@dataclass
+class CriticModelConfig:
+    """Value model (`critic.model.*`)."""
+
+    path: str = "~/models/deepseek-llm-7b-chat"  # local HF model directory
+    tokenizer_path: Optional[str] = II('oc.select:actor_rollout_ref.model.path,"~/models/deepseek-llm-7b-chat"')
+    override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
+    external_lib: Optional[str] = II("oc.select:actor_rollout_ref.model.external_lib,null")  # as the actor's
+    trust_remote_code: bool = II("oc.select:actor_rollout_ref.model.trust_remote_code,false")  # as the actor's
+    enable_gradient_checkpointing: bool = True  # recompute activations in backward
+    use_remove_padding: bool = False  # packed (varlen) sequences
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
+
+
+@dataclass
+class CriticConfig:
+    """Value function for GAE (`critic.*`). rlcore has no critic worker yet; the keys exist so verl lines compose."""
+
+    enable: Optional[bool] = None  # None = on exactly when algorithm.adv_estimator needs it (gae)
+    strategy: str = "fsdp"  # fsdp | fsdp2
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)  # value model
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # optimizer (verl: lr 1e-5)
+    ppo_mini_batch_size: int = II("oc.select:actor_rollout_ref.actor.ppo_mini_batch_size,256")  # PROMPTS
+    ppo_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
+    ppo_micro_batch_size_per_gpu: Optional[int] = II("oc.select:.ppo_micro_batch_size,null")  # SAMPLES per rank
+    use_dynamic_bsz: bool = II("oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false")  # token budgets
+    ppo_max_token_len_per_gpu: int = 32768  # token budget per micro-batch per rank
+    ppo_epochs: int = II("oc.select:actor_rollout_ref.actor.ppo_epochs,1")  # passes per step
+    shuffle: bool = II("oc.select:actor_rollout_ref.actor.shuffle,false")  # shuffle between mini-batches
+    cliprange_value: float = 0.5  # value clip range
+    loss_agg_mode: str = II("oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean")  # as the actor's
+    grad_clip: float = 1.0  # max global grad norm
+    ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size
+
+
+@dataclass
+class RewardModelModelConfig:
+    """Model-based reward's network (`reward_model.model.*`)."""
+
+    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"  # local HF model directory
+    input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")  # tokenizer of the policy's responses
+    trust_remote_code: bool = False  # allow custom model code
+    use_remove_padding: bool = False  # packed (varlen) sequences
+
+
+@dataclass
+class RewardModelConfig:
+    """Reward computation: rule scorers by default, optionally a reward model (`reward_model.*`)."""
+
+    enable: bool = False  # score with a reward model (False = rule scorers / custom_reward_function)
+    strategy: str = "fsdp"  # reward model backend
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model
+    micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
+    micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
+    max_length: Optional[int] = None  # max tokens per scored sequence
+    reward_manager: str = "naive"  # reward manager name (how scorers are called over a batch)
+    launch_reward_fn_async: bool = False  # score on the controller while the actor computes log-probs
+
+
+@dataclass
+class KLControlConfig:
+    """Coefficient schedule of the in-reward KL penalty (`algorithm.kl_ctrl.*`)."""
+
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001  # (initial) coefficient
+    horizon: int = 10000  # adaptive: steps over which the coefficient adapts
+    target_kl: float = 0.1  # adaptive: KL the controller steers towards
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and in-reward KL (`algorithm.*`)."""
+
+    gamma: float = 1.0  # discount factor
+    lam: float = 1.0  # GAE lambda
+    adv_estimator: str = "gae"  # registered estimator (grpo, rloo, reinforce_plus_plus, ...); gae: not supported yet
+    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO)
+    use_kl_in_reward: bool = False  # subtract a KL penalty from the reward; needs the ref model
+    kl_penalty: str = "kl"  # KL estimator for the reward penalty; same choices as actor.kl_loss_type
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # coefficient schedule
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user scoring function loaded from a file (`custom_reward_function.*`)."""
+
+    path: Optional[str] = None  # Python file; None = built-in rule scorers by data_source
+    name: str = "compute_score"  # function name in that file
+
+
+@dataclass
+class TrainerConfig:
+    """Loop length, resources, validation, checkpoints and logging (`trainer.*`)."""
+
+    balance_batch: bool = True  # reorder samples so every rank gets a similar token count
+    total_epochs: int = 30  # passes over the training prompts (ignored when total_training_steps is set)
+    total_training_steps: Optional[int] = None  # training steps; None = total_epochs x steps per epoch
+    project_name: str = "verl_examples"  # tracker project
+    experiment_name: str = "gsm8k"  # tracker run name
+    logger: List[str] = field(default_factory=lambda: ["console", "wandb"])  # trackers, e.g. [console, jsonl]
+    log_val_generations: int = 0  # validation samples printed/logged per validation
+    rollout_data_dir: Optional[str] = None  # dump training generations here as JSONL
+    validation_data_dir: Optional[str] = None  # dump validation generations here as JSONL
+    nnodes: int = 1  # machines
+    n_gpus_per_node: int = 8  # devices per machine (ranks per node; also with device=cpu)
+    save_freq: int = -1  # checkpoint every N steps; -1 = never
+    resume_mode: str = "auto"  # auto (latest in default_local_dir) | disable | resume_path
+    resume_from_path: Optional[str] = None  # checkpoint folder for resume_mode=resume_path
+    val_before_train: bool = True  # validate once before the first step
+    val_only: bool = False  # validate and exit
+    test_freq: int = -1  # validate every N steps; -1 = never
+    critic_warmup: int = 0  # steps that update only the critic
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # checkpoints
+    del_local_ckpt_after_load: bool = False  # delete the local checkpoint once loaded
+    max_actor_ckpt_to_keep: Optional[int] = None  # keep the newest N actor checkpoints; None = all
+    max_critic_ckpt_to_keep: Optional[int] = None  # keep the newest N critic checkpoints; None = all
+    device: str = "cuda"  # cuda | cpu (rlcore addition: gloo on CPU); npu not supported
+    seed: int = 1  # rlcore addition: global seed (data order, sampling, init)
+
+
+@dataclass
+class RayInitConfig:
+    """Arguments of `ray.init` (`ray_kwargs.ray_init.*`)."""
+
+    num_cpus: Optional[int] = None  # CPUs of a locally started cluster; None = all
+    address: Optional[str] = None  # rlcore addition: running cluster to join; None = env RAY_ADDRESS or a new one
+
+
+@dataclass
+class RayKwargsConfig:
+    """Ray settings (`ray_kwargs.*`)."""
+
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)  # ray.init arguments
+    timeline_json_file: Optional[str] = None  # write a Ray timeline (chrome trace) here
+
+
+@dataclass
+class PPOConfig:
+    """Root of the PPO/GRPO trainer config (config/ppo_trainer.yaml composes onto this)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

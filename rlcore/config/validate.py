@@ -1,0 +1,445 @@
+"""Checks a composed PPO config and derives every batch size, before Ray starts.
+
+`validate_config(cfg)` collects ALL violations and raises one `ConfigError` listing them; each message names the
+key(s), the value(s), the rule and a valid alternative computed from the numbers. On success it returns a
+`BatchPlan` that the trainer prints with `format_plan` and can use instead of re-deriving sizes.
+
+Units (verl semantics): data.train_batch_size and actor.ppo_mini_batch_size count PROMPTS; each prompt becomes
+rollout.n SAMPLES; `*_per_gpu` sizes count SAMPLES per data-parallel rank. dp = world / ulysses_sp.
+
+This module imports neither torch nor ray.
+"""
+
+import difflib
+import math
+from dataclasses import dataclass, is_dataclass
+from typing import Any, Callable, Iterable, List, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+ARR = "actor_rollout_ref"
+STRATEGIES = ("fsdp", "fsdp2")
+ROLLOUT_NAMES = ("native", "vllm", "hf")
+ROLLOUT_MODES = ("sync", "async")
+TRUNCATIONS = ("error", "left", "right", "middle")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_TYPES = _KL_BASE + tuple(name + "+" for name in _KL_BASE)  # "+": straight-through k2 gradient
+KL_CTRL_TYPES = ("fixed", "adaptive")
+DEVICES = ("cuda", "cpu")
+RESUME_MODES = ("auto", "disable", "resume_path")
+LR_SCHEDULERS = ("constant", "cosine")
+DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
+GROUP_ESTIMATORS = ("grpo", "rloo")  # advantages relative to the n samples of a prompt: need n >= 2
+
+_UNSUPPORTED_STRATEGY = {"megatron": "is not supported yet by rlcore; use {key}=fsdp2"}
+_UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
+_UNSUPPORTED_DEVICE = {"npu": "is not supported by rlcore; use {key}=cuda or {key}=cpu"}
+
+
+class ConfigError(ValueError):
+    """Invalid user configuration; `messages` holds every violation found, each with its fix."""
+
+    def __init__(self, messages: Sequence[str]):
+        self.messages = list(messages)
+        super().__init__(self.messages)
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.messages)} config error(s):"]
+        lines += [f"  {i}. {message}" for i, message in enumerate(self.messages, 1)]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Sizes of one training step derived from the config (prompts, samples, mini- and micro-batches)."""
+
+    world_size: int  # ranks = trainer.nnodes x trainer.n_gpus_per_node
+    dp_size: int  # data-parallel ranks = world_size / ulysses_sequence_parallel_size
+    prompts_per_step: int  # data.train_batch_size
+    samples_per_step: int  # prompts_per_step x rollout.n
+    mini_batches_per_step: int  # train_batch_size / ppo_mini_batch_size
+    samples_per_mini_batch: int  # ppo_mini_batch_size x rollout.n
+    samples_per_mini_batch_per_rank: int  # samples_per_mini_batch / dp_size
+    micro_batches_per_mini_batch_per_rank: Optional[int]  # None under use_dynamic_bsz (token budgets)
+    samples_per_rank_per_step: int  # samples_per_step / dp_size
+    optimizer_steps_per_step: int  # mini_batches_per_step x ppo_epochs
+    ppo_micro_batch_size_per_rank: Optional[int]  # resolved from *_per_gpu or the deprecated global key
+    log_prob_micro_batch_size_per_rank: Optional[int]  # rollout (old log-prob) micro-batch; None = dynamic
+    ref_log_prob_micro_batch_size_per_rank: Optional[int]  # None = dynamic or no reference policy
+    use_reference_policy: bool  # actor.use_kl_loss or algorithm.use_kl_in_reward
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _nearest(value: int, ok: Callable[[int], bool], lo: int, hi: int) -> List[int]:
+    """The closest integers below and above `value` (value itself excluded) in [lo, hi] that satisfy `ok`."""
+    below = next((v for v in range(min(value - 1, hi), lo - 1, -1) if ok(v)), None)
+    above = next((v for v in range(max(value + 1, lo), hi + 1) if ok(v)), None)
+    return [v for v in (below, above) if v is not None]
+
+
+def _suggest(value: int, tiers: Iterable[Callable[[int], bool]], lo: int, hi: int) -> List[int]:
+    """Nearest values from the strictest tier that has any (tiers go from all constraints to the rule alone)."""
+    for ok in tiers:
+        found = _nearest(value, ok, lo, hi)
+        if found:
+            return found
+    return []
+
+
+def _use(key: str, values: List[int]) -> str:
+    return "use " + " or ".join(f"{key}={v}" for v in values) if values else ""
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class _Checker:
+    """Accumulates violation messages for one config."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.errors: List[str] = []
+
+    def get(self, key: str) -> Any:
+        return OmegaConf.select(self.cfg, key, throw_on_missing=True)
+
+    def error(self, message: str) -> None:
+        self.errors.append(message)
+
+    def choice(self, key: str, allowed: Sequence[str], unsupported: Optional[dict] = None) -> None:
+        value = self.get(key)
+        if value in allowed:
+            return
+        if unsupported and value in unsupported:
+            self.error(f"{key}={value} " + unsupported[value].format(key=key))
+            return
+        close = difflib.get_close_matches(str(value), allowed, n=1) or [allowed[0]]
+        self.error(f"{key}={value} is not one of {', '.join(allowed)}; use {key}={close[0]}")
+
+    def at_least(self, key: str, minimum: int, fix: Optional[int] = None) -> bool:
+        value = self.get(key)
+        if value is not None and value >= minimum:
+            return True
+        self.error(f"{key}={value} must be >= {minimum}; use {key}={minimum if fix is None else fix}")
+        return False
+
+    def minus_one_or_positive(self, key: str) -> None:
+        value = self.get(key)
+        if value != -1 and value <= 0:
+            self.error(f"{key}={value} must be -1 (never) or > 0 (every N steps); use {key}=-1 or {key}=1")
+
+
+# ----------------------------------------------------------------------------------- value rules
+
+
+def _check_choices(c: _Checker) -> None:
+    c.choice(f"{ARR}.actor.strategy", STRATEGIES, _UNSUPPORTED_STRATEGY)
+    if c.get(f"{ARR}.ref.strategy") != c.get(f"{ARR}.actor.strategy"):
+        c.choice(f"{ARR}.ref.strategy", STRATEGIES, _UNSUPPORTED_STRATEGY)
+    c.choice(f"{ARR}.rollout.name", ROLLOUT_NAMES, _UNSUPPORTED_ROLLOUT)
+    c.choice(f"{ARR}.rollout.mode", ROLLOUT_MODES)
+    c.choice("data.truncation", TRUNCATIONS)
+    c.choice(f"{ARR}.actor.loss_agg_mode", LOSS_AGG_MODES)
+    c.choice(f"{ARR}.actor.kl_loss_type", KL_TYPES)
+    c.choice("algorithm.kl_penalty", KL_TYPES)
+    c.choice("algorithm.kl_ctrl.type", KL_CTRL_TYPES)
+    c.choice("trainer.device", DEVICES, _UNSUPPORTED_DEVICE)
+    c.choice("trainer.resume_mode", RESUME_MODES)
+    c.choice(f"{ARR}.actor.optim.lr_scheduler_type", LR_SCHEDULERS)
+    for role in ("actor", "ref"):
+        c.choice(f"{ARR}.{role}.fsdp_config.dtype", DTYPES)
+        c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
+    c.choice(f"{ARR}.rollout.dtype", DTYPES)
+
+
+def _check_unsupported(c: _Checker) -> None:
+    actor_sp = c.get(f"{ARR}.actor.ulysses_sequence_parallel_size")
+    for role in ("actor", "ref"):
+        key = f"{ARR}.{role}.ulysses_sequence_parallel_size"
+        sp = c.get(key)
+        if sp > 1 and (role == "actor" or sp != actor_sp):
+            c.error(f"{key}={sp} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
+    key = f"{ARR}.model.lora_rank"
+    if c.get(key) > 0:
+        c.error(f"{key}={c.get(key)} (LoRA) is not supported yet by rlcore; use {key}=0 (full fine-tuning)")
+    if c.get("algorithm.adv_estimator") == "gae":
+        c.error("algorithm.adv_estimator=gae (PPO with a critic) is not supported yet by rlcore; "
+                "use algorithm.adv_estimator=grpo")
+    if c.get("critic.enable"):
+        c.error("critic.enable=True is not supported yet by rlcore (no critic worker); use critic.enable=null "
+                "with a critic-free algorithm.adv_estimator such as grpo")
+    if c.get(f"{ARR}.rollout.name") == "vllm" and c.get("trainer.device") == "cpu":
+        c.error(f"{ARR}.rollout.name=vllm needs trainer.device=cuda (vLLM does not run on CPU); "
+                f"use {ARR}.rollout.name=native")
+    if not c.get(f"{ARR}.hybrid_engine"):
+        c.error(f"{ARR}.hybrid_engine=False is not supported: rlcore colocates actor and rollout; "
+                f"use {ARR}.hybrid_engine=True")
+
+
+def _check_sampling(c: _Checker, prefix: str) -> None:
+    c.at_least(f"{prefix}.n", 1)
+    key = f"{prefix}.temperature"
+    if c.get(key) < 0:
+        c.error(f"{key}={c.get(key)} must be >= 0 (0 = greedy); use {key}=1.0 or {key}=0")
+    key = f"{prefix}.top_p"
+    if not 0 < c.get(key) <= 1:
+        c.error(f"{key}={c.get(key)} must be in (0, 1]; use {key}=1.0 (off) or e.g. {key}=0.95")
+    key = f"{prefix}.top_k"
+    if c.get(key) < -1:
+        c.error(f"{key}={c.get(key)} must be -1 (off) or >= 0; use {key}=-1")
+
+
+def _check_ranges(c: _Checker) -> None:
+    rollout, actor = f"{ARR}.rollout", f"{ARR}.actor"
+    estimator, n = c.get("algorithm.adv_estimator"), c.get(f"{rollout}.n")
+    if estimator in GROUP_ESTIMATORS and n == 1:
+        c.error(f"algorithm.adv_estimator={estimator} scores each sample against the other samples of its prompt, "
+                f"so {rollout}.n=1 gives zero advantages; use {rollout}.n=4 or more")
+    _check_sampling(c, rollout)
+    _check_sampling(c, f"{rollout}.val_kwargs")
+    key = f"{rollout}.gpu_memory_utilization"
+    if not 0 < c.get(key) <= 1:
+        c.error(f"{key}={c.get(key)} must be in (0, 1]; use {key}=0.5")
+    for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        key = f"{actor}.{name}"
+        if c.get(key) <= 0:
+            c.error(f"{key}={c.get(key)} must be > 0 (the PPO clip epsilon); use {key}=0.2")
+    key = f"{actor}.clip_ratio_c"
+    if c.get(key) <= 1:
+        c.error(f"{key}={c.get(key)} must be > 1 (dual-clip bound on the ratio for negative advantages); use {key}=3.0")
+    key = f"{actor}.optim.lr"
+    if c.get(key) <= 0:
+        c.error(f"{key}={c.get(key)} must be > 0; use e.g. {key}=1e-6")
+    key = f"{actor}.optim.lr_warmup_steps_ratio"
+    if not 0 <= c.get(key) <= 1:
+        c.error(f"{key}={c.get(key)} must be in [0, 1]; use {key}=0.0")
+    c.at_least(f"{actor}.ppo_epochs", 1)
+    c.at_least("data.max_prompt_length", 1, fix=512)
+    c.at_least("data.max_response_length", 1, fix=512)
+    if c.get("data.val_batch_size") is not None:
+        c.at_least("data.val_batch_size", 1)
+    _check_trainer(c)
+
+
+def _check_trainer(c: _Checker) -> None:
+    steps, epochs = c.get("trainer.total_training_steps"), c.get("trainer.total_epochs")
+    if steps is not None and steps <= 0:
+        c.error(f"trainer.total_training_steps={steps} must be > 0, or null to run trainer.total_epochs; "
+                "use trainer.total_training_steps=null or e.g. trainer.total_training_steps=100")
+    elif steps is None and epochs <= 0:
+        c.error(f"trainer.total_epochs={epochs} with trainer.total_training_steps=null trains nothing; "
+                "use trainer.total_epochs=1 or set trainer.total_training_steps")
+    c.minus_one_or_positive("trainer.test_freq")
+    c.minus_one_or_positive("trainer.save_freq")
+    if c.get("trainer.resume_mode") == "resume_path" and not c.get("trainer.resume_from_path"):
+        c.error("trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint folder such as "
+                "<default_local_dir>/global_step_100); set it or use trainer.resume_mode=auto")
+    for key in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"):
+        if c.get(key) is not None:
+            c.at_least(key, 1)
+    c.at_least("trainer.log_val_generations", 0)
+
+
+def _check_token_budget(c: _Checker, key: str, need: int) -> None:
+    value = c.get(key)
+    if value < need:
+        c.error(f"{key}={value} is smaller than data.max_prompt_length + data.max_response_length = {need} tokens, "
+                f"so one sample cannot fit a dynamic micro-batch; use {key}={need} or larger")
+
+
+# ----------------------------------------------------------------------------------- batch sizes
+
+
+def _micro_per_rank(c: _Checker, prefix: str, base: str, dynamic_key: str, dp: int,
+                    fits: Optional[int], default_cap: int) -> Optional[int]:
+    """Resolves `{prefix}.{base}_per_gpu` or the deprecated global `{prefix}.{base}` to SAMPLES per rank.
+
+    `fits` is a per-rank sample count the micro size should divide (used only to suggest a value)."""
+    per_key, global_key = f"{prefix}.{base}_per_gpu", f"{prefix}.{base}"
+    per_gpu, total = c.get(per_key), c.get(global_key)
+    if c.get(dynamic_key):
+        return None
+    example = max(d for d in _divisors(fits) if d <= default_cap) if fits else default_cap
+    if per_gpu is not None and total is not None:
+        c.error(f"{per_key}={per_gpu} and the deprecated {global_key}={total} are both set; "
+                f"set only {per_key} (remove {global_key})")
+        return None
+    if per_gpu is None and total is None:
+        c.error(f"{per_key} is required unless {dynamic_key}=True (token budgets); use e.g. {per_key}={example} "
+                f"(samples per forward pass per rank), or {dynamic_key}=True")
+        return None
+    if per_gpu is not None:
+        return per_gpu if c.at_least(per_key, 1, fix=example) else None
+    if total < 1 or total % dp:
+        c.error(f"deprecated {global_key}={total} (samples over all ranks) is not a positive multiple of {dp} "
+                f"data-parallel ranks; use {per_key}={max(1, total // dp) if total >= dp else example} instead")
+        return None
+    return total // dp
+
+
+def _plan(c: _Checker) -> Optional[BatchPlan]:
+    """Derives the batch plan, reporting divisibility violations; None when sizes are inconsistent."""
+    actor, rollout = f"{ARR}.actor", f"{ARR}.rollout"
+    ok = all([c.at_least("trainer.nnodes", 1), c.at_least("trainer.n_gpus_per_node", 1),
+              c.at_least(f"{actor}.ulysses_sequence_parallel_size", 1), c.at_least("data.train_batch_size", 1),
+              c.at_least(f"{actor}.ppo_mini_batch_size", 1)])
+    nodes, per_node = c.get("trainer.nnodes"), c.get("trainer.n_gpus_per_node")
+    sp = c.get(f"{actor}.ulysses_sequence_parallel_size")
+    n, epochs = c.get(f"{rollout}.n"), c.get(f"{actor}.ppo_epochs")
+    if not ok or n < 1 or epochs < 1:  # n and ppo_epochs are reported by _check_ranges
+        return None
+    world = nodes * per_node
+    _check_rollout_tp(c, world, per_node)
+    if world % sp:
+        c.error(f"{actor}.ulysses_sequence_parallel_size={sp} does not divide the world size {world} "
+                f"(trainer.nnodes={nodes} x trainer.n_gpus_per_node={per_node}); "
+                + _use(f"{actor}.ulysses_sequence_parallel_size", _nearest(sp, lambda v: world % v == 0, 1, world)))
+        return None
+    dp = world // sp
+    tbs, mini = c.get("data.train_batch_size"), c.get(f"{actor}.ppo_mini_batch_size")
+    step_ok = tbs * n % dp == 0
+    if not step_ok:
+        fixes = _suggest(tbs, [lambda t: t * n % dp == 0 and t % mini == 0, lambda t: t * n % dp == 0],
+                         1, 4 * (tbs + dp))
+        c.error(f"data.train_batch_size={tbs} x {rollout}.n={n} = {tbs * n} samples per step is not divisible by "
+                f"{dp} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / ulysses_sequence_parallel_size"
+                f"); " + _use("data.train_batch_size", fixes))
+    mini_batches, per_rank_mini, micro, micro_batches = _plan_mini_batches(c, dp, tbs, mini, n)
+    per_rank_step = tbs * n // dp if step_ok else None
+    log_prob_micro, ref_micro, use_ref = _check_log_prob_sizes(c, dp, per_rank_step)
+    dynamic = c.get(f"{actor}.use_dynamic_bsz")
+    if not step_ok or mini_batches is None or (not dynamic and micro_batches is None):
+        return None
+    return BatchPlan(
+        world_size=world, dp_size=dp, prompts_per_step=tbs, samples_per_step=tbs * n,
+        mini_batches_per_step=mini_batches, samples_per_mini_batch=mini * n,
+        samples_per_mini_batch_per_rank=per_rank_mini, micro_batches_per_mini_batch_per_rank=micro_batches,
+        samples_per_rank_per_step=per_rank_step, optimizer_steps_per_step=mini_batches * epochs,
+        ppo_micro_batch_size_per_rank=micro, log_prob_micro_batch_size_per_rank=log_prob_micro,
+        ref_log_prob_micro_batch_size_per_rank=ref_micro, use_reference_policy=use_ref,
+    )
+
+
+def _plan_mini_batches(c: _Checker, dp: int, tbs: int, mini: int, n: int):
+    """Checks mini- and micro-batch divisibility. Returns (mini_batches_per_step, per-rank mini-batch samples,
+    micro-batch size per rank, micro-batches per mini-batch per rank), each None where it cannot be derived."""
+    actor, rollout = f"{ARR}.actor", f"{ARR}.rollout"
+    mini_key = f"{actor}.ppo_mini_batch_size"
+    mini_fits = mini * n % dp == 0
+    per_rank_mini = mini * n // dp if mini_fits else None
+    micro = _micro_per_rank(c, actor, "ppo_micro_batch_size", f"{actor}.use_dynamic_bsz", dp,
+                            per_rank_mini, default_cap=16)
+
+    def fits(m: int) -> bool:  # whole samples per rank, and whole micro-batches per rank
+        return m * n % dp == 0 and (micro is None or (m * n // dp) % micro == 0)
+
+    divides = mini <= tbs and tbs % mini == 0
+    if not divides:
+        fixes = _suggest(mini, [lambda m: tbs % m == 0 and fits(m), lambda m: tbs % m == 0], 1, tbs)
+        rule = "is larger than" if mini > tbs else "does not divide"
+        c.error(f"{mini_key}={mini} {rule} data.train_batch_size={tbs} (both count prompts; a step must split into "
+                f"whole mini-batches); " + _use(mini_key, fixes))
+    if not mini_fits:
+        fixes = _suggest(mini, [lambda m: tbs % m == 0 and fits(m), fits, lambda m: m * n % dp == 0], 1, tbs)
+        c.error(f"{mini_key}={mini} x {rollout}.n={n} = {mini * n} samples is not divisible by {dp} data-parallel "
+                f"ranks; " + (_use(mini_key, fixes)
+                              or f"increase data.train_batch_size to a multiple of {dp // math.gcd(n, dp)}"))
+    micro_batches = None
+    if per_rank_mini is not None and micro is not None:
+        if per_rank_mini % micro == 0:
+            micro_batches = per_rank_mini // micro
+        else:
+            per_gpu_key = f"{actor}.ppo_micro_batch_size_per_gpu"
+            source = (f"{per_gpu_key}={micro}" if c.get(per_gpu_key) is not None else
+                      f"{actor}.ppo_micro_batch_size={c.get(f'{actor}.ppo_micro_batch_size')} / {dp} ranks = {micro}")
+            fixes = _suggest(micro, [lambda m: per_rank_mini % m == 0], 1, per_rank_mini)
+            c.error(f"{mini_key}={mini} x {rollout}.n={n} / {dp} ranks = {per_rank_mini} samples per rank per "
+                    f"mini-batch is not divisible by {source}; " + _use(per_gpu_key, fixes))
+    mini_batches = tbs // mini if divides and mini_fits else None
+    return mini_batches, per_rank_mini, micro, micro_batches
+
+
+def _check_log_prob_sizes(c: _Checker, dp: int, per_rank_step: Optional[int]):
+    """Rollout (old log-prob) and reference micro-batches, and every token budget.
+
+    Returns (rollout micro per rank, ref micro per rank, use_reference_policy)."""
+    actor, rollout, ref = f"{ARR}.actor", f"{ARR}.rollout", f"{ARR}.ref"
+    log_prob_micro = _micro_per_rank(c, rollout, "log_prob_micro_batch_size", f"{rollout}.log_prob_use_dynamic_bsz",
+                                     dp, per_rank_step, default_cap=32)
+    use_ref = bool(c.get(f"{actor}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
+    ref_micro = None
+    if use_ref:
+        ref_micro = _micro_per_rank(c, ref, "log_prob_micro_batch_size", f"{ref}.log_prob_use_dynamic_bsz",
+                                    dp, per_rank_step, default_cap=32)
+    need = c.get("data.max_prompt_length") + c.get("data.max_response_length")
+    if c.get(f"{actor}.use_dynamic_bsz"):
+        _check_token_budget(c, f"{actor}.ppo_max_token_len_per_gpu", need)
+    if c.get(f"{rollout}.log_prob_use_dynamic_bsz"):
+        _check_token_budget(c, f"{rollout}.log_prob_max_token_len_per_gpu", need)
+    if use_ref and c.get(f"{ref}.log_prob_use_dynamic_bsz"):
+        _check_token_budget(c, f"{ref}.log_prob_max_token_len_per_gpu", need)
+    max_len = c.get(f"{rollout}.max_model_len")
+    if max_len is not None and max_len < need:
+        c.error(f"{rollout}.max_model_len={max_len} is smaller than data.max_prompt_length + data.max_response_length "
+                f"= {need}; use {rollout}.max_model_len={need} or null")
+    return log_prob_micro, ref_micro, use_ref
+
+
+def _check_rollout_tp(c: _Checker, world: int, per_node: int) -> None:
+    key = f"{ARR}.rollout.tensor_model_parallel_size"
+    tp = c.get(key)
+    if not c.at_least(key, 1):
+        return
+    if world % tp or tp > per_node:
+        fixes = _nearest(tp, lambda v: world % v == 0 and v <= per_node, 1, per_node)
+        c.error(f"{key}={tp} must divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node) and be "
+                f"<= trainer.n_gpus_per_node={per_node} (a rollout replica stays on one node); " + _use(key, fixes))
+
+
+# ----------------------------------------------------------------------------------------- public
+
+
+def validate_config(cfg: Any) -> BatchPlan:
+    """Checks every rule at once and returns the derived batch plan.
+
+    cfg: a composed DictConfig (or a PPOConfig instance). Raises ConfigError listing every violation."""
+    if is_dataclass(cfg):
+        cfg = OmegaConf.structured(cfg)
+    checker = _Checker(cfg)
+    _check_choices(checker)
+    _check_unsupported(checker)
+    _check_ranges(checker)
+    plan = _plan(checker)
+    if checker.errors:
+        raise ConfigError(checker.errors)
+    assert plan is not None, "batch plan missing although no rule failed"
+    return plan
+
+
+def format_plan(plan: BatchPlan) -> str:
+    """A short aligned table of the plan, one 'batch plan: ...' line per size."""
+    n = plan.samples_per_step // plan.prompts_per_step
+    epochs = plan.optimizer_steps_per_step // plan.mini_batches_per_step
+    if plan.micro_batches_per_mini_batch_per_rank is None:
+        micro = ("dynamic", "token budget: actor.ppo_max_token_len_per_gpu")
+    else:
+        micro = (plan.micro_batches_per_mini_batch_per_rank, f"of {plan.ppo_micro_batch_size_per_rank} samples")
+    rows = [
+        ("world_size", plan.world_size, "trainer.nnodes x trainer.n_gpus_per_node"),
+        ("dp_size", plan.dp_size, f"world_size / ulysses_sequence_parallel_size {plan.world_size // plan.dp_size}"),
+        ("prompts_per_step", plan.prompts_per_step, "data.train_batch_size"),
+        ("samples_per_step", plan.samples_per_step, f"prompts x rollout.n {n}"),
+        ("samples_per_rank_per_step", plan.samples_per_rank_per_step, "samples_per_step / dp_size"),
+        ("mini_batches_per_step", plan.mini_batches_per_step, "train_batch_size / ppo_mini_batch_size"),
+        ("samples_per_mini_batch", plan.samples_per_mini_batch, f"ppo_mini_batch_size x rollout.n {n}"),
+        ("samples_per_mini_batch_per_rank", plan.samples_per_mini_batch_per_rank, "samples_per_mini_batch / dp_size"),
+        ("micro_batches_per_mini_batch_per_rank", *micro),
+        ("optimizer_steps_per_step", plan.optimizer_steps_per_step, f"mini_batches_per_step x ppo_epochs {epochs}"),
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    value_width = max(len(str(value)) for _, value, _ in rows)
+    return "\n".join(f"batch plan: {name:<{width}}  {str(value):>{value_width}}  ({why})" for name, value, why in rows)

@@ -1,0 +1,108 @@
+"""Worker groups on Ray: one actor per rank, placed by a placement group, called through dispatch modes."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlcore.controller.decorator import DISPATCH_ATTR, dispatch_and_collect
+
+
+@dataclass
+class ResourcePool:
+    """`nnodes x n_gpus_per_node` ranks; on CPU one 1-CPU bundle per rank, on CUDA one GPU (+1 CPU) per rank."""
+
+    nnodes: int
+    n_gpus_per_node: int
+    device: str = "cpu"
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.n_gpus_per_node
+
+    def bundle(self) -> dict[str, float]:
+        return {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": 1}
+
+    def create_placement_group(self, timeout_s: float = 120.0):
+        pg = placement_group([self.bundle() for _ in range(self.world_size)], strategy="PACK" if self.nnodes == 1 else "SPREAD")
+        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+        if not ready:
+            have = ray.cluster_resources()
+            raise RuntimeError(
+                f"Ray could not place {self.world_size} ranks of {self.bundle()} within {timeout_s:.0f}s; cluster has {have}. "
+                "Lower trainer.n_gpus_per_node / trainer.nnodes or add resources (ray_kwargs.ray_init.num_cpus)."
+            )
+        return pg
+
+
+class RayWorkerGroup:
+    """Creates `world_size` actors of `worker_cls`, wires their process group, and exposes registered methods.
+
+    Colocated roles (actor + rollout + reference, verl's hybrid engine) live in ONE worker class, so they share
+    the process and the device; a second role (e.g. a critic) is simply another group on the same pool.
+    """
+
+    def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", **init_kwargs: Any) -> None:
+        self.pool = pool
+        self.world_size = pool.world_size
+        self._pg = pool.create_placement_group()
+        remote_cls = ray.remote(worker_cls)
+        env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"} if pool.device == "cpu" else {}
+        self.workers = [
+            remote_cls.options(
+                name=None,
+                num_cpus=pool.bundle()["CPU"],
+                num_gpus=pool.bundle().get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+                runtime_env={"env_vars": env} if env else None,
+            ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
+            for rank in range(self.world_size)
+        ]
+        master_addr, master_port = ray.get(self.workers[0].get_master_addr_port.remote())
+        ray.get([w.init_process_group.remote(master_addr, master_port) for w in self.workers])
+        self._bind_registered_methods(worker_cls)
+
+    def _bind_registered_methods(self, worker_cls: type) -> None:
+        for name, fn in inspect.getmembers(worker_cls, predicate=inspect.isfunction):
+            mode = getattr(fn, DISPATCH_ATTR, None)
+            if mode is not None:
+                setattr(self, name, self._group_method(name, mode))
+
+    def _group_method(self, name: str, mode):
+        def call(per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list[Any]:
+            refs = [getattr(w, name).remote(*a, **k) for w, a, k in zip(self.workers, per_rank_args, per_rank_kwargs)]
+            return ray.get(refs)
+
+        def group_method(*args: Any, **kwargs: Any) -> Any:
+            return dispatch_and_collect(mode, self.world_size, call, args, kwargs)
+
+        group_method.__name__ = name
+        return group_method
+
+    def kill(self) -> None:
+        """Tears the group down: destroys the process group, kills actors, frees the placement group."""
+        try:
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+        except Exception:
+            pass  # a dead actor cannot tear down its process group; killing it is what matters
+        for w in self.workers:
+            ray.kill(w)
+        remove_placement_group(self._pg)
+
+
+def init_ray(address: str | None, num_cpus: int | None) -> bool:
+    """Joins `address` (config) or RAY_ADDRESS if given, else starts a local cluster. Returns True if we started it."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return False
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False)
+    return True

@@ -1,0 +1,59 @@
+"""The base class of every worker process: rank bookkeeping and the torch process group."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from rlcore.controller.decorator import Dispatch, register
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    """This node's address as other nodes reach it (127.0.0.1 is fine for a single node)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:
+        return "127.0.0.1"
+
+
+class Worker:
+    """One process per device. Subclasses add `@register`-ed methods that the controller calls as a group."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device_type = device
+
+    @property
+    def device(self) -> torch.device:
+        # Under Ray each actor sees only its own GPU (CUDA_VISIBLE_DEVICES), so it is always cuda:0.
+        return torch.device("cuda", torch.cuda.current_device()) if self.device_type == "cuda" else torch.device("cpu")
+
+    def get_master_addr_port(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def init_process_group(self, master_addr: str, master_port: int, timeout_s: int = 600) -> None:
+        """Joins the group of all ranks: gloo on CPU, nccl on CUDA, same code otherwise."""
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        backend = "nccl" if self.device_type == "cuda" else "gloo"
+        if self.device_type == "cuda":
+            torch.cuda.set_device(0)
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

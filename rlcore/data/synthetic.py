@@ -1,0 +1,136 @@
+"""The synthetic `tiny_add` task: "a+b=" -> "a+b", written as parquet in verl's row format.
+
+Rows look like verl's gsm8k preprocessing output:
+
+    {"data_source": "tiny_add", "prompt": [{"role": "user", "content": "37+45="}], "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": "82"},
+     "extra_info": {"split": "train", "index": 0, "answer": "82"}}
+
+Usage: python -m rlcore.data.synthetic --out_dir ~/data/tiny_add [--num_train 4000 --num_test 200 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TASK_NAME = "tiny_add"
+
+
+def _operand_range(min_digits: int, max_digits: int) -> tuple[int, int]:
+    """Inclusive [low, high] of the integers with min_digits..max_digits digits (0 counts as one digit)."""
+    if not 1 <= min_digits <= max_digits <= 9:
+        # 9 digits keeps the pair index (range size squared) inside int64.
+        raise ValueError(
+            f"need 1 <= min_digits <= max_digits <= 9, got min_digits={min_digits}, max_digits={max_digits}"
+        )
+    low = 0 if min_digits == 1 else 10 ** (min_digits - 1)
+    return low, 10**max_digits - 1
+
+
+def make_addition_rows(
+    num_rows: int,
+    min_digits: int,
+    max_digits: int,
+    seed: int,
+    exclude: Collection[tuple[int, int]] = frozenset(),
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """Returns num_rows distinct problems a+b, never an (a, b) pair in `exclude`.
+
+    Each operand is uniform over the integers with min_digits..max_digits digits, i.e. the pair (a, b) is drawn
+    uniformly without replacement from that square (so with 1..2 digits most operands have two digits).
+    """
+    low, high = _operand_range(min_digits, max_digits)
+    width = high - low + 1
+    num_pairs = width * width
+    excluded = {(a, b) for a, b in exclude if low <= a <= high and low <= b <= high}
+    if num_rows < 0 or num_rows > num_pairs - len(excluded):
+        raise ValueError(
+            f"cannot draw {num_rows} distinct {min_digits}..{max_digits}-digit problems: only "
+            f"{num_pairs - len(excluded)} pairs are left after excluding {len(excluded)}; raise max_digits"
+        )
+    # Drawing num_rows + |excluded| distinct pairs guarantees num_rows survive the exclusion filter.
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(num_pairs, size=min(num_rows + len(excluded), num_pairs), replace=False)
+    pairs = [(low + int(k) // width, low + int(k) % width) for k in flat]
+    pairs = [p for p in pairs if p not in excluded][:num_rows]
+
+    rows = []
+    for index, (a, b) in enumerate(pairs):
+        answer = str(a + b)
+        rows.append(
+            {
+                "data_source": TASK_NAME,
+                "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": split, "index": index, "answer": answer},
+            }
+        )
+    return rows
+
+
+def row_operands(row: dict[str, Any]) -> tuple[int, int]:
+    """Parses (a, b) back out of a tiny_add row's prompt."""
+    a, b = row["prompt"][-1]["content"].rstrip("=").split("+")
+    return int(a), int(b)
+
+
+def write_parquet(rows: Sequence[dict[str, Any]], path: str) -> str:
+    """Writes rows (nested dicts / lists allowed) to one parquet file; returns the expanded path.
+
+    pyarrow infers list<struct> / struct columns, so `pq.read_table(path).to_pylist()` gives the rows back.
+    """
+    if not rows:
+        raise ValueError(f"refusing to write an empty parquet file to {path}: no rows")
+    path = os.path.expanduser(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(list(rows)), path)
+    return path
+
+
+def write_task(
+    out_dir: str, num_train: int, num_test: int, min_digits: int, max_digits: int, seed: int
+) -> dict[str, str]:
+    """Writes train.parquet, test.parquet and sft.parquet under out_dir; returns {"train"|"test"|"sft": path}.
+
+    The test set is drawn first and excluded from train, so no (a, b) pair appears in both. sft.parquet holds
+    the train rows plus a `response` column (the answer string; the SFT trainer appends eos itself).
+    """
+    out_dir = os.path.expanduser(out_dir)
+    test_rows = make_addition_rows(num_test, min_digits, max_digits, seed, split="test")
+    test_pairs = {row_operands(row) for row in test_rows}
+    # seed + 1 so train is not just a continuation of the test stream.
+    train_rows = make_addition_rows(num_train, min_digits, max_digits, seed + 1, exclude=test_pairs, split="train")
+    sft_rows = [{**row, "response": row["extra_info"]["answer"]} for row in train_rows]
+    return {
+        "train": write_parquet(train_rows, os.path.join(out_dir, "train.parquet")),
+        "test": write_parquet(test_rows, os.path.join(out_dir, "test.parquet")),
+        "sft": write_parquet(sft_rows, os.path.join(out_dir, "sft.parquet")),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, str]:
+    parser = argparse.ArgumentParser(description=f"Write the synthetic {TASK_NAME} task as verl-format parquet.")
+    parser.add_argument("--out_dir", required=True, help="folder for train/test/sft.parquet (~ is expanded)")
+    parser.add_argument("--num_train", type=int, default=4000)
+    parser.add_argument("--num_test", type=int, default=200)
+    parser.add_argument("--min_digits", type=int, default=1)
+    parser.add_argument("--max_digits", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    paths = write_task(args.out_dir, args.num_train, args.num_test, args.min_digits, args.max_digits, args.seed)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

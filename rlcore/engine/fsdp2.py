@@ -1,0 +1,149 @@
+"""FSDP2 (`fully_shard`) training engine: one short function applies parallelism, the rest is the TrainEngine."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TrainEngine
+from rlcore.engine.optim import warmup_schedule
+from rlcore.models.hf import decoder_layers, load_causal_lm, to_torch_dtype
+from rlcore.protocol import DataProto
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def apply_fsdp2(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reshard_after_forward: bool, offload_policy: bool, gradient_checkpointing: bool) -> None:
+    """Activation checkpointing, then `fully_shard` on every decoder block and finally the root (fixed order)."""
+    if gradient_checkpointing:
+        # Non-reentrant checkpointing composes with FSDP2's pre/post-forward hooks.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    if offload_policy:
+        # pin_memory needs an accelerator; on CPU-only torch it raises.
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    for block in decoder_layers(model):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class FSDP2Engine(TrainEngine):
+    def __init__(self, spec: EngineSpec, device: torch.device) -> None:
+        self.spec = spec
+        self.device = device
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+        self.model = load_causal_lm(spec.model_path, spec.override_config, dtype=torch.float32)
+        self.hf_config = self.model.config
+        apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.param_offload and device.type == "cuda", spec.gradient_checkpointing and spec.trainable)
+        self.model.to(device)
+        self.optimizer = None
+        self.scheduler = None
+        if spec.trainable:
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
+            self.scheduler = warmup_schedule(self.optimizer, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)
+        else:
+            self.model.requires_grad_(False)
+
+    # ------------------------------------------------------------------------------------------- compute
+    def _logits(self, mb: DataProto) -> torch.Tensor:
+        inputs = {k: mb.batch[k].to(self.device) for k in MODEL_INPUTS}
+        return self.model(**inputs, use_cache=False).logits
+
+    def forward(self, micro_batches: list[DataProto], fn: ForwardFn) -> list[dict[str, torch.Tensor]]:
+        self.model.eval()
+        with torch.no_grad():
+            return [{k: v.detach().cpu() for k, v in fn(self._logits(mb), mb).items()} for mb in micro_batches]
+
+    def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn) -> list[dict[str, float]]:
+        self.model.train()
+        metrics = []
+        for mb in micro_batches:
+            loss, mb_metrics = loss_fn(self._logits(mb), mb)
+            loss.backward()
+            metrics.append(mb_metrics)
+        return metrics
+
+    def optimizer_step(self) -> dict[str, float]:
+        grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
+        lr = self.scheduler.get_last_lr()[0]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        # A non-finite norm (fp overflow, a bad batch) must not poison the weights: drop this step's gradients.
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not torch.isfinite(grad_norm))}
+
+    # ------------------------------------------------------------------------------------------- weights
+    def rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # state_dict() of an FSDP2 module holds sharded DTensors; full_tensor() all-gathers one at a time, so
+        # peak extra memory is one unsharded parameter, not a second copy of the model.
+        for name, tensor in self.model.state_dict().items():
+            yield name, _full(tensor)
+
+    def _move_optimizer_state(self, device: torch.device) -> None:
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.to(device, non_blocking=True)
+
+    def offload(self, params: bool = True, optimizer: bool = True) -> None:
+        if params:
+            self.model.cpu()
+        if optimizer and self.optimizer is not None:
+            self._move_optimizer_state(torch.device("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def onload(self, params: bool = True, optimizer: bool = True) -> None:
+        if params:
+            self.model.to(self.device)
+        if optimizer and self.optimizer is not None:
+            self._move_optimizer_state(self.device)
+
+    # ------------------------------------------------------------------------------------------- checkpoint
+    def _state(self) -> dict:
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, path: str, hf_dir: str | None = None) -> None:
+        dcp.save(self._state(), checkpoint_id=path)
+        if self.scheduler is not None and dist.get_rank() == 0:
+            torch.save(self.scheduler.state_dict(), os.path.join(path, "scheduler.pt"))
+        if hf_dir is not None:
+            self.save_hf(hf_dir)
+
+    def save_hf(self, hf_dir: str) -> None:
+        """HF-loadable safetensors + config.json (collective gather; rank 0 writes)."""
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            os.makedirs(hf_dir, exist_ok=True)
+            if getattr(self.hf_config, "tie_word_embeddings", False):
+                full.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF re-ties on load
+            save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+            self.hf_config.save_pretrained(hf_dir)
+
+    def load(self, path: str) -> None:
+        state = self._state()
+        dcp.load(state, checkpoint_id=path)
+        if self.optimizer is None:
+            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+            return
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))

@@ -1,0 +1,60 @@
+"""Loading HF causal LMs from local directories (no hub access is ever attempted)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def to_torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_model_path(path: str) -> str:
+    """Expands `~` and checks the directory exists, with a message that says which key to fix."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(os.path.join(full, "config.json")):
+        raise FileNotFoundError(
+            f"actor_rollout_ref.model.path={path!r}: no config.json in {full}. rlcore loads models from local "
+            "directories only (HF save_pretrained layout); for the tiny demo run `make train` to build it."
+        )
+    return full
+
+
+def load_config(path: str, override_config: dict[str, Any] | None = None) -> PretrainedConfig:
+    config = AutoConfig.from_pretrained(resolve_model_path(path), local_files_only=True)
+    for key, value in (override_config or {}).items():
+        if not hasattr(config, key):
+            raise ValueError(f"actor_rollout_ref.model.override_config.{key}: {type(config).__name__} has no field {key!r}")
+        setattr(config, key, value)
+    return config
+
+
+def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32, weights: bool = True) -> torch.nn.Module:
+    """The model at `path` in `dtype`; `weights=False` builds the architecture only (weights arrive by sync)."""
+    config = load_config(path, override_config)
+    if weights:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation="sdpa")
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The repeated transformer blocks of a HF causal LM (the unit FSDP shards and checkpointing wraps)."""
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers"):
+        module = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if isinstance(module, torch.nn.ModuleList):
+            return module
+    raise ValueError(f"don't know where the decoder blocks of {type(model).__name__} are; add its path to rlcore.models.hf.decoder_layers")

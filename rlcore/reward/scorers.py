@@ -1,0 +1,100 @@
+"""Rule scorers, looked up by a row's `data_source`.
+
+A scorer maps (solution_str, ground_truth, extra_info) to a float reward. `default_compute_score` is what the
+reward manager calls when no custom_reward_function.path is configured.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Literal
+
+Scorer = Callable[..., float]
+_SCORERS: dict[str, Scorer] = {}
+
+# Must equal rlcore.data.synthetic.TASK_NAME (a test checks it); not imported so that scorers stay importable
+# without pyarrow / torch, e.g. in light reward-worker processes.
+TINY_ADD = "tiny_add"
+
+
+def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
+    """Decorator: `@register_scorer("gsm8k", "openai/gsm8k")` makes fn the scorer for those data sources."""
+    if not data_sources:
+        raise ValueError("register_scorer needs at least one data_source name")
+
+    def decorator(fn: Scorer) -> Scorer:
+        for name in data_sources:
+            if name in _SCORERS and _SCORERS[name] is not fn:
+                raise ValueError(
+                    f"data_source {name!r} already has scorer {_SCORERS[name].__qualname__}; "
+                    f"override it with custom_reward_function.path instead"
+                )
+            _SCORERS[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_data_sources() -> list[str]:
+    return sorted(_SCORERS)
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+) -> float:
+    """Scores one response with the scorer registered for its data_source."""
+    scorer = _SCORERS.get(data_source)
+    if scorer is None:
+        raise NotImplementedError(
+            f"no rule scorer for data_source={data_source!r}; registered: {registered_data_sources()}. "
+            f"Register one with @register_scorer or point custom_reward_function.path at a file defining "
+            f"compute_score(data_source, solution_str, ground_truth, extra_info=None)"
+        )
+    return float(scorer(solution_str, ground_truth, extra_info))
+
+
+@register_scorer(TINY_ADD)
+def tiny_add_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
+    """1.0 iff the response, whitespace stripped, is exactly the ground-truth sum."""
+    return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
+
+
+# verl's strict format: "#### " then the number (minus sign, digits, dots, commas).
+_GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+# Any number with at least one digit; "," or "." alone (sentence punctuation) never counts.
+_NUMBER = re.compile(r"\-?[0-9\.\,]*[0-9][0-9\.\,]*")
+
+
+def _normalize_number(text: str) -> str:
+    """Drops thousands separators, `$` and a trailing sentence full stop: "1,000." -> "1000"."""
+    return text.replace(",", "").replace("$", "").strip().rstrip(".")
+
+
+def extract_gsm8k_answer(solution_str: str, method: Literal["strict", "flexible"] = "strict") -> str | None:
+    """The final answer: the LAST `#### <number>` (strict) or the last number anywhere (flexible); None if absent."""
+    if method == "strict":
+        found = _GSM8K_STRICT.findall(solution_str)
+    elif method == "flexible":
+        found = _NUMBER.findall(solution_str)
+    else:
+        raise ValueError(f"gsm8k method={method!r} is not one of ('strict', 'flexible')")
+    return _normalize_number(found[-1]) if found else None
+
+
+@register_scorer("openai/gsm8k", "gsm8k")
+def gsm8k_score(
+    solution_str: str,
+    ground_truth: str,
+    extra_info: dict[str, Any] | None = None,
+    *,
+    method: Literal["strict", "flexible"] = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """`score` if the extracted answer equals ground_truth (both normalised), `format_score` if an answer was
+    found but is wrong, 0.0 if none was found."""
+    answer = extract_gsm8k_answer(solution_str, method)
+    if answer is None:
+        return 0.0
+    return score if answer == _normalize_number(str(ground_truth)) else format_score

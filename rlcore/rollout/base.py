@@ -1,0 +1,82 @@
+"""The rollout-engine seam. Native (embedded) and vLLM engines both implement `RolloutEngine`.
+
+Prompts cross the seam as left-padded token-id tensors; responses come back right-padded with their log-probs.
+The vLLM adapter strips the padding into token-id lists (vLLM's `TokensPrompt`) and pads the outputs back.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                     # -1 or 0: off (verl / vLLM convention)
+    do_sample: bool = True              # False: greedy
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0.0
+
+
+@dataclass
+class RolloutOutput:
+    responses: torch.Tensor             # [batch, max_tokens] token ids, pad after the stop token
+    response_log_probs: torch.Tensor    # [batch, max_tokens] log-prob of each sampled token (0 on padding)
+    response_mask: torch.Tensor         # [batch, max_tokens] 1 for generated tokens, stop token included
+
+
+class RolloutEngine(ABC):
+    @abstractmethod
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
+        """Samples one response per (left-padded) prompt row. `input_ids`, `attention_mask`: `[batch, prompt_len]`."""
+
+    @abstractmethod
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads full tensors under HF names into the engine's model (a bucket at a time)."""
+
+    def sleep(self) -> None:
+        """Frees generation-only memory (KV cache) between rollouts."""
+
+    def wake_up(self) -> None:
+        """Re-acquires what sleep() freed, before weights are loaded and generation starts."""
+
+
+def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out: RolloutOutput) -> dict[str, torch.Tensor]:
+    """Concatenates prompt and response into the training layout used by every worker.
+
+    input_ids `[batch, prompt_len + response_len]`, attention_mask (0 on left prompt padding and right response
+    padding), position_ids counting real tokens only, so a left-padded row sees the same positions as unpadded.
+    """
+    attention_mask = torch.cat([prompt_mask, out.response_mask.to(prompt_mask.dtype)], dim=-1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {
+        "prompts": prompt_ids,
+        "responses": out.responses,
+        "input_ids": torch.cat([prompt_ids, out.responses], dim=-1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": out.response_mask.to(prompt_mask.dtype),
+        "rollout_log_probs": out.response_log_probs,
+    }
+
+
+def build_rollout(name: str, **kwargs) -> RolloutEngine:
+    if name in ("native", "hf"):
+        from rlcore.rollout.native import NativeRollout
+
+        return NativeRollout(**kwargs)
+    if name == "vllm":
+        from rlcore.rollout.vllm import VLLMRollout
+
+        return VLLMRollout(**kwargs)
+    raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not supported by rlcore; use native or vllm")

@@ -1,0 +1,96 @@
+"""`python -m rlcore.train key=value ...` / `rlcore-train`: verl's main_ppo command line, on rlcore.
+
+Everything that can be checked is checked before Ray starts: the config (batch arithmetic, choices,
+unsupported features), algorithm names, model/tokenizer/data paths. Then the controller starts (or joins) Ray,
+builds the colocated actor/rollout/ref worker group and runs `PPOTrainer.fit()`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from rlcore.config import CONFIG_DIR, ConfigError, format_plan, register_configs, validate_config
+
+register_configs()
+
+
+def check_runtime(cfg: DictConfig) -> None:
+    """Checks that need torch or the algorithm registries (kept out of the import-light config package)."""
+    import torch
+
+    from rlcore.algos import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+
+    actor, errors = cfg.actor_rollout_ref.actor, []
+    for registry, value in (
+        (ADV_ESTIMATORS, cfg.algorithm.adv_estimator), (POLICY_LOSSES, actor.policy_loss.loss_mode),
+        (KL_ESTIMATORS, actor.kl_loss_type), (KL_ESTIMATORS, cfg.algorithm.kl_penalty), (LOSS_AGGREGATIONS, actor.loss_agg_mode),
+    ):
+        if value not in registry:
+            errors.append(f"{registry.config_key}={value!r} is not a registered {registry.kind}; valid: {', '.join(registry.names())}")
+    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        errors.append("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu to run on CPU (gloo)")
+    if errors:
+        raise ConfigError(errors)
+
+
+def absolute_paths(cfg: DictConfig) -> None:
+    """Ray workers may not share the driver's working directory: make every local path absolute."""
+    model = cfg.actor_rollout_ref.model
+    model.path = os.path.abspath(os.path.expanduser(model.path))
+    if model.tokenizer_path:
+        model.tokenizer_path = os.path.abspath(os.path.expanduser(model.tokenizer_path))
+    cfg.trainer.default_local_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+
+
+def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
+    """Trains with a composed config; returns the final step's metrics. Cleans up Ray and workers on any exit."""
+    plan = validate_config(cfg)
+    print(format_plan(plan), flush=True)
+    check_runtime(cfg)
+    absolute_paths(cfg)
+
+    import ray
+
+    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool, init_ray
+    from rlcore.trainer.ppo import PPOTrainer
+    from rlcore.trainer.setup import build_data, build_reward_fns, total_training_steps
+    from rlcore.trainer.tracking import Tracker
+    from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    tokenizer, train_loader, val_loader = build_data(cfg)
+    reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
+    total_steps = total_training_steps(cfg, train_loader)
+    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps)
+    started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
+    group = None
+    try:
+        pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.device)
+        group = RayWorkerGroup(ActorRolloutRefWorker, pool, config=OmegaConf.to_container(cfg, resolve=True))
+        group.init_model(total_steps)
+        trainer = PPOTrainer(cfg, group, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps)
+        metrics = trainer.fit()
+        trainer.report_validation()
+        return metrics
+    finally:
+        if group is not None:
+            group.kill()
+        tracker.close()
+        if started_ray:
+            ray.shutdown()
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        run(cfg, HydraConfig.get().runtime.output_dir)
+    except ConfigError as err:
+        # A user mistake: print every problem with its fix, no traceback.
+        raise SystemExit(f"rlcore: invalid configuration\n{err}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Batch statistics under verl's metric names (critic/score/mean, response_length/mean, ...)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlcore.protocol import DataProto
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(), f"{prefix}/min": values.min().item()}
+
+
+def data_metrics(batch: DataProto) -> dict[str, float]:
+    b = batch.batch
+    mask = b["response_mask"].bool()
+    response_len = mask.sum(-1).float()
+    prompt_len = b["attention_mask"][:, : b["prompts"].shape[-1]].sum(-1).float()
+    max_response = b["responses"].shape[-1]
+    max_prompt = b["prompts"].shape[-1]
+    metrics = {}
+    metrics.update(_stats("critic/score", b["token_level_scores"].sum(-1)))
+    metrics.update(_stats("critic/rewards", b["token_level_rewards"].sum(-1)))
+    metrics.update(_stats("critic/advantages", b["advantages"][mask]))
+    metrics.update(_stats("critic/returns", b["returns"][mask]))
+    metrics.update(_stats("response_length", response_len))
+    metrics["response_length/clip_ratio"] = (response_len >= max_response).float().mean().item()
+    metrics.update(_stats("prompt_length", prompt_len))
+    metrics["prompt_length/clip_ratio"] = (prompt_len >= max_prompt).float().mean().item()
+    return metrics
+
+
+def throughput_metrics(batch: DataProto, step_seconds: float, num_devices: int) -> dict[str, float]:
+    total_tokens = int(batch.batch["attention_mask"].sum())
+    return {
+        "perf/total_num_tokens": float(total_tokens),
+        "perf/time_per_step": step_seconds,
+        "perf/throughput": total_tokens / step_seconds / num_devices,  # tokens per second per device
+    }

@@ -1,0 +1,178 @@
+"""The single controller's PPO/GRPO loop: `fit()` drives worker groups through one step after another."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller
+from rlcore.protocol import DataProto
+from rlcore.trainer import checkpoint
+from rlcore.trainer.metrics import data_metrics, throughput_metrics
+
+PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+@contextmanager
+def timer(name: str, metrics: dict[str, float]):
+    start = time.perf_counter()
+    yield
+    metrics[f"timing_s/{name}"] = time.perf_counter() - start
+
+
+def to_proto(batch: dict) -> DataProto:
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    return DataProto.from_dict(tensors, {k: v for k, v in batch.items() if k not in tensors})
+
+
+class PPOTrainer:
+    def __init__(self, cfg, actor_rollout, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps: int) -> None:
+        self.cfg = cfg
+        self.actor_rollout = actor_rollout
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.tracker = tracker
+        self.total_steps = total_steps
+        self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
+        self.global_step = 0
+        self.val_history: list[tuple[int, float]] = []  # (step, mean validation score over data sources)
+        self._batches = iter(())
+
+    def fit(self) -> dict[str, float]:
+        """Resume if asked, validate, then train until total_steps; returns the last step's metrics."""
+        self.maybe_resume()
+        metrics: dict[str, float] = {}
+        if self.cfg.trainer.val_before_train and self.val_loader is not None:
+            self.tracker.log(self.validate(), step=self.global_step)
+        while self.global_step < self.total_steps:
+            self.global_step += 1
+            metrics = self.train_step(self.next_batch())
+            last = self.global_step == self.total_steps
+            if self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None:
+                with timer("testing", metrics):
+                    metrics.update(self.validate())
+            if self._due(self.cfg.trainer.save_freq, last):
+                with timer("save_checkpoint", metrics):
+                    self.save_checkpoint()
+            self.tracker.log(metrics, step=self.global_step)
+            self.tracker.advance()
+        return metrics
+
+    def _due(self, freq: int, last: bool) -> bool:
+        return freq > 0 and (self.global_step % freq == 0 or last)
+
+    def next_batch(self) -> DataProto:
+        """The next prompt batch; a finished epoch rolls over into the next (total_steps bounds the run)."""
+        batch = next(self._batches, None)
+        if batch is None:
+            self._batches = iter(self.train_loader)
+            batch = next(self._batches)
+        return to_proto(batch)
+
+    # ------------------------------------------------------------------------------------------------ one step
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.train_loader.epoch}
+        with timer("step", metrics):
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
+            with timer("gen", metrics):
+                batch = self.generate(batch)
+            with timer("reward", metrics):
+                scores, _ = self.reward_fn(batch)
+                batch.batch["token_level_scores"] = scores
+            with timer("old_log_prob", metrics):
+                old = self.actor_rollout.compute_log_prob(batch.select(["input_ids", "attention_mask", "position_ids", "responses"]))
+                entropy = old.pop(["entropys"]).batch["entropys"]
+                metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
+                batch.union(old)
+            if self.use_ref:
+                with timer("ref", metrics):
+                    batch.union(self.actor_rollout.compute_ref_log_prob(batch.select(["input_ids", "attention_mask", "position_ids", "responses"])))
+            with timer("adv", metrics):
+                metrics.update(self.compute_advantage(batch))
+            if self.global_step > self.cfg.trainer.critic_warmup:
+                with timer("update_actor", metrics):
+                    keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages"]
+                    metrics.update(self.actor_rollout.update_actor(batch.select(keys + (["ref_log_prob"] if self.use_ref else []))))
+        metrics.update(data_metrics(batch))
+        metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
+        return metrics
+
+    def generate(self, batch: DataProto, validate: bool = False) -> DataProto:
+        prompts = batch.pop(PROMPT_KEYS)
+        prompts.meta_info["validate"] = validate
+        out = self.actor_rollout.generate_sequences(prompts)
+        out.meta_info.clear()
+        return batch.union(out)
+
+    def compute_advantage(self, batch: DataProto) -> dict[str, float]:
+        """Token-level rewards (score, minus a KL penalty if use_kl_in_reward), then the configured estimator."""
+        b, algo, metrics = batch.batch, self.cfg.algorithm, {}
+        rewards = b["token_level_scores"]
+        if algo.use_kl_in_reward:
+            kl = kl_penalty(b["old_log_probs"], b["ref_log_prob"], algo.kl_penalty) * b["response_mask"]
+            rewards = rewards - self.kl_ctrl.value * kl
+            current_kl = (kl.sum(-1) / b["response_mask"].sum(-1).clamp(min=1)).mean().item()
+            self.kl_ctrl.update(current_kl, n_steps=len(batch))
+            metrics.update({"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
+        b["token_level_rewards"] = rewards
+        b["advantages"], b["returns"] = compute_advantage(
+            algo.adv_estimator, token_level_rewards=rewards, response_mask=b["response_mask"],
+            index=batch.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo,
+        )
+        return metrics
+
+    # ------------------------------------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Greedy (val_kwargs) generation over the whole validation set; mean score per data source."""
+        n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
+        scores_by_source: dict[str, list[float]] = {}
+        for raw in self.val_loader:
+            batch = self.generate(to_proto(raw).repeat(n, interleave=True), validate=True)
+            scores, _ = self.val_reward_fn(batch)
+            for source, score in zip(batch.non_tensor_batch[self.cfg.data.reward_fn_key], scores.sum(-1).tolist()):
+                scores_by_source.setdefault(source, []).append(score)
+        metrics = {f"val-core/{source}/reward/mean@{n}": float(np.mean(s)) for source, s in scores_by_source.items()}
+        self.val_history.append((self.global_step, float(np.mean(list(metrics.values())))))
+        return metrics
+
+    def report_validation(self) -> None:
+        """The two figures a run is judged by: held-out score before the first RL step and after the last."""
+        if len(self.val_history) >= 2 and self.val_history[0][0] == 0:
+            print(f"val accuracy before RL: {self.val_history[0][1]:.4f}")
+            print(f"val accuracy after RL: {self.val_history[-1][1]:.4f}", flush=True)
+
+    # ------------------------------------------------------------------------------------------------ checkpoint
+    def save_checkpoint(self) -> str:
+        root = os.path.abspath(self.cfg.trainer.default_local_dir)
+        tmp = checkpoint.begin(root, self.global_step)
+        actor_dir = os.path.join(tmp, "actor")
+        self.actor_rollout.save_checkpoint(actor_dir, os.path.join(actor_dir, "huggingface"))
+        state = checkpoint.controller_state(self.train_loader.state_dict(), {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value})
+        torch.save(state, os.path.join(tmp, "data.pt"))
+        return checkpoint.publish(root, self.global_step, tmp, self.cfg.trainer.max_actor_ckpt_to_keep)
+
+    def maybe_resume(self) -> None:
+        mode, root = self.cfg.trainer.resume_mode, os.path.abspath(self.cfg.trainer.default_local_dir)
+        if mode == "disable":
+            return
+        if mode == "resume_path":
+            path = os.path.abspath(self.cfg.trainer.resume_from_path)
+        else:
+            step = checkpoint.latest_step(root)
+            if step is None:
+                return
+            path = checkpoint.step_dir(root, step)
+        self.actor_rollout.load_checkpoint(os.path.join(path, "actor"))
+        state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
+        self.train_loader.load_state_dict(state["loader"])
+        checkpoint.restore_controller_rng(state)
+        self.kl_ctrl.value = state["kl_coef"]
+        self.global_step = state["global_step"]
+        print(f"resumed from {path} at global step {self.global_step}")

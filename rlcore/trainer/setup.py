@@ -1,0 +1,48 @@
+"""Builds the controller-side pieces from config: tokenizer, prompt loaders, reward functions, step count."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from transformers import AutoTokenizer
+
+from rlcore.data.dataset import RLHFDataset
+from rlcore.data.loader import PromptLoader
+from rlcore.reward.custom import load_custom_reward_fn
+from rlcore.reward.manager import RewardManager
+
+
+def _files(value) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def build_data(cfg: DictConfig):
+    model = cfg.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path, local_files_only=True)
+    data = cfg.data
+
+    def dataset(files, max_samples):
+        return RLHFDataset(
+            _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+            filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
+            max_samples=max_samples, return_raw_chat=data.return_raw_chat,
+        )
+
+    seed = data.seed if data.seed is not None else cfg.trainer.seed
+    train = PromptLoader(dataset(data.train_files, data.train_max_samples), data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    val = None
+    if data.val_files:
+        val_set = dataset(data.val_files, data.val_max_samples)
+        val = PromptLoader(val_set, data.val_batch_size or len(val_set), shuffle=False, seed=seed, drop_last=False)
+    return tokenizer, train, val
+
+
+def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardManager]:
+    custom = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+    manager = RewardManager(tokenizer, custom, cfg.data.reward_fn_key)
+    return manager, manager
+
+
+def total_training_steps(cfg: DictConfig, train_loader: PromptLoader) -> int:
+    if cfg.trainer.total_training_steps:
+        return int(cfg.trainer.total_training_steps)
+    return len(train_loader) * cfg.trainer.total_epochs

@@ -1,0 +1,65 @@
+"""Supervised warm-start: teacher-forced cross-entropy on response tokens only (single process).
+
+Used by the tiny demo to teach a randomly initialised model the answer format before RL; the layout is the
+same one RL uses (left-padded prompt + right-padded response), so the loss sees exactly the RL positions.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow.parquet as pq
+import torch
+
+from rlcore.models.logits import gather_log_probs, response_logits
+
+
+def tokenize_sft(rows: list[dict], tokenizer, max_prompt_length: int, max_response_length: int) -> dict[str, torch.Tensor]:
+    """Prompt (chat template, left-padded) + response + EOS (right-padded): `[rows, P + R]` tensors."""
+    pad = tokenizer.pad_token_id
+    input_ids, masks, responses, response_masks = [], [], [], []
+    for row in rows:
+        prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+        prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt
+        response = tokenizer.encode(row["response"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        if len(prompt) > max_prompt_length or len(response) > max_response_length:
+            raise ValueError(f"SFT row too long (prompt {len(prompt)}, response {len(response)}); raise the length limits")
+        p_pad, r_pad = max_prompt_length - len(prompt), max_response_length - len(response)
+        input_ids.append([pad] * p_pad + prompt + response + [pad] * r_pad)
+        masks.append([0] * p_pad + [1] * (len(prompt) + len(response)) + [0] * r_pad)
+        responses.append(response + [pad] * r_pad)
+        response_masks.append([1] * len(response) + [0] * r_pad)
+    attention_mask = torch.tensor(masks)
+    return {
+        "input_ids": torch.tensor(input_ids), "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": torch.tensor(responses), "response_mask": torch.tensor(response_masks),
+    }
+
+
+def read_sft_rows(path: str) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+def train_sft(model, data: dict[str, torch.Tensor], steps: int, batch_size: int, lr: float, seed: int, log_every: int = 50) -> list[float]:
+    """AdamW on the token-mean response NLL; returns the loss of every step."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    response_len = data["responses"].shape[-1]
+    losses, start = [], time.perf_counter()
+    model.train()
+    for step in range(steps):
+        idx = torch.randint(0, data["input_ids"].shape[0], (batch_size,), generator=generator)
+        logits = model(input_ids=data["input_ids"][idx], attention_mask=data["attention_mask"][idx], position_ids=data["position_ids"][idx], use_cache=False).logits
+        log_probs = gather_log_probs(response_logits(logits, response_len), data["responses"][idx])
+        mask = data["response_mask"][idx].float()
+        loss = -(log_probs * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if log_every and (step + 1) % log_every == 0:
+            print(f"sft step {step + 1}/{steps} loss {loss.item():.4f} ({time.perf_counter() - start:.1f}s)", flush=True)
+    model.eval()
+    return losses

@@ -1,0 +1,89 @@
+"""The policy's math over a TrainEngine: log-probs for a batch, and the PPO/GRPO update. Backend-neutral."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
+from rlcore.engine.base import TrainEngine
+from rlcore.models.logits import entropy_from_logits, gather_log_probs, response_logits
+from rlcore.protocol import DataProto
+
+TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages")
+
+
+def compute_log_prob(engine: TrainEngine, data: DataProto, micro_batch_size: int, temperature: float, with_entropy: bool) -> DataProto:
+    """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`."""
+    response_len = data.batch["responses"].shape[-1]
+
+    def fn(logits: torch.Tensor, mb: DataProto) -> dict[str, torch.Tensor]:
+        logits = response_logits(logits, response_len, temperature)
+        out = {"log_probs": gather_log_probs(logits, mb.batch["responses"].to(logits.device))}
+        if with_entropy:
+            out["entropys"] = entropy_from_logits(logits)
+        return out
+
+    outputs = engine.forward(data.split(micro_batch_size), fn)
+    return DataProto.from_dict({k: torch.cat([o[k] for o in outputs]) for k in outputs[0]})
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, rollout_n: int, temperature: float, dp_size: int, device: torch.device) -> dict[str, float]:
+    """ppo_epochs x mini-batches x micro-batches of the configured policy loss (+ KL loss, - entropy bonus).
+
+    `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
+    Losses are normalised by mini-batch-wide counts summed over ranks, so accumulation is exact (rlcore.algos.agg).
+    """
+    mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n // dp_size
+    policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
+    use_kl = actor_cfg.use_kl_loss
+    response_len = data.batch["responses"].shape[-1]
+    history: dict[str, list[float]] = defaultdict(list)
+
+    def loss_fn(logits: torch.Tensor, mb: DataProto, counts: tuple[float, float]) -> tuple[torch.Tensor, dict[str, float]]:
+        b = {k: v.to(logits.device) for k, v in mb.batch.items()}
+        logits = response_logits(logits, response_len, temperature)
+        log_prob = gather_log_probs(logits, b["responses"])
+        mask = b["response_mask"]
+        agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
+        pg_mat, stats = policy_loss(
+            b["old_log_probs"], log_prob, b["advantages"], mask,
+            clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c,
+        )
+        pg_loss = agg(pg_mat)
+        entropy = agg(entropy_from_logits(logits)) if actor_cfg.entropy_coeff != 0 else agg(entropy_from_logits(logits.detach()))
+        loss = pg_loss - actor_cfg.entropy_coeff * entropy
+        metrics = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy.item()}
+        if use_kl:
+            kl_loss = agg(kl_penalty(log_prob, b["ref_log_prob"], actor_cfg.kl_loss_type))
+            loss = loss + actor_cfg.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.item()
+        metrics.update({k: agg(v).item() for k, v in stats.items()})
+        return loss, metrics
+
+    for _ in range(actor_cfg.ppo_epochs):
+        for mini in data.split(mini_batch_rows):
+            mask = mini.batch["response_mask"]
+            # Mini-batch-wide normalisers: valid tokens and sequences over every rank's share of this mini-batch.
+            counts = tuple(_all_reduce_sum([float(mask.sum()), float(mask.shape[0])], device))
+            micro = mini.split(actor_cfg.ppo_micro_batch_size_per_gpu)
+            per_micro = engine.forward_backward(micro, lambda logits, mb: loss_fn(logits, mb, counts))
+            # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
+            # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
+            for key in per_micro[0]:
+                history[key].append(sum(m[key] for m in per_micro))
+            step = engine.optimizer_step()
+            history["actor/grad_norm"].append(step["grad_norm"])
+            history["actor/lr"].append(step["lr"])
+            history["actor/skipped_steps"].append(step["skipped_step"])
+    return {k: float(np.mean(v)) for k, v in history.items()}

@@ -1,0 +1,154 @@
+"""The colocated actor + rollout + reference worker (verl's hybrid engine), written once over TrainEngine."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+
+from rlcore.controller.decorator import Dispatch, register
+from rlcore.controller.worker import Worker
+from rlcore.engine.base import EngineSpec, build_engine
+from rlcore.protocol import DataProto
+from rlcore.rollout.base import SamplingParams, assemble_sequences, build_rollout
+from rlcore.rollout.weight_sync import sync_weights
+from rlcore.workers.actor import compute_log_prob, update_policy
+
+
+def engine_spec(model_cfg, role_cfg, trainable: bool, total_steps: int) -> EngineSpec:
+    """Maps a role's verl-style config section onto what the engine needs."""
+    fsdp = role_cfg.fsdp_config
+    spec = EngineSpec(
+        model_path=model_cfg.path,
+        override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
+        param_dtype=fsdp.dtype,
+        trainable=trainable,
+        gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        param_offload=fsdp.param_offload,
+        reshard_after_forward=fsdp.reshard_after_forward,
+    )
+    if trainable:
+        optim = role_cfg.optim
+        warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total_steps)
+        spec.optimizer_offload = fsdp.optimizer_offload
+        spec.lr, spec.betas, spec.weight_decay = optim.lr, tuple(optim.betas), optim.weight_decay
+        spec.warmup_steps, spec.total_steps = warmup, total_steps
+        spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim.lr_scheduler_type, optim.min_lr_ratio, optim.num_cycles
+        spec.grad_clip = role_cfg.grad_clip
+    return spec
+
+
+class ActorRolloutRefWorker(Worker):
+    """Owns, in one process per device: the trainable policy, its rollout engine, and the frozen reference."""
+
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        super().__init__(rank=rank, world_size=world_size, device=device)
+        self.config = OmegaConf.create(config)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_steps: int) -> None:
+        cfg = self.config.actor_rollout_ref
+        seed = self.config.trainer.seed
+        torch.manual_seed(seed)  # identical init on every rank before sharding
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
+        self.actor = build_engine(cfg.actor.strategy, engine_spec(cfg.model, cfg.actor, True, total_steps), self.device)
+        self.ref = None
+        if cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward:
+            self.ref = build_engine(cfg.actor.strategy, engine_spec(cfg.model, cfg.ref, False, total_steps), self.device)
+        self.rollout = build_rollout(
+            cfg.rollout.name, model_path=cfg.model.path, pad_token_id=self.tokenizer.pad_token_id, device=self.device,
+            dtype="float32" if self.device.type == "cpu" else cfg.rollout.dtype,
+            override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + self.rank,
+        )
+        self._offload_after("update")
+
+    def _offload_after(self, phase: str) -> None:
+        """Honours fsdp_config.param_offload / optimizer_offload: training state leaves the device between uses."""
+        fsdp = self.config.actor_rollout_ref.actor.fsdp_config
+        if fsdp.param_offload or fsdp.optimizer_offload:
+            self.actor.offload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+
+    def _onload(self) -> None:
+        fsdp = self.config.actor_rollout_ref.actor.fsdp_config
+        if fsdp.param_offload or fsdp.optimizer_offload:
+            self.actor.onload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+
+    def _sampling(self, meta: dict) -> SamplingParams:
+        rollout = self.config.actor_rollout_ref.rollout
+        kw = rollout.val_kwargs if meta.get("validate") else rollout
+        return SamplingParams(
+            max_tokens=rollout.response_length, temperature=kw.temperature, top_p=kw.top_p, top_k=kw.top_k,
+            do_sample=kw.do_sample, stop_token_ids=[self.tokenizer.eos_token_id],
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Hybrid engine: sync the current weights into the rollout model, sample, then free the cache."""
+        timing = {}
+        start = time.perf_counter()
+        self._onload()
+        self.rollout.wake_up()
+        sync_weights(self.actor, self.rollout, self.config.actor_rollout_ref.rollout.update_weights_bucket_megabytes)
+        self._offload_after("sync")
+        timing["timing_s/weight_sync"] = time.perf_counter() - start
+        out = self.rollout.generate(prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info))
+        self.rollout.sleep()
+        timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/weight_sync"]
+        return DataProto.from_dict(assemble_sequences(prompts.batch["input_ids"], prompts.batch["attention_mask"], out), meta_info={"timing": timing})
+
+    def _log_prob_batch_size(self, role: str) -> int:
+        cfg = self.config.actor_rollout_ref
+        return (cfg.ref if role == "ref" else cfg.rollout).log_prob_micro_batch_size_per_gpu
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """Log-probs of the responses under the current policy (`old_log_probs`) and their entropy."""
+        self._onload()
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        out = compute_log_prob(self.actor, data, self._log_prob_batch_size("rollout"), temperature, with_entropy=True)
+        self._offload_after("log_prob")
+        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        out = compute_log_prob(self.ref, data, self._log_prob_batch_size("ref"), temperature, with_entropy=False)
+        return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        cfg = self.config.actor_rollout_ref
+        self._onload()
+        metrics = update_policy(self.actor, data, cfg.actor, cfg.rollout.n, cfg.rollout.temperature, self.world_size, self.device)
+        self._offload_after("update")
+        return metrics
+
+    # ------------------------------------------------------------------------------------------- checkpoint
+    def _rng_path(self, path: str) -> str:
+        return os.path.join(path, f"rng_rank{self.rank}.pt")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, hf_dir: str) -> None:
+        self._onload()
+        self.actor.save(path, hf_dir=hf_dir)
+        if self.rank == 0:
+            self.tokenizer.save_pretrained(hf_dir)
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), "rollout": self.rollout.generator.get_state()}
+        torch.save(rng, self._rng_path(path))
+        self._offload_after("save")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self._onload()
+        self.actor.load(path)
+        rng = torch.load(self._rng_path(path), weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        self.rollout.generator.set_state(rng["rollout"])
+        self._offload_after("load")

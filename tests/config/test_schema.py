@@ -1,0 +1,167 @@
+"""The typed schema and its Hydra composition: verl key names and defaults, recipes, strictness."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from rlcore.config import CONFIG_DIR, PPOConfig, compose, register_configs
+from rlcore.config.schema import ActorConfig
+
+REPO_ROOT = Path(CONFIG_DIR).parent
+VERL_KEYS = Path("/work/shared/reference/verl_config_keys.txt")
+# Defaults rlcore deliberately changes from verl's, with the reason.
+RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native"}  # verl: ??? (mandatory); native is embedded
+RLCORE_ADDITIONS = {
+    "actor_rollout_ref.rollout.update_weights_bucket_megabytes", "actor_rollout_ref.rollout.engine_kwargs.native",
+    "trainer.seed", "ray_kwargs.ray_init.address",
+}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def test_schema_imports_without_torch_or_ray():
+    code = ("import sys, rlcore.config, rlcore.config.schema, rlcore.config.validate; "
+            "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO_ROOT)
+
+
+def test_config_dir_layout():
+    assert Path(CONFIG_DIR).is_dir() and (Path(CONFIG_DIR) / "ppo_trainer.yaml").is_file()
+    recipe_link = Path(CONFIG_DIR) / "recipe"
+    assert recipe_link.is_symlink() and os.readlink(recipe_link) == "../recipes"  # relative: survives a move
+    assert recipe_link.resolve() == (REPO_ROOT / "recipes").resolve()
+
+
+def test_register_configs_is_idempotent():
+    register_configs()
+    register_configs()
+    assert compose([]).trainer.nnodes == 1
+
+
+def test_default_composes_typed_with_verl_defaults():
+    cfg = compose([])
+    assert OmegaConf.get_type(cfg) is PPOConfig
+    assert OmegaConf.get_type(cfg.actor_rollout_ref.actor) is ActorConfig
+    assert OmegaConf.is_struct(cfg)
+    assert cfg.data.train_batch_size == 1024 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 256
+    assert cfg.actor_rollout_ref.rollout.name == "native" and cfg.algorithm.adv_estimator == "gae"
+    assert cfg.trainer.default_local_dir == "checkpoints/verl_examples/gsm8k"
+    assert cfg.ray_kwargs.ray_init.address is None and cfg.actor_rollout_ref.nccl_timeout == 600
+
+
+def test_interpolated_defaults_follow_their_source():
+    cfg = compose(["data.max_prompt_length=100", "data.max_response_length=50",
+                   "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=999",
+                   "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+                   "actor_rollout_ref.actor.checkpoint.save_contents=[model]", "critic.shuffle=True"])
+    arr = cfg.actor_rollout_ref
+    assert (arr.rollout.prompt_length, arr.rollout.response_length) == (100, 50)
+    assert arr.ref.log_prob_use_dynamic_bsz and arr.rollout.log_prob_use_dynamic_bsz
+    assert arr.ref.log_prob_max_token_len_per_gpu == 999 == arr.rollout.log_prob_max_token_len_per_gpu
+    assert cfg.critic.ppo_mini_batch_size == 64 and cfg.critic.use_dynamic_bsz
+    assert list(arr.actor.checkpoint.load_contents) == ["model"]
+    assert cfg.critic.shuffle and not arr.actor.shuffle  # an explicit value wins over the interpolation
+
+
+@pytest.mark.skipif(not VERL_KEYS.is_file(), reason=f"verl key reference not present at {VERL_KEYS}")
+def test_defaults_match_verl_reference():
+    """Every schema key that verl has carries verl's default (interpolations verbatim), except RLCORE_DEFAULTS."""
+
+    def parse(text: str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+    verl = {}
+    for line in VERL_KEYS.read_text().splitlines():
+        key, _, value = line.partition("=")
+        verl[key] = parse(value)
+    ours = _flatten(OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False))
+    assert set(ours) - set(verl) == RLCORE_ADDITIONS
+    differ = {key: (ours[key], verl[key]) for key in ours if key in verl and ours[key] != verl[key]}
+    assert differ == {key: (value, verl[key]) for key, value in RLCORE_DEFAULTS.items()}
+
+
+def test_tiny_cpu_recipe_overrides_everything():
+    cfg = compose(["recipe=tiny_cpu"])
+    assert cfg.trainer.device == "cpu" and cfg.trainer.n_gpus_per_node == 2
+    assert list(cfg.trainer.logger) == ["console", "jsonl"]
+    assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.actor_rollout_ref.actor.fsdp_config.dtype == "float32"
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-4
+    assert cfg.trainer.default_local_dir == "outputs/checkpoints/rlcore/tiny_cpu_grpo"
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0
+    assert not cfg.actor_rollout_ref.rollout.val_kwargs.do_sample
+    # the command line still wins over the recipe
+    assert compose(["recipe=tiny_cpu", "actor_rollout_ref.rollout.n=4"]).actor_rollout_ref.rollout.n == 4
+
+
+def test_misspelled_key_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="ppo_mini_batchsize"):
+        compose(["actor_rollout_ref.actor.ppo_mini_batchsize=4"])
+
+
+def test_wrong_type_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="train_batch_size"):
+        compose(["data.train_batch_size=many"])
+
+
+def test_unknown_key_access_fails():
+    cfg = compose([])
+    with pytest.raises(AttributeError):
+        _ = cfg.actor_rollout_ref.actor.ppo_mini_batchsize
+
+
+def test_plus_adds_new_keys_as_in_hydra():
+    cfg = compose(["+new_key=1", "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
+                   "+reward_model.reward_kwargs.max_resp_len=8"])
+    assert cfg.new_key == 1
+    assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
+    assert cfg.reward_model.reward_kwargs.max_resp_len == 8
+
+
+def test_verl_command_line_composes():
+    """A verl GRPO example command line (Qwen2-7B, gsm8k, 8 GPUs) composes unchanged."""
+    cfg = compose([
+        "algorithm.adv_estimator=grpo", "data.train_files=[a.parquet,b.parquet]", "data.val_files=test.parquet",
+        "data.train_batch_size=1024", "data.max_prompt_length=512", "data.max_response_length=1024",
+        "data.filter_overlong_prompts=True", "data.truncation=error",
+        "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True", "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0", "trainer.logger=['console','wandb']", "trainer.project_name=verl_grpo_example_gsm8k",
+        "trainer.experiment_name=qwen2_7b_function_rm", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
+        "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15",
+    ])
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.6
+    assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz  # follows the actor, as in verl
+    assert list(cfg.data.train_files) == ["a.parquet", "b.parquet"]
+    from rlcore.config import validate_config
+
+    plan = validate_config(cfg)
+    assert plan.samples_per_step == 5120 and plan.micro_batches_per_mini_batch_per_rank is None

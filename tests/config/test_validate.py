@@ -1,0 +1,209 @@
+"""validate_config: batch plans computed by hand, every violation reported at once with a fix, all recipes."""
+
+import copy
+import functools
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from rlcore.config import CONFIG_DIR, ConfigError, PPOConfig, compose, format_plan, validate_config
+from rlcore.config.validate import BatchPlan
+
+ARR = "actor_rollout_ref"
+RECIPES_DIR = Path(CONFIG_DIR).parent / "recipes"
+RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
+
+# verl-like 8-GPU GRPO run: 1024 prompts x 5 samples, mini-batches of 256 prompts, 32 samples per micro-batch.
+VERL_8GPU = [
+    "algorithm.adv_estimator=grpo", "trainer.nnodes=1", "trainer.n_gpus_per_node=8", "data.train_batch_size=1024",
+    f"{ARR}.rollout.n=5", f"{ARR}.actor.ppo_mini_batch_size=256", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=32",
+    f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=64",
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _base(recipe):
+    return compose([f"recipe={recipe}"] if recipe else [])
+
+
+def _cfg(overrides, recipe=None):
+    """The composed base config with Hydra-parsed overrides applied on a copy: ~15x faster than composing each
+    time (a compose costs ~0.2 s here). Composition itself, recipes and override parsing are tested by real
+    compose calls in test_schema.py and test_every_recipe_composes_and_validates."""
+    cfg = copy.deepcopy(_base(recipe))
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    return cfg
+
+
+def _errors(overrides, recipe=None) -> list:
+    with pytest.raises(ConfigError) as info:
+        validate_config(_cfg(overrides, recipe))
+    return info.value.messages
+
+
+def test_tiny_cpu_plan_by_hand():
+    # 2 ranks; 32 prompts x 8 = 256 samples; 32/16 = 2 mini-batches of 16 x 8 = 128 samples, 64 per rank,
+    # 64 / 32 = 2 micro-batches; 256 / 2 = 128 samples per rank per step; 2 mini-batches x 1 epoch.
+    assert validate_config(_cfg([], "tiny_cpu")) == BatchPlan(
+        world_size=2, dp_size=2, prompts_per_step=32, samples_per_step=256, mini_batches_per_step=2,
+        samples_per_mini_batch=128, samples_per_mini_batch_per_rank=64, micro_batches_per_mini_batch_per_rank=2,
+        samples_per_rank_per_step=128, optimizer_steps_per_step=2, ppo_micro_batch_size_per_rank=32,
+        log_prob_micro_batch_size_per_rank=64, ref_log_prob_micro_batch_size_per_rank=64, use_reference_policy=True,
+    )
+
+
+def test_verl_8gpu_plan_by_hand():
+    # 1024 x 5 = 5120 samples; 1024/256 = 4 mini-batches of 1280 samples, 160 per rank, 160/32 = 5 micro-batches.
+    plan = validate_config(_cfg(VERL_8GPU + [f"{ARR}.actor.ppo_epochs=2"]))
+    assert plan == BatchPlan(
+        world_size=8, dp_size=8, prompts_per_step=1024, samples_per_step=5120, mini_batches_per_step=4,
+        samples_per_mini_batch=1280, samples_per_mini_batch_per_rank=160, micro_batches_per_mini_batch_per_rank=5,
+        samples_per_rank_per_step=640, optimizer_steps_per_step=8, ppo_micro_batch_size_per_rank=32,
+        log_prob_micro_batch_size_per_rank=64, ref_log_prob_micro_batch_size_per_rank=None, use_reference_policy=False,
+    )
+
+
+def test_deprecated_global_micro_batch_is_divided_by_dp():
+    plan = validate_config(_cfg(VERL_8GPU + [f"{ARR}.actor.ppo_micro_batch_size_per_gpu=null",
+                                                f"{ARR}.actor.ppo_micro_batch_size=256"]))
+    assert plan.ppo_micro_batch_size_per_rank == 32 and plan.micro_batches_per_mini_batch_per_rank == 5
+
+
+def test_dynamic_bsz_needs_no_micro_batch_size():
+    plan = validate_config(_cfg(VERL_8GPU + [f"{ARR}.actor.ppo_micro_batch_size_per_gpu=null",
+                                                f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=null",
+                                                f"{ARR}.actor.use_dynamic_bsz=True"]))
+    assert plan.micro_batches_per_mini_batch_per_rank is None and plan.log_prob_micro_batch_size_per_rank is None
+
+
+def test_validate_accepts_a_dataclass_instance():
+    with pytest.raises(ConfigError, match="adv_estimator=gae"):
+        validate_config(PPOConfig())
+
+
+def test_brief_example_message_exactly():
+    messages = _errors(VERL_8GPU + ["trainer.n_gpus_per_node=3", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=8",
+                                    f"{ARR}.rollout.tensor_model_parallel_size=1"])
+    assert (f"{ARR}.actor.ppo_mini_batch_size=256 x {ARR}.rollout.n=5 = 1280 samples is not divisible by 3 "
+            f"data-parallel ranks; use {ARR}.actor.ppo_mini_batch_size=240 or {ARR}.actor.ppo_mini_batch_size=264"
+            ) in messages
+    assert any(m.startswith("data.train_batch_size=1024 x") and "use data.train_batch_size=768 or "
+               "data.train_batch_size=1536" in m for m in messages)
+    assert len(messages) == 2
+
+
+def test_many_violations_in_one_error():
+    overrides = VERL_8GPU + [
+        "trainer.n_gpus_per_node=6",  # 5120 and 1280 samples not divisible by 6 ranks; TP 2 still fine
+        f"{ARR}.actor.strategy=megatron", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae",
+        f"{ARR}.model.lora_rank=8", "trainer.test_freq=0", f"{ARR}.rollout.top_p=1.5", "data.truncation=lef",
+        f"{ARR}.actor.use_kl_loss=True",  # reference now needed but has no micro-batch size
+    ]
+    with pytest.raises(ConfigError) as info:
+        validate_config(_cfg(overrides))
+    messages, text = info.value.messages, str(info.value)
+    expected = [
+        f"{ARR}.actor.strategy=megatron is not supported yet by rlcore; use {ARR}.actor.strategy=fsdp2",
+        f"{ARR}.rollout.name=sglang is not supported yet by rlcore; use {ARR}.rollout.name=vllm",
+        "algorithm.adv_estimator=gae (PPO with a critic) is not supported yet by rlcore; "
+        "use algorithm.adv_estimator=grpo",
+        f"{ARR}.model.lora_rank=8 (LoRA) is not supported yet",
+        "trainer.test_freq=0 must be -1 (never) or > 0",
+        f"{ARR}.rollout.top_p=1.5 must be in (0, 1]",
+        "data.truncation=lef is not one of error, left, right, middle; use data.truncation=left",
+        "data.train_batch_size=1024 x actor_rollout_ref.rollout.n=5 = 5120 samples per step is not divisible by 6",
+        f"{ARR}.actor.ppo_mini_batch_size=256 x {ARR}.rollout.n=5 = 1280 samples is not divisible by 6 data-parallel "
+        f"ranks; use {ARR}.actor.ppo_mini_batch_size=",
+        f"{ARR}.ref.log_prob_micro_batch_size_per_gpu is required unless {ARR}.ref.log_prob_use_dynamic_bsz=True",
+    ]
+    for fragment in expected:
+        assert sum(fragment in m for m in messages) == 1, fragment
+    assert len(messages) == len(expected)
+    assert text.startswith(f"{len(expected)} config error(s):") and all(m in text for m in messages)
+
+
+def test_mini_batch_suggestions_satisfy_every_rule():
+    # 6 ranks, n=5, micro 8: a valid mini-batch divides 960 and is a multiple of 48 (x 5 / 6 ranks % 8 == 0).
+    messages = _errors(VERL_8GPU + ["trainer.n_gpus_per_node=6", "data.train_batch_size=960",
+                                    f"{ARR}.actor.ppo_micro_batch_size_per_gpu=8"])
+    assert len(messages) == 2  # 256 does not divide 960, and 256 x 5 is not divisible by 6 ranks
+    for message in messages:  # both rules suggest the same values, each satisfying every rule
+        suggested = [int(part.split("=")[-1]) for part in message.split("; use ")[1].split(" or ")]
+        assert suggested == [240, 480], message
+        for mini in suggested:
+            assert 960 % mini == 0 and mini * 5 % 6 == 0 and (mini * 5 // 6) % 8 == 0
+
+
+@pytest.mark.parametrize("override, fragment", [
+    (f"{ARR}.actor.ppo_micro_batch_size_per_gpu=24", "= 64 samples per rank per mini-batch is not divisible by "
+     f"{ARR}.actor.ppo_micro_batch_size_per_gpu=24; use {ARR}.actor.ppo_micro_batch_size_per_gpu=16 or "
+     f"{ARR}.actor.ppo_micro_batch_size_per_gpu=32"),
+    (f"{ARR}.actor.ppo_micro_batch_size=64", "are both set; set only"),
+    (f"{ARR}.actor.ppo_mini_batch_size=12", f"{ARR}.actor.ppo_mini_batch_size=12 does not divide "
+     f"data.train_batch_size=32 (both count prompts; a step must split into whole mini-batches); "
+     f"use {ARR}.actor.ppo_mini_batch_size=8 or {ARR}.actor.ppo_mini_batch_size=16"),
+    (f"{ARR}.actor.ppo_mini_batch_size=64", "is larger than data.train_batch_size=32"),
+    (f"{ARR}.rollout.tensor_model_parallel_size=4", f"use {ARR}.rollout.tensor_model_parallel_size=2"),
+    (f"{ARR}.actor.ulysses_sequence_parallel_size=2", "(Ulysses sequence parallelism) is not supported yet"),
+    ("trainer.device=npu", "trainer.device=npu is not supported by rlcore; use trainer.device=cuda"),
+    ("trainer.resume_mode=resume_path", "trainer.resume_mode=resume_path needs trainer.resume_from_path"),
+    ("trainer.resume_mode=latest", "trainer.resume_mode=latest is not one of auto, disable, resume_path"),
+    ("algorithm.kl_penalty=k4", "algorithm.kl_penalty=k4 is not one of kl, k1, abs"),
+    ("algorithm.kl_ctrl.type=linear", "algorithm.kl_ctrl.type=linear is not one of fixed, adaptive"),
+    (f"{ARR}.actor.loss_agg_mode=token_mean", f"use {ARR}.actor.loss_agg_mode=token-mean"),
+    (f"{ARR}.rollout.n=1", "rollout.n=1 gives zero advantages; use actor_rollout_ref.rollout.n=4 or more"),
+    (f"{ARR}.rollout.temperature=-0.5", "must be >= 0"),
+    (f"{ARR}.rollout.val_kwargs.top_p=0", f"{ARR}.rollout.val_kwargs.top_p=0.0 must be in (0, 1]"),
+    (f"{ARR}.actor.clip_ratio_high=0", f"{ARR}.actor.clip_ratio_high=0.0 must be > 0"),
+    (f"{ARR}.actor.clip_ratio_c=0.5", "must be > 1"),
+    ("trainer.save_freq=-5", "trainer.save_freq=-5 must be -1 (never) or > 0"),
+    ("trainer.total_training_steps=0", "trainer.total_training_steps=0 must be > 0"),
+    (f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=10 is smaller than "
+     "data.max_prompt_length + data.max_response_length = 24 tokens"),
+    ("critic.enable=True", "critic.enable=True is not supported yet"),
+    (f"{ARR}.hybrid_engine=False", "hybrid_engine=False is not supported"),
+    (f"{ARR}.actor.fsdp_config.dtype=half", f"{ARR}.actor.fsdp_config.dtype=half is not one of"),
+    (f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.name=vllm needs trainer.device=cuda"),
+])
+def test_single_violation(override, fragment):
+    extra = [f"{ARR}.actor.ppo_max_token_len_per_gpu=10"] if "use_dynamic_bsz" in override else []
+    messages = _errors([override] + extra, recipe="tiny_cpu")
+    assert any(fragment in m for m in messages), messages
+
+
+def test_reference_sizes_only_needed_with_a_kl():
+    base = [f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=null"]
+    plan = validate_config(_cfg(base + [f"{ARR}.actor.use_kl_loss=False"], "tiny_cpu"))
+    assert not plan.use_reference_policy and plan.ref_log_prob_micro_batch_size_per_rank is None
+    messages = _errors(base + [f"{ARR}.actor.use_kl_loss=False", "algorithm.use_kl_in_reward=True"], "tiny_cpu")
+    assert [m for m in messages if f"{ARR}.ref.log_prob_micro_batch_size_per_gpu is required" in m]
+
+
+def test_config_error_renders_every_message():
+    error = ConfigError(["first problem", "second problem"])
+    assert isinstance(error, ValueError) and error.messages == ["first problem", "second problem"]
+    assert str(error) == "2 config error(s):\n  1. first problem\n  2. second problem"
+
+
+def test_format_plan_is_an_aligned_table():
+    lines = format_plan(validate_config(_cfg([], "tiny_cpu"))).splitlines()
+    assert len(lines) == 10 and all(line.startswith("batch plan: ") for line in lines)
+    assert "samples_per_step" in lines[3] and " 256 " in lines[3]
+    value_ends = {line.index("  (") for line in lines}
+    assert len(value_ends) == 1  # values right-aligned in one column
+
+
+def test_recipes_folder_has_only_yaml_recipes():
+    files = sorted(p for p in RECIPES_DIR.iterdir() if not p.name.startswith("."))
+    assert files == RECIPES, "every file in recipes/ must be a .yaml recipe (others would be skipped silently)"
+    assert len(RECIPES) >= 1
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_composes_and_validates(recipe):
+    cfg = compose([f"recipe={recipe.stem}"])
+    plan = validate_config(cfg)
+    assert plan.samples_per_step == cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n

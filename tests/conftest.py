@@ -1,0 +1,49 @@
+"""Shared fixtures: a real (tiny) HF model + tokenizer saved to a local directory, and the tiny task data."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+def build_tiny_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlcore.data.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    return build_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model")))
+
+
+@pytest.fixture(scope="session")
+def tiny_task_dir(tmp_path_factory) -> str:
+    from rlcore.data.synthetic import write_task
+
+    out = str(tmp_path_factory.mktemp("tiny_task"))
+    write_task(out, num_train=512, num_test=64, min_digits=1, max_digits=2, seed=0)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_process_group():
+    """A test that initialises a process group in-process must destroy it; the next test starts clean."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,76 @@
+"""Rule scorers: registry dispatch, tiny_add, gsm8k strict / flexible."""
+
+import pytest
+
+from rlcore.data.synthetic import TASK_NAME
+from rlcore.reward.scorers import (
+    TINY_ADD,
+    default_compute_score,
+    extract_gsm8k_answer,
+    gsm8k_score,
+    register_scorer,
+    registered_data_sources,
+)
+
+
+def test_tiny_add_name_matches_task():
+    assert TINY_ADD == TASK_NAME
+
+
+@pytest.mark.parametrize(
+    "response, score", [("82", 1.0), (" 82\n", 1.0), ("82.", 0.0), ("8 2", 0.0), ("", 0.0), ("820", 0.0)]
+)
+def test_tiny_add(response, score):
+    assert default_compute_score("tiny_add", response, "82") == score
+
+
+@pytest.mark.parametrize(
+    "response, ground_truth, score",
+    [
+        ("so 3 + 4 = 7\n#### 7", "7", 1.0),
+        ("#### 1,234", "1234", 1.0),  # commas removed
+        ("#### -5", "-5", 1.0),  # minus sign
+        ("#### 2.5", "2.5", 1.0),
+        ("#### 72.", "72", 1.0),  # trailing full stop is not part of the number
+        ("#### 3\nwait, no\n#### 4", "4", 1.0),  # the LAST #### wins
+        ("#### 4\nactually\n#### 3", "4", 0.0),
+        ("#### 8", "7", 0.0),  # formatted but wrong -> format_score (0.0)
+        ("the answer is 7", "7", 0.0),  # no ####
+        ("####7", "7", 0.0),  # verl's strict format needs the space
+    ],
+)
+def test_gsm8k_strict(response, ground_truth, score):
+    assert default_compute_score("openai/gsm8k", response, ground_truth) == score
+    assert default_compute_score("gsm8k", response, ground_truth) == score
+
+
+def test_gsm8k_format_score_and_flexible():
+    assert gsm8k_score("#### 8", "7", format_score=0.1) == 0.1
+    assert gsm8k_score("no answer", "7", format_score=0.1) == 0.0
+    assert gsm8k_score("#### 7", "7", score=2.0) == 2.0
+    assert gsm8k_score("3 apples, then 4, so 1,007.", "1007", method="flexible") == 1.0
+    assert gsm8k_score("it is -12 degrees", "-12", method="flexible") == 1.0
+    assert gsm8k_score("no digits here.", "7", method="flexible") == 0.0
+    assert extract_gsm8k_answer("a, b. c", method="flexible") is None
+    assert extract_gsm8k_answer("#### 1,000,000 and #### 12", method="strict") == "12"
+    with pytest.raises(ValueError, match="method='fuzzy'"):
+        extract_gsm8k_answer("#### 1", method="fuzzy")
+
+
+def test_unknown_data_source_lists_registered():
+    with pytest.raises(NotImplementedError) as err:
+        default_compute_score("math_dapo", "x", "y")
+    msg = str(err.value)
+    assert "'math_dapo'" in msg and "custom_reward_function.path" in msg
+    assert all(name in msg for name in ("tiny_add", "gsm8k", "openai/gsm8k"))
+
+
+def test_register_scorer():
+    @register_scorer("test_always_half")
+    def half(solution_str, ground_truth, extra_info=None):
+        return 0.5
+
+    assert "test_always_half" in registered_data_sources()
+    assert default_compute_score("test_always_half", "", "", {"k": 1}) == 0.5
+    with pytest.raises(ValueError, match="already has scorer"):
+        register_scorer("tiny_add")(half)
