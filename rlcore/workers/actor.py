@@ -9,12 +9,9 @@ import torch
 import torch.distributed as dist
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
-from rlcore.engine.base import TrainEngine
+from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.models.logits import entropy_from_logits, gather_log_probs, response_logits
 from rlcore.protocol import DataProto
-
-TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages")
-
 
 def compute_log_prob(engine: TrainEngine, data: DataProto, micro_batch_size: int, temperature: float, with_entropy: bool) -> DataProto:
     """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`."""
@@ -38,19 +35,15 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, rollout_n: int, temperature: float, dp_size: int, device: torch.device) -> dict[str, float]:
-    """ppo_epochs x mini-batches x micro-batches of the configured policy loss (+ KL loss, - entropy bonus).
+def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, response_len: int, temperature: float) -> LossFn:
+    """The per-micro-batch loss: policy loss - entropy_coeff * entropy (+ kl_loss_coef * KL to the reference).
 
-    `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
-    Losses are normalised by mini-batch-wide counts summed over ranks, so accumulation is exact (rlcore.algos.agg).
+    `counts` = (valid tokens, sequences) of the whole mini-batch over all ranks: the normalisers that make the
+    sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg).
     """
-    mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n // dp_size
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
-    use_kl = actor_cfg.use_kl_loss
-    response_len = data.batch["responses"].shape[-1]
-    history: dict[str, list[float]] = defaultdict(list)
 
-    def loss_fn(logits: torch.Tensor, mb: DataProto, counts: tuple[float, float]) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(logits: torch.Tensor, mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         b = {k: v.to(logits.device) for k, v in mb.batch.items()}
         logits = response_logits(logits, response_len, temperature)
         log_prob = gather_log_probs(logits, b["responses"])
@@ -61,23 +54,38 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, rollout_n: in
             clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c,
         )
         pg_loss = agg(pg_mat)
-        entropy = agg(entropy_from_logits(logits)) if actor_cfg.entropy_coeff != 0 else agg(entropy_from_logits(logits.detach()))
+        # Entropy only joins the graph when it is part of the loss; otherwise it is a detached statistic.
+        entropy = agg(entropy_from_logits(logits if actor_cfg.entropy_coeff != 0 else logits.detach()))
         loss = pg_loss - actor_cfg.entropy_coeff * entropy
         metrics = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy.item()}
-        if use_kl:
+        if actor_cfg.use_kl_loss:
             kl_loss = agg(kl_penalty(log_prob, b["ref_log_prob"], actor_cfg.kl_loss_type))
             loss = loss + actor_cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.item()
         metrics.update({k: agg(v).item() for k, v in stats.items()})
         return loss, metrics
 
+    return loss_fn
+
+
+def mini_batch_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, float]:
+    """(valid tokens, sequences) of a mini-batch summed over every rank's share of it."""
+    return tuple(_all_reduce_sum([float(mask.sum()), float(mask.shape[0])], device))
+
+
+def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, rollout_n: int, temperature: float, dp_size: int, device: torch.device) -> dict[str, float]:
+    """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
+
+    `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
+    """
+    mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n // dp_size
+    response_len = data.batch["responses"].shape[-1]
+    history: dict[str, list[float]] = defaultdict(list)
     for _ in range(actor_cfg.ppo_epochs):
         for mini in data.split(mini_batch_rows):
-            mask = mini.batch["response_mask"]
-            # Mini-batch-wide normalisers: valid tokens and sequences over every rank's share of this mini-batch.
-            counts = tuple(_all_reduce_sum([float(mask.sum()), float(mask.shape[0])], device))
-            micro = mini.split(actor_cfg.ppo_micro_batch_size_per_gpu)
-            per_micro = engine.forward_backward(micro, lambda logits, mb: loss_fn(logits, mb, counts))
+            counts = mini_batch_counts(mini.batch["response_mask"], device)
+            loss_fn = make_policy_loss_fn(actor_cfg, counts, dp_size, response_len, temperature)
+            per_micro = engine.forward_backward(mini.split(actor_cfg.ppo_micro_batch_size_per_gpu), loss_fn)
             # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
             # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
             for key in per_micro[0]:

@@ -14,7 +14,8 @@ from rlcore.config import CONFIG_DIR, PPOConfig, compose, register_configs
 from rlcore.config.schema import ActorConfig
 
 REPO_ROOT = Path(CONFIG_DIR).parent
-VERL_KEYS = Path("/work/shared/reference/verl_config_keys.txt")
+# CI clones the repo with shared/ beside it (../shared), as on developer machines.
+VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
 # Defaults rlcore deliberately changes from verl's, with the reason.
 RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native"}  # verl: ??? (mandatory); native is embedded
 RLCORE_ADDITIONS = {

@@ -1,0 +1,64 @@
+"""Real Ray actors on a placement group form a gloo process group and obey the dispatch modes."""
+
+import sys
+
+
+import pytest
+import ray
+import ray.cloudpickle
+import torch
+import torch.distributed as dist
+
+from rlcore.controller.decorator import Dispatch, register
+from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool, init_ray
+from rlcore.controller.worker import Worker
+from rlcore.protocol import DataProto
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import test modules by name
+
+
+class ToyWorker(Worker):
+    def __init__(self, scale: int, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        super().__init__(rank=rank, world_size=world_size, device=device)
+        self.scale = scale
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def scale_rows(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict({"y": data["x"] * self.scale, "rank": torch.full((len(data),), self.rank)})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sum_of_ranks(self) -> float:
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)  # proves the gloo group spans the actors
+        return t.item()
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def backend_and_rank(self) -> tuple[str, int]:
+        return dist.get_backend(), self.rank
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = init_ray(address=None, num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_worker_group_dispatch_over_gloo(local_ray):
+    group = RayWorkerGroup(ToyWorker, ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu"), scale=10)
+    try:
+        out = group.scale_rows(DataProto.from_dict({"x": torch.arange(5)}))
+        assert out["y"].tolist() == [0, 10, 20, 30, 40]
+        assert out["rank"].tolist() == [0, 0, 0, 1, 1]
+        assert group.sum_of_ranks() == [3.0, 3.0]
+        assert group.backend_and_rank() == ("gloo", 0)
+    finally:
+        group.kill()
+    # The placement group's CPUs are returned once the group is killed.
+    ray.get(ray.remote(num_cpus=2)(lambda: True).remote(), timeout=60)
+
+
+def test_placement_group_too_large_says_how_to_fix(local_ray):
+    with pytest.raises(RuntimeError, match="n_gpus_per_node"):
+        ResourcePool(nnodes=1, n_gpus_per_node=8, device="cpu").create_placement_group(timeout_s=3)

@@ -1,0 +1,42 @@
+"""Helpers for tests that run N gloo ranks in spawned processes (importable by the children via sys.path)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_gloo(rank: int, world_size: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+
+
+def make_rollout_batch(num_rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A batch in the trainer's layout with uneven left-padded prompts and uneven right-padded responses."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_mask = torch.ones(num_rows, prompt_len, dtype=torch.long)
+    response_mask = torch.zeros(num_rows, response_len, dtype=torch.long)
+    for i in range(num_rows):
+        prompt_mask[i, : int(torch.randint(0, prompt_len - 1, (1,), generator=g))] = 0
+        response_mask[i, : int(torch.randint(1, response_len + 1, (1,), generator=g))] = 1
+    prompts = torch.randint(6, vocab, (num_rows, prompt_len), generator=g) * prompt_mask
+    responses = torch.randint(6, vocab, (num_rows, response_len), generator=g) * response_mask
+    attention_mask = torch.cat([prompt_mask, response_mask], -1)
+    return {
+        "input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "responses": responses, "response_mask": response_mask,
+        "old_log_probs": -torch.rand(num_rows, response_len, generator=g) * 3,
+        "advantages": torch.randn(num_rows, 1, generator=g).expand(num_rows, response_len) * response_mask,
+        "ref_log_prob": -torch.rand(num_rows, response_len, generator=g) * 3,
+    }

@@ -1,0 +1,79 @@
+import pytest
+import torch
+
+from rlcore.models.hf import load_causal_lm
+from rlcore.models.logits import gather_log_probs, response_logits
+from rlcore.rollout.base import SamplingParams, assemble_sequences
+from rlcore.rollout.native import NativeRollout, filter_logits
+from rlcore.rollout.weight_sync import buckets
+
+
+@pytest.fixture(scope="module")
+def engine_and_model(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir).eval()
+    rollout = NativeRollout(tiny_model_dir, pad_token_id=0, device=torch.device("cpu"), seed=0)
+    rollout.update_weights(model.state_dict().items())
+    return rollout, model
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, top_k=2, top_p=1.0)).tolist() == [[False, False, True, True]]
+    # top_p=0.7: 0.5 alone < 0.7, so 0.3 is kept too; 0.15 starts after 0.8 mass.
+    assert torch.isinf(filter_logits(logits, top_k=-1, top_p=0.7)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, top_k=-1, top_p=0.01)).tolist() == [[False, True, True, True]]
+
+
+def test_left_padding_is_invisible_and_log_probs_match_training_forward(engine_and_model):
+    rollout, model = engine_and_model
+    ids = torch.tensor([[0, 0, 7, 8, 9], [10, 11, 12, 13, 14]])
+    mask = (ids != 0).long()
+    greedy = SamplingParams(max_tokens=6, do_sample=False, stop_token_ids=[1])
+    out = rollout.generate(ids, mask, greedy)
+    alone = rollout.generate(ids[:1, 2:], mask[:1, 2:], greedy)
+    assert torch.equal(out.responses[0], alone.responses[0])
+    torch.testing.assert_close(out.response_log_probs[0], alone.response_log_probs[0], atol=1e-5, rtol=1e-5)
+    seq = assemble_sequences(ids, mask, out)
+    with torch.no_grad():
+        logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
+    train_lp = gather_log_probs(response_logits(logits, 6), out.responses) * out.response_mask
+    torch.testing.assert_close(train_lp, out.response_log_probs, atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_stops_at_eos_pads_after_and_is_seeded(engine_and_model):
+    rollout, _ = engine_and_model
+    ids = torch.randint(6, 40, (64, 4))
+    mask = torch.ones_like(ids)
+    eos = 20
+    sp = SamplingParams(max_tokens=8, temperature=1.0, stop_token_ids=[eos], seed=123)
+    out = rollout.generate(ids, mask, sp)
+    for row, row_mask in zip(out.responses, out.response_mask):
+        n = int(row_mask.sum())
+        assert (row[n:] == 0).all()  # pad after the end
+        hits = (row[:n] == eos).nonzero()
+        assert len(hits) == 0 or (len(hits) == 1 and hits[0].item() == n - 1)  # EOS only as the last token
+    assert torch.equal(out.responses, rollout.generate(ids, mask, sp).responses)  # same seed, same samples
+    assert out.response_mask.sum(-1).float().mean() > 1  # it sampled, not just stopped
+
+
+def test_temperature_log_probs_are_of_the_processed_distribution(engine_and_model):
+    rollout, model = engine_and_model
+    ids = torch.randint(6, 40, (4, 5))
+    mask = torch.ones_like(ids)
+    out = rollout.generate(ids, mask, SamplingParams(max_tokens=3, temperature=0.7, stop_token_ids=[1], seed=1))
+    seq = assemble_sequences(ids, mask, out)
+    with torch.no_grad():
+        logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
+    expected = gather_log_probs(response_logits(logits, 3, temperature=0.7), out.responses) * out.response_mask
+    torch.testing.assert_close(expected, out.response_log_probs, atol=1e-5, rtol=1e-5)
+
+
+def test_buckets_bound_size_and_keep_order():
+    weights = [(f"w{i}", torch.zeros(256)) for i in range(5)]  # 1 KiB each
+    groups = list(buckets(weights, bucket_bytes=2048))
+    assert [[n for n, _ in g] for g in groups] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+
+
+def test_update_weights_rejects_unknown_names(engine_and_model):
+    with pytest.raises(KeyError, match="architectures differ"):
+        engine_and_model[0].update_weights([("not.a.weight", torch.zeros(1))])
