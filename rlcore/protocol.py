@@ -106,8 +106,13 @@ class DataProto:
         return self.split(len(self) // chunks)
 
     def split(self, split_size: int) -> list["DataProto"]:
-        """Consecutive pieces of `split_size` rows (the last may be shorter)."""
-        return [self.index(np.arange(start, min(start + split_size, len(self)))) for start in range(0, len(self), split_size)]
+        """Consecutive pieces of `split_size` rows (the last may be shorter); slices, not gathers."""
+        return [self._slice(start, min(start + split_size, len(self))) for start in range(0, len(self), split_size)]
+
+    def _slice(self, start: int, stop: int) -> "DataProto":
+        batch = self.batch[start:stop] if self.batch is not None else None
+        non_tensor = {k: v[start:stop] for k, v in self.non_tensor_batch.items()}
+        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
 
     @staticmethod
     def concat(parts: list["DataProto"]) -> "DataProto":
@@ -115,7 +120,11 @@ class DataProto:
         if not parts:
             raise ValueError("concat() needs at least one DataProto")
         batches = [p.batch for p in parts if p.batch is not None]
-        batch = torch.cat(batches, dim=0) if batches else None
+        batch = None
+        if batches:
+            # Column by column: torch.cat over TensorDicts is ~100x slower than over plain tensors.
+            rows = sum(b.batch_size[0] for b in batches)
+            batch = TensorDict({k: torch.cat([b[k] for b in batches]) for k in batches[0].keys()}, batch_size=[rows])
         keys = parts[0].non_tensor_batch.keys()
         non_tensor = {k: np.concatenate([p.non_tensor_batch[k] for p in parts]) for k in keys}
         return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(parts[0].meta_info))

@@ -231,7 +231,6 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
     calculate_log_probs: bool = False  # also return the engine's own log-probs (for mismatch metrics)
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
-    update_weights_bucket_megabytes: int = 512  # rlcore addition: weight-sync bucket size
     engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)  # engine pass-through
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)  # validation sampling
 

@@ -42,13 +42,24 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads full tensors under HF names into the engine's model (a bucket at a time)."""
+        """Loads full tensors under HF names into the engine's model, consuming the iterator lazily.
+
+        One call carries every weight: engines like vLLM post-process each layer once it is complete, so
+        the stream must not be cut into several calls at arbitrary boundaries.
+        """
 
     def sleep(self) -> None:
-        """Frees generation-only memory (KV cache) between rollouts."""
+        """Frees generation memory (KV cache; with vLLM also the weights) between rollouts."""
 
-    def wake_up(self) -> None:
-        """Re-acquires what sleep() freed, before weights are loaded and generation starts."""
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-acquires what sleep() freed: "weights" before a weight update, "kv_cache" before generating."""
+
+    def state_dict(self) -> dict:
+        """Engine state a checkpoint must carry for an exact resume (e.g. the sampling RNG)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out: RolloutOutput) -> dict[str, torch.Tensor]:

@@ -96,6 +96,12 @@ class NativeRollout(RolloutEngine):
             lps = torch.cat([lps, lps.new_zeros(batch, pad)], 1)
         return RolloutOutput(responses=responses.cpu(), response_log_probs=lps.float().cpu(), response_mask=mask.cpu())
 
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
     def sleep(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the KV cache died with generate(); hand its blocks back to the allocator

@@ -1,8 +1,8 @@
-"""Hybrid engine: stream the trainer's current weights into the rollout engine before each generation."""
+"""Hybrid engine: move the trainer's current weights into the rollout engine before each generation."""
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -10,31 +10,23 @@ from rlcore.engine.base import TrainEngine
 from rlcore.rollout.base import RolloutEngine
 
 
-def buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Groups (name, tensor) pairs into lists of about `bucket_bytes` (a tensor larger than that goes alone).
+def sync_weights(engine: TrainEngine, rollout: RolloutEngine) -> int:
+    """Streams every training weight into the rollout engine; returns the number of tensors sent.
 
-    Buckets bound memory (at most one bucket of gathered tensors is alive) while keeping the per-call overhead
-    of engines like vLLM, whose reload wants whole layers, low.
-    """
-    bucket, size = [], 0
-    for name, tensor in weights:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-def sync_weights(engine: TrainEngine, rollout: RolloutEngine, bucket_megabytes: int) -> int:
-    """Loads every training weight into the rollout engine; returns the number of tensors sent.
-
-    Collective: every rank of the training group must call it (each gathers the full tensors it then loads).
+    The engine gathers one full tensor at a time and the rollout copies it into place before the next is
+    gathered, so peak extra memory is one unsharded tensor, never a second full copy of the model.
+    Collective: every rank of the training group must call it (each rank feeds its own rollout replica).
+    The order follows vLLM's in-place reload: wake the weights, load them all, then wake the KV cache.
     """
     sent = 0
-    for bucket in buckets(engine.rollout_weights(), bucket_megabytes << 20):
-        rollout.update_weights(bucket)
-        sent += len(bucket)
+
+    def counted() -> Iterator[tuple[str, torch.Tensor]]:
+        nonlocal sent
+        for name, tensor in engine.rollout_weights():
+            sent += 1
+            yield name, tensor
+
+    rollout.wake_up(["weights"])
+    rollout.update_weights(counted())
+    rollout.wake_up(["kv_cache"])
     return sent

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+import transformers
 from transformers import AutoTokenizer
 
 from rlcore.controller.decorator import Dispatch, register
@@ -49,6 +50,8 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
         super().__init__(rank=rank, world_size=world_size, device=device)
         self.config = OmegaConf.create(config)
+        transformers.utils.logging.set_verbosity_error()  # one "Loading weights" bar per engine per rank is noise
+        transformers.utils.logging.disable_progress_bar()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
@@ -60,12 +63,28 @@ class ActorRolloutRefWorker(Worker):
         self.ref = None
         if cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward:
             self.ref = build_engine(cfg.actor.strategy, engine_spec(cfg.model, cfg.ref, False, total_steps), self.device)
-        self.rollout = build_rollout(
-            cfg.rollout.name, model_path=cfg.model.path, pad_token_id=self.tokenizer.pad_token_id, device=self.device,
-            dtype="float32" if self.device.type == "cpu" else cfg.rollout.dtype,
+        self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
+        self._offload_after("update")
+
+    def _rollout_kwargs(self, seed: int) -> dict:
+        cfg = self.config.actor_rollout_ref
+        rollout = cfg.rollout
+        kwargs = dict(
+            model_path=cfg.model.path, pad_token_id=self.tokenizer.pad_token_id, device=self.device,
+            dtype="float32" if self.device.type == "cpu" else rollout.dtype,
             override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + self.rank,
         )
-        self._offload_after("update")
+        if rollout.name == "vllm":
+            kwargs.update(
+                tensor_parallel_size=rollout.tensor_model_parallel_size, gpu_memory_utilization=rollout.gpu_memory_utilization,
+                max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
+                max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
+                enforce_eager=rollout.enforce_eager, load_format=rollout.load_format,
+                engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
+            )
+            kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
+        return kwargs
 
     def _offload_after(self, phase: str) -> None:
         """Honours fsdp_config.param_offload / optimizer_offload: training state leaves the device between uses."""
@@ -83,7 +102,7 @@ class ActorRolloutRefWorker(Worker):
         kw = rollout.val_kwargs if meta.get("validate") else rollout
         return SamplingParams(
             max_tokens=rollout.response_length, temperature=kw.temperature, top_p=kw.top_p, top_k=kw.top_k,
-            do_sample=kw.do_sample, stop_token_ids=[self.tokenizer.eos_token_id],
+            do_sample=kw.do_sample, stop_token_ids=[] if rollout.ignore_eos else [self.tokenizer.eos_token_id],
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -92,12 +111,12 @@ class ActorRolloutRefWorker(Worker):
         timing = {}
         start = time.perf_counter()
         self._onload()
-        self.rollout.wake_up()
-        sync_weights(self.actor, self.rollout, self.config.actor_rollout_ref.rollout.update_weights_bucket_megabytes)
-        self._offload_after("sync")
+        sync_weights(self.actor, self.rollout)
+        self._offload_after("sync")  # training weights leave the device before the KV cache needs it
         timing["timing_s/weight_sync"] = time.perf_counter() - start
         out = self.rollout.generate(prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info))
-        self.rollout.sleep()
+        if self.config.actor_rollout_ref.rollout.free_cache_engine:
+            self.rollout.sleep()
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/weight_sync"]
         return DataProto.from_dict(assemble_sequences(prompts.batch["input_ids"], prompts.batch["attention_mask"], out), meta_info={"timing": timing})
 
@@ -138,7 +157,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor.save(path, hf_dir=hf_dir)
         if self.rank == 0:
             self.tokenizer.save_pretrained(hf_dir)
-        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), "rollout": self.rollout.generator.get_state()}
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), "rollout": self.rollout.state_dict()}
         torch.save(rng, self._rng_path(path))
         self._offload_after("save")
 
@@ -150,5 +169,5 @@ class ActorRolloutRefWorker(Worker):
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
-        self.rollout.generator.set_state(rng["rollout"])
+        self.rollout.load_state_dict(rng["rollout"])
         self._offload_after("load")

@@ -19,7 +19,7 @@ VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
 # Defaults rlcore deliberately changes from verl's, with the reason.
 RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native"}  # verl: ??? (mandatory); native is embedded
 RLCORE_ADDITIONS = {
-    "actor_rollout_ref.rollout.update_weights_bucket_megabytes", "actor_rollout_ref.rollout.engine_kwargs.native",
+    "actor_rollout_ref.rollout.engine_kwargs.native",
     "trainer.seed", "ray_kwargs.ray_init.address",
 }
 

@@ -30,9 +30,18 @@ def read_metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
+CUSTOM_REWARD = """
+def my_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.25 if data_source == "tiny_add" else -1.0
+"""
+
+
 def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir, tiny_task_dir, tmp_path):
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text(CUSTOM_REWARD)
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2",
-                   "trainer.test_freq=2", "data.val_max_samples=16")
+                   "trainer.test_freq=2", "data.val_max_samples=16",
+                   f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_score")
     final = run(cfg, str(tmp_path / "run"))
     assert not ray.is_initialized()  # the controller shut down the cluster it started
     rows = read_metrics(tmp_path / "run")
@@ -41,7 +50,9 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
                 "response_length/mean", "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref",
                 "timing_s/adv", "timing_s/update_actor", "timing_s/step", "perf/throughput", "val-core/tiny_add/reward/mean@1"):
         assert key in final and math.isfinite(final[key]), key
-    assert 0.0 <= final["critic/score/mean"] <= 1.0 and final["actor/lr"] > 0
+    # The user's reward function scored every sample (train and validation), not the built-in scorer.
+    assert final["critic/score/mean"] == 0.25 and final["val-core/tiny_add/reward/mean@1"] == 0.25
+    assert final["actor/lr"] > 0
     hf_dir = tmp_path / "ckpt" / "global_step_2" / "actor" / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True)
     assert model.config.num_hidden_layers == 2

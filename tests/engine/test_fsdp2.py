@@ -52,7 +52,8 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
     step = engine.optimizer_step()
     weights = dict(engine.rollout_weights())
     rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"))
-    sync_weights(engine, rollout, bucket_megabytes=1)
+    sent = sync_weights(engine, rollout)
+    assert sent == len(weights)
     train_logits = engine.forward([data], lambda logits, mb: {"logits": logits})[0]["logits"]
     with torch.no_grad():
         b = data.batch

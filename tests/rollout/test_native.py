@@ -5,7 +5,6 @@ from rlcore.models.hf import load_causal_lm
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.native import NativeRollout, filter_logits
-from rlcore.rollout.weight_sync import buckets
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +65,6 @@ def test_temperature_log_probs_are_of_the_processed_distribution(engine_and_mode
         logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
     expected = gather_log_probs(response_logits(logits, 3, temperature=0.7), out.responses) * out.response_mask
     torch.testing.assert_close(expected, out.response_log_probs, atol=1e-5, rtol=1e-5)
-
-
-def test_buckets_bound_size_and_keep_order():
-    weights = [(f"w{i}", torch.zeros(256)) for i in range(5)]  # 1 KiB each
-    groups = list(buckets(weights, bucket_bytes=2048))
-    assert [[n for n, _ in g] for g in groups] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
 
 
 def test_update_weights_rejects_unknown_names(engine_and_model):
