@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Iterator
 
 import torch
@@ -25,8 +26,13 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 def apply_fsdp2(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reshard_after_forward: bool, offload_policy: bool, gradient_checkpointing: bool) -> None:
     """Activation checkpointing, then `fully_shard` on every decoder block and finally the root (fixed order)."""
     if gradient_checkpointing:
-        # Non-reentrant checkpointing composes with FSDP2's pre/post-forward hooks.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Non-reentrant checkpointing composes with FSDP2's pre/post-forward hooks. (transformers 5 renamed
+        # gradient_checkpointing_enable to activation_checkpointing_enable.)
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if offload_policy:
@@ -81,12 +87,16 @@ class FSDP2Engine(TrainEngine):
     def optimizer_step(self) -> dict[str, float]:
         grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
         lr = self.scheduler.get_last_lr()[0]
-        if torch.isfinite(grad_norm):
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
             self.optimizer.step()
         # A non-finite norm (fp overflow, a bad batch) must not poison the weights: drop this step's gradients.
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not torch.isfinite(grad_norm))}
+        with warnings.catch_warnings():
+            # The schedule follows global steps even when one is skipped; torch warns about exactly that.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
+        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
