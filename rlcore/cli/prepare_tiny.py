@@ -23,10 +23,10 @@ from rlcore.trainer.sft import read_sft_rows, tokenize_sft, train_sft
 # The model, data and warm-start recipe of the demo. The SFT budget is deliberately small: it teaches the
 # answer format and leaves the model mostly wrong, so the held-out accuracy gain afterwards is RL's doing.
 SETTINGS = dict(
-    num_train=4000, num_test=200, min_digits=1, max_digits=2, data_seed=0,
-    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    num_train=9800, num_test=200, min_digits=1, max_digits=2, data_seed=0,  # all 10k pairs a+b, a,b in 0..99
+    hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
     max_prompt_length=16, max_response_length=8, model_seed=0,
-    sft_steps=150, sft_batch_size=64, sft_lr=1e-3,
+    sft_steps=400, sft_batch_size=64, sft_lr=1e-3,
 )
 
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default=".cache/tiny_cpu")
     args = parser.parse_args(argv)
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(1)
     prepare(args.out_dir)
 
 

@@ -24,6 +24,13 @@ class RewardManager:
         lengths = data.batch["response_mask"].sum(-1).tolist()
         return self.tokenizer.batch_decode([r[: int(n)] for r, n in zip(data.batch["responses"], lengths)], skip_special_tokens=True)
 
+    def samples(self, data: DataProto, scores: torch.Tensor, limit: int) -> list[tuple[str, str, float]]:
+        """(prompt, response, score) of the first `limit` rows, decoded for a human to read."""
+        rows = data.index(list(range(min(limit, len(data)))))
+        prompts = self.tokenizer.batch_decode(rows.batch["prompts"], skip_special_tokens=False)
+        pad = self.tokenizer.pad_token or ""
+        return [(p.replace(pad, ""), r, float(s)) for p, r, s in zip(prompts, self.decode_responses(rows), scores.sum(-1).tolist())]
+
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[float]]]:
         """Returns `token_level_scores` `[batch, response_len]` and any extra per-sample values the scorer returned.
 

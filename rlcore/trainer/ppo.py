@@ -48,8 +48,10 @@ class PPOTrainer:
         """Resume if asked, validate, then train until total_steps; returns the last step's metrics."""
         self.maybe_resume()
         metrics: dict[str, float] = {}
-        if self.cfg.trainer.val_before_train and self.val_loader is not None:
+        if (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_loader is not None:
             self.tracker.log(self.validate(), step=self.global_step)
+        if self.cfg.trainer.val_only:
+            return metrics
         while self.global_step < self.total_steps:
             self.global_step += 1
             metrics = self.train_step(self.next_batch())
@@ -133,11 +135,16 @@ class PPOTrainer:
         """Greedy (val_kwargs) generation over the whole validation set; mean score per data source."""
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         scores_by_source: dict[str, list[float]] = {}
+        samples: list[tuple[str, str, float]] = []
         for raw in self.val_loader:
             batch = self.generate(to_proto(raw).repeat(n, interleave=True), validate=True)
             scores, _ = self.val_reward_fn(batch)
             for source, score in zip(batch.non_tensor_batch[self.cfg.data.reward_fn_key], scores.sum(-1).tolist()):
                 scores_by_source.setdefault(source, []).append(score)
+            if len(samples) < self.cfg.trainer.log_val_generations:
+                samples.extend(self.val_reward_fn.samples(batch, scores, self.cfg.trainer.log_val_generations - len(samples)))
+        if samples:
+            self.tracker.log_generations(samples, step=self.global_step)
         metrics = {f"val-core/{source}/reward/mean@{n}": float(np.mean(s)) for source, s in scores_by_source.items()}
         self.val_history.append((self.global_step, float(np.mean(list(metrics.values())))))
         return metrics

@@ -41,10 +41,11 @@ def read_sft_rows(path: str) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
-def train_sft(model, data: dict[str, torch.Tensor], steps: int, batch_size: int, lr: float, seed: int, log_every: int = 50) -> list[float]:
-    """AdamW on the token-mean response NLL; returns the loss of every step."""
+def train_sft(model, data: dict[str, torch.Tensor], steps: int, batch_size: int, lr: float, seed: int, warmup_steps: int = 20, log_every: int = 100) -> list[float]:
+    """AdamW (linear warmup, then constant lr) on the token-mean response NLL; returns every step's loss."""
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
     response_len = data["responses"].shape[-1]
     losses, start = [], time.perf_counter()
     model.train()
@@ -58,6 +59,7 @@ def train_sft(model, data: dict[str, torch.Tensor], steps: int, batch_size: int,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
             print(f"sft step {step + 1}/{steps} loss {loss.item():.4f} ({time.perf_counter() - start:.1f}s)", flush=True)

@@ -38,6 +38,13 @@ class Tracker:
             val = " - ".join(f"{k}:{_fmt(v)}" for k, v in metrics.items() if k.startswith("val-core/"))
             self.progress.write(f"step:{step} - {shown}{' - ' + val if val else ''}")
 
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """trainer.log_val_generations: a few validation samples, to see what the policy actually writes."""
+        self._file.write(json.dumps({"step": step, "val_generations": [list(s) for s in samples]}) + "\n")
+        if self.console:
+            for prompt, response, score in samples:
+                self.progress.write(f"[val step {step}] {prompt!r} -> {response!r} score={score:g}")
+
     def advance(self) -> None:
         self.progress.update(1)
 

@@ -25,9 +25,13 @@ def tiny_cfg(model_dir, task_dir, out_dir, *overrides):
     ])
 
 
-def read_metrics(run_dir):
+def read_jsonl(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def read_metrics(run_dir):
+    return [row for row in read_jsonl(run_dir) if "val_generations" not in row]
 
 
 CUSTOM_REWARD = """
@@ -41,11 +45,16 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     reward_file.write_text(CUSTOM_REWARD)
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2",
                    "trainer.test_freq=2", "data.val_max_samples=16",
-                   f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_score")
+                   f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_score",
+                   "trainer.log_val_generations=2")
     final = run(cfg, str(tmp_path / "run"))
     assert not ray.is_initialized()  # the controller shut down the cluster it started
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]  # val before train, then two steps
+    generations = [r for r in read_jsonl(tmp_path / "run") if "val_generations" in r]
+    assert len(generations) == 2 and len(generations[0]["val_generations"]) == 2
+    prompt, response, score = generations[0]["val_generations"][0]
+    assert prompt.startswith("<|user|>") and prompt.endswith("=<|assistant|>") and score == 0.25
     for key in ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac",
                 "response_length/mean", "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref",
                 "timing_s/adv", "timing_s/update_actor", "timing_s/step", "perf/throughput", "val-core/tiny_add/reward/mean@1"):

@@ -1,0 +1,47 @@
+"""Controller-side math of PPOTrainer without workers: token rewards, KL-in-reward, advantages."""
+
+import numpy as np
+import pytest
+import torch
+
+from rlcore.config import compose
+from rlcore.protocol import DataProto
+from rlcore.trainer.ppo import PPOTrainer
+
+
+def trainer(*overrides):
+    cfg = compose(["recipe=tiny_cpu", *overrides])
+    return PPOTrainer(cfg, actor_rollout=None, reward_fn=None, val_reward_fn=None, train_loader=None, val_loader=None, tracker=None, total_steps=1)
+
+
+def batch():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    scores = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    return DataProto.from_dict(
+        {"token_level_scores": scores, "response_mask": mask,
+         "old_log_probs": torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -2.0, -2.0]]),
+         "ref_log_prob": torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -1.0, -2.0]])},
+        {"uid": np.array(["a", "a"], dtype=object)},
+    )
+
+
+def test_kl_in_reward_subtracts_beta_times_kl_on_valid_tokens():
+    t = trainer("algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=kl", "algorithm.kl_ctrl.kl_coef=0.1",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64")
+    b = batch()
+    metrics = t.compute_advantage(b)
+    kl = torch.tensor([[0.5, 0.0, 0.0], [0.0, -1.0, 0.0]])  # k1 = old - ref, zero outside the mask
+    torch.testing.assert_close(b.batch["token_level_rewards"], b.batch["token_level_scores"] - 0.1 * kl)
+    assert metrics["actor/reward_kl_penalty"] == pytest.approx(((0.5 / 2) + (-1.0 / 3)) / 2)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.1  # fixed controller
+
+
+def test_grpo_without_kl_in_reward_uses_scores_as_rewards():
+    t = trainer()
+    b = batch()
+    t.compute_advantage(b)
+    assert torch.equal(b.batch["token_level_rewards"], b.batch["token_level_scores"])
+    # group "a": scores 1 and 0 -> +-1/sqrt(2)/(std) = +-0.7071 broadcast on each response's valid tokens
+    adv = b.batch["advantages"]
+    assert adv[0, 0].item() == pytest.approx(0.70710, abs=1e-4) and adv[1, 2].item() == pytest.approx(-0.70710, abs=1e-4)
+    assert adv[0, 2].item() == 0.0
