@@ -41,11 +41,15 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch
 class NativeRollout(RolloutEngine):
     """Holds its own (unsharded) copy of the policy, refreshed by `update_weights` before each rollout."""
 
-    def __init__(self, model_path: str, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None, seed: int = 0) -> None:
+    def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
+                 seed: int = 0, model: torch.nn.Module | None = None) -> None:
+        """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy)."""
         self.device = device
         self.pad_token_id = pad_token_id
-        self.model = load_causal_lm(model_path, override_config, dtype=to_torch_dtype(dtype), weights=False).to(device).eval()
-        self.model.requires_grad_(False)
+        if model is None:
+            model = load_causal_lm(model_path, override_config, dtype=to_torch_dtype(dtype), weights=False).to(device)
+            model.requires_grad_(False)
+        self.model = model
         self._params = dict(self.model.named_parameters())
         self._params.update(dict(self.model.named_buffers()))
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -59,6 +63,14 @@ class NativeRollout(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(input_ids, attention_mask, sampling)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         batch = input_ids.shape[0]
         stop_ids = torch.tensor(sampling.stop_token_ids or [-1], device=self.device)

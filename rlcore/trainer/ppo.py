@@ -84,7 +84,7 @@ class PPOTrainer:
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
             batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
             with timer("gen", metrics):
-                batch = self.generate(batch)
+                batch = self.generate(batch, metrics=metrics)
             with timer("reward", metrics):
                 scores, _ = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = scores
@@ -106,10 +106,12 @@ class PPOTrainer:
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
         return metrics
 
-    def generate(self, batch: DataProto, validate: bool = False) -> DataProto:
+    def generate(self, batch: DataProto, validate: bool = False, metrics: dict | None = None) -> DataProto:
         prompts = batch.pop(PROMPT_KEYS)
         prompts.meta_info["validate"] = validate
         out = self.actor_rollout.generate_sequences(prompts)
+        if metrics is not None:
+            metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds
         out.meta_info.clear()
         return batch.union(out)
 

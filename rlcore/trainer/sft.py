@@ -41,8 +41,29 @@ def read_sft_rows(path: str) -> list[dict]:
     return pq.read_table(path).to_pylist()
 
 
-def train_sft(model, data: dict[str, torch.Tensor], steps: int, batch_size: int, lr: float, seed: int, warmup_steps: int = 20, log_every: int = 100) -> list[float]:
-    """AdamW (linear warmup, then constant lr) on the token-mean response NLL; returns every step's loss."""
+def greedy_accuracy(model, tokenizer, rows: list[dict], max_prompt_length: int, max_response_length: int) -> float:
+    """Fraction of `rows` whose greedy answer scores 1 under the rule scorer of their data_source."""
+    from rlcore.reward.scorers import default_compute_score
+    from rlcore.rollout.base import SamplingParams
+    from rlcore.rollout.native import NativeRollout
+
+    data = tokenize_sft(rows, tokenizer, max_prompt_length, max_response_length)
+    prompt_ids = data["input_ids"][:, :max_prompt_length]
+    prompt_mask = data["attention_mask"][:, :max_prompt_length]
+    rollout = NativeRollout(None, tokenizer.pad_token_id, torch.device("cpu"), model=model)
+    greedy = SamplingParams(max_tokens=max_response_length, do_sample=False, stop_token_ids=[tokenizer.eos_token_id])
+    out = rollout.generate(prompt_ids, prompt_mask, greedy)
+    texts = tokenizer.batch_decode([r[: int(m.sum())] for r, m in zip(out.responses, out.response_mask)], skip_special_tokens=True)
+    scores = [default_compute_score(row["data_source"], text, row["reward_model"]["ground_truth"]) for row, text in zip(rows, texts)]
+    return sum(scores) / len(scores)
+
+
+def train_sft(model, data: dict[str, torch.Tensor], steps: int, batch_size: int, lr: float, seed: int, warmup_steps: int = 20,
+              log_every: int = 100, stop_fn=None, stop_every: int = 25) -> list[float]:
+    """AdamW (linear warmup, then constant lr) on the token-mean response NLL; returns every step's loss.
+
+    `stop_fn(step) -> bool`, checked every `stop_every` steps, ends training early (e.g. at a target accuracy).
+    """
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
@@ -63,5 +84,7 @@ def train_sft(model, data: dict[str, torch.Tensor], steps: int, batch_size: int,
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
             print(f"sft step {step + 1}/{steps} loss {loss.item():.4f} ({time.perf_counter() - start:.1f}s)", flush=True)
+        if stop_fn is not None and (step + 1) % stop_every == 0 and stop_fn(step + 1):
+            break
     model.eval()
     return losses

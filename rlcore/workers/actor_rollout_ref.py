@@ -142,9 +142,12 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         cfg = self.config.actor_rollout_ref
+        start = time.perf_counter()
         self._onload()
         metrics = update_policy(self.actor, data, cfg.actor, cfg.rollout.n, cfg.rollout.temperature, self.world_size, self.device)
         self._offload_after("update")
+        # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
+        metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start
         return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoint
