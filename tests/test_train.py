@@ -17,4 +17,4 @@ def test_schema_and_runtime_problems_are_reported_together():
 
 def test_valid_recipe_yields_the_batch_plan():
     plan = check_config(compose(["recipe=tiny_cpu"]))
-    assert (plan.samples_per_step, plan.mini_batches_per_step, plan.micro_batches_per_mini_batch_per_rank) == (256, 2, 2)
+    assert (plan.samples_per_step, plan.mini_batches_per_step, plan.micro_batches_per_mini_batch_per_rank) == (256, 1, 1)

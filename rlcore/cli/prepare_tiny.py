@@ -27,7 +27,7 @@ from rlcore.trainer.sft import greedy_accuracy, read_sft_rows, tokenize_sft, tra
 SETTINGS = dict(
     num_train=9500, num_test=500, min_digits=1, max_digits=2, data_seed=0,  # all 10k pairs a+b, a,b in 0..99
     hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-    max_prompt_length=16, max_response_length=8, model_seed=0,
+    max_prompt_length=8, max_response_length=5, model_seed=0,  # longest prompt: <|user|>99+99=<|assistant|>
     sft_max_steps=1000, sft_batch_size=64, sft_lr=1e-3, sft_target_accuracy=0.25, sft_eval_rows=200, sft_eval_every=10,
 )
 

@@ -45,13 +45,13 @@ def _errors(overrides, recipe=None) -> list:
 
 
 def test_tiny_cpu_plan_by_hand():
-    # 2 ranks; 32 prompts x 8 = 256 samples; 32/16 = 2 mini-batches of 16 x 8 = 128 samples, 64 per rank,
-    # 64 / 32 = 2 micro-batches; 256 / 2 = 128 samples per rank per step; 2 mini-batches x 1 epoch.
+    # 2 ranks; 32 prompts x 8 = 256 samples; 32/32 = 1 mini-batch of 32 x 8 = 256 samples, 128 per rank,
+    # 128 / 128 = 1 micro-batch; 256 / 2 = 128 samples per rank per step; 1 mini-batch x 1 epoch.
     assert validate_config(_cfg([], "tiny_cpu")) == BatchPlan(
-        world_size=2, dp_size=2, prompts_per_step=32, samples_per_step=256, mini_batches_per_step=2,
-        samples_per_mini_batch=128, samples_per_mini_batch_per_rank=64, micro_batches_per_mini_batch_per_rank=2,
-        samples_per_rank_per_step=128, optimizer_steps_per_step=2, ppo_micro_batch_size_per_rank=32,
-        log_prob_micro_batch_size_per_rank=64, ref_log_prob_micro_batch_size_per_rank=64, use_reference_policy=True,
+        world_size=2, dp_size=2, prompts_per_step=32, samples_per_step=256, mini_batches_per_step=1,
+        samples_per_mini_batch=256, samples_per_mini_batch_per_rank=128, micro_batches_per_mini_batch_per_rank=1,
+        samples_per_rank_per_step=128, optimizer_steps_per_step=1, ppo_micro_batch_size_per_rank=128,
+        log_prob_micro_batch_size_per_rank=128, ref_log_prob_micro_batch_size_per_rank=128, use_reference_policy=True,
     )
 
 
@@ -162,7 +162,7 @@ def test_mini_batch_suggestions_satisfy_every_rule():
     ("trainer.save_freq=-5", "trainer.save_freq=-5 must be -1 (never) or > 0"),
     ("trainer.total_training_steps=0", "trainer.total_training_steps=0 must be > 0"),
     (f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=10 is smaller than "
-     "data.max_prompt_length + data.max_response_length = 24 tokens"),
+     "data.max_prompt_length + data.max_response_length = 13 tokens"),
     ("critic.enable=True", "critic.enable=True is not supported yet"),
     (f"{ARR}.hybrid_engine=False", "hybrid_engine=False is not supported"),
     (f"{ARR}.actor.fsdp_config.dtype=half", f"{ARR}.actor.fsdp_config.dtype=half is not one of"),
