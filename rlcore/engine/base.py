@@ -25,8 +25,9 @@ class EngineSpec:
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
     trainable: bool = True                # False for the reference policy: no optimizer, no grads
     gradient_checkpointing: bool = False
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    param_offload: bool = False           # move params off the device between phases (worker calls offload())
+    optimizer_offload: bool = False       # move optimizer state off the device between phases
+    offload_policy: bool = False          # FSDP2-native CPUOffloadPolicy: params live on CPU, streamed per block
     reshard_after_forward: bool = True
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)

@@ -55,7 +55,7 @@ class FSDP2Engine(TrainEngine):
         self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
         self.model = load_causal_lm(spec.model_path, spec.override_config, dtype=torch.float32)
         self.hf_config = self.model.config
-        apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.param_offload and device.type == "cuda", spec.gradient_checkpointing and spec.trainable)
+        apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy, spec.gradient_checkpointing and spec.trainable)
         self.model.to(device)
         self.optimizer = None
         self.scheduler = None
@@ -112,7 +112,9 @@ class FSDP2Engine(TrainEngine):
                     state[key] = value.to(device, non_blocking=True)
 
     def offload(self, params: bool = True, optimizer: bool = True) -> None:
-        if params:
+        # Under CPUOffloadPolicy FSDP2 owns parameter placement (they already live on CPU); only move them here
+        # when that policy is off.
+        if params and not self.spec.offload_policy:
             self.model.cpu()
         if optimizer and self.optimizer is not None:
             self._move_optimizer_state(torch.device("cpu"))
@@ -120,7 +122,7 @@ class FSDP2Engine(TrainEngine):
             torch.cuda.empty_cache()
 
     def onload(self, params: bool = True, optimizer: bool = True) -> None:
-        if params:
+        if params and not self.spec.offload_policy:
             self.model.to(self.device)
         if optimizer and self.optimizer is not None:
             self._move_optimizer_state(self.device)

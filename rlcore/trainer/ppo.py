@@ -16,6 +16,8 @@ from rlcore.trainer import checkpoint
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)
+UPDATE_KEYS = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
 
 
 @contextmanager
@@ -89,19 +91,19 @@ class PPOTrainer:
                 scores, _ = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = scores
             with timer("old_log_prob", metrics):
-                old = self.actor_rollout.compute_log_prob(batch.select(["input_ids", "attention_mask", "position_ids", "responses"]))
+                old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
                 entropy = old.pop(["entropys"]).batch["entropys"]
                 metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
                 batch.union(old)
             if self.use_ref:
                 with timer("ref", metrics):
-                    batch.union(self.actor_rollout.compute_ref_log_prob(batch.select(["input_ids", "attention_mask", "position_ids", "responses"])))
+                    batch.union(self.actor_rollout.compute_ref_log_prob(batch.select(FORWARD_KEYS)))
             with timer("adv", metrics):
                 metrics.update(self.compute_advantage(batch))
             if self.global_step > self.cfg.trainer.critic_warmup:
                 with timer("update_actor", metrics):
-                    keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages"]
-                    metrics.update(self.actor_rollout.update_actor(batch.select(keys + (["ref_log_prob"] if self.use_ref else []))))
+                    keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else [])
+                    metrics.update(self.actor_rollout.update_actor(batch.select(keys)))
         metrics.update(data_metrics(batch))
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
         return metrics

@@ -54,10 +54,13 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, re
             clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c,
         )
         pg_loss = agg(pg_mat)
-        # Entropy only joins the graph when it is part of the loss; otherwise it is a detached statistic.
-        entropy = agg(entropy_from_logits(logits if actor_cfg.entropy_coeff != 0 else logits.detach()))
-        loss = pg_loss - actor_cfg.entropy_coeff * entropy
-        metrics = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy.item()}
+        loss = pg_loss
+        metrics = {"actor/pg_loss": pg_loss.item()}
+        if actor_cfg.entropy_coeff != 0:
+            # Only computed when it is part of the loss: the old-log-prob pass already reports actor/entropy.
+            entropy = agg(entropy_from_logits(logits))
+            loss = loss - actor_cfg.entropy_coeff * entropy
+            metrics["actor/entropy"] = entropy.item()
         if actor_cfg.use_kl_loss:
             kl_loss = agg(kl_penalty(log_prob, b["ref_log_prob"], actor_cfg.kl_loss_type))
             loss = loss + actor_cfg.kl_loss_coef * kl_loss

@@ -31,6 +31,7 @@ def engine_spec(model_cfg, role_cfg, trainable: bool, total_steps: int) -> Engin
         trainable=trainable,
         gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         param_offload=fsdp.param_offload,
+        offload_policy=fsdp.offload_policy,
         reshard_after_forward=fsdp.reshard_after_forward,
     )
     if trainable:
@@ -63,8 +64,9 @@ class ActorRolloutRefWorker(Worker):
         self.ref = None
         if cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward:
             self.ref = build_engine(cfg.actor.strategy, engine_spec(cfg.model, cfg.ref, False, total_steps), self.device)
+            self._offload(role="ref")
         self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
-        self._offload_after("update")
+        self._offload()
 
     def _rollout_kwargs(self, seed: int) -> dict:
         cfg = self.config.actor_rollout_ref
@@ -86,16 +88,20 @@ class ActorRolloutRefWorker(Worker):
             kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
         return kwargs
 
-    def _offload_after(self, phase: str) -> None:
-        """Honours fsdp_config.param_offload / optimizer_offload: training state leaves the device between uses."""
-        fsdp = self.config.actor_rollout_ref.actor.fsdp_config
+    def _offload(self, role: str = "actor") -> None:
+        """Honours fsdp_config.param_offload / optimizer_offload: a role's state leaves the device between uses."""
+        engine, fsdp = self._role(role)
         if fsdp.param_offload or fsdp.optimizer_offload:
-            self.actor.offload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+            engine.offload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
 
-    def _onload(self) -> None:
-        fsdp = self.config.actor_rollout_ref.actor.fsdp_config
+    def _onload(self, role: str = "actor") -> None:
+        engine, fsdp = self._role(role)
         if fsdp.param_offload or fsdp.optimizer_offload:
-            self.actor.onload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+            engine.onload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+
+    def _role(self, role: str):
+        cfg = self.config.actor_rollout_ref
+        return (self.ref, cfg.ref.fsdp_config) if role == "ref" else (self.actor, cfg.actor.fsdp_config)
 
     def _sampling(self, meta: dict) -> SamplingParams:
         rollout = self.config.actor_rollout_ref.rollout
@@ -112,7 +118,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         self._onload()
         sync_weights(self.actor, self.rollout)
-        self._offload_after("sync")  # training weights leave the device before the KV cache needs it
+        self._offload()  # training weights leave the device before the KV cache needs it
         timing["timing_s/weight_sync"] = time.perf_counter() - start
         out = self.rollout.generate(prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info))
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
@@ -130,13 +136,15 @@ class ActorRolloutRefWorker(Worker):
         self._onload()
         temperature = self.config.actor_rollout_ref.rollout.temperature
         out = compute_log_prob(self.actor, data, self._log_prob_batch_size("rollout"), temperature, with_entropy=True)
-        self._offload_after("log_prob")
+        self._offload()
         return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         temperature = self.config.actor_rollout_ref.rollout.temperature
+        self._onload(role="ref")
         out = compute_log_prob(self.ref, data, self._log_prob_batch_size("ref"), temperature, with_entropy=False)
+        self._offload(role="ref")
         return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
@@ -145,7 +153,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         self._onload()
         metrics = update_policy(self.actor, data, cfg.actor, cfg.rollout.n, cfg.rollout.temperature, self.world_size, self.device)
-        self._offload_after("update")
+        self._offload()
         # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
         metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start
         return metrics
@@ -162,7 +170,7 @@ class ActorRolloutRefWorker(Worker):
             self.tokenizer.save_pretrained(hf_dir)
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), "rollout": self.rollout.state_dict()}
         torch.save(rng, self._rng_path(path))
-        self._offload_after("save")
+        self._offload()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
@@ -173,4 +181,4 @@ class ActorRolloutRefWorker(Worker):
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
         self.rollout.load_state_dict(rng["rollout"])
-        self._offload_after("load")
+        self._offload()

@@ -138,13 +138,13 @@ def test_mini_batch_suggestions_satisfy_every_rule():
 
 
 @pytest.mark.parametrize("override, fragment", [
-    (f"{ARR}.actor.ppo_micro_batch_size_per_gpu=24", "= 64 samples per rank per mini-batch is not divisible by "
+    (f"{ARR}.actor.ppo_micro_batch_size_per_gpu=24", "= 128 samples per rank per mini-batch is not divisible by "
      f"{ARR}.actor.ppo_micro_batch_size_per_gpu=24; use {ARR}.actor.ppo_micro_batch_size_per_gpu=16 or "
      f"{ARR}.actor.ppo_micro_batch_size_per_gpu=32"),
     (f"{ARR}.actor.ppo_micro_batch_size=64", "are both set; set only"),
     (f"{ARR}.actor.ppo_mini_batch_size=12", f"{ARR}.actor.ppo_mini_batch_size=12 does not divide "
      f"data.train_batch_size=32 (both count prompts; a step must split into whole mini-batches); "
-     f"use {ARR}.actor.ppo_mini_batch_size=8 or {ARR}.actor.ppo_mini_batch_size=16"),
+     f"use {ARR}.actor.ppo_mini_batch_size=32"),  # the only divisor of 32 that also fits micro-batches of 128
     (f"{ARR}.actor.ppo_mini_batch_size=64", "is larger than data.train_batch_size=32"),
     (f"{ARR}.rollout.tensor_model_parallel_size=4", f"use {ARR}.rollout.tensor_model_parallel_size=2"),
     (f"{ARR}.actor.ulysses_sequence_parallel_size=2", "(Ulysses sequence parallelism) is not supported yet"),

@@ -46,7 +46,10 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2",
                    "trainer.test_freq=2", "data.val_max_samples=16",
                    f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_score",
-                   "trainer.log_val_generations=2")
+                   "trainer.log_val_generations=2",
+                   # exercise the between-phase offload path of actor (params + optimizer) and reference
+                   "actor_rollout_ref.actor.fsdp_config.param_offload=True", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+                   "actor_rollout_ref.ref.fsdp_config.param_offload=True")
     final = run(cfg, str(tmp_path / "run"))
     assert not ray.is_initialized()  # the controller shut down the cluster it started
     rows = read_metrics(tmp_path / "run")
