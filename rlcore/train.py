@@ -70,32 +70,61 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
 
     import ray
 
-    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool, init_ray
+    from rlcore.controller.ray_group import init_ray
     from rlcore.trainer.ppo import PPOTrainer
     from rlcore.trainer.setup import build_data, build_reward_fns, total_training_steps
     from rlcore.trainer.tracking import Tracker
-    from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     tokenizer, train_loader, val_loader = build_data(cfg)
     reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
     total_steps = total_training_steps(cfg, train_loader)
     tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps)
     started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
-    group = None
     try:
-        pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.device)
-        group = RayWorkerGroup(ActorRolloutRefWorker, pool, config=OmegaConf.to_container(cfg, resolve=True))
-        group.init_model(total_steps)
-        trainer = PPOTrainer(cfg, group, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps)
-        metrics = trainer.fit()
-        trainer.report_validation()
-        return metrics
+        return train_with_restarts(cfg, total_steps, lambda group, restart_from, val_history: PPOTrainer(
+            cfg, group, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart_from, val_history))
     finally:
-        if group is not None:
-            group.kill()
         tracker.close()
         if started_ray:
             ray.shutdown()
+
+
+def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict[str, float]:
+    """Runs fit() on a fresh worker group; if a worker process dies, rebuilds the group and continues from this
+    run's last checkpoint, up to trainer.max_worker_restarts times (default 0: fail at once, like verl)."""
+    from ray.exceptions import RayActorError
+
+    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
+    from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    restarts_left, restart_from, val_history = cfg.trainer.max_worker_restarts, None, None
+    while True:
+        group = RayWorkerGroup(ActorRolloutRefWorker, ResourcePool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.device),
+                               config=OmegaConf.to_container(cfg, resolve=True))
+        trainer, crashed = make_trainer(group, restart_from, val_history), False
+        try:
+            group.init_model(total_steps)
+            metrics = trainer.fit()
+            trainer.report_validation()
+            return metrics
+        except RayActorError as err:
+            crashed = True
+            where = trainer.last_checkpoint or "no checkpoint yet (trainer.save_freq)"
+            if restarts_left <= 0:
+                hint = (f"Rerun the same command to resume from {where} (trainer.resume_mode=auto)" if trainer.last_checkpoint
+                        else "No checkpoint was written yet: set trainer.save_freq to keep progress across crashes")
+                raise SystemExit(
+                    f"rlcore: a worker process died at global step {trainer.global_step}: {str(err).splitlines()[0]}\n"
+                    f"Its log is under /tmp/ray/session_latest/logs (worker-*.err). {hint}; "
+                    "trainer.max_worker_restarts=N restarts the workers automatically."
+                ) from err
+            restarts_left -= 1
+            restart_from, val_history = trainer.last_checkpoint, trainer.val_history
+            print(f"WARNING rlcore: a worker process died at global step {trainer.global_step} ({str(err).splitlines()[0]}); "
+                  f"restarting the workers from {where} ({restarts_left} restarts left)", flush=True)
+        finally:
+            # After a crash the surviving ranks are stuck in a collective with the dead one: no graceful teardown.
+            group.kill(graceful=not crashed)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)

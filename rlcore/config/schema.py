@@ -365,6 +365,8 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int] = None  # keep the newest N critic checkpoints; None = all
     device: str = "cuda"  # cuda | cpu (rlcore addition: gloo on CPU); npu not supported
     seed: int = 1  # rlcore addition: global seed (data order, sampling, init)
+    max_worker_restarts: int = 0  # rlcore addition: if a worker process dies, rebuild the workers and resume
+    # from this run's last checkpoint (save_freq) up to N times; 0 = fail at once like verl
 
 
 @dataclass

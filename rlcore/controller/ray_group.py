@@ -85,12 +85,13 @@ class RayWorkerGroup:
         group_method.__name__ = name
         return group_method
 
-    def kill(self) -> None:
-        """Tears the group down: destroys the process group, kills actors, frees the placement group."""
-        try:
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
-        except Exception:
-            pass  # a dead actor cannot tear down its process group; killing it is what matters
+    def kill(self, graceful: bool = True) -> None:
+        """Tears the group down: destroys the process group (if graceful), kills actors, frees the placement group."""
+        if graceful:
+            try:
+                ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+            except Exception:
+                pass  # a dead actor cannot tear down its process group; killing it is what matters
         for w in self.workers:
             ray.kill(w)
         remove_placement_group(self._pg)

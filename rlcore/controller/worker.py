@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 from datetime import timedelta
@@ -32,6 +33,9 @@ class Worker:
     """One process per device. Subclasses add `@register`-ed methods that the controller calls as a group."""
 
     def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        # A native crash (segfault in a collective or allocator) then still shows every Python thread's stack
+        # in the worker's log, which is what tells a library bug from ours.
+        faulthandler.enable(all_threads=True)
         self.rank = rank
         self.world_size = world_size
         self.device_type = device

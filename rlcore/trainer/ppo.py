@@ -33,7 +33,10 @@ def to_proto(batch: dict) -> DataProto:
 
 
 class PPOTrainer:
-    def __init__(self, cfg, actor_rollout, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps: int) -> None:
+    def __init__(self, cfg, actor_rollout, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps: int,
+                 restart_from: str | None = None, val_history: list[tuple[int, float]] | None = None) -> None:
+        """`restart_from`: a checkpoint of this same run to continue after its workers died (None with a
+        non-empty `val_history` means it died before the first save: start over, without re-validating)."""
         self.cfg = cfg
         self.actor_rollout = actor_rollout
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
@@ -43,14 +46,20 @@ class PPOTrainer:
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.global_step = 0
-        self.val_history: list[tuple[int, float]] = []  # (step, mean validation score over data sources)
+        self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
+        self.restart_from = restart_from
+        self.last_checkpoint: str | None = None  # written by this run: where a restart resumes
         self._batches = iter(())
 
     def fit(self) -> dict[str, float]:
         """Resume if asked, validate, then train until total_steps; returns the last step's metrics."""
-        self.maybe_resume()
+        restarted = bool(self.val_history) or self.restart_from is not None  # after a worker crash, same run
+        if self.restart_from:
+            self.load_checkpoint(self.restart_from)
+        elif not restarted:
+            self.maybe_resume()
         metrics: dict[str, float] = {}
-        if (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_loader is not None:
+        if not restarted and (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_loader is not None:
             self.tracker.log(self.validate(), step=self.global_step)
         if self.cfg.trainer.val_only:
             return metrics
@@ -165,9 +174,10 @@ class PPOTrainer:
         tmp = checkpoint.begin(root, self.global_step)
         actor_dir = os.path.join(tmp, "actor")
         self.actor_rollout.save_checkpoint(actor_dir, os.path.join(actor_dir, "huggingface"))
-        state = checkpoint.controller_state(self.train_loader.state_dict(), {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value})
-        torch.save(state, os.path.join(tmp, "data.pt"))
-        return checkpoint.publish(root, self.global_step, tmp, self.cfg.trainer.max_actor_ckpt_to_keep)
+        extra = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "val_history": self.val_history}
+        torch.save(checkpoint.controller_state(self.train_loader.state_dict(), extra), os.path.join(tmp, "data.pt"))
+        self.last_checkpoint = checkpoint.publish(root, self.global_step, tmp, self.cfg.trainer.max_actor_ckpt_to_keep)
+        return self.last_checkpoint
 
     def maybe_resume(self) -> None:
         mode, root = self.cfg.trainer.resume_mode, os.path.abspath(self.cfg.trainer.default_local_dir)
@@ -180,10 +190,15 @@ class PPOTrainer:
             if step is None:
                 return
             path = checkpoint.step_dir(root, step)
+        self.load_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
         self.actor_rollout.load_checkpoint(os.path.join(path, "actor"))
         state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
         self.train_loader.load_state_dict(state["loader"])
         checkpoint.restore_controller_rng(state)
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = state["global_step"]
+        self.val_history = state["val_history"]
+        self.last_checkpoint = path
         print(f"resumed from {path} at global step {self.global_step}")

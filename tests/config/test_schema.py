@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import re
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
 RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native"}  # verl: ??? (mandatory); native is embedded
 RLCORE_ADDITIONS = {
     "actor_rollout_ref.rollout.engine_kwargs.native",
-    "trainer.seed", "ray_kwargs.ray_init.address",
+    "trainer.seed", "trainer.max_worker_restarts", "ray_kwargs.ray_init.address",
 }
 
 
@@ -107,7 +108,8 @@ def test_tiny_cpu_recipe_overrides_everything():
     assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.algorithm.adv_estimator == "grpo"
     assert cfg.actor_rollout_ref.actor.fsdp_config.dtype == "float32"
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-4
-    assert cfg.trainer.default_local_dir == "outputs/checkpoints/rlcore/tiny_cpu_grpo"
+    # interpolations resolved; one checkpoint directory per run (a timestamp), so a new demo never resumes an old one
+    assert re.fullmatch(r"outputs/checkpoints/rlcore/tiny_cpu_grpo/\d{8}-\d{6}", cfg.trainer.default_local_dir)
     assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0
     assert not cfg.actor_rollout_ref.rollout.val_kwargs.do_sample
     # the command line still wins over the recipe

@@ -8,21 +8,8 @@ import pytest
 import ray
 from transformers import AutoModelForCausalLM
 
-from rlcore.config import compose
+from e2e_utils import tiny_cfg
 from rlcore.train import run
-
-
-def tiny_cfg(model_dir, task_dir, out_dir, *overrides):
-    return compose([
-        "recipe=tiny_cpu",
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"data.train_files={task_dir}/train.parquet",
-        f"data.val_files={task_dir}/test.parquet",
-        f"trainer.default_local_dir={out_dir}/ckpt",
-        "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        *overrides,
-    ])
 
 
 def read_jsonl(run_dir):

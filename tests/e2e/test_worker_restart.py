@@ -1,0 +1,53 @@
+"""A worker process killed mid-run: the controller rebuilds the workers and resumes from the run's checkpoint."""
+
+import json
+import os
+
+import pytest
+
+from e2e_utils import tiny_cfg
+from rlcore.train import run
+
+# Kills one worker process (SIGKILL: no cleanup, like a segfault or the OOM killer) while scoring step 3.
+KILLER = """
+import os, signal, psutil
+COUNT = {count_file!r}
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    n = int(open(COUNT).read()) + 1 if os.path.exists(COUNT) else 1
+    open(COUNT, "w").write(str(n))
+    if n == {kill_at}:
+        for p in psutil.process_iter(["cmdline"]):
+            if any("ActorRolloutRefWorker" in part for part in (p.info["cmdline"] or [])):
+                os.kill(p.pid, signal.SIGKILL)
+                break
+    return 0.0
+"""
+
+
+@pytest.mark.slow
+def test_killed_worker_is_replaced_and_training_resumes_from_checkpoint(tiny_model_dir, tiny_task_dir, tmp_path, capsys):
+    samples_per_step, val_samples = 8 * 4, 8  # train_batch_size x rollout.n in tiny_cfg; data.val_max_samples
+    reward_file = tmp_path / "killer.py"
+    kill_at = val_samples + 2 * samples_per_step + 1  # the first sample scored in step 3
+    reward_file.write_text(KILLER.format(count_file=str(tmp_path / "count"), kill_at=kill_at))
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=4", "trainer.save_freq=2",
+                   "trainer.test_freq=-1", "data.val_max_samples=8", "trainer.max_worker_restarts=1",
+                   f"custom_reward_function.path={reward_file}")
+    final = run(cfg, str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert "a worker process died at global step 3" in out and "restarting the workers from" in out
+    assert "global_step_2" in out  # resumed from the checkpoint written before the crash
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert steps == [0, 1, 2, 3, 4]  # step 3 failed before logging, then ran again; nothing else repeated
+    assert final["training/global_step"] == 4
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "4"
+
+
+def test_without_restarts_a_dead_worker_stops_with_a_resume_hint(tiny_model_dir, tiny_task_dir, tmp_path):
+    reward_file = tmp_path / "killer.py"
+    reward_file.write_text(KILLER.format(count_file=str(tmp_path / "count"), kill_at=1))
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.val_before_train=False",
+                   "trainer.test_freq=-1", "trainer.max_worker_restarts=0", f"custom_reward_function.path={reward_file}")
+    with pytest.raises(SystemExit, match=r"(?s)worker process died at global step 1.*No checkpoint was written yet.*max_worker_restarts"):
+        run(cfg, str(tmp_path / "run"))
