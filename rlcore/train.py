@@ -81,8 +81,8 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps)
     started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
     try:
-        return train_with_restarts(cfg, total_steps, lambda group, restart_from, val_history: PPOTrainer(
-            cfg, group, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart_from, val_history))
+        return train_with_restarts(cfg, total_steps, lambda group, restart, restart_from, val_history: PPOTrainer(
+            cfg, group, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
     finally:
         tracker.close()
         if started_ray:
@@ -97,11 +97,11 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
     from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
 
-    restarts_left, restart_from, val_history = cfg.trainer.max_worker_restarts, None, None
+    restarts_left, restart, restart_from, val_history = cfg.trainer.max_worker_restarts, False, None, None
     while True:
         group = RayWorkerGroup(ActorRolloutRefWorker, ResourcePool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.device),
                                config=OmegaConf.to_container(cfg, resolve=True))
-        trainer, crashed = make_trainer(group, restart_from, val_history), False
+        trainer, crashed = make_trainer(group, restart, restart_from, val_history), False
         try:
             group.init_model(total_steps)
             metrics = trainer.fit()
@@ -119,7 +119,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
                     "trainer.max_worker_restarts=N restarts the workers automatically."
                 ) from err
             restarts_left -= 1
-            restart_from, val_history = trainer.last_checkpoint, trainer.val_history
+            restart, restart_from, val_history = True, trainer.last_checkpoint, trainer.val_history
             print(f"WARNING rlcore: a worker process died at global step {trainer.global_step} ({str(err).splitlines()[0]}); "
                   f"restarting the workers from {where} ({restarts_left} restarts left)", flush=True)
         finally:

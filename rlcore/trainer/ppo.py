@@ -34,9 +34,9 @@ def to_proto(batch: dict) -> DataProto:
 
 class PPOTrainer:
     def __init__(self, cfg, actor_rollout, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps: int,
-                 restart_from: str | None = None, val_history: list[tuple[int, float]] | None = None) -> None:
-        """`restart_from`: a checkpoint of this same run to continue after its workers died (None with a
-        non-empty `val_history` means it died before the first save: start over, without re-validating)."""
+                 restart: bool = False, restart_from: str | None = None, val_history: list[tuple[int, float]] | None = None) -> None:
+        """`restart`: this run's workers died and were replaced. Continue from `restart_from` (a checkpoint this run
+        wrote; None: it died before the first save, so start over) and never from another run's checkpoint."""
         self.cfg = cfg
         self.actor_rollout = actor_rollout
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
@@ -47,19 +47,18 @@ class PPOTrainer:
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.global_step = 0
         self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
-        self.restart_from = restart_from
+        self.restart, self.restart_from = restart, restart_from
         self.last_checkpoint: str | None = None  # written by this run: where a restart resumes
         self._batches = iter(())
 
     def fit(self) -> dict[str, float]:
         """Resume if asked, validate, then train until total_steps; returns the last step's metrics."""
-        restarted = bool(self.val_history) or self.restart_from is not None  # after a worker crash, same run
         if self.restart_from:
             self.load_checkpoint(self.restart_from)
-        elif not restarted:
+        elif not self.restart:
             self.maybe_resume()
         metrics: dict[str, float] = {}
-        if not restarted and (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_loader is not None:
+        if not self.restart and (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_loader is not None:
             self.tracker.log(self.validate(), step=self.global_step)
         if self.cfg.trainer.val_only:
             return metrics
