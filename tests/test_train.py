@@ -11,7 +11,8 @@ def test_schema_and_runtime_problems_are_reported_together():
         check_config(cfg)
     text = str(err.value)
     assert "ppo_mini_batch_size=7 does not divide data.train_batch_size=32" in text
-    assert "algorithm.adv_estimator='foo' is not a registered advantage estimator; valid: grpo" in text
+    assert ("algorithm.adv_estimator='foo' is not a registered advantage estimator; valid: gpg, grpo, grpo_passk, opo, "
+            "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo") in text
     assert "loss_agg_mode" in text and "token-mean" in text
 
 

@@ -54,3 +54,116 @@ def grpo_outcome_advantage(
 
 def compute_advantage(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     return ADV_ESTIMATORS.get(name)(**kwargs)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked entries of `[batch, len]` (unbiased variance)."""
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps)
+
+
+def _scores_and_groups(token_level_rewards: torch.Tensor, index: np.ndarray) -> tuple[torch.Tensor, list[list[int]]]:
+    return token_level_rewards.sum(dim=-1), list(group_indices(index).values())
+
+
+@ADV_ESTIMATORS.register("rloo")
+def rloo_outcome_advantage(token_level_rewards, response_mask, index, **_):
+    """RLOO: A_i = s_i - mean_{j != i} s_j = n/(n-1) (s_i - mean_g); a group of one sample keeps A_i = s_i."""
+    scores, groups = _scores_and_groups(token_level_rewards, index)
+    advantages = scores.clone()
+    for rows in groups:
+        n = len(rows)
+        if n > 1:
+            advantages[rows] = (scores[rows] - scores[rows].mean()) * n / (n - 1)
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus")
+def reinforce_plus_plus_advantage(token_level_rewards, response_mask, config, **_):
+    """REINFORCE++: G_t = r_t + gamma * G_{t+1} within the response (reset after it), whitened over valid tokens.
+
+    Returns are the un-whitened G_t.
+    """
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = (token_level_rewards[:, t] + config.gamma * running) * response_mask[:, t]
+        returns[:, t] = running
+    return masked_whiten(returns, response_mask) * response_mask, returns
+
+
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, index, **_):
+    """REINFORCE++ with baseline: (s_i - mean_g) broadcast over the response, then whitened over the batch."""
+    scores, groups = _scores_and_groups(token_level_rewards, index)
+    centered = scores.clone()
+    for rows in groups:
+        if len(rows) > 1:
+            centered[rows] = scores[rows] - scores[rows].mean()
+    advantages = masked_whiten(centered.unsqueeze(-1) * response_mask, response_mask) * response_mask
+    return advantages, advantages
+
+
+@ADV_ESTIMATORS.register("opo")
+def opo_outcome_advantage(token_level_rewards, response_mask, index, **_):
+    """OPO: baseline = length-weighted group mean sum_j |y_j| s_j / sum_j |y_j|; A_i = s_i - baseline."""
+    scores, groups = _scores_and_groups(token_level_rewards, index)
+    lengths = response_mask.sum(dim=-1).to(scores.dtype)
+    advantages = scores.clone()
+    for rows in groups:
+        if len(rows) > 1:
+            advantages[rows] = scores[rows] - (lengths[rows] * scores[rows]).sum() / lengths[rows].sum()
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@ADV_ESTIMATORS.register("grpo_passk")
+def grpo_passk_advantage(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=True, epsilon=1e-6, **_):
+    """Pass@k: only the best sample of a group is rewarded, with s_max - s_second (divided by the group std
+    when norm_adv_by_std_in_grpo); every other sample gets 0. Needs >= 2 samples per group."""
+    scores, groups = _scores_and_groups(token_level_rewards, index)
+    advantages = torch.zeros_like(scores)
+    for rows in groups:
+        if len(rows) < 2:
+            raise ValueError(f"grpo_passk needs actor_rollout_ref.rollout.n >= 2 samples per prompt; a group has {len(rows)}")
+        top, order = torch.topk(scores[rows], 2)
+        gap = top[0] - top[1]
+        advantages[rows[int(order[0])]] = gap / (scores[rows].std() + epsilon) if norm_adv_by_std_in_grpo else gap
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@ADV_ESTIMATORS.register("gpg")
+def gpg_outcome_advantage(token_level_rewards, response_mask, index, **_):
+    """GPG: A_i = alpha (s_i - mean_g) with alpha = batch size / number of non-zero scores (no std division)."""
+    scores, groups = _scores_and_groups(token_level_rewards, index)
+    alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+    advantages = scores.clone()
+    for rows in groups:
+        if len(rows) > 1:
+            advantages[rows] = scores[rows] - scores[rows].mean()
+    advantages = (alpha * advantages).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def gae_advantage(token_level_rewards, values, response_mask, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al.): delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1} (V and A are 0
+    after the response); returns = A + V; advantages whitened over valid tokens. All `[batch, response_len]`.
+
+    Registered as "gae" once the critic role exists (it needs `values`).
+    """
+    next_value = torch.zeros_like(values[:, 0])
+    next_adv = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        mask = response_mask[:, t].to(values.dtype)
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        next_adv = (delta + gamma * lam * next_adv) * mask
+        next_value = values[:, t] * mask
+        advantages[:, t] = next_adv
+    returns = advantages + values * response_mask
+    return masked_whiten(advantages, response_mask) * response_mask, returns
