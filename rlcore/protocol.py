@@ -29,6 +29,15 @@ def _as_object_array(values: Iterable[Any]) -> np.ndarray:
     return out
 
 
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count real tokens only: `clamp(cumsum(mask) - 1, 0)` along the last dim.
+
+    With left-padded prompts (and right-padded responses) a row then sees exactly the rotary positions it
+    would see unpadded; padding slots get 0 and are masked out anyway.
+    """
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 @dataclass
 class DataProto:
     batch: TensorDict | None = None
@@ -81,7 +90,7 @@ class DataProto:
 
     # ----------------------------------------------------------------------------------------------- rows
     def index(self, indices: torch.Tensor | np.ndarray | list[int]) -> "DataProto":
-        """Rows at `indices`, in that order (the primitive under reorder/repeat/chunk)."""
+        """Rows at `indices`, in that order (a gather; reorder and repeat use it, split/chunk slice instead)."""
         idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
         batch = self.batch[idx] if self.batch is not None else None
         non_tensor = {k: v[idx.numpy()] for k, v in self.non_tensor_batch.items()}

@@ -23,6 +23,7 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
     import torch
 
     from rlcore.algos import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+    from rlcore.trainer.tracking import logger_errors
 
     actor, errors = cfg.actor_rollout_ref.actor, []
     for registry, value in (
@@ -31,6 +32,7 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
     ):
         if value not in registry:
             errors.append(f"{registry.config_key}={value!r} is not a registered {registry.kind}; valid: {', '.join(registry.names())}")
+    errors.extend(logger_errors(list(cfg.trainer.logger)))
     if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
         errors.append("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu to run on CPU (gloo)")
     return errors

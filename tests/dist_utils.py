@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rlcore.controller.worker import free_port  # noqa: F401  (re-exported for the tests)
+from rlcore.protocol import position_ids_from_mask
 
 
 def init_gloo(rank: int, world_size: int, port: int) -> None:
@@ -35,7 +31,7 @@ def make_rollout_batch(num_rows: int, prompt_len: int, response_len: int, vocab:
     attention_mask = torch.cat([prompt_mask, response_mask], -1)
     return {
         "input_ids": torch.cat([prompts, responses], -1), "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "responses": responses, "response_mask": response_mask,
+        "position_ids": position_ids_from_mask(attention_mask), "responses": responses, "response_mask": response_mask,
         "old_log_probs": -torch.rand(num_rows, response_len, generator=g) * 3,
         "advantages": torch.randn(num_rows, 1, generator=g).expand(num_rows, response_len) * response_mask,
         "ref_log_prob": -torch.rand(num_rows, response_len, generator=g) * 3,

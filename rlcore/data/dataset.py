@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from rlcore.protocol import position_ids_from_mask
+
 TruncationMode = Literal["error", "left", "right", "middle"]
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
@@ -138,8 +140,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         num_pad = self.max_prompt_length - len(ids)
         input_ids = torch.tensor([self.tokenizer.pad_token_id] * num_pad + ids, dtype=torch.long)
         attention_mask = torch.cat([torch.zeros(num_pad, dtype=torch.long), torch.ones(len(ids), dtype=torch.long)])
-        # Left padding: the first real token gets position 0; pads are clamped to 0 too.
-        position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
+        position_ids = position_ids_from_mask(attention_mask)
         row = self.rows[i]
         extra_info = row.get("extra_info") or {}
         item: dict[str, Any] = {

@@ -12,6 +12,8 @@ from typing import Iterable
 
 import torch
 
+from rlcore.protocol import position_ids_from_mask
+
 
 @dataclass
 class SamplingParams:
@@ -69,7 +71,7 @@ def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out:
     padding), position_ids counting real tokens only, so a left-padded row sees the same positions as unpadded.
     """
     attention_mask = torch.cat([prompt_mask, out.response_mask.to(prompt_mask.dtype)], dim=-1)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids = position_ids_from_mask(attention_mask)
     return {
         "prompts": prompt_ids,
         "responses": out.responses,

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
+from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
 
@@ -75,8 +76,7 @@ class NativeRollout(RolloutEngine):
         batch = input_ids.shape[0]
         stop_ids = torch.tensor(sampling.stop_token_ids or [-1], device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed) if sampling.seed is not None else self.generator
-        # Positions count real tokens, so left padding is invisible to the rotary embedding.
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        position_ids = position_ids_from_mask(attention_mask)  # left padding stays invisible to RoPE
         cache = DynamicCache()
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache, use_cache=True).logits[:, -1]
         next_pos = position_ids[:, -1] + 1

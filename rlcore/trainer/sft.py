@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import torch
 
 from rlcore.models.logits import gather_log_probs, response_logits
+from rlcore.protocol import position_ids_from_mask
 
 
 def tokenize_sft(rows: list[dict], tokenizer, max_prompt_length: int, max_response_length: int) -> dict[str, torch.Tensor]:
@@ -32,7 +33,7 @@ def tokenize_sft(rows: list[dict], tokenizer, max_prompt_length: int, max_respon
     attention_mask = torch.tensor(masks)
     return {
         "input_ids": torch.tensor(input_ids), "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "position_ids": position_ids_from_mask(attention_mask),
         "responses": torch.tensor(responses), "response_mask": torch.tensor(response_masks),
     }
 

@@ -15,14 +15,20 @@ CONSOLE_KEYS = (
 SUPPORTED_LOGGERS = ("console", "jsonl")
 
 
+def logger_errors(loggers: list[str]) -> list[str]:
+    """Config problems with trainer.logger (checked with everything else before Ray starts)."""
+    unsupported = [name for name in loggers if name not in SUPPORTED_LOGGERS]
+    if not unsupported:
+        return []
+    return [f"trainer.logger={list(loggers)}: {unsupported} not supported yet by rlcore; use "
+            f"trainer.logger=[{','.join(SUPPORTED_LOGGERS)}] (metrics always go to metrics.jsonl in the run directory)"]
+
+
 class Tracker:
     def __init__(self, loggers: list[str], run_dir: str, total_steps: int, start_step: int = 0) -> None:
-        unsupported = [name for name in loggers if name not in SUPPORTED_LOGGERS]
-        if unsupported:
-            raise ValueError(
-                f"trainer.logger={list(loggers)}: {unsupported} not supported yet by rlcore; "
-                f"use trainer.logger=[{','.join(SUPPORTED_LOGGERS)}] (metrics are also written to {run_dir}/metrics.jsonl)"
-            )
+        errors = logger_errors(loggers)
+        if errors:
+            raise ValueError(errors[0])
         self.console = "console" in loggers
         os.makedirs(run_dir, exist_ok=True)
         # The JSONL file is always written: it is the run's machine-readable record (tests and sweeps read it).
