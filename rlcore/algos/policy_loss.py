@@ -64,3 +64,83 @@ def gpg_loss(old_log_prob, log_prob, advantages, response_mask, **_):
     """GPG (Chu et al. 2025): plain policy gradient L = -A log_prob, no ratio and no clipping."""
     zeros = torch.zeros_like(log_prob)
     return -advantages * log_prob, {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": (old_log_prob - log_prob).detach()}
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, **_):
+    """CISPO (MiniMax-M1, 2025): clip the importance weight, never the gradient.
+
+    L = -sg[clip(r, 1 - eps_low, 1 + eps_high)] A log_prob: REINFORCE weighted by the truncated ratio, so tokens
+    whose ratio leaves the trust region still contribute a (bounded) gradient, unlike PPO where they get none.
+    eps are actor.clip_ratio_low / clip_ratio_high; pg_clipfrac counts tokens whose weight was truncated.
+    """
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
+    stats = {
+        "actor/pg_clipfrac": (ratio > 1.0 + clip_ratio_high).float().detach(),
+        "actor/pg_clipfrac_lower": (ratio < 1.0 - clip_ratio_low).float().detach(),
+        "actor/ppo_kl": (-log_ratio).detach(),
+    }
+    return -advantages * weight * log_prob, stats
+
+
+def _token_covariance(advantages, log_prob, mask):
+    """Per-token centred product (A - mean A)(log_prob - mean log_prob), means over the valid tokens of the
+    micro-batch (log_prob detached in the mean) — the covariance term that drives entropy collapse (Cui et al. 2025)."""
+    m = mask.to(log_prob.dtype)
+    count = m.sum().clamp(min=1)
+    mean_adv = (advantages * m).sum() / count
+    mean_logp = (log_prob.detach() * m).sum() / count
+    return (advantages - mean_adv) * (log_prob.detach() - mean_logp)
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
+                  clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, **_):
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs").
+
+    PPO clip L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), then among the valid tokens PPO did NOT clip
+    whose covariance lies in (clip_cov_lb, clip_cov_ub), max(1, clip_cov_ratio * valid tokens) are drawn at random
+    and their loss is zeroed (no gradient). Selection is per micro-batch, as in verl.
+    pg_clipfrac = fraction of tokens whose gradient was removed by either rule.
+    """
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    ppo_clipped = (clipped > unclipped) & response_mask.bool()
+    cov = _token_covariance(advantages, log_prob, response_mask)
+    eligible = (cov > clip_cov_lb) & (cov < clip_cov_ub) & response_mask.bool() & ~ppo_clipped
+    candidates = eligible.flatten().nonzero().squeeze(-1)
+    n_clip = max(int(clip_cov_ratio * float(response_mask.sum())), 1)
+    chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:n_clip]]
+    keep = torch.ones_like(ratio).flatten()
+    keep[chosen] = 0.0
+    keep = keep.view_as(ratio)
+    loss_mat = torch.maximum(unclipped, clipped) * keep
+    stats = {
+        "actor/pg_clipfrac": (ppo_clipped | (keep == 0)).float().detach(),
+        "actor/pg_clipfrac_lower": torch.zeros_like(ratio),
+        "actor/ppo_kl": (-log_ratio).detach(),
+    }
+    return loss_mat, stats
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov_loss(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio=0.0002, ppo_kl_coef=0.1, **_):
+    """KL-Cov (Cui et al. 2025): unclipped surrogate -A r, plus ppo_kl_coef * |log_prob - old_log_prob| on the
+    int(kl_cov_ratio * valid tokens) valid tokens of largest covariance (none when that count is 0). Per micro-batch.
+    """
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    loss_mat = -advantages * ratio
+    k = int(kl_cov_ratio * float(response_mask.sum()))
+    if k > 0:
+        cov = _token_covariance(advantages, log_prob, response_mask).masked_fill(~response_mask.bool(), float("-inf"))
+        top = cov.flatten().topk(k).indices
+        penalty = torch.zeros_like(ratio).flatten()
+        penalty[top] = 1.0
+        loss_mat = loss_mat + ppo_kl_coef * (log_prob - old_log_prob).abs() * penalty.view_as(ratio)
+    zeros = torch.zeros_like(ratio)
+    return loss_mat, {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": (-log_ratio).detach()}

@@ -35,6 +35,13 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def policy_loss_params(actor_cfg) -> dict[str, float]:
+    """Every knob a registered policy loss may take; each loss picks the ones it uses (and ignores the rest)."""
+    params = {k: actor_cfg[k] for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
+    params.update({k: v for k, v in actor_cfg.policy_loss.items() if k != "loss_mode"})
+    return params
+
+
 def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, response_len: int, temperature: float) -> LossFn:
     """The per-micro-batch loss: policy loss - entropy_coeff * entropy (+ kl_loss_coef * KL to the reference).
 
@@ -42,6 +49,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, re
     sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg).
     """
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
+    loss_params = policy_loss_params(actor_cfg)
 
     def loss_fn(logits: torch.Tensor, mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         b = {k: v.to(logits.device) for k, v in mb.batch.items()}
@@ -49,10 +57,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, re
         log_prob = gather_log_probs(logits, b["responses"])
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
-        pg_mat, stats = policy_loss(
-            b["old_log_probs"], log_prob, b["advantages"], mask,
-            clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c,
-        )
+        pg_mat, stats = policy_loss(b["old_log_probs"], log_prob, b["advantages"], mask, **loss_params)
         pg_loss = agg(pg_mat)
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}

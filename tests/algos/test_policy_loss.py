@@ -51,3 +51,45 @@ def test_gpg_is_plain_policy_gradient():
     assert loss.tolist() == [[2.0, -2.0]]
     loss.sum().backward()
     assert new.grad.tolist() == [[-2.0, 1.0]]
+
+
+def test_cispo_weights_log_prob_by_the_truncated_ratio():
+    new = torch.log(torch.tensor([[1.5, 0.5, 1.1]])).requires_grad_()
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    loss, stats = POLICY_LOSSES.get("cispo")(torch.zeros(1, 3), new, adv, torch.ones(1, 3), clip_ratio_low=0.2, clip_ratio_high=0.2)
+    weights = [1.2, 0.8, 1.1]  # ratios 1.5 and 0.5 truncated to 1 +- 0.2; 1.1 inside
+    expected = [-a * w * math.log(r) for a, w, r in zip([1.0, -1.0, 2.0], weights, [1.5, 0.5, 1.1])]
+    assert torch.allclose(loss, torch.tensor([expected]), atol=1e-6)
+    loss.sum().backward()
+    # Unlike PPO, the truncated tokens keep a gradient: -A * weight.
+    assert torch.allclose(new.grad, torch.tensor([[-1.2, 0.8, -2.2]]))
+    assert stats["actor/pg_clipfrac"].tolist() == [[1.0, 0.0, 0.0]]
+    assert stats["actor/pg_clipfrac_lower"].tolist() == [[0.0, 1.0, 0.0]]
+
+
+# 4 valid tokens, advantages with mean 0 and log-probs with mean -1.275: covariances
+# (A - 0)(logp + 1.275) = [3 * 1.175, -3 * -1.725, 0, 0] = [3.525, 5.175, 0, 0].
+COV_ADV = torch.tensor([[3.0, -3.0, 0.0, 0.0]])
+COV_LOGP = [[-0.1, -3.0, -1.0, -1.0]]
+
+
+def test_clip_cov_zeroes_the_loss_of_a_token_inside_the_covariance_band():
+    new = torch.tensor(COV_LOGP, requires_grad=True)
+    loss, stats = POLICY_LOSSES.get("clip_cov")(new.detach().clone(), new, COV_ADV, torch.ones(1, 4),
+                                              clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0)
+    # ratio 1 everywhere (nothing PPO-clipped); only token 0 has 1 < cov < 5; max(1, int(0.0002 * 4)) = 1 is dropped.
+    assert torch.allclose(loss, torch.tensor([[0.0, 3.0, 0.0, 0.0]]))
+    loss.sum().backward()
+    assert torch.allclose(new.grad, torch.tensor([[0.0, 3.0, 0.0, 0.0]]))  # -A r for the kept tokens
+    assert stats["actor/pg_clipfrac"].tolist() == [[1.0, 0.0, 0.0, 0.0]]
+
+
+def test_kl_cov_penalises_the_largest_covariance_tokens():
+    new = torch.tensor(COV_LOGP, requires_grad=True)
+    old = new.detach() - torch.tensor([[0.0, 0.1, 0.0, 0.0]])
+    loss, _ = POLICY_LOSSES.get("kl_cov")(old, new, COV_ADV, torch.ones(1, 4), kl_cov_ratio=0.25, ppo_kl_coef=0.1)
+    # k = int(0.25 * 4) = 1 token: the largest covariance, token 1 (5.175), gets + 0.1 * |log ratio| = 0.1 * 0.1.
+    expected = [[-3.0, 3.0 * math.exp(0.1) + 0.01, 0.0, 0.0]]
+    assert torch.allclose(loss, torch.tensor(expected), atol=1e-6)
+    none, _ = POLICY_LOSSES.get("kl_cov")(old, new, COV_ADV, torch.ones(1, 4), kl_cov_ratio=0.0002)  # k = 0: plain -A r
+    assert torch.allclose(none, torch.tensor([[-3.0, 3.0 * math.exp(0.1), 0.0, 0.0]]), atol=1e-6)
