@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config import CONFIG_DIR, ConfigError, format_plan, register_configs, validate_config
+from rlcore.config.validate import uses_critic
 
 register_configs()
 
@@ -23,9 +24,20 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
     import torch
 
     from rlcore.algos import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+    from rlcore.algos.custom import load_custom_algorithms
+    from rlcore.models.hf import resolve_model_path
     from rlcore.trainer.tracking import logger_errors
 
     actor, errors = cfg.actor_rollout_ref.actor, []
+    try:
+        load_custom_algorithms(cfg.custom_algorithms.path)  # before the name checks: it registers names
+    except (OSError, ImportError, ValueError) as err:
+        errors.append(str(err))
+    if uses_critic(cfg):
+        try:
+            resolve_model_path(cfg.critic.model.path)
+        except FileNotFoundError as err:
+            errors.append(str(err).replace("actor_rollout_ref.model.path", "critic.model.path", 1))
     for registry, value in (
         (ADV_ESTIMATORS, cfg.algorithm.adv_estimator), (POLICY_LOSSES, actor.policy_loss.loss_mode),
         (KL_ESTIMATORS, actor.kl_loss_type), (KL_ESTIMATORS, cfg.algorithm.kl_penalty), (LOSS_AGGREGATIONS, actor.loss_agg_mode),
@@ -53,11 +65,14 @@ def check_config(cfg: DictConfig):
 
 def absolute_paths(cfg: DictConfig) -> None:
     """Ray workers may not share the driver's working directory: make every local path absolute."""
-    model = cfg.actor_rollout_ref.model
-    model.path = os.path.abspath(os.path.expanduser(model.path))
-    if model.tokenizer_path:
-        model.tokenizer_path = os.path.abspath(os.path.expanduser(model.tokenizer_path))
-    cfg.trainer.default_local_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+    full = lambda path: os.path.abspath(os.path.expanduser(path))  # noqa: E731
+    for model in (cfg.actor_rollout_ref.model, cfg.critic.model):
+        model.path = full(model.path)
+        if model.tokenizer_path:
+            model.tokenizer_path = full(model.tokenizer_path)
+    cfg.trainer.default_local_dir = full(cfg.trainer.default_local_dir)
+    if cfg.custom_algorithms.path:
+        cfg.custom_algorithms.path = full(cfg.custom_algorithms.path)
 
 
 def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
@@ -83,29 +98,56 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps)
     started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
     try:
-        return train_with_restarts(cfg, total_steps, lambda group, restart, restart_from, val_history: PPOTrainer(
-            cfg, group, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
+        return train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
+            cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
     finally:
         tracker.close()
         if started_ray:
             ray.shutdown()
 
 
-def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict[str, float]:
-    """Runs fit() on a fresh worker group; if a worker process dies, rebuilds the group and continues from this
-    run's last checkpoint, up to trainer.max_worker_restarts times (default 0: fail at once, like verl)."""
-    from ray.exceptions import RayActorError
-
+def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
+    """The actor/rollout/ref group and, when the algorithm uses one, the critic group: on the same devices
+    (a second process per device, colocated) or on its own pool (critic.enable_resource_pool)."""
     from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from rlcore.workers.critic import CriticWorker
+
+    config, device, trainer = OmegaConf.to_container(cfg, resolve=True), cfg.trainer.device, cfg.trainer
+    critic, own_pool = uses_critic(cfg), cfg.critic.enable_resource_pool
+    pools = [ResourcePool(trainer.nnodes, trainer.n_gpus_per_node, device, max_colocate_count=2 if critic and not own_pool else 1)]
+    if critic and own_pool:
+        pools.append(ResourcePool(cfg.critic.nnodes, cfg.critic.n_gpus_per_node, device))
+    groups = {}
+    try:
+        groups["actor_rollout"] = RayWorkerGroup(ActorRolloutRefWorker, pools[0], config=config)
+        if critic:
+            groups["critic"] = RayWorkerGroup(CriticWorker, pools[-1], config=config)
+    except BaseException:
+        teardown(groups, pools, graceful=True)
+        raise
+    return groups, pools
+
+
+def teardown(groups: dict, pools: list, graceful: bool) -> None:
+    for group in groups.values():
+        group.kill(graceful=graceful)
+    for pool in pools:
+        pool.release()
+
+
+def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict[str, float]:
+    """Runs fit() on fresh worker groups; if a worker process dies, rebuilds them and continues from this run's
+    last checkpoint, up to trainer.max_worker_restarts times (default 0: fail at once, like verl)."""
+    from ray.exceptions import RayActorError
 
     restarts_left, restart, restart_from, val_history = cfg.trainer.max_worker_restarts, False, None, None
     while True:
-        group = RayWorkerGroup(ActorRolloutRefWorker, ResourcePool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.device),
-                               config=OmegaConf.to_container(cfg, resolve=True))
-        trainer, crashed = make_trainer(group, restart, restart_from, val_history), False
+        groups, pools = build_worker_groups(cfg)
+        trainer, crashed = make_trainer(groups, restart, restart_from, val_history), False
         try:
-            group.init_model(total_steps)
+            for group in groups.values():
+                group.init_model(total_steps)
             metrics = trainer.fit()
             trainer.report_validation()
             return metrics
@@ -126,7 +168,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
                   f"restarting the workers from {where} ({restarts_left} restarts left)", flush=True)
         finally:
             # After a crash the surviving ranks are stuck in a collective with the dead one: no graceful teardown.
-            group.kill(graceful=not crashed)
+            teardown(groups, pools, graceful=not crashed)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -37,6 +35,16 @@ def tiny_task_dir(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("tiny_task"))
     write_task(out, num_train=512, num_test=64, min_digits=1, max_digits=2, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory) -> str:
+    """The demo's own assets (task data + SFT warm-start that stops at 25% train-pool accuracy), built once."""
+    from rlcore.cli.prepare_tiny import prepare
+
+    out = tmp_path_factory.mktemp("demo_assets")
+    prepare(str(out))
+    return str(out)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ POLICY_LOSSES = Registry("policy loss", "actor.policy_loss.loss_mode")
 
 
 @POLICY_LOSSES.register("vanilla")
-def vanilla_ppo_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0):
+def vanilla_ppo_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, **_):
     """PPO clip with dual clip (Ye et al. 2020).
 
     ratio r = exp(clamp(log_prob - old_log_prob, -20, 20))

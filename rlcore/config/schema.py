@@ -263,23 +263,30 @@ class CriticModelConfig:
 
 @dataclass
 class CriticConfig:
-    """Value function for GAE (`critic.*`). rlcore has no critic worker yet; the keys exist so verl lines compose."""
+    """Value model for GAE (`critic.*`): its own worker group, on the actor's devices unless enable_resource_pool."""
 
     enable: Optional[bool] = None  # None = on exactly when algorithm.adv_estimator needs it (gae)
     strategy: str = "fsdp"  # fsdp | fsdp2
+    rollout_n: int = II("oc.select:actor_rollout_ref.rollout.n,1")  # samples per prompt (as the rollout's)
     model: CriticModelConfig = field(default_factory=CriticModelConfig)  # value model
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # optimizer (verl: lr 1e-5)
     ppo_mini_batch_size: int = II("oc.select:actor_rollout_ref.actor.ppo_mini_batch_size,256")  # PROMPTS
     ppo_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
     ppo_micro_batch_size_per_gpu: Optional[int] = II("oc.select:.ppo_micro_batch_size,null")  # SAMPLES per rank
+    forward_micro_batch_size: Optional[int] = II("oc.select:.ppo_micro_batch_size,null")  # deprecated: compute_values
+    forward_micro_batch_size_per_gpu: Optional[int] = II("oc.select:.ppo_micro_batch_size_per_gpu,null")  # compute_values
     use_dynamic_bsz: bool = II("oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false")  # token budgets
     ppo_max_token_len_per_gpu: int = 32768  # token budget per micro-batch per rank
+    forward_max_token_len_per_gpu: int = II(".ppo_max_token_len_per_gpu")  # token budget of compute_values
     ppo_epochs: int = II("oc.select:actor_rollout_ref.actor.ppo_epochs,1")  # passes per step
     shuffle: bool = II("oc.select:actor_rollout_ref.actor.shuffle,false")  # shuffle between mini-batches
-    cliprange_value: float = 0.5  # value clip range
+    cliprange_value: float = 0.5  # value clip range: |V - V_old| <= this within one step
     loss_agg_mode: str = II("oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean")  # as the actor's
     grad_clip: float = 1.0  # max global grad norm
     ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size
+    enable_resource_pool: bool = False  # rlcore addition: own devices (nnodes x n_gpus_per_node) instead of the actor's
+    n_gpus_per_node: int = II("trainer.n_gpus_per_node")  # rlcore addition: with enable_resource_pool
+    nnodes: int = II("trainer.nnodes")  # rlcore addition: with enable_resource_pool
 
 
 @dataclass
@@ -322,7 +329,7 @@ class AlgorithmConfig:
 
     gamma: float = 1.0  # discount factor
     lam: float = 1.0  # GAE lambda
-    adv_estimator: str = "gae"  # registered estimator (grpo, rloo, reinforce_plus_plus, ...); gae: not supported yet
+    adv_estimator: str = "gae"  # registered estimator: gae (PPO, turns the critic on), grpo, rloo, remax, ...
     norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO)
     use_kl_in_reward: bool = False  # subtract a KL penalty from the reward; needs the ref model
     kl_penalty: str = "kl"  # KL estimator for the reward penalty; same choices as actor.kl_loss_type
@@ -335,6 +342,14 @@ class CustomRewardFunctionConfig:
 
     path: Optional[str] = None  # Python file; None = built-in rule scorers by data_source
     name: str = "compute_score"  # function name in that file
+
+
+@dataclass
+class CustomAlgorithmsConfig:
+    """rlcore addition: user algorithms (`custom_algorithms.*`). Importing the file registers them by name, e.g.
+    `@ADV_ESTIMATORS.register("my_adv")` or `@POLICY_LOSSES.register("my_loss")` from rlcore.algos."""
+
+    path: Optional[str] = None  # Python file, loaded by the controller and every worker before use
 
 
 @dataclass
@@ -395,5 +410,6 @@ class PPOConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    custom_algorithms: CustomAlgorithmsConfig = field(default_factory=CustomAlgorithmsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

@@ -30,7 +30,8 @@ DEVICES = ("cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULERS = ("constant", "cosine")
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
-GROUP_ESTIMATORS = ("grpo", "rloo")  # advantages relative to the n samples of a prompt: need n >= 2
+# Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg")
 
 _UNSUPPORTED_STRATEGY = {"megatron": "is not supported yet by rlcore; use {key}=fsdp2"}
 _UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
@@ -68,6 +69,8 @@ class BatchPlan:
     log_prob_micro_batch_size_per_rank: Optional[int]  # rollout (old log-prob) micro-batch; None = dynamic
     ref_log_prob_micro_batch_size_per_rank: Optional[int]  # None = dynamic or no reference policy
     use_reference_policy: bool  # actor.use_kl_loss or algorithm.use_kl_in_reward
+    use_critic: bool = False  # critic.enable, or (null) adv_estimator == gae
+    critic_micro_batches_per_mini_batch_per_rank: Optional[int] = None  # None = no critic or dynamic
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -154,6 +157,11 @@ def _check_choices(c: _Checker) -> None:
         c.choice(f"{ARR}.{role}.fsdp_config.dtype", DTYPES)
         c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
     c.choice(f"{ARR}.rollout.dtype", DTYPES)
+    if uses_critic(c.cfg):
+        c.choice("critic.strategy", STRATEGIES, _UNSUPPORTED_STRATEGY)
+        c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
+        c.choice("critic.optim.lr_scheduler_type", LR_SCHEDULERS)
+        c.choice("critic.model.fsdp_config.dtype", DTYPES)
 
 
 def _check_unsupported(c: _Checker) -> None:
@@ -166,12 +174,12 @@ def _check_unsupported(c: _Checker) -> None:
     key = f"{ARR}.model.lora_rank"
     if c.get(key) > 0:
         c.error(f"{key}={c.get(key)} (LoRA) is not supported yet by rlcore; use {key}=0 (full fine-tuning)")
-    if c.get("algorithm.adv_estimator") == "gae":
-        c.error("algorithm.adv_estimator=gae (PPO with a critic) is not supported yet by rlcore; "
-                "use algorithm.adv_estimator=grpo")
-    if c.get("critic.enable"):
-        c.error("critic.enable=True is not supported yet by rlcore (no critic worker); use critic.enable=null "
-                "with a critic-free algorithm.adv_estimator such as grpo")
+    if c.get("algorithm.adv_estimator") == "gae" and c.get("critic.enable") is False:
+        c.error("algorithm.adv_estimator=gae needs the critic's values but critic.enable=False; use critic.enable=null "
+                "(on for gae) or a critic-free estimator such as algorithm.adv_estimator=grpo")
+    key = "critic.ulysses_sequence_parallel_size"
+    if uses_critic(c.cfg) and c.get(key) > 1:
+        c.error(f"{key}={c.get(key)} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
     if c.get(f"{ARR}.rollout.name") == "vllm" and c.get("trainer.device") == "cpu":
         c.error(f"{ARR}.rollout.name=vllm needs trainer.device=cuda (vLLM does not run on CPU); "
                 f"use {ARR}.rollout.name=native")
@@ -198,7 +206,7 @@ def _check_ranges(c: _Checker) -> None:
     estimator, n = c.get("algorithm.adv_estimator"), c.get(f"{rollout}.n")
     if estimator in GROUP_ESTIMATORS and n == 1:
         c.error(f"algorithm.adv_estimator={estimator} scores each sample against the other samples of its prompt, "
-                f"so {rollout}.n=1 gives zero advantages; use {rollout}.n=4 or more")
+                f"so {rollout}.n=1 leaves it without a baseline; use {rollout}.n=4 or more")
     _check_sampling(c, rollout)
     _check_sampling(c, f"{rollout}.val_kwargs")
     key = f"{rollout}.gpu_memory_utilization"
@@ -311,6 +319,8 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
     mini_batches, per_rank_mini, micro, micro_batches = _plan_mini_batches(c, dp, tbs, mini, n)
     per_rank_step = tbs * n // dp if step_ok else None
     log_prob_micro, ref_micro, use_ref = _check_log_prob_sizes(c, dp, per_rank_step)
+    use_critic = uses_critic(c.cfg)
+    critic_micro = _plan_critic(c, world, tbs, n) if use_critic else None
     dynamic = c.get(f"{actor}.use_dynamic_bsz")
     if not step_ok or mini_batches is None or (not dynamic and micro_batches is None):
         return None
@@ -321,13 +331,15 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
         samples_per_rank_per_step=per_rank_step, optimizer_steps_per_step=mini_batches * epochs,
         ppo_micro_batch_size_per_rank=micro, log_prob_micro_batch_size_per_rank=log_prob_micro,
         ref_log_prob_micro_batch_size_per_rank=ref_micro, use_reference_policy=use_ref,
+        use_critic=use_critic, critic_micro_batches_per_mini_batch_per_rank=critic_micro,
     )
 
 
-def _plan_mini_batches(c: _Checker, dp: int, tbs: int, mini: int, n: int):
-    """Checks mini- and micro-batch divisibility. Returns (mini_batches_per_step, per-rank mini-batch samples,
-    micro-batch size per rank, micro-batches per mini-batch per rank), each None where it cannot be derived."""
-    actor, rollout = f"{ARR}.actor", f"{ARR}.rollout"
+def _plan_mini_batches(c: _Checker, dp: int, tbs: int, mini: int, n: int, actor: str = f"{ARR}.actor"):
+    """Checks mini- and micro-batch divisibility of `actor` (the actor's or the critic's section: same key names).
+    Returns (mini_batches_per_step, per-rank mini-batch samples, micro-batch size per rank, micro-batches per
+    mini-batch per rank), each None where it cannot be derived."""
+    rollout = f"{ARR}.rollout"
     mini_key = f"{actor}.ppo_mini_batch_size"
     mini_fits = mini * n % dp == 0
     per_rank_mini = mini * n // dp if mini_fits else None
@@ -389,6 +401,34 @@ def _check_log_prob_sizes(c: _Checker, dp: int, per_rank_step: Optional[int]):
     return log_prob_micro, ref_micro, use_ref
 
 
+def uses_critic(cfg: DictConfig) -> bool:
+    """critic.enable, or when it is null (verl's default) whether the estimator needs values (gae)."""
+    enable = OmegaConf.select(cfg, "critic.enable")
+    return bool(enable) if enable is not None else OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
+
+
+def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
+    """The critic's batch arithmetic on its own ranks (the actor's, or critic.nnodes x critic.n_gpus_per_node
+    with critic.enable_resource_pool). Returns the critic's micro-batches per mini-batch per rank."""
+    if c.get("critic.enable_resource_pool"):
+        if not (c.at_least("critic.nnodes", 1) and c.at_least("critic.n_gpus_per_node", 1)):
+            return None
+        world = c.get("critic.nnodes") * c.get("critic.n_gpus_per_node")
+    if not (c.at_least("critic.ppo_mini_batch_size", 1) and c.at_least("critic.ppo_epochs", 1)):
+        return None
+    for key in ("critic.optim.lr", "critic.cliprange_value"):
+        if c.get(key) <= 0:
+            c.error(f"{key}={c.get(key)} must be > 0; use {key}={1e-5 if 'lr' in key else 0.5}")
+    if tbs * n % world:
+        c.error(f"data.train_batch_size={tbs} x rollout.n={n} samples per step is not divisible by the critic's "
+                f"{world} ranks; use critic.n_gpus_per_node (with critic.enable_resource_pool) dividing {tbs * n}")
+        return None
+    _micro_per_rank(c, "critic", "forward_micro_batch_size", "critic.use_dynamic_bsz", world, tbs * n // world, 32)
+    if c.get("critic.use_dynamic_bsz"):
+        _check_token_budget(c, "critic.ppo_max_token_len_per_gpu", c.get("data.max_prompt_length") + c.get("data.max_response_length"))
+    return _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")[3]
+
+
 def _check_rollout_tp(c: _Checker, world: int, per_node: int) -> None:
     key = f"{ARR}.rollout.tensor_model_parallel_size"
     tp = c.get(key)
@@ -420,6 +460,14 @@ def validate_config(cfg: Any) -> BatchPlan:
     return plan
 
 
+def _critic_row(plan: BatchPlan) -> tuple[str, str]:
+    if not plan.use_critic:
+        return "off", "critic.enable, or null = on only for adv_estimator=gae"
+    micro = plan.critic_micro_batches_per_mini_batch_per_rank
+    return "on", ("token budget: critic.ppo_max_token_len_per_gpu" if micro is None
+                  else f"{micro} micro-batches per mini-batch per rank")
+
+
 def format_plan(plan: BatchPlan) -> str:
     """A short aligned table of the plan, one 'batch plan: ...' line per size."""
     n = plan.samples_per_step // plan.prompts_per_step
@@ -439,6 +487,7 @@ def format_plan(plan: BatchPlan) -> str:
         ("samples_per_mini_batch_per_rank", plan.samples_per_mini_batch_per_rank, "samples_per_mini_batch / dp_size"),
         ("micro_batches_per_mini_batch_per_rank", *micro),
         ("optimizer_steps_per_step", plan.optimizer_steps_per_step, f"mini_batches_per_step x ppo_epochs {epochs}"),
+        ("critic", *_critic_row(plan)),
     ]
     width = max(len(name) for name, _, _ in rows)
     value_width = max(len(str(value)) for _, value, _ in rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -16,11 +16,18 @@ from rlcore.controller.decorator import DISPATCH_ATTR, dispatch_and_collect
 
 @dataclass
 class ResourcePool:
-    """`nnodes x n_gpus_per_node` ranks; on CPU one 1-CPU bundle per rank, on CUDA one GPU (+1 CPU) per rank."""
+    """`nnodes x n_gpus_per_node` ranks; on CPU one 1-CPU bundle per rank, on CUDA one GPU (+1 CPU) per rank.
+
+    `max_colocate_count` worker groups may share the pool: each rank of each group takes that fraction of its
+    bundle, so e.g. the actor group and the critic group run one process each on every device (their phases
+    alternate, and offload frees the device for the other). The placement group lives until `release()`.
+    """
 
     nnodes: int
     n_gpus_per_node: int
     device: str = "cpu"
+    max_colocate_count: int = 1
+    _pg: object = field(default=None, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -29,7 +36,21 @@ class ResourcePool:
     def bundle(self) -> dict[str, float]:
         return {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": 1}
 
-    def create_placement_group(self, timeout_s: float = 120.0):
+    def share(self) -> dict[str, float]:
+        """What one rank of one colocated group asks of its bundle."""
+        return {k: v / self.max_colocate_count for k, v in self.bundle().items()}
+
+    def placement_group(self, timeout_s: float = 120.0):
+        if self._pg is None:
+            self._pg = self._create_placement_group(timeout_s)
+        return self._pg
+
+    def release(self) -> None:
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+            self._pg = None
+
+    def _create_placement_group(self, timeout_s: float):
         pg = placement_group([self.bundle() for _ in range(self.world_size)], strategy="PACK" if self.nnodes == 1 else "SPREAD")
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
         if not ready:
@@ -45,21 +66,22 @@ class RayWorkerGroup:
     """Creates `world_size` actors of `worker_cls`, wires their process group, and exposes registered methods.
 
     Colocated roles (actor + rollout + reference, verl's hybrid engine) live in ONE worker class, so they share
-    the process and the device; a second role (e.g. a critic) is simply another group on the same pool.
+    the process and the device; a second role (e.g. a critic) is another group on the same pool (or its own).
     """
 
     def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", **init_kwargs: Any) -> None:
         self.pool = pool
         self.world_size = pool.world_size
-        self._pg = pool.create_placement_group()
+        pg = pool.placement_group()
+        share = pool.share()
         remote_cls = ray.remote(worker_cls)
         env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"} if pool.device == "cpu" else {}
         self.workers = [
             remote_cls.options(
                 name=None,
-                num_cpus=pool.bundle()["CPU"],
-                num_gpus=pool.bundle().get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+                num_cpus=share["CPU"],
+                num_gpus=share.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": env} if env else None,
             ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
             for rank in range(self.world_size)
@@ -86,7 +108,8 @@ class RayWorkerGroup:
         return group_method
 
     def kill(self, graceful: bool = True) -> None:
-        """Tears the group down: destroys the process group (if graceful), kills actors, frees the placement group."""
+        """Tears the group down: destroys the process group (if graceful) and kills the actors. The pool's
+        placement group stays (another group may share it): `pool.release()` frees it."""
         if graceful:
             try:
                 ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
@@ -94,7 +117,6 @@ class RayWorkerGroup:
                 pass  # a dead actor cannot tear down its process group; killing it is what matters
         for w in self.workers:
             ray.kill(w)
-        remove_placement_group(self._pg)
 
 
 def init_ray(address: str | None, num_cpus: int | None) -> bool:

@@ -10,7 +10,7 @@ import torch
 
 from rlcore.protocol import DataProto
 
-# loss_fn(logits [batch, seq, vocab], micro_batch) -> (scalar loss to backprop, metrics of this micro-batch)
+# loss_fn(outputs [batch, seq, vocab or 1], micro_batch) -> (scalar loss to backprop, metrics of this micro-batch)
 LossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, float]]]
 # fn(logits, micro_batch) -> dict of per-sample tensors [micro_batch, ...]
 ForwardFn = Callable[[torch.Tensor, DataProto], dict[str, torch.Tensor]]
@@ -21,6 +21,7 @@ class EngineSpec:
     """What a worker asks of an engine; built from the role's config section."""
 
     model_path: str
+    kind: str = "causal_lm"               # causal_lm: logits [b, s, vocab]; value: a scalar head, outputs [b, s, 1]
     override_config: dict[str, Any] = field(default_factory=dict)
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
     trainable: bool = True                # False for the reference policy: no optimizer, no grads

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TrainEngine
 from rlcore.engine.optim import warmup_schedule
-from rlcore.models.hf import decoder_layers, load_causal_lm, to_torch_dtype
+from rlcore.models.hf import decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
 from rlcore.protocol import DataProto
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -53,7 +53,8 @@ class FSDP2Engine(TrainEngine):
         self.device = device
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-        self.model = load_causal_lm(spec.model_path, spec.override_config, dtype=torch.float32)
+        load = load_value_model if spec.kind == "value" else load_causal_lm
+        self.model = load(spec.model_path, spec.override_config, dtype=torch.float32)
         self.hf_config = self.model.config
         apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy, spec.gradient_checkpointing and spec.trainable)
         self.model.to(device)

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, PretrainedConfig
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -45,6 +45,20 @@ def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dty
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model
+
+
+def load_value_model(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A critic: the LM trunk at `path` with a scalar head `score` [hidden -> 1] on every position.
+
+    The head is HF's token-classification `score` with no bias and no dropout, i.e. exactly the head of an HF
+    reward model (`*ForSequenceClassification`, num_labels=1): pointing `path` at a reward model loads trunk AND
+    head (OpenRLHF's critic init); pointing it at a causal LM loads the trunk and initialises the head.
+    """
+    config = load_config(path, override_config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # dropout on the value head only adds noise to regression targets
+    config.token_classification_bias = False
+    return AutoModelForTokenClassification.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation="sdpa")
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

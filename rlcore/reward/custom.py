@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
+
+from rlcore.utils.import_file import import_file
 
 RewardFn = Callable[..., float]
 
@@ -21,27 +19,8 @@ def load_custom_reward_fn(path: str | None, name: str = "compute_score") -> Rewa
     """
     if path is None:
         return None
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"custom_reward_function.path={path} does not exist")
-
-    # One module name per file (not per basename), so two `reward.py` files never shadow each other, and the
-    # same name in every process that loads the file, so pickling functions by reference works across them.
-    module_name = "rlcore_custom_reward_" + hashlib.sha1(path.encode()).hexdigest()[:16]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"custom_reward_function.path={path} is not a Python source file (.py)")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before exec: dataclasses and pickling inside the user's file look the module up by name.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # SyntaxError, ImportError, or anything the file raises at import time
-        sys.modules.pop(module_name, None)
-        raise ImportError(
-            f"custom_reward_function.path={path} failed to load: {type(e).__name__}: {e}"
-        ) from e
-
+    module = import_file(path, "custom_reward_function.path")
+    module_name = module.__name__
     fn: Any = getattr(module, name, None)
     if fn is None or not callable(fn):
         defined = sorted(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlcore.algos.value import explained_variance
 from rlcore.protocol import DataProto
 
 
@@ -24,6 +25,9 @@ def data_metrics(batch: DataProto) -> dict[str, float]:
     metrics.update(_stats("critic/rewards", b["token_level_rewards"].sum(-1)))
     metrics.update(_stats("critic/advantages", b["advantages"][mask]))
     metrics.update(_stats("critic/returns", b["returns"][mask]))
+    if "values" in b.keys():
+        metrics.update(_stats("critic/values", b["values"][mask]))
+        metrics["critic/vf_explained_var"] = explained_variance(b["values"], b["returns"], mask)
     metrics.update(_stats("response_length", response_len))
     metrics["response_length/clip_ratio"] = (response_len >= max_response).float().mean().item()
     metrics.update(_stats("prompt_length", prompt_len))

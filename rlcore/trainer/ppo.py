@@ -18,6 +18,7 @@ from rlcore.trainer.metrics import data_metrics, throughput_metrics
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)
 UPDATE_KEYS = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+CRITIC_KEYS = FORWARD_KEYS + ["response_mask", "values", "returns"]
 
 
 @contextmanager
@@ -33,12 +34,14 @@ def to_proto(batch: dict) -> DataProto:
 
 
 class PPOTrainer:
-    def __init__(self, cfg, actor_rollout, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps: int,
+    def __init__(self, cfg, groups: dict, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps: int,
                  restart: bool = False, restart_from: str | None = None, val_history: list[tuple[int, float]] | None = None) -> None:
-        """`restart`: this run's workers died and were replaced. Continue from `restart_from` (a checkpoint this run
+        """`groups`: worker groups by role ("actor_rollout", optionally "critic").
+        `restart`: this run's workers died and were replaced. Continue from `restart_from` (a checkpoint this run
         wrote; None: it died before the first save, so start over) and never from another run's checkpoint."""
         self.cfg = cfg
-        self.actor_rollout = actor_rollout
+        self.actor_rollout = groups["actor_rollout"]
+        self.critic = groups.get("critic")
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.train_loader, self.val_loader = train_loader, val_loader
         self.tracker = tracker
@@ -92,6 +95,9 @@ class PPOTrainer:
         metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.train_loader.epoch}
         with timer("step", metrics):
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            if self.cfg.algorithm.adv_estimator == "remax":
+                with timer("gen_max", metrics):
+                    batch.batch["reward_baselines"] = self.greedy_baseline(batch)
             batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
             with timer("gen", metrics):
                 batch = self.generate(batch, metrics=metrics)
@@ -106,8 +112,14 @@ class PPOTrainer:
             if self.use_ref:
                 with timer("ref", metrics):
                     batch.union(self.actor_rollout.compute_ref_log_prob(batch.select(FORWARD_KEYS)))
+            if self.critic is not None:
+                with timer("values", metrics):
+                    batch.union(self.critic.compute_values(batch.select(FORWARD_KEYS + ["response_mask"])))
             with timer("adv", metrics):
                 metrics.update(self.compute_advantage(batch))
+            if self.critic is not None:
+                with timer("update_critic", metrics):
+                    metrics.update(self.critic.update_critic(batch.select(CRITIC_KEYS)))
             if self.global_step > self.cfg.trainer.critic_warmup:
                 with timer("update_actor", metrics):
                     keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else [])
@@ -116,14 +128,21 @@ class PPOTrainer:
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
         return metrics
 
-    def generate(self, batch: DataProto, validate: bool = False, metrics: dict | None = None) -> DataProto:
+    def generate(self, batch: DataProto, validate: bool = False, greedy: bool = False, metrics: dict | None = None) -> DataProto:
+        """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""
         prompts = batch.pop(PROMPT_KEYS)
-        prompts.meta_info["validate"] = validate
+        prompts.meta_info.update(validate=validate, greedy=greedy)
         out = self.actor_rollout.generate_sequences(prompts)
         if metrics is not None:
             metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds
         out.meta_info.clear()
         return batch.union(out)
+
+    def greedy_baseline(self, batch: DataProto) -> torch.Tensor:
+        """ReMax's baseline: the score of each prompt's greedy response `[prompts]` (one extra generation)."""
+        prompts = batch.select(PROMPT_KEYS, batch.non_tensor_batch.keys())
+        scores, _ = self.reward_fn(self.generate(prompts, greedy=True))
+        return scores.sum(-1)
 
     def compute_advantage(self, batch: DataProto) -> dict[str, float]:
         """Token-level rewards (score, minus a KL penalty if use_kl_in_reward), then the configured estimator."""
@@ -139,6 +158,7 @@ class PPOTrainer:
         b["advantages"], b["returns"] = compute_advantage(
             algo.adv_estimator, token_level_rewards=rewards, response_mask=b["response_mask"],
             index=batch.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo,
+            values=b.get("values", None), reward_baselines=b.get("reward_baselines", None),
         )
         return metrics
 
@@ -173,6 +193,9 @@ class PPOTrainer:
         tmp = checkpoint.begin(root, self.global_step)
         actor_dir = os.path.join(tmp, "actor")
         self.actor_rollout.save_checkpoint(actor_dir, os.path.join(actor_dir, "huggingface"))
+        if self.critic is not None:
+            critic_dir = os.path.join(tmp, "critic")
+            self.critic.save_checkpoint(critic_dir, os.path.join(critic_dir, "huggingface"))
         extra = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "val_history": self.val_history}
         torch.save(checkpoint.controller_state(self.train_loader.state_dict(), extra), os.path.join(tmp, "data.pt"))
         self.last_checkpoint = checkpoint.publish(root, self.global_step, tmp, self.cfg.trainer.max_actor_ckpt_to_keep)
@@ -193,6 +216,8 @@ class PPOTrainer:
 
     def load_checkpoint(self, path: str) -> None:
         self.actor_rollout.load_checkpoint(os.path.join(path, "actor"))
+        if self.critic is not None:
+            self.critic.load_checkpoint(os.path.join(path, "critic"))
         state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
         self.train_loader.load_state_dict(state["loader"])
         checkpoint.restore_controller_rng(state)

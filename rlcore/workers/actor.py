@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-import numpy as np
 import torch
-import torch.distributed as dist
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
 from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.models.logits import entropy_from_logits, gather_log_probs, response_logits
 from rlcore.protocol import DataProto
+from rlcore.workers.common import run_ppo_updates
+
 
 def compute_log_prob(engine: TrainEngine, data: DataProto, micro_batch_size: int, temperature: float, with_entropy: bool) -> DataProto:
     """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`."""
@@ -26,13 +24,6 @@ def compute_log_prob(engine: TrainEngine, data: DataProto, micro_batch_size: int
 
     outputs = engine.forward(data.split(micro_batch_size), fn)
     return DataProto.from_dict({k: torch.cat([o[k] for o in outputs]) for k in outputs[0]})
-
-
-def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
 
 
 def policy_loss_params(actor_cfg) -> dict[str, float]:
@@ -76,30 +67,13 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, re
     return loss_fn
 
 
-def mini_batch_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, float]:
-    """(valid tokens, sequences) of a mini-batch summed over every rank's share of it."""
-    return tuple(_all_reduce_sum([float(mask.sum()), float(mask.shape[0])], device))
-
-
 def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, rollout_n: int, temperature: float, dp_size: int, device: torch.device) -> dict[str, float]:
     """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
 
     `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
     """
-    mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n // dp_size
     response_len = data.batch["responses"].shape[-1]
-    history: dict[str, list[float]] = defaultdict(list)
-    for _ in range(actor_cfg.ppo_epochs):
-        for mini in data.split(mini_batch_rows):
-            counts = mini_batch_counts(mini.batch["response_mask"], device)
-            loss_fn = make_policy_loss_fn(actor_cfg, counts, dp_size, response_len, temperature)
-            per_micro = engine.forward_backward(mini.split(actor_cfg.ppo_micro_batch_size_per_gpu), loss_fn)
-            # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
-            # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
-            for key in per_micro[0]:
-                history[key].append(sum(m[key] for m in per_micro))
-            step = engine.optimizer_step()
-            history["actor/grad_norm"].append(step["grad_norm"])
-            history["actor/lr"].append(step["lr"])
-            history["actor/skipped_steps"].append(step["skipped_step"])
-    return {k: float(np.mean(v)) for k, v in history.items()}
+    return run_ppo_updates(
+        engine, data, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size * rollout_n // dp_size, actor_cfg.ppo_micro_batch_size_per_gpu,
+        lambda counts: make_policy_loss_fn(actor_cfg, counts, dp_size, response_len, temperature), "actor", device,
+    )

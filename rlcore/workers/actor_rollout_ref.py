@@ -2,47 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import random
 import time
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 import transformers
 from transformers import AutoTokenizer
 
+from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
-from rlcore.engine.base import EngineSpec, build_engine
+from rlcore.engine.base import build_engine
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import SamplingParams, assemble_sequences, build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.workers.actor import compute_log_prob, update_policy
-
-
-def engine_spec(model_cfg, role_cfg, trainable: bool, total_steps: int) -> EngineSpec:
-    """Maps a role's verl-style config section onto what the engine needs."""
-    fsdp = role_cfg.fsdp_config
-    spec = EngineSpec(
-        model_path=model_cfg.path,
-        override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
-        param_dtype=fsdp.dtype,
-        trainable=trainable,
-        gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-        param_offload=fsdp.param_offload,
-        offload_policy=fsdp.offload_policy,
-        reshard_after_forward=fsdp.reshard_after_forward,
-    )
-    if trainable:
-        optim = role_cfg.optim
-        warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total_steps)
-        spec.optimizer_offload = fsdp.optimizer_offload
-        spec.lr, spec.betas, spec.weight_decay = optim.lr, tuple(optim.betas), optim.weight_decay
-        spec.warmup_steps, spec.total_steps = warmup, total_steps
-        spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim.lr_scheduler_type, optim.min_lr_ratio, optim.num_cycles
-        spec.grad_clip = role_cfg.grad_clip
-    return spec
+from rlcore.workers.common import engine_spec, load_rng_state, offload, onload, save_rng_state
 
 
 class ActorRolloutRefWorker(Worker):
@@ -51,6 +26,7 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
         super().__init__(rank=rank, world_size=world_size, device=device)
         self.config = OmegaConf.create(config)
+        load_custom_algorithms(self.config.custom_algorithms.path)  # a user's policy loss runs here
         transformers.utils.logging.set_verbosity_error()  # one "Loading weights" bar per engine per rank is noise
         transformers.utils.logging.disable_progress_bar()
 
@@ -60,10 +36,12 @@ class ActorRolloutRefWorker(Worker):
         seed = self.config.trainer.seed
         torch.manual_seed(seed)  # identical init on every rank before sharding
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
-        self.actor = build_engine(cfg.actor.strategy, engine_spec(cfg.model, cfg.actor, True, total_steps), self.device)
+        actor_spec = engine_spec(cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip, total_steps)
+        self.actor = build_engine(cfg.actor.strategy, actor_spec, self.device)
         self.ref = None
         if cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward:
-            self.ref = build_engine(cfg.actor.strategy, engine_spec(cfg.model, cfg.ref, False, total_steps), self.device)
+            ref_spec = engine_spec(cfg.model, cfg.ref.fsdp_config, None, 0.0, total_steps)
+            self.ref = build_engine(cfg.actor.strategy, ref_spec, self.device)
             self._offload(role="ref")
         self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
         self._offload()
@@ -89,15 +67,10 @@ class ActorRolloutRefWorker(Worker):
         return kwargs
 
     def _offload(self, role: str = "actor") -> None:
-        """Honours fsdp_config.param_offload / optimizer_offload: a role's state leaves the device between uses."""
-        engine, fsdp = self._role(role)
-        if fsdp.param_offload or fsdp.optimizer_offload:
-            engine.offload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+        offload(*self._role(role))
 
     def _onload(self, role: str = "actor") -> None:
-        engine, fsdp = self._role(role)
-        if fsdp.param_offload or fsdp.optimizer_offload:
-            engine.onload(params=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+        onload(*self._role(role))
 
     def _role(self, role: str):
         cfg = self.config.actor_rollout_ref
@@ -108,7 +81,8 @@ class ActorRolloutRefWorker(Worker):
         kw = rollout.val_kwargs if meta.get("validate") else rollout
         return SamplingParams(
             max_tokens=rollout.response_length, temperature=kw.temperature, top_p=kw.top_p, top_k=kw.top_k,
-            do_sample=kw.do_sample, stop_token_ids=[] if rollout.ignore_eos else [self.tokenizer.eos_token_id],
+            do_sample=kw.do_sample and not meta.get("greedy"),  # greedy: ReMax's baseline response
+            stop_token_ids=[] if rollout.ignore_eos else [self.tokenizer.eos_token_id],
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -159,26 +133,18 @@ class ActorRolloutRefWorker(Worker):
         return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoint
-    def _rng_path(self, path: str) -> str:
-        return os.path.join(path, f"rng_rank{self.rank}.pt")
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str) -> None:
         self._onload()
         self.actor.save(path, hf_dir=hf_dir)
         if self.rank == 0:
             self.tokenizer.save_pretrained(hf_dir)
-        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), "rollout": self.rollout.state_dict()}
-        torch.save(rng, self._rng_path(path))
+        save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()})
         self._offload()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self._onload()
         self.actor.load(path)
-        rng = torch.load(self._rng_path(path), weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        self.rollout.load_state_dict(rng["rollout"])
+        self.rollout.load_state_dict(load_rng_state(path, self.rank)["rollout"])
         self._offload()

@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcore.algos import compute_advantage
-from rlcore.algos.advantages import gae_advantage, masked_whiten
+from rlcore.algos.advantages import masked_whiten
 
 
 def outcome(scores, lengths):
@@ -71,11 +71,29 @@ def test_gae_hand_computed_with_mask():
     rewards = torch.tensor([[0.0, 1.0, 0.0]])
     values = torch.tensor([[0.5, 0.6, 0.7]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    a, returns = gae_advantage(rewards, values, mask, gamma=0.9, lam=0.5)
+    gae = lambda r, v, m, gamma, lam: compute_advantage(  # noqa: E731
+        "gae", token_level_rewards=r, values=v, response_mask=m, index=None, config=OmegaConf.create({"gamma": gamma, "lam": lam}))
+    a, returns = gae(rewards, values, mask, gamma=0.9, lam=0.5)
     # t=1: delta = 1 - 0.6 = 0.4 (nothing after the response); t=0: delta = 0.9*0.6 - 0.5 = 0.04, A = 0.04 + 0.45*0.4
     raw = torch.tensor([[0.22, 0.4, 0.0]])
     torch.testing.assert_close(returns, torch.tensor([[0.72, 1.0, 0.0]]))
     torch.testing.assert_close(a, masked_whiten(raw, mask) * mask)
-    a, returns = gae_advantage(torch.tensor([[0.0, 0.0, 1.0]]), values, torch.ones(1, 3), gamma=1.0, lam=1.0)
+    a, returns = gae(torch.tensor([[0.0, 0.0, 1.0]]), values, torch.ones(1, 3), gamma=1.0, lam=1.0)
     torch.testing.assert_close(returns, torch.ones(1, 3))  # gamma = lam = 1: Monte-Carlo return
     torch.testing.assert_close(a, torch.tensor([[1.0, 0.0, -1.0]]), atol=1e-5, rtol=0)  # raw [0.5, 0.4, 0.3] whitened
+
+
+def test_gae_without_values_says_the_critic_is_needed():
+    with pytest.raises(ValueError, match="critic"):
+        compute_advantage("gae", token_level_rewards=torch.zeros(1, 2), response_mask=torch.ones(1, 2), values=None,
+                          config=OmegaConf.create({"gamma": 1.0, "lam": 1.0}))
+
+
+def test_remax_subtracts_the_greedy_score_from_the_return_to_go():
+    rewards, mask = outcome([1.0, 0.0], [2, 3])
+    rewards[0, 0] = 0.5  # a process reward on an earlier token: return-to-go differs per token
+    a, returns = compute_advantage("remax", token_level_rewards=rewards, response_mask=mask, reward_baselines=torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(returns, torch.tensor([[1.5, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+    torch.testing.assert_close(a, torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="greedy"):
+        compute_advantage("remax", token_level_rewards=rewards, response_mask=mask, reward_baselines=None)

@@ -36,7 +36,7 @@ def test_gspo_uses_the_sequence_ratio_with_per_token_gradient():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv = torch.tensor([[1.0] * 3, [-1.0] * 3])
     loss, stats = POLICY_LOSSES.get("gspo")(old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
-    s0, s1 = math.exp(0.3), math.exp(0.15)  # geometric means over the valid tokens (padding ignored)
+    s1 = math.exp(0.15)  # row 1's geometric mean over its valid tokens (padding ignored); row 0's is e^0.3
     # row 0: A > 0 and s0 = 1.35 > 1.2 -> clipped at -1.2; row 1: A < 0, -A s1 = 1.16 beats -A * 1.16 (inside)
     assert torch.allclose(loss[0], torch.full((3,), -1.2)) and torch.allclose(loss[1, :2], torch.full((2,), s1))
     assert stats["actor/pg_clipfrac"][0].tolist() == [1.0, 1.0, 1.0]

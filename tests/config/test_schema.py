@@ -22,6 +22,7 @@ RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native"}  # verl: ??? (man
 RLCORE_ADDITIONS = {
     "actor_rollout_ref.rollout.engine_kwargs.native",
     "trainer.seed", "trainer.max_worker_restarts", "ray_kwargs.ray_init.address",
+    "critic.enable_resource_pool", "critic.nnodes", "critic.n_gpus_per_node", "custom_algorithms.path",
 }
 
 

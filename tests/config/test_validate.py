@@ -80,7 +80,7 @@ def test_dynamic_bsz_needs_no_micro_batch_size():
 
 
 def test_validate_accepts_a_dataclass_instance():
-    with pytest.raises(ConfigError, match="adv_estimator=gae"):
+    with pytest.raises(ConfigError, match="critic.ppo_micro_batch_size_per_gpu is required"):  # verl's default: gae
         validate_config(PPOConfig())
 
 
@@ -98,7 +98,7 @@ def test_brief_example_message_exactly():
 def test_many_violations_in_one_error():
     overrides = VERL_8GPU + [
         "trainer.n_gpus_per_node=6",  # 5120 and 1280 samples not divisible by 6 ranks; TP 2 still fine
-        f"{ARR}.actor.strategy=megatron", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae",
+        f"{ARR}.actor.strategy=megatron", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae", "critic.enable=False",
         f"{ARR}.model.lora_rank=8", "trainer.test_freq=0", f"{ARR}.rollout.top_p=1.5", "data.truncation=lef",
         f"{ARR}.actor.use_kl_loss=True",  # reference now needed but has no micro-batch size
     ]
@@ -108,8 +108,7 @@ def test_many_violations_in_one_error():
     expected = [
         f"{ARR}.actor.strategy=megatron is not supported yet by rlcore; use {ARR}.actor.strategy=fsdp2",
         f"{ARR}.rollout.name=sglang is not supported yet by rlcore; use {ARR}.rollout.name=vllm",
-        "algorithm.adv_estimator=gae (PPO with a critic) is not supported yet by rlcore; "
-        "use algorithm.adv_estimator=grpo",
+        "algorithm.adv_estimator=gae needs the critic's values but critic.enable=False",
         f"{ARR}.model.lora_rank=8 (LoRA) is not supported yet",
         "trainer.test_freq=0 must be -1 (never) or > 0",
         f"{ARR}.rollout.top_p=1.5 must be in (0, 1]",
@@ -154,7 +153,7 @@ def test_mini_batch_suggestions_satisfy_every_rule():
     ("algorithm.kl_penalty=k4", "algorithm.kl_penalty=k4 is not one of kl, k1, abs"),
     ("algorithm.kl_ctrl.type=linear", "algorithm.kl_ctrl.type=linear is not one of fixed, adaptive"),
     (f"{ARR}.actor.loss_agg_mode=token_mean", f"use {ARR}.actor.loss_agg_mode=token-mean"),
-    (f"{ARR}.rollout.n=1", "rollout.n=1 gives zero advantages; use actor_rollout_ref.rollout.n=4 or more"),
+    (f"{ARR}.rollout.n=1", "rollout.n=1 leaves it without a baseline; use actor_rollout_ref.rollout.n=4 or more"),
     (f"{ARR}.rollout.temperature=-0.5", "must be >= 0"),
     (f"{ARR}.rollout.val_kwargs.top_p=0", f"{ARR}.rollout.val_kwargs.top_p=0.0 must be in (0, 1]"),
     (f"{ARR}.actor.clip_ratio_high=0", f"{ARR}.actor.clip_ratio_high=0.0 must be > 0"),
@@ -163,7 +162,7 @@ def test_mini_batch_suggestions_satisfy_every_rule():
     ("trainer.total_training_steps=0", "trainer.total_training_steps=0 must be > 0"),
     (f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=10 is smaller than "
      "data.max_prompt_length + data.max_response_length = 13 tokens"),
-    ("critic.enable=True", "critic.enable=True is not supported yet"),
+    ("critic.enable=True", "critic.ppo_micro_batch_size_per_gpu is required unless critic.use_dynamic_bsz=True"),
     (f"{ARR}.hybrid_engine=False", "hybrid_engine=False is not supported"),
     (f"{ARR}.actor.fsdp_config.dtype=half", f"{ARR}.actor.fsdp_config.dtype=half is not one of"),
     (f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.name=vllm needs trainer.device=cuda"),
@@ -172,6 +171,38 @@ def test_single_violation(override, fragment):
     extra = [f"{ARR}.actor.ppo_max_token_len_per_gpu=10"] if "use_dynamic_bsz" in override else []
     messages = _errors([override] + extra, recipe="tiny_cpu")
     assert any(fragment in m for m in messages), messages
+
+
+CRITIC = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=32", "critic.forward_micro_batch_size_per_gpu=64"]
+
+
+def test_gae_turns_the_critic_on_and_plans_its_batches():
+    plan = validate_config(_cfg(CRITIC, "tiny_cpu"))
+    assert plan.use_critic and plan.critic_micro_batches_per_mini_batch_per_rank == 4  # 32 x 8 / 2 ranks / 32
+    critic_row = format_plan(plan).splitlines()[-1].split()
+    assert critic_row[2:5] == ["critic", "on", "(4"], critic_row
+    assert not validate_config(_cfg([], "tiny_cpu")).use_critic  # grpo: no critic
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("critic.ppo_micro_batch_size_per_gpu=24", "is not divisible by critic.ppo_micro_batch_size_per_gpu=24; "
+     "use critic.ppo_micro_batch_size_per_gpu=16 or critic.ppo_micro_batch_size_per_gpu=32"),
+    ("critic.ppo_mini_batch_size=12", "critic.ppo_mini_batch_size=12 does not divide data.train_batch_size=32"),
+    ("critic.cliprange_value=0", "critic.cliprange_value=0.0 must be > 0"),
+    ("critic.loss_agg_mode=mean", "critic.loss_agg_mode=mean is not one of"),
+    ("critic.strategy=megatron", "critic.strategy=megatron is not supported yet by rlcore"),
+    ("critic.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2 (Ulysses"),
+])
+def test_critic_violations(override, fragment):
+    messages = _errors(CRITIC + [override], recipe="tiny_cpu")
+    assert any(fragment in m for m in messages), messages
+
+
+def test_critic_on_its_own_pool_is_planned_on_its_own_ranks():
+    own = CRITIC + ["critic.enable_resource_pool=True", "critic.n_gpus_per_node=4"]
+    assert validate_config(_cfg(own, "tiny_cpu")).critic_micro_batches_per_mini_batch_per_rank == 2  # 256 / 4 / 32
+    messages = _errors(own[:-1] + ["critic.n_gpus_per_node=3"], recipe="tiny_cpu")
+    assert any("not divisible by the critic's 3 ranks" in m for m in messages), messages
 
 
 def test_reference_sizes_only_needed_with_a_kl():
@@ -190,7 +221,7 @@ def test_config_error_renders_every_message():
 
 def test_format_plan_is_an_aligned_table():
     lines = format_plan(validate_config(_cfg([], "tiny_cpu"))).splitlines()
-    assert len(lines) == 10 and all(line.startswith("batch plan: ") for line in lines)
+    assert len(lines) == 11 and all(line.startswith("batch plan: ") for line in lines)
     assert "samples_per_step" in lines[3] and " 256 " in lines[3]
     value_ends = {line.index("  (") for line in lines}
     assert len(value_ends) == 1  # values right-aligned in one column

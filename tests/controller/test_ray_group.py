@@ -2,7 +2,6 @@
 
 import sys
 
-
 import pytest
 import ray
 import ray.cloudpickle
@@ -46,7 +45,8 @@ def local_ray():
 
 
 def test_worker_group_dispatch_over_gloo(local_ray):
-    group = RayWorkerGroup(ToyWorker, ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu"), scale=10)
+    pool = ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu")
+    group = RayWorkerGroup(ToyWorker, pool, scale=10)
     try:
         out = group.scale_rows(DataProto.from_dict({"x": torch.arange(5)}))
         assert out["y"].tolist() == [0, 10, 20, 30, 40]
@@ -55,10 +55,26 @@ def test_worker_group_dispatch_over_gloo(local_ray):
         assert group.backend_and_rank() == ("gloo", 0)
     finally:
         group.kill()
-    # The placement group's CPUs are returned once the group is killed.
+        pool.release()
+    # The placement group's CPUs are returned once the pool is released.
     ray.get(ray.remote(num_cpus=2)(lambda: True).remote(), timeout=60)
+
+
+def test_two_groups_colocate_on_one_pool(local_ray):
+    """A critic-like second group shares the devices: each rank takes half a bundle, each group its own gloo group."""
+    pool = ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu", max_colocate_count=2)
+    first = RayWorkerGroup(ToyWorker, pool, scale=1)
+    second = RayWorkerGroup(ToyWorker, pool, scale=2)
+    try:
+        assert pool.share() == {"CPU": 0.5}
+        assert first.sum_of_ranks() == [3.0, 3.0] and second.sum_of_ranks() == [3.0, 3.0]
+        assert second.scale_rows(DataProto.from_dict({"x": torch.arange(2)}))["y"].tolist() == [0, 2]
+    finally:
+        first.kill()
+        second.kill()
+        pool.release()
 
 
 def test_placement_group_too_large_says_how_to_fix(local_ray):
     with pytest.raises(RuntimeError, match="n_gpus_per_node"):
-        ResourcePool(nnodes=1, n_gpus_per_node=8, device="cpu").create_placement_group(timeout_s=3)
+        ResourcePool(nnodes=1, n_gpus_per_node=8, device="cpu").placement_group(timeout_s=3)

@@ -1,7 +1,6 @@
 """A worker process killed mid-run: the controller rebuilds the workers and resumes from the run's checkpoint."""
 
 import json
-import os
 
 import pytest
 

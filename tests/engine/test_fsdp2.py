@@ -1,7 +1,5 @@
 """FSDP2 engine on 2 gloo ranks equals a single-process reference; hybrid-engine weight sync is exact."""
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist

@@ -11,7 +11,7 @@ from rlcore.trainer.ppo import PPOTrainer
 
 def trainer(*overrides):
     cfg = compose(["recipe=tiny_cpu", *overrides])
-    return PPOTrainer(cfg, actor_rollout=None, reward_fn=None, val_reward_fn=None, train_loader=None, val_loader=None, tracker=None, total_steps=1)
+    return PPOTrainer(cfg, groups={"actor_rollout": None}, reward_fn=None, val_reward_fn=None, train_loader=None, val_loader=None, tracker=None, total_steps=1)
 
 
 def batch():
@@ -45,3 +45,31 @@ def test_grpo_without_kl_in_reward_uses_scores_as_rewards():
     adv = b.batch["advantages"]
     assert adv[0, 0].item() == pytest.approx(0.70710, abs=1e-4) and adv[1, 2].item() == pytest.approx(-0.70710, abs=1e-4)
     assert adv[0, 2].item() == 0.0
+
+
+def test_gae_uses_the_critic_values_in_the_batch():
+    t = trainer("algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0")
+    b = batch()
+    b.batch["values"] = torch.tensor([[0.5, 0.25, 0.0], [0.1, 0.2, 0.3]])
+    t.compute_advantage(b)
+    # gamma = lam = 1: returns are the return-to-go (row 0: 1 on its 2nd token; row 1: 0), masked values added back
+    torch.testing.assert_close(b.batch["returns"], torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+    raw = b.batch["returns"] - b.batch["values"] * b.batch["response_mask"]
+    from rlcore.algos.advantages import masked_whiten
+    torch.testing.assert_close(b.batch["advantages"], masked_whiten(raw, b.batch["response_mask"]) * b.batch["response_mask"])
+
+
+def test_data_metrics_report_the_critics_explained_variance():
+    from rlcore.trainer.metrics import data_metrics
+
+    b = batch()
+    mask = b.batch["response_mask"]
+    b.batch["values"] = torch.tensor([[0.9, 1.1, 0.0], [0.1, -0.1, 0.0]]) * mask
+    b.batch["returns"] = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    b.batch.update({"token_level_rewards": b.batch["token_level_scores"], "advantages": b.batch["returns"],
+                    "responses": torch.zeros(2, 3, dtype=torch.long), "prompts": torch.zeros(2, 2, dtype=torch.long),
+                    "attention_mask": torch.ones(2, 5, dtype=torch.long)})
+    metrics = data_metrics(b)
+    # residuals [0.1, -0.1, -0.1, 0.1, 0] over 5 valid tokens: var 0.008; returns [1, 1, 0, 0, 0]: var 0.24
+    assert metrics["critic/vf_explained_var"] == pytest.approx(1 - 0.008 / 0.24, abs=1e-6)
+    assert metrics["critic/values/max"] == pytest.approx(1.1)

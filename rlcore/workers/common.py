@@ -1,0 +1,100 @@
+"""What every trainable role shares, whatever its math: engine specs from config, the PPO mini-batch loop,
+offload around phases, and RNG state in checkpoints."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from rlcore.engine.base import EngineSpec, LossFn, TrainEngine
+from rlcore.protocol import DataProto
+
+
+def engine_spec(model_cfg, fsdp_cfg, optim_cfg, grad_clip: float, total_steps: int, kind: str = "causal_lm") -> EngineSpec:
+    """Maps a role's verl-style config (model, fsdp_config, optim; optim None = frozen) onto an EngineSpec."""
+    spec = EngineSpec(
+        model_path=model_cfg.path,
+        kind=kind,
+        override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
+        param_dtype=fsdp_cfg.dtype,
+        trainable=optim_cfg is not None,
+        gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        param_offload=fsdp_cfg.param_offload,
+        offload_policy=fsdp_cfg.offload_policy,
+        reshard_after_forward=fsdp_cfg.reshard_after_forward,
+    )
+    if optim_cfg is not None:
+        warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
+        spec.optimizer_offload = fsdp_cfg.optimizer_offload
+        spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay
+        spec.warmup_steps, spec.total_steps = warmup, total_steps
+        spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio, optim_cfg.num_cycles
+        spec.grad_clip = grad_clip
+    return spec
+
+
+def offload(engine: TrainEngine, fsdp_cfg) -> None:
+    """Honours fsdp_config.param_offload / optimizer_offload: a role's state leaves the device between uses."""
+    if fsdp_cfg.param_offload or fsdp_cfg.optimizer_offload:
+        engine.offload(params=fsdp_cfg.param_offload, optimizer=fsdp_cfg.optimizer_offload)
+
+
+def onload(engine: TrainEngine, fsdp_cfg) -> None:
+    if fsdp_cfg.param_offload or fsdp_cfg.optimizer_offload:
+        engine.onload(params=fsdp_cfg.param_offload, optimizer=fsdp_cfg.optimizer_offload)
+
+
+def mini_batch_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, float]:
+    """(valid tokens, sequences) of a mini-batch summed over every rank's share of it: the normalisers that make
+    the sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg)."""
+    t = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return tuple(t.tolist())
+
+
+def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batch_rows: int, micro_batch_rows: int,
+                    make_loss_fn: Callable[[tuple[float, float]], LossFn], prefix: str, device: torch.device) -> dict[str, float]:
+    """epochs x mini-batches x micro-batches of a loss, one optimizer step per mini-batch; the mean of each metric.
+
+    `data` is this rank's share; `make_loss_fn(counts)` builds a mini-batch's loss from its global counts.
+    """
+    history: dict[str, list[float]] = defaultdict(list)
+    for _ in range(epochs):
+        for mini in data.split(mini_batch_rows):
+            loss_fn = make_loss_fn(mini_batch_counts(mini.batch["response_mask"], device))
+            per_micro = engine.forward_backward(mini.split(micro_batch_rows), loss_fn)
+            # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
+            # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
+            for key in per_micro[0]:
+                history[key].append(sum(m[key] for m in per_micro))
+            step = engine.optimizer_step()
+            history[f"{prefix}/grad_norm"].append(step["grad_norm"])
+            history[f"{prefix}/lr"].append(step["lr"])
+            history[f"{prefix}/skipped_steps"].append(step["skipped_step"])
+    return {k: float(np.mean(v)) for k, v in history.items()}
+
+
+def rng_state_path(path: str, rank: int) -> str:
+    return os.path.join(path, f"rng_rank{rank}.pt")
+
+
+def save_rng_state(path: str, rank: int, extra: dict | None = None) -> None:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), **(extra or {})}
+    torch.save(state, rng_state_path(path, rank))
+
+
+def load_rng_state(path: str, rank: int) -> dict:
+    """Restores the process RNGs; returns the whole saved dict (with any extra state)."""
+    state = torch.load(rng_state_path(path, rank), weights_only=False)
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    return state

@@ -1,0 +1,110 @@
+"""The critic role: a value model over a TrainEngine, written once for every backend (verl's dp_critic)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import transformers
+from omegaconf import OmegaConf
+
+from rlcore.algos import agg_loss
+from rlcore.algos.value import clipped_value_loss
+from rlcore.controller.decorator import Dispatch, register
+from rlcore.controller.worker import Worker
+from rlcore.engine.base import LossFn, TrainEngine, build_engine
+from rlcore.protocol import DataProto
+from rlcore.workers.common import engine_spec, load_rng_state, offload, onload, run_ppo_updates, save_rng_state
+
+
+def response_values(outputs: torch.Tensor, response_len: int) -> torch.Tensor:
+    """V(s_t) for each response token t: the head's output at the position BEFORE the token (the state in which
+    it was chosen). outputs `[batch, seq, 1]` -> `[batch, response_len]`, float32."""
+    return outputs[:, -response_len - 1 : -1, 0].float()
+
+
+def compute_values(engine: TrainEngine, data: DataProto, micro_batch_size: int) -> DataProto:
+    """`values` `[batch, response_len]`, zero outside the response mask."""
+    response_len = data.batch["responses"].shape[-1]
+
+    def fn(outputs: torch.Tensor, mb: DataProto) -> dict[str, torch.Tensor]:
+        return {"values": response_values(outputs, response_len) * mb.batch["response_mask"].to(outputs.device)}
+
+    outputs = engine.forward(data.split(micro_batch_size), fn)
+    return DataProto.from_dict({"values": torch.cat([o["values"] for o in outputs])})
+
+
+def make_value_loss_fn(critic_cfg, counts: tuple[float, float], dp_size: int, response_len: int) -> LossFn:
+    """Per-micro-batch clipped value loss, aggregated with critic.loss_agg_mode over the whole mini-batch."""
+
+    def loss_fn(outputs: torch.Tensor, mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        b = {k: v.to(outputs.device) for k, v in mb.batch.items()}
+        vpreds = response_values(outputs, response_len)
+        mask = b["response_mask"]
+        agg = lambda mat: agg_loss(mat, mask, critic_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
+        loss_mat, stats = clipped_value_loss(vpreds, b["values"], b["returns"], critic_cfg.cliprange_value)
+        loss = agg(loss_mat)
+        metrics = {"critic/vf_loss": loss.item(), "critic/vpred_mean": agg(vpreds.detach()).item()}
+        metrics.update({k: agg(v).item() for k, v in stats.items()})
+        return loss, metrics
+
+    return loss_fn
+
+
+def update_value(engine: TrainEngine, data: DataProto, critic_cfg, rollout_n: int, dp_size: int, device: torch.device) -> dict[str, float]:
+    """critic.ppo_epochs x mini-batches (critic.ppo_mini_batch_size prompts x rollout.n) x micro-batches."""
+    response_len = data.batch["responses"].shape[-1]
+    return run_ppo_updates(
+        engine, data, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size * rollout_n // dp_size, critic_cfg.ppo_micro_batch_size_per_gpu,
+        lambda counts: make_value_loss_fn(critic_cfg, counts, dp_size, response_len), "critic", device,
+    )
+
+
+class CriticWorker(Worker):
+    """One process per device holding a shard of the value model and its optimizer."""
+
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        super().__init__(rank=rank, world_size=world_size, device=device)
+        self.config = OmegaConf.create(config)
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_steps: int) -> None:
+        cfg = self.config.critic
+        torch.manual_seed(self.config.trainer.seed)  # identical value-head init on every rank before sharding
+        spec = engine_spec(cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.grad_clip, total_steps, kind="value")
+        self.engine = build_engine(cfg.strategy, spec, self.device)
+        offload(self.engine, cfg.model.fsdp_config)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        cfg = self.config.critic
+        onload(self.engine, cfg.model.fsdp_config)
+        out = compute_values(self.engine, data, cfg.forward_micro_batch_size_per_gpu)
+        offload(self.engine, cfg.model.fsdp_config)
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        cfg = self.config.critic
+        start = time.perf_counter()
+        onload(self.engine, cfg.model.fsdp_config)
+        metrics = update_value(self.engine, data, cfg, self.config.actor_rollout_ref.rollout.n, self.world_size, self.device)
+        offload(self.engine, cfg.model.fsdp_config)
+        metrics["timing_s/update_critic_on_rank"] = time.perf_counter() - start
+        return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, hf_dir: str) -> None:
+        onload(self.engine, self.config.critic.model.fsdp_config)
+        self.engine.save(path, hf_dir=hf_dir)
+        save_rng_state(path, self.rank)
+        offload(self.engine, self.config.critic.model.fsdp_config)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        onload(self.engine, self.config.critic.model.fsdp_config)
+        self.engine.load(path)
+        load_rng_state(path, self.rank)
+        offload(self.engine, self.config.critic.model.fsdp_config)

@@ -1,0 +1,80 @@
+"""PPO with a critic, ReMax, and user algorithms from a file: through Ray, the controller and 2 FSDP2 ranks."""
+
+import math
+
+import pytest
+import ray
+from transformers import AutoModelForTokenClassification
+
+from e2e_utils import tiny_cfg
+from rlcore.train import run
+from test_tiny_grpo import read_metrics
+
+PPO = ("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8", "critic.forward_micro_batch_size_per_gpu=16",
+       "critic.optim.lr=1e-3")
+COMMON = ("trainer.val_before_train=False", "trainer.test_freq=-1")
+
+
+def test_ppo_two_steps_with_a_colocated_critic(tiny_model_dir, tiny_task_dir, tmp_path):
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *PPO, *COMMON, "trainer.total_training_steps=2", "trainer.save_freq=2",
+                   f"critic.model.path={tiny_model_dir}", "critic.model.fsdp_config.param_offload=True",
+                   "critic.model.fsdp_config.optimizer_offload=True")
+    final = run(cfg, str(tmp_path / "run"))
+    assert not ray.is_initialized()
+    for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
+                "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
+        assert key in final and math.isfinite(final[key]), key
+    assert final["critic/lr"] == pytest.approx(1e-3)
+    # GAE with gamma = lam = 1: returns = advantages before whitening + values, so mean(returns) = mean(score
+    # on the last token propagated back) is bounded by the scores.
+    assert 0.0 <= final["critic/returns/mean"] <= 1.0
+    critic_hf = tmp_path / "ckpt" / "global_step_2" / "critic" / "huggingface"
+    critic = AutoModelForTokenClassification.from_pretrained(critic_hf, local_files_only=True)
+    assert critic.config.num_labels == 1 and critic.score.weight.shape[0] == 1
+
+
+def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tiny_task_dir, tmp_path):
+    def cfg(name, steps, *extra):
+        return tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / name, *PPO, *COMMON, f"critic.model.path={tiny_model_dir}",
+                        f"trainer.total_training_steps={steps}", *extra)
+
+    straight = run(cfg("a", 3), str(tmp_path / "a"))
+    run(cfg("b", 2, "trainer.save_freq=1"), str(tmp_path / "b1"))
+    resumed = run(cfg("b", 3), str(tmp_path / "b2"))
+    assert [r["step"] for r in read_metrics(tmp_path / "b2")] == [3]
+    for key in ("critic/score/mean", "critic/values/mean", "critic/vf_loss", "critic/grad_norm", "actor/pg_loss", "actor/grad_norm"):
+        assert resumed[key] == pytest.approx(straight[key], rel=1e-4, abs=1e-6), key
+
+
+CUSTOM_ALGOS = """
+import torch
+from rlcore.algos import POLICY_LOSSES
+
+@POLICY_LOSSES.register("scaled_pg")
+def scaled_pg(old_log_prob, log_prob, advantages, response_mask, **_):
+    zeros = torch.zeros_like(log_prob)
+    stats = {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": zeros,
+             "actor/user_loss_ran": torch.ones_like(log_prob)}
+    return -0.5 * advantages * log_prob, stats
+"""
+
+
+def test_remax_with_a_user_policy_loss_from_a_file(tiny_model_dir, tiny_task_dir, tmp_path):
+    algos = tmp_path / "my_algos.py"
+    algos.write_text(CUSTOM_ALGOS)
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *COMMON, "trainer.total_training_steps=1",
+                   "algorithm.adv_estimator=remax", f"custom_algorithms.path={algos}",
+                   "actor_rollout_ref.actor.policy_loss.loss_mode=scaled_pg")
+    final = run(cfg, str(tmp_path / "run"))
+    assert final["actor/user_loss_ran"] == pytest.approx(1.0)  # the file's loss ran on the workers
+    assert final["timing_s/gen_max"] > 0  # the controller generated the greedy baseline
+
+
+def test_unknown_user_algorithm_name_lists_the_registered_ones(tiny_model_dir, tiny_task_dir, tmp_path):
+    from rlcore.config import ConfigError
+
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "actor_rollout_ref.actor.policy_loss.loss_mode=my_missing_loss",
+                   "trainer.total_training_steps=1")
+    with pytest.raises(ConfigError, match="loss_mode='my_missing_loss' is not a registered policy loss; valid: .*clip_cov"):
+        run(cfg, str(tmp_path / "run"))
+    assert not ray.is_initialized()  # rejected before Ray started
