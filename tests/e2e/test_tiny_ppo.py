@@ -18,9 +18,11 @@ COMMON = ("trainer.val_before_train=False", "trainer.test_freq=-1")
 def test_ppo_two_steps_with_a_colocated_critic(tiny_model_dir, tiny_task_dir, tmp_path):
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *PPO, *COMMON, "trainer.total_training_steps=2", "trainer.save_freq=2",
                    f"critic.model.path={tiny_model_dir}", "critic.model.fsdp_config.param_offload=True",
-                   "critic.model.fsdp_config.optimizer_offload=True")
+                   "critic.model.fsdp_config.optimizer_offload=True", "trainer.critic_warmup=1")
     final = run(cfg, str(tmp_path / "run"))
     assert not ray.is_initialized()
+    first, second = read_metrics(tmp_path / "run")
+    assert "critic/vf_loss" in first and "actor/pg_loss" not in first  # critic_warmup=1: step 1 trains only the critic
     for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
                 "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
         assert key in final and math.isfinite(final[key]), key
@@ -31,6 +33,15 @@ def test_ppo_two_steps_with_a_colocated_critic(tiny_model_dir, tiny_task_dir, tm
     critic_hf = tmp_path / "ckpt" / "global_step_2" / "critic" / "huggingface"
     critic = AutoModelForTokenClassification.from_pretrained(critic_hf, local_files_only=True)
     assert critic.config.num_labels == 1 and critic.score.weight.shape[0] == 1
+
+
+def test_critic_on_its_own_resource_pool(tiny_model_dir, tiny_task_dir, tmp_path):
+    # 2 actor ranks + 1 critic rank on their own bundles: 3 Ray CPUs (logical; the machine has 2 cores).
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *PPO, *COMMON, "trainer.total_training_steps=1",
+                   f"critic.model.path={tiny_model_dir}", "critic.enable_resource_pool=True", "critic.n_gpus_per_node=1",
+                   "ray_kwargs.ray_init.num_cpus=3")
+    final = run(cfg, str(tmp_path / "run"))
+    assert math.isfinite(final["critic/vf_loss"]) and math.isfinite(final["actor/pg_loss"])
 
 
 def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tiny_task_dir, tmp_path):
