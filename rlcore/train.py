@@ -35,9 +35,9 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
         errors.append(str(err))
     if uses_critic(cfg):
         try:
-            resolve_model_path(cfg.critic.model.path)
+            resolve_model_path(cfg.critic.model.path, "critic.model.path")
         except FileNotFoundError as err:
-            errors.append(str(err).replace("actor_rollout_ref.model.path", "critic.model.path", 1))
+            errors.append(str(err))
     for registry, value in (
         (ADV_ESTIMATORS, cfg.algorithm.adv_estimator), (POLICY_LOSSES, actor.policy_loss.loss_mode),
         (KL_ESTIMATORS, actor.kl_loss_type), (KL_ESTIMATORS, cfg.algorithm.kl_penalty), (LOSS_AGGREGATIONS, actor.loss_agg_mode),

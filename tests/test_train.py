@@ -20,3 +20,9 @@ def test_schema_and_runtime_problems_are_reported_together():
 def test_valid_recipe_yields_the_batch_plan():
     plan = check_config(compose(["recipe=tiny_cpu"]))
     assert (plan.samples_per_step, plan.mini_batches_per_step, plan.micro_batches_per_mini_batch_per_rank) == (256, 1, 1)
+
+
+def test_a_missing_critic_model_is_reported_before_ray_starts(tmp_path):
+    cfg = compose(["recipe=tiny_cpu_ppo", f"critic.model.path={tmp_path}/no_model"])
+    with pytest.raises(ConfigError, match=r"critic.model.path='.*no_model': no config.json"):
+        check_config(cfg)

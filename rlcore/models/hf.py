@@ -17,12 +17,20 @@ def to_torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def resolve_model_path(path: str) -> str:
+def quiet_transformers() -> None:
+    """Worker processes: one "Loading weights" bar per engine per rank is noise; errors still show."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def resolve_model_path(path: str, config_key: str = "actor_rollout_ref.model.path") -> str:
     """Expands `~` and checks the directory exists, with a message that says which key to fix."""
     full = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(os.path.join(full, "config.json")):
         raise FileNotFoundError(
-            f"actor_rollout_ref.model.path={path!r}: no config.json in {full}. rlcore loads models from local "
+            f"{config_key}={path!r}: no config.json in {full}. rlcore loads models from local "
             "directories only (HF save_pretrained layout); for the tiny demo run `make train` to build it."
         )
     return full

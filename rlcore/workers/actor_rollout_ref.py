@@ -6,13 +6,13 @@ import time
 
 import torch
 from omegaconf import OmegaConf
-import transformers
 from transformers import AutoTokenizer
 
 from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.engine.base import build_engine
+from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import SamplingParams, assemble_sequences, build_rollout
 from rlcore.rollout.weight_sync import sync_weights
@@ -27,8 +27,7 @@ class ActorRolloutRefWorker(Worker):
         super().__init__(rank=rank, world_size=world_size, device=device)
         self.config = OmegaConf.create(config)
         load_custom_algorithms(self.config.custom_algorithms.path)  # a user's policy loss runs here
-        transformers.utils.logging.set_verbosity_error()  # one "Loading weights" bar per engine per rank is noise
-        transformers.utils.logging.disable_progress_bar()
+        quiet_transformers()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:

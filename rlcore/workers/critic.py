@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import torch
-import transformers
 from omegaconf import OmegaConf
 
 from rlcore.algos import agg_loss
@@ -13,6 +12,7 @@ from rlcore.algos.value import clipped_value_loss
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.engine.base import LossFn, TrainEngine, build_engine
+from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.workers.common import engine_spec, load_rng_state, offload, onload, run_ppo_updates, save_rng_state
 
@@ -66,8 +66,7 @@ class CriticWorker(Worker):
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
         super().__init__(rank=rank, world_size=world_size, device=device)
         self.config = OmegaConf.create(config)
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
+        quiet_transformers()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
