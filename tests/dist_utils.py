@@ -36,3 +36,24 @@ def make_rollout_batch(num_rows: int, prompt_len: int, response_len: int, vocab:
         "advantages": torch.randn(num_rows, 1, generator=g).expand(num_rows, response_len) * response_mask,
         "ref_log_prob": -torch.rand(num_rows, response_len, generator=g) * 3,
     }
+
+
+def assert_split_invariant(engine, micro_batch_sets, loss_fn, loss_key: str) -> None:
+    """Each set of micro-batches (the same rows, split differently) gives the first set's loss and gradients."""
+    import pytest
+
+    results = []
+    for parts in micro_batch_sets:
+        loss = sum(m[loss_key] for m in engine.forward_backward(parts, loss_fn))
+        results.append((loss, [p.grad.full_tensor().clone() for p in engine.model.parameters()]))
+        engine.optimizer.zero_grad(set_to_none=True)
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(results[0][0], abs=1e-6)
+        for g, r in zip(grads, results[0][1]):
+            torch.testing.assert_close(g, r, atol=1e-7, rtol=1e-5)
+
+
+def split_rows(data, sizes: list[int]):
+    """Consecutive micro-batches of the given row counts."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [data.index(list(range(s, s + n))) for s, n in zip(starts, sizes)]

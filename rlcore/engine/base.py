@@ -10,9 +10,11 @@ import torch
 
 from rlcore.protocol import DataProto
 
-# loss_fn(outputs [batch, seq, vocab or 1], micro_batch) -> (scalar loss to backprop, metrics of this micro-batch)
+# An engine hands these functions the model's outputs at the state BEFORE each response token (the next-token
+# shift is done): `[batch, response_len, vocab]` logits of a causal LM, `[batch, response_len, 1]` of a value model.
+# loss_fn(outputs, micro_batch) -> (scalar loss to backprop, metrics of this micro-batch)
 LossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, float]]]
-# fn(logits, micro_batch) -> dict of per-sample tensors [micro_batch, ...]
+# fn(outputs, micro_batch) -> dict of per-sample tensors [micro_batch, ...]
 ForwardFn = Callable[[torch.Tensor, DataProto], dict[str, torch.Tensor]]
 
 
@@ -30,6 +32,7 @@ class EngineSpec:
     optimizer_offload: bool = False       # move optimizer state off the device between phases
     offload_policy: bool = False          # FSDP2-native CPUOffloadPolicy: params live on CPU, streamed per block
     reshard_after_forward: bool = True
+    use_remove_padding: bool = False      # pack micro-batches (varlen attention) instead of computing on padding
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.01

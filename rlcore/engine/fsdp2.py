@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TrainEngine
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models.hf import decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
+from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -54,7 +55,8 @@ class FSDP2Engine(TrainEngine):
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
         load = load_value_model if spec.kind == "value" else load_causal_lm
-        self.model = load(spec.model_path, spec.override_config, dtype=torch.float32)
+        attn = attention_implementation(spec.use_remove_padding, device)
+        self.model = load(spec.model_path, spec.override_config, dtype=torch.float32, attn_implementation=attn)
         self.hf_config = self.model.config
         apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy, spec.gradient_checkpointing and spec.trainable)
         self.model.to(device)
@@ -67,20 +69,37 @@ class FSDP2Engine(TrainEngine):
             self.model.requires_grad_(False)
 
     # ------------------------------------------------------------------------------------------- compute
-    def _logits(self, mb: DataProto) -> torch.Tensor:
+    def _outputs(self, mb: DataProto) -> torch.Tensor:
+        """The model's outputs at the state before each response token: `[batch, response_len, vocab or 1]`.
+
+        Padded: the whole `[batch, seq]` rows; a causal LM projects only the last response_len + 1 states onto
+        the vocabulary. Packed (use_remove_padding): valid tokens only, and only the states that predict a
+        response token are projected."""
         inputs = {k: mb.batch[k].to(self.device) for k in MODEL_INPUTS}
-        return self.model(**inputs, use_cache=False).logits
+        response_len = mb.batch["responses"].shape[-1]
+        causal = self.spec.kind == "causal_lm"
+        if not self.spec.use_remove_padding:
+            if causal:
+                return self.model(**inputs, use_cache=False, logits_to_keep=response_len + 1).logits[:, :-1]
+            return self.model(**inputs, use_cache=False).logits[:, -response_len - 1 : -1]
+        packed = pack_sequences(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"], response_len)
+        kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
+        if causal:
+            out = self.model(**kwargs, logits_to_keep=packed.response_index).logits[0]
+        else:
+            out = self.model(**kwargs).logits[0, packed.response_index]
+        return unpack_responses(out, packed.response_valid)
 
     def forward(self, micro_batches: list[DataProto], fn: ForwardFn) -> list[dict[str, torch.Tensor]]:
         self.model.eval()
         with torch.no_grad():
-            return [{k: v.detach().cpu() for k, v in fn(self._logits(mb), mb).items()} for mb in micro_batches]
+            return [{k: v.detach().cpu() for k, v in fn(self._outputs(mb), mb).items()} for mb in micro_batches]
 
     def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn) -> list[dict[str, float]]:
         self.model.train()
         metrics = []
         for mb in micro_batches:
-            loss, mb_metrics = loss_fn(self._logits(mb), mb)
+            loss, mb_metrics = loss_fn(self._outputs(mb), mb)
             loss.backward()
             metrics.append(mb_metrics)
         return metrics

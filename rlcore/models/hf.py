@@ -45,17 +45,18 @@ def load_config(path: str, override_config: dict[str, Any] | None = None) -> Pre
     return config
 
 
-def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32, weights: bool = True) -> torch.nn.Module:
-    """The model at `path` in `dtype`; `weights=False` builds the architecture only (weights arrive by sync)."""
+def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32, weights: bool = True,
+                   attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """The model at `path` in `dtype`; `weights=False` builds the architecture only (weights arrive by sync).
+    `attn_implementation`: see rlcore.models.varlen.attention_implementation."""
     config = load_config(path, override_config)
     if weights:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation="sdpa")
-    else:
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    return model
+        return AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
 
 
-def load_value_model(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def load_value_model(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32,
+                     attn_implementation: str = "sdpa") -> torch.nn.Module:
     """A critic: the LM trunk at `path` with a scalar head `score` [hidden -> 1] on every position.
 
     The head is HF's token-classification `score` with no bias and no dropout, i.e. exactly the head of an HF
@@ -66,7 +67,7 @@ def load_value_model(path: str, override_config: dict[str, Any] | None = None, d
     config.num_labels = 1
     config.classifier_dropout = 0.0  # dropout on the value head only adds noise to regression targets
     config.token_classification_bias = False
-    return AutoModelForTokenClassification.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation="sdpa")
+    return AutoModelForTokenClassification.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

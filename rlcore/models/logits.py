@@ -1,4 +1,4 @@
-"""Log-probs and entropy of response tokens from full-sequence logits."""
+"""Log-probs and entropy of response tokens from logits."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ def response_logits(logits: torch.Tensor, response_len: int, temperature: float 
 
     Divided by the sampling temperature so log-probs match the distribution the rollout sampled from.
     """
-    out = logits[:, -response_len - 1 : -1, :].float()
+    return scale_logits(logits[:, -response_len - 1 : -1, :], temperature)
+
+
+def scale_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """float32 logits divided by the sampling temperature (0 = greedy and 1 leave them unchanged)."""
+    out = logits.float()
     return out / temperature if temperature not in (0.0, 1.0) else out
 
 

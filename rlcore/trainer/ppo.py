@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller
+from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.protocol import DataProto
 from rlcore.trainer import checkpoint
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
@@ -104,6 +105,8 @@ class PPOTrainer:
             with timer("reward", metrics):
                 scores, _ = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = scores
+            if self.cfg.trainer.balance_batch:
+                batch = self.balance_batch(batch, metrics)
             with timer("old_log_prob", metrics):
                 old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
                 entropy = old.pop(["entropys"]).batch["entropys"]
@@ -137,6 +140,13 @@ class PPOTrainer:
             metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds
         out.meta_info.clear()
         return batch.union(out)
+
+    def balance_batch(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        """Reorders samples so each actor rank's chunk holds about the same number of tokens: with skewed
+        response lengths the rank that drew the long ones would otherwise set every pass's pace."""
+        order, stats = balanced_order(batch.batch["attention_mask"].sum(-1).tolist(), self.actor_rollout.world_size)
+        metrics.update(stats)
+        return batch.reorder(order)
 
     def greedy_baseline(self, batch: DataProto) -> torch.Tensor:
         """ReMax's baseline: the score of each prompt's greedy response `[prompts]` (one extra generation)."""

@@ -6,24 +6,23 @@ import torch
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
 from rlcore.engine.base import LossFn, TrainEngine
-from rlcore.models.logits import entropy_from_logits, gather_log_probs, response_logits
+from rlcore.data.micro_batches import MicroBatchSpec
+from rlcore.models.logits import entropy_from_logits, gather_log_probs, scale_logits
 from rlcore.protocol import DataProto
-from rlcore.workers.common import run_ppo_updates
+from rlcore.workers.common import run_forward, run_ppo_updates
 
 
-def compute_log_prob(engine: TrainEngine, data: DataProto, micro_batch_size: int, temperature: float, with_entropy: bool) -> DataProto:
+def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec, temperature: float, with_entropy: bool) -> DataProto:
     """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`."""
-    response_len = data.batch["responses"].shape[-1]
 
     def fn(logits: torch.Tensor, mb: DataProto) -> dict[str, torch.Tensor]:
-        logits = response_logits(logits, response_len, temperature)
+        logits = scale_logits(logits, temperature)
         out = {"log_probs": gather_log_probs(logits, mb.batch["responses"].to(logits.device))}
         if with_entropy:
             out["entropys"] = entropy_from_logits(logits)
         return out
 
-    outputs = engine.forward(data.split(micro_batch_size), fn)
-    return DataProto.from_dict({k: torch.cat([o[k] for o in outputs]) for k in outputs[0]})
+    return DataProto.from_dict(run_forward(engine, data, micro, fn))
 
 
 def policy_loss_params(actor_cfg) -> dict[str, float]:
@@ -33,7 +32,7 @@ def policy_loss_params(actor_cfg) -> dict[str, float]:
     return params
 
 
-def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, response_len: int, temperature: float) -> LossFn:
+def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, temperature: float) -> LossFn:
     """The per-micro-batch loss: policy loss - entropy_coeff * entropy (+ kl_loss_coef * KL to the reference).
 
     `counts` = (valid tokens, sequences) of the whole mini-batch over all ranks: the normalisers that make the
@@ -44,7 +43,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, re
 
     def loss_fn(logits: torch.Tensor, mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         b = {k: v.to(logits.device) for k, v in mb.batch.items()}
-        logits = response_logits(logits, response_len, temperature)
+        logits = scale_logits(logits, temperature)
         log_prob = gather_log_probs(logits, b["responses"])
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
@@ -67,13 +66,13 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, re
     return loss_fn
 
 
-def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, rollout_n: int, temperature: float, dp_size: int, device: torch.device) -> dict[str, float]:
+def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float,
+                  dp_size: int, device: torch.device) -> dict[str, float]:
     """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
 
     `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
     """
-    response_len = data.batch["responses"].shape[-1]
     return run_ppo_updates(
-        engine, data, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size * rollout_n // dp_size, actor_cfg.ppo_micro_batch_size_per_gpu,
-        lambda counts: make_policy_loss_fn(actor_cfg, counts, dp_size, response_len, temperature), "actor", device,
+        engine, data, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size * rollout_n // dp_size, micro,
+        lambda counts: make_policy_loss_fn(actor_cfg, counts, dp_size, temperature), "actor", device,
     )

@@ -17,7 +17,8 @@ from rlcore.protocol import DataProto
 from rlcore.rollout.base import SamplingParams, assemble_sequences, build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.workers.actor import compute_log_prob, update_policy
-from rlcore.workers.common import engine_spec, load_rng_state, offload, onload, save_rng_state
+from rlcore.data.micro_batches import MicroBatchSpec
+from rlcore.workers.common import engine_spec, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
 
 
 class ActorRolloutRefWorker(Worker):
@@ -99,16 +100,21 @@ class ActorRolloutRefWorker(Worker):
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/weight_sync"]
         return DataProto.from_dict(assemble_sequences(prompts.batch["input_ids"], prompts.batch["attention_mask"], out), meta_info={"timing": timing})
 
-    def _log_prob_batch_size(self, role: str) -> int:
+    def _micro_batches(self, role: str) -> MicroBatchSpec:
+        """role: "actor" (the update), "rollout" (old log-probs) or "ref"."""
         cfg = self.config.actor_rollout_ref
-        return (cfg.ref if role == "ref" else cfg.rollout).log_prob_micro_batch_size_per_gpu
+        packed = cfg.model.use_remove_padding
+        if role == "actor":
+            return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.world_size, packed)
+        return micro_batch_spec(cfg[role], "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
+                                self.world_size, packed)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the responses under the current policy (`old_log_probs`) and their entropy."""
         self._onload()
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        out = compute_log_prob(self.actor, data, self._log_prob_batch_size("rollout"), temperature, with_entropy=True)
+        out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True)
         self._offload()
         return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]})
 
@@ -116,7 +122,7 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         temperature = self.config.actor_rollout_ref.rollout.temperature
         self._onload(role="ref")
-        out = compute_log_prob(self.ref, data, self._log_prob_batch_size("ref"), temperature, with_entropy=False)
+        out = compute_log_prob(self.ref, data, self._micro_batches("ref"), temperature, with_entropy=False)
         self._offload(role="ref")
         return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
 
@@ -125,7 +131,8 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config.actor_rollout_ref
         start = time.perf_counter()
         self._onload()
-        metrics = update_policy(self.actor, data, cfg.actor, cfg.rollout.n, cfg.rollout.temperature, self.world_size, self.device)
+        metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature,
+                                self.world_size, self.device)
         self._offload()
         # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
         metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from rlcore.engine.base import EngineSpec, LossFn, TrainEngine
+from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
+from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TrainEngine
 from rlcore.protocol import DataProto
 
 
@@ -29,6 +30,7 @@ def engine_spec(model_cfg, fsdp_cfg, optim_cfg, grad_clip: float, total_steps: i
         param_offload=fsdp_cfg.param_offload,
         offload_policy=fsdp_cfg.offload_policy,
         reshard_after_forward=fsdp_cfg.reshard_after_forward,
+        use_remove_padding=model_cfg.use_remove_padding,
     )
     if optim_cfg is not None:
         warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
@@ -38,6 +40,24 @@ def engine_spec(model_cfg, fsdp_cfg, optim_cfg, grad_clip: float, total_steps: i
         spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio, optim_cfg.num_cycles
         spec.grad_clip = grad_clip
     return spec
+
+
+def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, dp_size: int, packed: bool) -> MicroBatchSpec:
+    """A pass's micro-batching from its role's verl keys: `{base}_per_gpu` samples (or the deprecated global
+    `{base}` over dp ranks), or, when `section[dynamic_key]`, the token budget `section[budget_key]`."""
+    if section[dynamic_key]:
+        return MicroBatchSpec(max_tokens=section[budget_key], packed=packed)
+    rows = section[f"{base}_per_gpu"]
+    return MicroBatchSpec(rows=rows if rows is not None else section[base] // dp_size, packed=packed)
+
+
+def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: ForwardFn) -> dict[str, torch.Tensor]:
+    """No-grad `fn` over this rank's micro-batches; per-token outputs `[batch, response_len]` in data's row order."""
+    micro_batches, order = make_micro_batches(data, spec)
+    outputs = engine.forward(micro_batches, fn)
+    response_len = data.batch["responses"].shape[-1]
+    joined = {k: torch.cat([pad_responses(o[k], response_len) for o in outputs]) for k in outputs[0]}
+    return restore_order(joined, order)
 
 
 def offload(engine: TrainEngine, fsdp_cfg) -> None:
@@ -60,7 +80,7 @@ def mini_batch_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, 
     return tuple(t.tolist())
 
 
-def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batch_rows: int, micro_batch_rows: int,
+def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batch_rows: int, micro: MicroBatchSpec,
                     make_loss_fn: Callable[[tuple[float, float]], LossFn], prefix: str, device: torch.device) -> dict[str, float]:
     """epochs x mini-batches x micro-batches of a loss, one optimizer step per mini-batch; the mean of each metric.
 
@@ -70,7 +90,7 @@ def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batc
     for _ in range(epochs):
         for mini in data.split(mini_batch_rows):
             loss_fn = make_loss_fn(mini_batch_counts(mini.batch["response_mask"], device))
-            per_micro = engine.forward_backward(mini.split(micro_batch_rows), loss_fn)
+            per_micro = engine.forward_backward(make_micro_batches(mini, micro)[0], loss_fn)
             # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
             # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
             for key in per_micro[0]:

@@ -11,35 +11,34 @@ from rlcore.algos import agg_loss
 from rlcore.algos.value import clipped_value_loss
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
+from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TrainEngine, build_engine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
-from rlcore.workers.common import engine_spec, load_rng_state, offload, onload, run_ppo_updates, save_rng_state
+from rlcore.workers.common import engine_spec, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
 
 
-def response_values(outputs: torch.Tensor, response_len: int) -> torch.Tensor:
-    """V(s_t) for each response token t: the head's output at the position BEFORE the token (the state in which
-    it was chosen). outputs `[batch, seq, 1]` -> `[batch, response_len]`, float32."""
-    return outputs[:, -response_len - 1 : -1, 0].float()
+def response_values(outputs: torch.Tensor) -> torch.Tensor:
+    """V(s_t) for each response token t: the head's output at the state BEFORE the token (the state in which it
+    was chosen; the engine hands over exactly those). outputs `[batch, response_len, 1]` -> `[batch, response_len]`."""
+    return outputs[..., 0].float()
 
 
-def compute_values(engine: TrainEngine, data: DataProto, micro_batch_size: int) -> DataProto:
+def compute_values(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec) -> DataProto:
     """`values` `[batch, response_len]`, zero outside the response mask."""
-    response_len = data.batch["responses"].shape[-1]
 
     def fn(outputs: torch.Tensor, mb: DataProto) -> dict[str, torch.Tensor]:
-        return {"values": response_values(outputs, response_len) * mb.batch["response_mask"].to(outputs.device)}
+        return {"values": response_values(outputs) * mb.batch["response_mask"].to(outputs.device)}
 
-    outputs = engine.forward(data.split(micro_batch_size), fn)
-    return DataProto.from_dict({"values": torch.cat([o["values"] for o in outputs])})
+    return DataProto.from_dict(run_forward(engine, data, micro, fn))
 
 
-def make_value_loss_fn(critic_cfg, counts: tuple[float, float], dp_size: int, response_len: int) -> LossFn:
+def make_value_loss_fn(critic_cfg, counts: tuple[float, float], dp_size: int) -> LossFn:
     """Per-micro-batch clipped value loss, aggregated with critic.loss_agg_mode over the whole mini-batch."""
 
     def loss_fn(outputs: torch.Tensor, mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         b = {k: v.to(outputs.device) for k, v in mb.batch.items()}
-        vpreds = response_values(outputs, response_len)
+        vpreds = response_values(outputs)
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, critic_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
         loss_mat, stats = clipped_value_loss(vpreds, b["values"], b["returns"], critic_cfg.cliprange_value)
@@ -51,12 +50,12 @@ def make_value_loss_fn(critic_cfg, counts: tuple[float, float], dp_size: int, re
     return loss_fn
 
 
-def update_value(engine: TrainEngine, data: DataProto, critic_cfg, rollout_n: int, dp_size: int, device: torch.device) -> dict[str, float]:
+def update_value(engine: TrainEngine, data: DataProto, critic_cfg, micro: MicroBatchSpec, rollout_n: int, dp_size: int,
+                 device: torch.device) -> dict[str, float]:
     """critic.ppo_epochs x mini-batches (critic.ppo_mini_batch_size prompts x rollout.n) x micro-batches."""
-    response_len = data.batch["responses"].shape[-1]
     return run_ppo_updates(
-        engine, data, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size * rollout_n // dp_size, critic_cfg.ppo_micro_batch_size_per_gpu,
-        lambda counts: make_value_loss_fn(critic_cfg, counts, dp_size, response_len), "critic", device,
+        engine, data, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size * rollout_n // dp_size, micro,
+        lambda counts: make_value_loss_fn(critic_cfg, counts, dp_size), "critic", device,
     )
 
 
@@ -80,7 +79,9 @@ class CriticWorker(Worker):
     def compute_values(self, data: DataProto) -> DataProto:
         cfg = self.config.critic
         onload(self.engine, cfg.model.fsdp_config)
-        out = compute_values(self.engine, data, cfg.forward_micro_batch_size_per_gpu)
+        micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.world_size,
+                                 cfg.model.use_remove_padding)
+        out = compute_values(self.engine, data, micro)
         offload(self.engine, cfg.model.fsdp_config)
         return out
 
@@ -89,7 +90,9 @@ class CriticWorker(Worker):
         cfg = self.config.critic
         start = time.perf_counter()
         onload(self.engine, cfg.model.fsdp_config)
-        metrics = update_value(self.engine, data, cfg, self.config.actor_rollout_ref.rollout.n, self.world_size, self.device)
+        micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.world_size,
+                                 cfg.model.use_remove_padding)
+        metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n, self.world_size, self.device)
         offload(self.engine, cfg.model.fsdp_config)
         metrics["timing_s/update_critic_on_rank"] = time.perf_counter() - start
         return metrics

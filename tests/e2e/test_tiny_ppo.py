@@ -16,17 +16,23 @@ COMMON = ("trainer.val_before_train=False", "trainer.test_freq=-1")
 
 
 def test_ppo_two_steps_with_a_colocated_critic(tiny_model_dir, tiny_task_dir, tmp_path):
+    # Also the throughput path end to end: token-budget micro-batches for actor, old/ref log-probs and critic,
+    # packed sequences in both models (the recipe packs the actor's), balanced ranks (trainer.balance_batch).
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *PPO, *COMMON, "trainer.total_training_steps=2", "trainer.save_freq=2",
                    f"critic.model.path={tiny_model_dir}", "critic.model.fsdp_config.param_offload=True",
-                   "critic.model.fsdp_config.optimizer_offload=True", "trainer.critic_warmup=1")
+                   "critic.model.fsdp_config.optimizer_offload=True", "trainer.critic_warmup=1",
+                   "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+                   "critic.ppo_max_token_len_per_gpu=40", "critic.model.use_remove_padding=True")
     final = run(cfg, str(tmp_path / "run"))
     assert not ray.is_initialized()
     first, second = read_metrics(tmp_path / "run")
     assert "critic/vf_loss" in first and "actor/pg_loss" not in first  # critic_warmup=1: step 1 trains only the critic
     for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
-                "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic", "actor/pg_loss"):
+                "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic", "actor/pg_loss",
+                "actor/kl_loss", "global_seqlen/minmax_diff", "global_seqlen/balanced_max"):
         assert key in final and math.isfinite(final[key]), key
     assert final["critic/lr"] == pytest.approx(1e-3)
+    assert final["global_seqlen/balanced_max"] <= final["global_seqlen/max"]
     # GAE with gamma = lam = 1: returns = advantages before whitening + values, so mean(returns) = mean(score
     # on the last token propagated back) is bounded by the scores.
     assert 0.0 <= final["critic/returns/mean"] <= 1.0

@@ -29,7 +29,7 @@ def batch(vocab: int) -> DataProto:
 
 def loss_fn_for(data: DataProto, dp_size: int):
     mask = data.batch["response_mask"]
-    return make_policy_loss_fn(ACTOR, (float(mask.sum()), float(ROWS)), dp_size, RESPONSE, temperature=1.0)
+    return make_policy_loss_fn(ACTOR, (float(mask.sum()), float(ROWS)), dp_size, temperature=1.0)
 
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: str) -> None:
@@ -56,6 +56,7 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
     with torch.no_grad():
         b = data.batch
         rollout_logits = rollout.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+        rollout_logits = rollout_logits[:, -RESPONSE - 1 : -1]  # the engine returns the states before response tokens
     if rank == 0:
         torch.save({"pg_loss": loss.item() / world_size, "grads": grads, "weights": weights, "grad_norm": step["grad_norm"],
                     "train_logits": train_logits, "rollout_logits": rollout_logits}, out_path)
@@ -77,7 +78,7 @@ def reference(tiny_model_dir):
     data = batch(model.config.vocab_size)
     b = data.batch
     logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"], use_cache=False).logits
-    loss, metrics = loss_fn_for(data, 1)(logits, data)
+    loss, metrics = loss_fn_for(data, 1)(logits[:, -RESPONSE - 1 : -1], data)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)

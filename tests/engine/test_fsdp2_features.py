@@ -9,12 +9,12 @@ from dist_utils import free_port, init_gloo, make_rollout_batch
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.engine.optim import warmup_schedule
-from rlcore.models.logits import gather_log_probs, response_logits
+from rlcore.models.logits import gather_log_probs
 from rlcore.protocol import DataProto
 
 
 def nll(logits, mb):
-    lp = gather_log_probs(response_logits(logits, 5), mb.batch["responses"])
+    lp = gather_log_probs(logits, mb.batch["responses"])  # the engine hands over response-aligned logits
     mask = mb.batch["response_mask"]
     return -(lp * mask).sum() / mask.sum(), {}
 

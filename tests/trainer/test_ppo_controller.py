@@ -73,3 +73,19 @@ def test_data_metrics_report_the_critics_explained_variance():
     # residuals [0.1, -0.1, -0.1, 0.1, 0] over 5 valid tokens: var 0.008; returns [1, 1, 0, 0, 0]: var 0.24
     assert metrics["critic/vf_explained_var"] == pytest.approx(1 - 0.008 / 0.24, abs=1e-6)
     assert metrics["critic/values/max"] == pytest.approx(1.1)
+
+
+def test_balance_batch_gives_each_rank_the_same_tokens_and_keeps_rows_whole():
+    from types import SimpleNamespace
+
+    t = PPOTrainer(compose(["recipe=tiny_cpu"]), groups={"actor_rollout": SimpleNamespace(world_size=2)}, reward_fn=None,
+                   val_reward_fn=None, train_loader=None, val_loader=None, tracker=None, total_steps=1)
+    lengths = [9, 8, 7, 6, 1, 1, 1, 1]  # as dispatched: rank 0 would get 30 tokens, rank 1 only 4
+    mask = (torch.arange(9)[None] < torch.tensor(lengths)[:, None]).long()
+    b = DataProto.from_dict({"attention_mask": mask, "row": torch.arange(8)}, {"uid": np.array([f"u{i}" for i in range(8)], dtype=object)})
+    metrics = {}
+    out = t.balance_batch(b, metrics)
+    chunks = out.chunk(2)
+    assert [int(c.batch["attention_mask"].sum()) for c in chunks] == [17, 17]
+    assert [f"u{r}" for r in out.batch["row"].tolist()] == list(out.non_tensor_batch["uid"])  # rows stay aligned
+    assert metrics["global_seqlen/minmax_diff"] == 26.0 and metrics["global_seqlen/balanced_max"] == 17.0

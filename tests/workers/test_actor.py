@@ -1,12 +1,15 @@
-"""The policy update is exact under gradient accumulation: micro-batch splits do not change gradients."""
+"""The policy update is exact under gradient accumulation: micro-batch splits (fixed or by token budget) do not
+change gradients, and token-budget passes return outputs in the batch's order."""
 
 import pytest
 import torch
-from dist_utils import free_port, init_gloo, make_rollout_batch
+from dist_utils import assert_split_invariant, free_port, init_gloo, make_rollout_batch, split_rows
 from omegaconf import OmegaConf
 
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
+from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
+from rlcore.data.seqlen_balancing import budget_partitions
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import compute_log_prob, make_policy_loss_fn, update_policy
 from rlcore.workers.common import mini_batch_counts
@@ -26,37 +29,23 @@ def engine(tiny_model_dir):
     return FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-3), torch.device("cpu"))
 
 
-def grads_for(engine, data, splits, mode):
-    cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": mode})
-    loss_fn = make_policy_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1, 5, 1.0)
-    parts, start = [], 0
-    for size in splits:
-        parts.append(data.index(list(range(start, start + size))))
-        start += size
-    metrics = engine.forward_backward(parts, loss_fn)
-    grads = [p.grad.full_tensor().clone() for p in engine.model.parameters()]
-    engine.optimizer.zero_grad(set_to_none=True)
-    return grads, sum(m["actor/pg_loss"] for m in metrics)
-
-
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_micro_batch_splits_give_identical_gradients(engine, mode):
     data = DataProto.from_dict(make_rollout_batch(8, 6, 5, engine.hf_config.vocab_size, seed=3))
-    reference, ref_loss = grads_for(engine, data, [8], mode)
-    for splits in ([2, 2, 2, 2], [1, 3, 4], [5, 1, 1, 1]):  # 4 even and 3-4 uneven micro-batches
-        grads, loss = grads_for(engine, data, splits, mode)
-        assert loss == pytest.approx(ref_loss, abs=1e-6)
-        for g, r in zip(grads, reference):
-            torch.testing.assert_close(g, r, atol=1e-7, rtol=1e-5)
+    cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": mode})
+    loss_fn = make_policy_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1, 1.0)
+    # 1, 4 even and 3-4 uneven micro-batches
+    sets = [split_rows(data, sizes) for sizes in ([8], [2, 2, 2, 2], [1, 3, 4], [5, 1, 1, 1])]
+    assert_split_invariant(engine, sets, loss_fn, "actor/pg_loss")
 
 
 def test_update_policy_steps_once_per_mini_batch_and_reports_metrics(engine):
     data = DataProto.from_dict(make_rollout_batch(8, 6, 5, engine.hf_config.vocab_size, seed=4))
     # old_log_probs from the current policy: the first update starts on-policy (ratio 1, no clipping).
-    data.batch["old_log_probs"] = compute_log_prob(engine, data, 4, 1.0, with_entropy=False).batch["log_probs"]
+    data.batch["old_log_probs"] = compute_log_prob(engine, data, MicroBatchSpec(rows=4), 1.0, with_entropy=False).batch["log_probs"]
     before = [p.full_tensor().clone() for p in engine.model.parameters()]
     cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": "token-mean"})
-    metrics = update_policy(engine, data, cfg, rollout_n=2, temperature=1.0, dp_size=1, device=torch.device("cpu"))
+    metrics = update_policy(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, temperature=1.0, dp_size=1, device=torch.device("cpu"))
     assert engine.scheduler.last_epoch == 2  # 8 rows / (2 prompts x n=2) = 2 mini-batches = 2 optimizer steps
     assert 0.0 <= metrics["actor/pg_clipfrac"] <= 1.0
     # The first mini-batch is on-policy, the second runs after one optimizer step: the policy has moved.
@@ -64,3 +53,39 @@ def test_update_policy_steps_once_per_mini_batch_and_reports_metrics(engine):
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/lr"):  # entropy: from the log-prob pass
         assert torch.isfinite(torch.tensor(metrics[key])), key
     assert any(not torch.equal(b, p.full_tensor()) for b, p in zip(before, engine.model.parameters()))
+
+
+def budget_for(data, num_parts, packed):
+    """The smallest token budget whose micro-batches number exactly `num_parts`."""
+    lengths = data.batch["attention_mask"].sum(-1).tolist()
+    for budget in range(max(lengths), sum(lengths) * max(lengths) + 1):
+        if len(budget_partitions(lengths, budget, packed)) == num_parts:
+            return budget
+    raise AssertionError(f"no budget gives {num_parts} micro-batches")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_token_mean_loss_is_the_same_over_1_3_or_7_token_budget_micro_batches(tiny_model_dir, packed):
+    init_gloo(0, 1, free_port())
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, use_remove_padding=packed, lr=1e-3), torch.device("cpu"))
+    data = DataProto.from_dict(make_rollout_batch(16, 6, 12, engine.hf_config.vocab_size, seed=8))
+    cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": "token-mean"})
+    loss_fn = make_policy_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1, 1.0)
+    sets = []
+    for num_parts in (1, 3, 7):
+        parts, _ = make_micro_batches(data, MicroBatchSpec(max_tokens=budget_for(data, num_parts, packed), packed=packed))
+        assert len(parts) == num_parts and (num_parts == 1 or len({len(p) for p in parts}) > 1)  # uneven
+        sets.append(parts)
+    assert_split_invariant(engine, sets, loss_fn, "actor/pg_loss")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_token_budget_log_probs_come_back_in_the_batch_order(engine, tiny_model_dir, packed):
+    data = DataProto.from_dict(make_rollout_batch(12, 6, 9, engine.hf_config.vocab_size, seed=9))
+    fixed = compute_log_prob(engine, data, MicroBatchSpec(rows=12), 1.0, with_entropy=True)
+    other = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, use_remove_padding=packed), torch.device("cpu"))
+    dynamic = compute_log_prob(other, data, MicroBatchSpec(max_tokens=40, packed=packed), 1.0, with_entropy=True)
+    mask = data.batch["response_mask"].bool()
+    for key in ("log_probs", "entropys"):
+        assert dynamic.batch[key].shape == (12, 9)
+        torch.testing.assert_close(dynamic.batch[key][mask], fixed.batch[key][mask], atol=1e-5, rtol=1e-5)

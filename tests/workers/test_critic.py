@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-from dist_utils import free_port, init_gloo, make_rollout_batch
+from dist_utils import assert_split_invariant, free_port, init_gloo, make_rollout_batch, split_rows
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, Qwen2ForSequenceClassification
 
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.models.hf import load_config, load_value_model
+from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.protocol import DataProto
 from rlcore.workers.common import mini_batch_counts
 from rlcore.workers.critic import compute_values, make_value_loss_fn, update_value
@@ -57,7 +58,7 @@ def engine(tiny_model_dir):
 
 def value_batch(engine, seed):
     data = DataProto.from_dict(make_rollout_batch(8, 6, 5, engine.hf_config.vocab_size, seed=seed))
-    data.batch["values"] = compute_values(engine, data, 3).batch["values"]
+    data.batch["values"] = compute_values(engine, data, MicroBatchSpec(rows=3)).batch["values"]
     g = torch.Generator().manual_seed(seed)
     data.batch["returns"] = torch.randn(8, 5, generator=g) * data.batch["response_mask"]
     return data
@@ -65,7 +66,7 @@ def value_batch(engine, seed):
 
 def test_values_are_masked_and_micro_batch_independent(engine):
     data = value_batch(engine, seed=1)
-    torch.testing.assert_close(compute_values(engine, data, 8).batch["values"], data.batch["values"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(compute_values(engine, data, MicroBatchSpec(rows=8)).batch["values"], data.batch["values"], atol=1e-6, rtol=0)
     assert (data.batch["values"][data.batch["response_mask"] == 0] == 0).all()
 
 
@@ -73,29 +74,18 @@ def test_values_are_masked_and_micro_batch_independent(engine):
 def test_value_loss_gradients_do_not_depend_on_micro_batch_splits(engine, mode):
     data = value_batch(engine, seed=2)
     cfg = OmegaConf.create({**CRITIC, "loss_agg_mode": mode})
-    loss_fn = make_value_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1, 5)
-    results = []
-    for splits in ([8], [2, 2, 2, 2], [1, 3, 4]):
-        parts, start = [], 0
-        for size in splits:
-            parts.append(data.index(list(range(start, start + size))))
-            start += size
-        loss = sum(m["critic/vf_loss"] for m in engine.forward_backward(parts, loss_fn))
-        results.append((loss, [p.grad.full_tensor().clone() for p in engine.model.parameters()]))
-        engine.optimizer.zero_grad(set_to_none=True)
-    for loss, grads in results[1:]:
-        assert loss == pytest.approx(results[0][0], abs=1e-6)
-        for g, r in zip(grads, results[0][1]):
-            torch.testing.assert_close(g, r, atol=1e-7, rtol=1e-5)
+    loss_fn = make_value_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1)
+    sets = [split_rows(data, sizes) for sizes in ([8], [2, 2, 2, 2], [1, 3, 4])]
+    assert_split_invariant(engine, sets, loss_fn, "critic/vf_loss")
 
 
 def test_update_value_fits_the_returns(engine):
     data = value_batch(engine, seed=3)
     cfg = OmegaConf.create({**CRITIC, "loss_agg_mode": "token-mean", "ppo_mini_batch_size": 4})
-    first = update_value(engine, data, cfg, rollout_n=2, dp_size=1, device=torch.device("cpu"))
+    first = update_value(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, dp_size=1, device=torch.device("cpu"))
     for _ in range(30):  # PPO-style: each round clips around the values of the previous round
-        data.batch["values"] = compute_values(engine, data, 8).batch["values"]
-        last = update_value(engine, data, cfg, rollout_n=2, dp_size=1, device=torch.device("cpu"))
+        data.batch["values"] = compute_values(engine, data, MicroBatchSpec(rows=8)).batch["values"]
+        last = update_value(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, dp_size=1, device=torch.device("cpu"))
     assert engine.scheduler.last_epoch == 31  # one mini-batch (4 prompts x n=2 = 8 rows) per round
     assert last["critic/vf_loss"] < 0.5 * first["critic/vf_loss"]
     assert {"critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(last)

@@ -1,0 +1,100 @@
+"""Packed sequences (`use_remove_padding`): a micro-batch's valid tokens in one row `[1, total_tokens]`, position
+ids restarting at 0 for every sequence, and attention confined to each sequence (varlen).
+
+The attention kernel is chosen once, when the model is loaded (`attention_implementation`):
+- CUDA with flash-attn installed: HF's `flash_attention_2`, whose varlen kernel takes the `cu_seq_lens_*` kwargs.
+- everywhere else: `rlcore_varlen` below, exact causal SDPA per sequence. It costs sum(len^2) attention work
+  rather than total_tokens^2 of one block-diagonal mask, and needs no compiler (flex attention on CPU does).
+The model call passes the same kwargs in both cases; HF forwards them from the model to every attention layer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+VARLEN_ATTENTION = "rlcore_varlen"
+
+
+def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """HF attention-interface function: query `[1, heads, total, dim]`, key/value `[1, kv_heads, total, dim]`
+    -> (`[1, total, heads, dim]`, None). Without `cu_seq_lens_q` (an unpacked call) it is plain SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu_seq_lens = kwargs.get("cu_seq_lens_q")
+    if cu_seq_lens is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if getattr(module, "sliding_window", None) is not None:
+        raise NotImplementedError(f"{type(module).__name__} uses sliding-window attention, which the CPU varlen path does not "
+                                  "implement; set use_remove_padding=False (or run on CUDA with flash-attn installed)")
+    starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
+    gqa = query.shape[1] != key.shape[1]
+    out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [total, heads, dim]
+    # Sequences of equal length share one batched SDPA call: many short sequences cost a few calls, not one each.
+    for length in lengths.unique().tolist():
+        rows = starts[lengths == length, None] + torch.arange(length, device=query.device)  # [n, length] token indices
+        q, k, v = (t[0][:, rows].transpose(0, 1) for t in (query, key, value))  # [n, heads, length, dim]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout, enable_gqa=gqa)
+        out[rows] = o.transpose(1, 2)  # [n, length, heads, dim]
+    return out[None], None
+
+
+def _segment_mask(**kwargs):
+    # A packed call passes no 2-D mask: segments bound the attention, no dense mask is built. An unpacked call
+    # (attention_mask given) gets the ordinary SDPA mask.
+    from transformers.masking_utils import sdpa_mask
+
+    return None if kwargs.get("attention_mask") is None else sdpa_mask(**kwargs)
+
+
+def attention_implementation(packed: bool, device: torch.device) -> str:
+    """The HF `attn_implementation` for a training model: sdpa for padded batches, a varlen kernel for packed."""
+    if not packed:
+        return "sdpa"
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN_ATTENTION, segment_attention)
+    AttentionMaskInterface.register(VARLEN_ATTENTION, _segment_mask)
+    return VARLEN_ATTENTION
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor         # [1, total_tokens]
+    position_ids: torch.Tensor      # [1, total_tokens], restarting at 0 per sequence
+    attention_kwargs: dict          # cu_seq_lens_q/k [num_seqs + 1] int32, max_length_q/k
+    response_index: torch.Tensor    # [num_response_tokens]: packed position of the state before each response token
+    response_valid: torch.Tensor    # [batch, response_len] bool: which (row, token) those states belong to
+
+
+def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_len: int) -> PackedBatch:
+    """Packs a padded `[batch, seq]` micro-batch (left-padded prompts, right-padded responses, seq = prompt +
+    response_len). Response token j of a row is predicted by the state at padded column seq - response_len - 1 + j;
+    `response_index` locates those states in the packed row."""
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1)
+    cu_seq_lens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    packed_pos = (mask.cumsum(-1) - 1) + cu_seq_lens[:-1, None].long()  # [batch, seq]: packed index of each column
+    width = input_ids.shape[-1]
+    before = packed_pos[:, width - response_len - 1 : width - 1]
+    valid = mask[:, width - response_len :]
+    max_len = int(lengths.max())
+    return PackedBatch(
+        input_ids=input_ids[mask][None], position_ids=position_ids[mask][None],
+        attention_kwargs=dict(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=max_len, max_length_k=max_len),
+        response_index=before[valid], response_valid=valid,
+    )
+
+
+def unpack_responses(outputs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`[num_response_tokens, channels]` -> `[batch, response_len, channels]`, zero where there is no token."""
+    out = outputs.new_zeros(*valid.shape, outputs.shape[-1])
+    out[valid] = outputs
+    return out

@@ -1,0 +1,42 @@
+"""Packed (remove-padding) sequences: packing layout by hand, and the CPU varlen attention against padded SDPA."""
+
+import torch
+from dist_utils import make_rollout_batch
+
+from rlcore.models.hf import load_causal_lm
+from rlcore.models.varlen import VARLEN_ATTENTION, attention_implementation, pack_sequences, unpack_responses
+
+
+def test_pack_sequences_layout_by_hand():
+    # Row 0: one pad, prompt [5, 6], response [7] + pad. Row 1: prompt [8, 9, 10], response [11, 12].
+    input_ids = torch.tensor([[0, 5, 6, 7, 0], [8, 9, 10, 11, 12]])
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    packed = pack_sequences(input_ids, mask, positions, response_len=2)
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9, 10, 11, 12]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]  # restarting per sequence
+    assert packed.attention_kwargs["cu_seq_lens_q"].tolist() == [0, 3, 8]
+    assert packed.attention_kwargs["max_length_q"] == 5
+    # Response token 7 is predicted at packed 1 (token 6); 11 and 12 at packed 5 and 6 (tokens 10 and 11).
+    assert packed.response_index.tolist() == [1, 5, 6]
+    assert packed.response_valid.tolist() == [[True, False], [True, True]]
+    out = unpack_responses(torch.tensor([[1.0], [2.0], [3.0]]), packed.response_valid)
+    assert out[..., 0].tolist() == [[1.0, 0.0], [2.0, 3.0]]
+
+
+def test_attention_implementation_is_chosen_by_padding_mode_and_device():
+    assert attention_implementation(False, torch.device("cpu")) == "sdpa"
+    assert attention_implementation(True, torch.device("cpu")) == VARLEN_ATTENTION
+
+
+def test_packed_forward_equals_padded_forward_on_every_valid_token(tiny_model_dir):
+    padded_model = load_causal_lm(tiny_model_dir).eval()
+    packed_model = load_causal_lm(tiny_model_dir, attn_implementation=attention_implementation(True, torch.device("cpu"))).eval()
+    b = make_rollout_batch(6, 7, 9, padded_model.config.vocab_size, seed=5)
+    mask = b["attention_mask"].bool()
+    packed = pack_sequences(b["input_ids"], b["attention_mask"], b["position_ids"], response_len=9)
+    with torch.no_grad():
+        padded = padded_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+        out = packed_model(input_ids=packed.input_ids, position_ids=packed.position_ids, **packed.attention_kwargs).logits
+    assert out.shape[1] == int(mask.sum())  # no compute on padding
+    torch.testing.assert_close(out[0], padded[mask], atol=1e-5, rtol=1e-5)
