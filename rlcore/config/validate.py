@@ -71,6 +71,8 @@ class BatchPlan:
     use_reference_policy: bool  # actor.use_kl_loss or algorithm.use_kl_in_reward
     use_critic: bool = False  # critic.enable, or (null) adv_estimator == gae
     critic_micro_batches_per_mini_batch_per_rank: Optional[int] = None  # None = no critic or dynamic
+    ppo_max_token_len_per_rank: Optional[int] = None  # use_dynamic_bsz: the update's token budget per micro-batch
+    max_sequence_length: int = 0  # data.max_prompt_length + data.max_response_length
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -332,6 +334,8 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
         ppo_micro_batch_size_per_rank=micro, log_prob_micro_batch_size_per_rank=log_prob_micro,
         ref_log_prob_micro_batch_size_per_rank=ref_micro, use_reference_policy=use_ref,
         use_critic=use_critic, critic_micro_batches_per_mini_batch_per_rank=critic_micro,
+        ppo_max_token_len_per_rank=c.get(f"{actor}.ppo_max_token_len_per_gpu") if dynamic else None,
+        max_sequence_length=c.get("data.max_prompt_length") + c.get("data.max_response_length"),
     )
 
 
@@ -472,8 +476,11 @@ def format_plan(plan: BatchPlan) -> str:
     """A short aligned table of the plan, one 'batch plan: ...' line per size."""
     n = plan.samples_per_step // plan.prompts_per_step
     epochs = plan.optimizer_steps_per_step // plan.mini_batches_per_step
-    if plan.micro_batches_per_mini_batch_per_rank is None:
-        micro = ("dynamic", "token budget: actor.ppo_max_token_len_per_gpu")
+    if plan.ppo_max_token_len_per_rank is not None:
+        budget = plan.ppo_max_token_len_per_rank
+        full = budget // plan.max_sequence_length  # >= 1: the validator checked budget >= max length
+        micro = (f"<={math.ceil(plan.samples_per_mini_batch_per_rank / full)}",
+                 f"token budget {budget} per micro-batch (actor.ppo_max_token_len_per_gpu) = {full} full-length samples")
     else:
         micro = (plan.micro_batches_per_mini_batch_per_rank, f"of {plan.ppo_micro_batch_size_per_rank} samples")
     rows = [

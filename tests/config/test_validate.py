@@ -52,6 +52,7 @@ def test_tiny_cpu_plan_by_hand():
         samples_per_mini_batch=256, samples_per_mini_batch_per_rank=128, micro_batches_per_mini_batch_per_rank=1,
         samples_per_rank_per_step=128, optimizer_steps_per_step=1, ppo_micro_batch_size_per_rank=128,
         log_prob_micro_batch_size_per_rank=128, ref_log_prob_micro_batch_size_per_rank=128, use_reference_policy=True,
+        max_sequence_length=8 + 5,
     )
 
 
@@ -63,7 +64,9 @@ def test_verl_8gpu_plan_by_hand():
         samples_per_mini_batch=1280, samples_per_mini_batch_per_rank=160, micro_batches_per_mini_batch_per_rank=5,
         samples_per_rank_per_step=640, optimizer_steps_per_step=8, ppo_micro_batch_size_per_rank=32,
         log_prob_micro_batch_size_per_rank=64, ref_log_prob_micro_batch_size_per_rank=None, use_reference_policy=False,
+        max_sequence_length=plan.max_sequence_length,
     )
+    assert plan.max_sequence_length == 512 + 512
 
 
 def test_deprecated_global_micro_batch_is_divided_by_dp():
@@ -77,6 +80,10 @@ def test_dynamic_bsz_needs_no_micro_batch_size():
                                                 f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu=null",
                                                 f"{ARR}.actor.use_dynamic_bsz=True"]))
     assert plan.micro_batches_per_mini_batch_per_rank is None and plan.log_prob_micro_batch_size_per_rank is None
+    # The plan shows the budget and the most micro-batches it can take: every sample at full length.
+    full = plan.ppo_max_token_len_per_rank // plan.max_sequence_length
+    row = next(line for line in format_plan(plan).splitlines() if "micro_batches_per_mini_batch_per_rank" in line)
+    assert f"<={-(-plan.samples_per_mini_batch_per_rank // full)} " in row and f"= {full} full-length samples" in row
 
 
 def test_validate_accepts_a_dataclass_instance():
