@@ -28,7 +28,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests $(ARGS)
 
-# Padded vs dynamic bsz vs dynamic bsz + packing on a 36M-parameter model (prints tokens/s and ratios, ~10 min).
+# Padded vs dynamic bsz vs dynamic bsz + packing on a 36M-parameter model (prints tokens/s and ratios, ~5 min).
 bench: $(STAMP)
 	$(PY) bench/dynamic_bsz.py $(ARGS)
 

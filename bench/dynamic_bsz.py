@@ -11,7 +11,7 @@ Every mode gets the same per-micro-batch token budget (a's micro-batch rows x ba
 Prints valid tokens/s per pass, the ratios c/a and b/a, and the fraction of this machine's fp32 matmul peak
 (measured in the same run) that (c) reaches in model FLOPs. Usage:
 
-    .venv/bin/python bench/dynamic_bsz.py            # ~10 min on 2 cores; --samples 8 for a quicker look
+    .venv/bin/python bench/dynamic_bsz.py            # ~5 min on 2 cores; --samples 8 for a quicker look
 """
 
 from __future__ import annotations
@@ -100,21 +100,24 @@ def matmul_peak_flops(threads: int, size: int = 2048, reps: int = 5) -> float:
     return 2 * size**3 / best
 
 
-def time_mode(model_dir: str, data: DataProto, packed: bool, log_prob_spec: MicroBatchSpec, update_spec: MicroBatchSpec, reps: int) -> dict[str, float]:
-    """Best-of-reps seconds of compute_log_prob and of one update_actor mini-batch (forward, backward, AdamW step)."""
-    engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=packed, lr=1e-6), torch.device("cpu"))
+def time_modes(model_dir: str, data: DataProto, modes: dict, reps: int) -> dict[str, dict[str, float]]:
+    """Best-of-reps seconds per mode of compute_log_prob and of one update_actor mini-batch (forward, backward,
+    AdamW step). Modes take turns within each round, so drift in the machine's speed hits all of them alike;
+    round 0 warms up allocators and thread pools and is not counted."""
+    engines = {key: FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=packed, lr=1e-6), torch.device("cpu"))
+               for key, (_, packed, _, _) in modes.items()}
     cfg = OmegaConf.create({**ACTOR, "ppo_mini_batch_size": len(data)})
-    seconds = {"compute_log_prob": math.inf, "update_actor": math.inf}
-    for _ in range(reps + 1):  # the first round warms up allocators and thread pools
-        start = time.perf_counter()
-        compute_log_prob(engine, data, log_prob_spec, temperature=1.0, with_entropy=True)
-        log_prob_s = time.perf_counter() - start
-        start = time.perf_counter()
-        update_policy(engine, data, cfg, update_spec, rollout_n=1, temperature=1.0, dp_size=1, device=torch.device("cpu"))
-        update_s = time.perf_counter() - start
-        if _ > 0 or reps == 0:
-            seconds["compute_log_prob"] = min(seconds["compute_log_prob"], log_prob_s)
-            seconds["update_actor"] = min(seconds["update_actor"], update_s)
+    seconds = {key: {"compute_log_prob": math.inf, "update_actor": math.inf} for key in modes}
+    for round_index in range(reps + 1):
+        for key, (_, _, log_prob_spec, update_spec) in modes.items():
+            start = time.perf_counter()
+            compute_log_prob(engines[key], data, log_prob_spec, temperature=1.0, with_entropy=True)
+            middle = time.perf_counter()
+            update_policy(engines[key], data, cfg, update_spec, rollout_n=1, temperature=1.0, dp_size=1, device=torch.device("cpu"))
+            end = time.perf_counter()
+            if round_index > 0 or reps == 0:
+                seconds[key]["compute_log_prob"] = min(seconds[key]["compute_log_prob"], middle - start)
+                seconds[key]["update_actor"] = min(seconds[key]["update_actor"], end - middle)
     return seconds
 
 
@@ -131,7 +134,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--reps", type=int, default=1, help="timed rounds per mode after a warm-up round (best is kept)")
+    ap.add_argument("--reps", type=int, default=2, help="timed rounds per mode after a warm-up round (best is kept)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -163,12 +166,11 @@ def main() -> None:
         "c": ("dynamic bsz + remove padding", True, MicroBatchSpec(max_tokens=log_prob_budget, packed=True),
               MicroBatchSpec(max_tokens=update_budget, packed=True)),
     }
-    seconds = {}
     flops = {"compute_log_prob": model_flops_per_forward(config, data)}
     flops["update_actor"] = 3 * flops["compute_log_prob"]  # forward + backward (2x)
+    seconds = time_modes(model_dir, data, modes, args.reps)
     print(f"{'mode':<34} {'pass':<17} {'seconds':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'of peak':>8}")
-    for key, (name, packed, log_prob_spec, update_spec) in modes.items():
-        seconds[key] = time_mode(model_dir, data, packed, log_prob_spec, update_spec, args.reps)
+    for key, (name, _, _, _) in modes.items():
         for pass_name, s in seconds[key].items():
             print(f"({key}) {name:<30} {pass_name:<17} {s:8.2f} {valid / s:9.0f} {flops[pass_name] / s / 1e9:8.1f} "
                   f"{flops[pass_name] / s / peak:8.1%}", flush=True)

@@ -429,7 +429,8 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
         return None
     _micro_per_rank(c, "critic", "forward_micro_batch_size", "critic.use_dynamic_bsz", world, tbs * n // world, 32)
     if c.get("critic.use_dynamic_bsz"):
-        _check_token_budget(c, "critic.ppo_max_token_len_per_gpu", c.get("data.max_prompt_length") + c.get("data.max_response_length"))
+        for key in ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"):
+            _check_token_budget(c, key, c.get("data.max_prompt_length") + c.get("data.max_response_length"))
     return _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")[3]
 
 

@@ -55,7 +55,7 @@ class FSDP2Engine(TrainEngine):
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
         load = load_value_model if spec.kind == "value" else load_causal_lm
-        attn = attention_implementation(spec.use_remove_padding, device)
+        attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
         self.model = load(spec.model_path, spec.override_config, dtype=torch.float32, attn_implementation=attn)
         self.hf_config = self.model.config
         apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy, spec.gradient_checkpointing and spec.trainable)

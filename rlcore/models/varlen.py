@@ -2,7 +2,8 @@
 ids restarting at 0 for every sequence, and attention confined to each sequence (varlen).
 
 The attention kernel is chosen once, when the model is loaded (`attention_implementation`):
-- CUDA with flash-attn installed: HF's `flash_attention_2`, whose varlen kernel takes the `cu_seq_lens_*` kwargs.
+- CUDA with flash-attn installed and bf16/fp16 compute: HF's `flash_attention_2`, whose varlen kernel takes the
+  `cu_seq_lens_*` kwargs.
 - everywhere else: `rlcore_varlen` below, exact causal SDPA per sequence. It costs sum(len^2) attention work
   rather than total_tokens^2 of one block-diagonal mask, and needs no compiler (flex attention on CPU does).
 The model call passes the same kwargs in both cases; HF forwards them from the model to every attention layer.
@@ -28,10 +29,12 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    if getattr(module, "sliding_window", None) is not None:
-        raise NotImplementedError(f"{type(module).__name__} uses sliding-window attention, which the CPU varlen path does not "
-                                  "implement; set use_remove_padding=False (or run on CUDA with flash-attn installed)")
     starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
+    window = getattr(module, "sliding_window", None)
+    if window is not None and int(lengths.max()) > window:
+        raise NotImplementedError(f"{type(module).__name__} uses sliding-window attention ({window} tokens), which the "
+                                  "per-sequence SDPA path does not implement for longer sequences; set use_remove_padding="
+                                  "False (or run on CUDA in bf16 with flash-attn installed)")
     gqa = query.shape[1] != key.shape[1]
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [total, heads, dim]
     # Sequences of equal length share one batched SDPA call: many short sequences cost a few calls, not one each.
@@ -51,11 +54,13 @@ def _segment_mask(**kwargs):
     return None if kwargs.get("attention_mask") is None else sdpa_mask(**kwargs)
 
 
-def attention_implementation(packed: bool, device: torch.device) -> str:
-    """The HF `attn_implementation` for a training model: sdpa for padded batches, a varlen kernel for packed."""
+def attention_implementation(packed: bool, device: torch.device, compute_dtype: torch.dtype = torch.float32) -> str:
+    """The HF `attn_implementation` for a training model: sdpa for padded batches, a varlen kernel for packed
+    (flash-attn's where it can run: CUDA, installed, and a 16-bit compute dtype)."""
     if not packed:
         return "sdpa"
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+    half = compute_dtype in (torch.bfloat16, torch.float16)
+    if device.type == "cuda" and half and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface

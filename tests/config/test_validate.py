@@ -245,3 +245,9 @@ def test_every_recipe_composes_and_validates(recipe):
     cfg = compose([f"recipe={recipe.stem}"])
     plan = validate_config(cfg)
     assert plan.samples_per_step == cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+
+
+def test_critic_token_budgets_must_hold_a_full_length_sample():
+    messages = _errors(CRITIC + ["critic.use_dynamic_bsz=True", "critic.forward_max_token_len_per_gpu=12"], recipe="tiny_cpu")
+    assert messages == ["critic.forward_max_token_len_per_gpu=12 is smaller than data.max_prompt_length + "
+                        "data.max_response_length = 13 tokens" + messages[0].split("13 tokens", 1)[1]]

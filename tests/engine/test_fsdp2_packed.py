@@ -14,12 +14,14 @@ from rlcore.workers.actor import compute_log_prob
 from rlcore.workers.critic import compute_values
 
 
-def engines(model_dir, kind="causal_lm"):
+def engines(model_dir, kind="causal_lm", gradient_checkpointing=False):
+    """(padded, packed) engines with the same weights."""
     init_gloo(0, 1, free_port())  # torn down by conftest
     out = []
     for packed in (False, True):
         torch.manual_seed(0)  # the value head is initialised: the same init for both
-        out.append(FSDP2Engine(EngineSpec(model_path=model_dir, kind=kind, use_remove_padding=packed, lr=1e-3), torch.device("cpu")))
+        spec = EngineSpec(model_path=model_dir, kind=kind, use_remove_padding=packed, lr=1e-3, gradient_checkpointing=gradient_checkpointing)
+        out.append(FSDP2Engine(spec, torch.device("cpu")))
     return out
 
 
@@ -44,13 +46,14 @@ def test_packed_values_equal_padded(tiny_model_dir, data):
     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
-def test_packed_gradients_equal_padded(tiny_model_dir, data):
+@pytest.mark.parametrize("gradient_checkpointing", [False, True])
+def test_packed_gradients_equal_padded(tiny_model_dir, data, gradient_checkpointing):
     def nll(logits, mb):
         mask = mb.batch["response_mask"]
         return -(gather_log_probs(logits, mb.batch["responses"]) * mask).sum() / mask.sum(), {}
 
     grads = []
-    for engine in engines(tiny_model_dir):
+    for engine in engines(tiny_model_dir, gradient_checkpointing=gradient_checkpointing):
         engine.forward_backward([data], nll)
         grads.append([p.grad.full_tensor().clone() for p in engine.model.parameters()])
     for g_packed, g_padded in zip(grads[1], grads[0]):

@@ -24,9 +24,11 @@ def test_pack_sequences_layout_by_hand():
     assert out[..., 0].tolist() == [[1.0, 0.0], [2.0, 3.0]]
 
 
-def test_attention_implementation_is_chosen_by_padding_mode_and_device():
+def test_attention_implementation_is_chosen_by_padding_mode_device_and_dtype():
     assert attention_implementation(False, torch.device("cpu")) == "sdpa"
     assert attention_implementation(True, torch.device("cpu")) == VARLEN_ATTENTION
+    # flash-attn needs CUDA and 16-bit compute; fp32 on CUDA keeps the exact per-sequence path
+    assert attention_implementation(True, torch.device("cuda"), torch.float32) == VARLEN_ATTENTION
 
 
 def test_packed_forward_equals_padded_forward_on_every_valid_token(tiny_model_dir):
@@ -40,3 +42,19 @@ def test_packed_forward_equals_padded_forward_on_every_valid_token(tiny_model_di
         out = packed_model(input_ids=packed.input_ids, position_ids=packed.position_ids, **packed.attention_kwargs).logits
     assert out.shape[1] == int(mask.sum())  # no compute on padding
     torch.testing.assert_close(out[0], padded[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_longer_than_a_sequence_is_refused_with_the_fix():
+    import pytest
+
+    from rlcore.models.varlen import segment_attention
+
+    module = torch.nn.Module()
+    module.sliding_window = 3  # the second sequence has 4 tokens
+    q = torch.randn(1, 2, 6, 8)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="set use_remove_padding=False"):
+        segment_attention(module, q, q, q, None, cu_seq_lens_q=cu)
+    module.sliding_window = 8  # every sequence fits in the window: plain causal attention, allowed
+    out, _ = segment_attention(module, q, q, q, None, cu_seq_lens_q=cu)
+    assert out.shape == (1, 6, 2, 8)
