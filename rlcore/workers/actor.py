@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
-from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.data.micro_batches import MicroBatchSpec
+from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.models.logits import entropy_from_logits, gather_log_probs, scale_logits
 from rlcore.protocol import DataProto
 from rlcore.workers.common import run_forward, run_ppo_updates

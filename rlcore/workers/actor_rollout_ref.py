@@ -11,13 +11,13 @@ from transformers import AutoTokenizer
 from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
+from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import build_engine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import SamplingParams, assemble_sequences, build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.workers.actor import compute_log_prob, update_policy
-from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.workers.common import engine_spec, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
 
 

@@ -1,6 +1,5 @@
 """Micro-batch formation: fixed slices, token budgets with order restored, padding trimmed, ranks agreeing."""
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
