@@ -198,6 +198,25 @@ class RolloutEngineKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (`actor_rollout_ref.rollout.multi_turn.*`): not supported yet by rlcore;
+    the keys are here so verl command lines compose, and enabling them is refused by the validator."""
+
+    enable: bool = False  # multi-turn generation with tool calls
+    max_assistant_turns: Optional[int] = None  # cap on assistant turns per sample
+    tool_config_path: Optional[str] = None  # YAML of the tools
+    max_user_turns: Optional[int] = None  # cap on user turns per sample
+    max_parallel_calls: int = 1  # tool calls executed at once per turn
+    max_tool_response_length: int = 256  # tokens kept of a tool's response
+    tool_response_truncate_side: str = "middle"  # left | middle | right
+    interaction_config_path: Optional[str] = None  # YAML of the simulated user
+    use_inference_chat_template: bool = False  # apply the model's chat template as at inference
+    tokenization_sanity_check_mode: str = "strict"  # strict | ignore_strippable | disable
+    format: str = "hermes"  # tool-call format
+    num_repeat_rollouts: Optional[int] = None  # interaction rollouts per sample
+
+
+@dataclass
 class RolloutConfig:
     """Generation engine and sampling for training rollouts (`actor_rollout_ref.rollout.*`)."""
 
@@ -233,6 +252,7 @@ class RolloutConfig:
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
     engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)  # engine pass-through
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)  # validation sampling
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # tools, multi-turn (not supported yet)
 
 
 @dataclass
@@ -309,7 +329,10 @@ class RewardModelConfig:
     micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
     micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
     max_length: Optional[int] = None  # max tokens per scored sequence
-    reward_manager: str = "naive"  # reward manager name (how scorers are called over a batch)
+    reward_manager: str = "naive"  # naive | dapo (naive + DAPO's overlong punishment, set in reward_kwargs)
+    # Arguments of the reward manager; dapo: max_resp_len and overlong_buffer_cfg.{enable, len, penalty_factor,
+    # log}. Empty, so new keys need Hydra's `+` (as in verl's DAPO scripts: +reward_model.reward_kwargs.max_resp_len=...)
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
     launch_reward_fn_async: bool = False  # score on the controller while the actor computes log-probs
 
 

@@ -29,12 +29,16 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 DEVICES = ("cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULERS = ("constant", "cosine")
+REWARD_MANAGERS = ("naive", "dapo")  # rlcore.reward.manager.REWARD_MANAGERS (a test keeps them equal)
+_OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 # Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg")
 
 _UNSUPPORTED_STRATEGY = {"megatron": "is not supported yet by rlcore; use {key}=fsdp2"}
 _UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
+_UNSUPPORTED_REWARD_MANAGER = {name: "is not supported yet by rlcore; use {key}=naive (per-sample scores; "
+                                      "custom_reward_function.path for your own) or {key}=dapo" for name in ("prime", "batch")}
 _UNSUPPORTED_DEVICE = {"npu": "is not supported by rlcore; use {key}=cuda or {key}=cpu"}
 
 
@@ -159,11 +163,37 @@ def _check_choices(c: _Checker) -> None:
         c.choice(f"{ARR}.{role}.fsdp_config.dtype", DTYPES)
         c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
     c.choice(f"{ARR}.rollout.dtype", DTYPES)
+    _check_reward_manager(c)
     if uses_critic(c.cfg):
         c.choice("critic.strategy", STRATEGIES, _UNSUPPORTED_STRATEGY)
         c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
         c.choice("critic.optim.lr_scheduler_type", LR_SCHEDULERS)
         c.choice("critic.model.fsdp_config.dtype", DTYPES)
+
+
+def _check_reward_manager(c: _Checker) -> None:
+    """reward_model.reward_manager and the reward_kwargs it takes (dapo: the overlong buffer)."""
+    c.choice("reward_model.reward_manager", REWARD_MANAGERS, _UNSUPPORTED_REWARD_MANAGER)
+    if c.get("reward_model.reward_manager") not in REWARD_MANAGERS:
+        return
+    kwargs = c.get("reward_model.reward_kwargs") or {}
+    allowed = ("max_resp_len", "overlong_buffer_cfg") if c.get("reward_model.reward_manager") == "dapo" else ()
+    for key in kwargs:
+        if key not in allowed:
+            c.error(f"reward_model.reward_kwargs.{key} is not an argument of reward_model.reward_manager="
+                    f"{c.get('reward_model.reward_manager')}; it takes: {', '.join(allowed) or 'none'}")
+    overlong = kwargs.get("overlong_buffer_cfg") or {}
+    for key in overlong:
+        if key not in _OVERLONG_KEYS:
+            c.error(f"reward_model.reward_kwargs.overlong_buffer_cfg.{key} is unknown; valid: {', '.join(_OVERLONG_KEYS)}")
+    if overlong.get("enable"):
+        buffer, max_len = overlong.get("len"), kwargs.get("max_resp_len")
+        if not isinstance(max_len, int) or not isinstance(buffer, int) or not 0 < buffer <= max_len:
+            c.error(f"the overlong buffer needs 0 < overlong_buffer_cfg.len ({buffer}) <= max_resp_len ({max_len}); use e.g. "
+                    f"+reward_model.reward_kwargs.max_resp_len={c.get('data.max_response_length')} "
+                    f"+reward_model.reward_kwargs.overlong_buffer_cfg.len={max(1, c.get('data.max_response_length') // 4)}")
+        if "penalty_factor" not in overlong:
+            c.error("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor is required with enable=True; use 1.0")
 
 
 def _check_unsupported(c: _Checker) -> None:
@@ -185,6 +215,10 @@ def _check_unsupported(c: _Checker) -> None:
     if c.get(f"{ARR}.rollout.name") == "vllm" and c.get("trainer.device") == "cpu":
         c.error(f"{ARR}.rollout.name=vllm needs trainer.device=cuda (vLLM does not run on CPU); "
                 f"use {ARR}.rollout.name=native")
+    for key in (f"{ARR}.rollout.multi_turn.enable", f"{ARR}.rollout.multi_turn.tool_config_path"):
+        if c.get(key):
+            c.error(f"{key}={c.get(key)} (multi-turn rollouts with tools) is not supported yet by rlcore; generation is "
+                    f"single-turn: use {ARR}.rollout.multi_turn.enable=False and no tool_config_path")
     if not c.get(f"{ARR}.hybrid_engine"):
         c.error(f"{ARR}.hybrid_engine=False is not supported: rlcore colocates actor and rollout; "
                 f"use {ARR}.hybrid_engine=True")

@@ -47,12 +47,52 @@ class RewardManager:
                 data_source=sources[i], solution_str=text,
                 ground_truth=data.non_tensor_batch["reward_model"][i]["ground_truth"], extra_info=extra_info[i],
             )
+            sample_extras = {}
             if isinstance(result, dict):
-                for key, value in result.items():
-                    if key != "score":
-                        extras[key].append(float(value))
+                sample_extras = {key: float(value) for key, value in result.items() if key != "score"}
                 result = result["score"]
-            last = int(mask[i].sum()) - 1
-            if last >= 0:  # an empty response has no token to carry the score
-                scores[i, last] = float(result)
+            length = int(mask[i].sum())
+            score = self.shape_score(float(result), length, sample_extras)
+            for key, value in sample_extras.items():
+                extras[key].append(value)
+            if length > 0:  # an empty response has no token to carry the score
+                scores[i, length - 1] = score
         return scores, dict(extras)
+
+    def shape_score(self, score: float, response_length: int, extras: dict[str, float]) -> float:
+        """A manager's adjustment of one sample's score (may add logged extras); naive: none."""
+        return score
+
+
+class DapoRewardManager(RewardManager):
+    """verl's "dapo" manager: the naive score plus DAPO's soft overlong punishment (`reward_model.reward_kwargs`).
+
+    With `overlong_buffer_cfg.enable`, a response longer than `max_resp_len - len` tokens loses
+    `penalty_factor * excess / len`: 0 at the buffer's start, -penalty_factor at max_resp_len. `log` adds the
+    per-sample `overlong_reward` and `overlong` (0/1) to the reward extras.
+    """
+
+    def __init__(self, tokenizer, compute_score: Callable[..., Any] | None = None, reward_fn_key: str = "data_source",
+                 max_resp_len: int | None = None, overlong_buffer_cfg: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, compute_score, reward_fn_key)
+        self.max_resp_len = max_resp_len
+        self.overlong = dict(overlong_buffer_cfg or {})
+
+    def shape_score(self, score: float, response_length: int, extras: dict[str, float]) -> float:
+        if not self.overlong.get("enable", False):
+            return score
+        buffer = self.overlong["len"]
+        excess = response_length - (self.max_resp_len - buffer)
+        penalty = min(-excess / buffer * self.overlong["penalty_factor"], 0.0)
+        if self.overlong.get("log", False):
+            extras["overlong_reward"] = penalty
+            extras["overlong"] = float(excess > 0)
+        return score + penalty
+
+
+REWARD_MANAGERS = {"naive": RewardManager, "dapo": DapoRewardManager}  # reward_model.reward_manager
+
+
+def build_reward_manager(name: str, tokenizer, compute_score, reward_fn_key: str, reward_kwargs: dict[str, Any]) -> RewardManager:
+    """`reward_model.reward_manager` by name (the validator has checked the name and the kwargs)."""
+    return REWARD_MANAGERS[name](tokenizer, compute_score, reward_fn_key, **reward_kwargs)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
 from rlcore.reward.custom import load_custom_reward_fn
-from rlcore.reward.manager import RewardManager
+from rlcore.reward.manager import RewardManager, build_reward_manager
 
 
 def _files(value) -> list[str]:
@@ -38,7 +38,8 @@ def build_data(cfg: DictConfig):
 
 def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardManager]:
     custom = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-    manager = RewardManager(tokenizer, custom, cfg.data.reward_fn_key)
+    kwargs = OmegaConf.to_container(cfg.reward_model.reward_kwargs, resolve=True)
+    manager = build_reward_manager(cfg.reward_model.reward_manager, tokenizer, custom, cfg.data.reward_fn_key, kwargs)
     return manager, manager
 
 

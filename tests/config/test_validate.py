@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from rlcore.config import CONFIG_DIR, ConfigError, PPOConfig, compose, format_plan, validate_config
 from rlcore.config.validate import BatchPlan
@@ -34,7 +34,11 @@ def _cfg(overrides, recipe=None):
     compose calls in test_schema.py and test_every_recipe_composes_and_validates."""
     cfg = copy.deepcopy(_base(recipe))
     for override in OverridesParser.create().parse_overrides(list(overrides)):
-        OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+        if override.is_add():  # `+key=value`: Hydra adds the key to the struct config
+            with open_dict(cfg):
+                OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+        else:
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
     return cfg
 
 
@@ -171,6 +175,10 @@ def test_mini_batch_suggestions_satisfy_every_rule():
      "data.max_prompt_length + data.max_response_length = 13 tokens"),
     ("critic.enable=True", "critic.ppo_micro_batch_size_per_gpu is required unless critic.use_dynamic_bsz=True"),
     (f"{ARR}.hybrid_engine=False", "hybrid_engine=False is not supported"),
+    (f"{ARR}.rollout.multi_turn.enable=True", f"{ARR}.rollout.multi_turn.enable=True (multi-turn rollouts with tools) is not "
+     f"supported yet by rlcore; generation is single-turn: use {ARR}.rollout.multi_turn.enable=False"),
+    (f"{ARR}.rollout.multi_turn.tool_config_path=tools.yaml", "tool_config_path=tools.yaml (multi-turn rollouts with tools) "
+     "is not supported yet"),
     (f"{ARR}.actor.fsdp_config.dtype=half", f"{ARR}.actor.fsdp_config.dtype=half is not one of"),
     (f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.name=vllm needs trainer.device=cuda"),
 ])
@@ -251,3 +259,26 @@ def test_critic_token_budgets_must_hold_a_full_length_sample():
     messages = _errors(CRITIC + ["critic.use_dynamic_bsz=True", "critic.forward_max_token_len_per_gpu=12"], recipe="tiny_cpu")
     assert messages == ["critic.forward_max_token_len_per_gpu=12 is smaller than data.max_prompt_length + "
                         "data.max_response_length = 13 tokens" + messages[0].split("13 tokens", 1)[1]]
+
+
+DAPO = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=5",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0", "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False"]
+
+
+def test_verl_dapo_reward_keys_are_accepted():
+    validate_config(_cfg(DAPO, "tiny_cpu"))  # verl's DAPO scripts add these with `+`
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("reward_model.reward_manager=prime", "reward_model.reward_manager=prime is not supported yet by rlcore; use "
+     "reward_model.reward_manager=naive"),
+    ("reward_model.reward_manager=dapos", "is not one of naive, dapo; use reward_model.reward_manager=dapo"),
+    ("+reward_model.reward_kwargs.max_resp_length=5", "reward_model.reward_kwargs.max_resp_length is not an argument of "
+     "reward_model.reward_manager=dapo; it takes: max_resp_len, overlong_buffer_cfg"),
+    ("+reward_model.reward_kwargs.overlong_buffer_cfg.size=3", "overlong_buffer_cfg.size is unknown"),
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.len=9", "the overlong buffer needs 0 < overlong_buffer_cfg.len (9) <= max_resp_len (5)"),
+])
+def test_reward_manager_violations(override, fragment):
+    messages = _errors(DAPO + [override], recipe="tiny_cpu")
+    assert any(fragment in m for m in messages), messages

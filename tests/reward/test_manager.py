@@ -1,0 +1,63 @@
+"""Reward managers: the score on each response's last token, and DAPO's soft overlong punishment by hand."""
+
+import pytest
+import torch
+
+from rlcore.config.validate import REWARD_MANAGERS as VALIDATED_NAMES
+from rlcore.data.tokenizer import build_char_tokenizer
+from rlcore.protocol import DataProto
+from rlcore.reward.manager import REWARD_MANAGERS, build_reward_manager
+
+
+def batch(lengths, response_len=10):
+    mask = (torch.arange(response_len)[None] < torch.tensor(lengths)[:, None]).long()
+    n = len(lengths)
+    return DataProto.from_dict(
+        {"responses": torch.full((n, response_len), 7) * mask, "response_mask": mask},
+        {"data_source": ["any"] * n, "reward_model": [{"ground_truth": "x"}] * n},
+    )
+
+
+def always_one(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0
+
+
+def test_naive_puts_the_score_on_the_last_response_token():
+    manager = build_reward_manager("naive", build_char_tokenizer(), always_one, "data_source", {})
+    scores, extras = manager(batch([3, 0, 10]))
+    assert scores[0, 2] == 1.0 and scores[0].sum() == 1.0
+    assert scores[1].sum() == 0.0  # an empty response has no token to carry the score
+    assert scores[2, 9] == 1.0 and extras == {}
+
+
+def test_dapo_overlong_penalty_by_hand():
+    # max_resp_len 10, buffer 4: no penalty up to 6 tokens, then -1.0 x excess / 4, reaching -1.0 at 10 tokens.
+    kwargs = {"max_resp_len": 10, "overlong_buffer_cfg": {"enable": True, "len": 4, "penalty_factor": 1.0, "log": True}}
+    manager = build_reward_manager("dapo", build_char_tokenizer(), always_one, "data_source", kwargs)
+    scores, extras = manager(batch([5, 6, 8, 10]))
+    assert scores.sum(-1).tolist() == pytest.approx([1.0, 1.0, 0.5, 0.0])
+    assert extras["overlong_reward"] == pytest.approx([0.0, 0.0, -0.5, -1.0])
+    assert extras["overlong"] == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_dapo_without_the_buffer_is_naive():
+    manager = build_reward_manager("dapo", build_char_tokenizer(), always_one, "data_source", {"max_resp_len": 10})
+    scores, extras = manager(batch([10]))
+    assert scores.sum().item() == 1.0 and extras == {}
+
+
+def test_the_validator_knows_every_manager():
+    assert set(VALIDATED_NAMES) == set(REWARD_MANAGERS)
+
+
+def test_the_trainer_builds_the_configured_manager_from_verl_keys():
+    from rlcore.config import compose
+    from rlcore.reward.manager import DapoRewardManager
+    from rlcore.trainer.setup import build_reward_fns
+
+    cfg = compose(["recipe=tiny_cpu", "reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=5",
+                   "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+                   "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5"])
+    reward_fn, _ = build_reward_fns(cfg, build_char_tokenizer())
+    assert isinstance(reward_fn, DapoRewardManager) and reward_fn.max_resp_len == 5
+    assert reward_fn.shape_score(1.0, 5, {}) == pytest.approx(0.5)  # 2 tokens past 3: -0.5 x 2 / 2
