@@ -267,7 +267,10 @@ DAPO = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_res
 
 
 def test_verl_dapo_reward_keys_are_accepted():
-    validate_config(_cfg(DAPO, "tiny_cpu"))  # verl's DAPO scripts add these with `+`
+    cfg = _cfg(DAPO, "tiny_cpu")  # verl's DAPO scripts add these with `+`
+    assert validate_config(cfg).samples_per_step == 256  # no error, and the plan is unchanged
+    assert OmegaConf.to_container(cfg.reward_model.reward_kwargs) == {
+        "max_resp_len": 5, "overlong_buffer_cfg": {"enable": True, "len": 2, "penalty_factor": 1.0, "log": False}}
 
 
 @pytest.mark.parametrize("override, fragment", [
