@@ -13,8 +13,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config import CONFIG_DIR, ConfigError, format_plan, register_configs, validate_config
-from rlcore.config.validate import uses_critic
+from rlcore.config import CONFIG_DIR, ConfigError, format_plan, register_configs
+from rlcore.config.validate import diagnose, uses_critic
+from rlcore.plan import format_memory, memory_plan
 
 register_configs()
 
@@ -50,17 +51,21 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
     return errors
 
 
-def check_config(cfg: DictConfig):
-    """Every config problem, schema rules and runtime checks alike, in ONE error; else the batch plan."""
-    errors, plan = [], None
-    try:
-        plan = validate_config(cfg)
-    except ConfigError as err:
-        errors.extend(err.messages)
-    errors.extend(runtime_errors(cfg))
+def check_config(cfg: DictConfig) -> str:
+    """Every config problem (schema rules, the model's limits, runtime checks) in ONE error; else the report:
+    the batch plan and the per-device memory plan, with a warning for any role estimated not to fit."""
+    plan, errors = diagnose(cfg)
+    memory = memory_plan(cfg, plan)
+    errors += memory.errors + runtime_errors(cfg)
     if errors:
         raise ConfigError(errors)
-    return plan
+    report = [format_plan(plan), format_memory(memory)]
+    for role in memory.roles:
+        if role.verdict == "OOM":
+            lever = f"; the largest lever: {role.levers[0][0]}" if role.levers else ""
+            report.append(f"WARNING rlcore: {role.role} is estimated at {role.peak:.1f} GiB per device, more than "
+                          f"{role.capacity:.1f} GiB: it will likely run out of memory{lever} (rlcore-plan explains)")
+    return "\n".join(report)
 
 
 def absolute_paths(cfg: DictConfig) -> None:
@@ -77,7 +82,7 @@ def absolute_paths(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     """Trains with a composed config; returns the final step's metrics. Cleans up Ray and workers on any exit."""
-    print(format_plan(check_config(cfg)), flush=True)
+    print(check_config(cfg), flush=True)
     absolute_paths(cfg)
     import torch
 

@@ -113,6 +113,37 @@ class FSDPConfig:
 
 
 @dataclass
+class MegatronConfig:
+    """Megatron-core TP/PP layout and offloads (`<role>.megatron.*`, verl's engine/megatron.yaml). rlcore does not
+    train with megatron yet: the keys compose (so verl's ppo_megatron_trainer command lines parse), rlcore-plan
+    sizes the layout, and strategy=megatron is refused with the FSDP2 alternative."""
+
+    param_offload: bool = False  # parameters on CPU between uses
+    grad_offload: bool = False  # gradients on CPU between uses
+    optimizer_offload: bool = False  # optimizer state on CPU between steps
+    tensor_model_parallel_size: int = 1  # TP: each layer's matrices split over this many devices
+    expert_model_parallel_size: int = 1  # EP: MoE experts split over this many devices
+    expert_tensor_parallel_size: Optional[int] = None  # TP inside each expert; None = tensor_model_parallel_size
+    pipeline_model_parallel_size: int = 1  # PP: layers split into this many stages
+    virtual_pipeline_model_parallel_size: Optional[int] = None  # interleaved stages per device
+    context_parallel_size: int = 1  # CP: each sequence split over this many devices
+    sequence_parallel: bool = True  # shard norms/dropout activations over the TP group
+    use_distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks (ZeRO-1)
+    use_dist_checkpointing: bool = False  # load from a megatron dist checkpoint instead of HF weights
+    dist_checkpointing_path: Optional[str] = None  # that checkpoint
+    seed: int = 42  # megatron RNG seed
+    override_ddp_config: Dict[str, Any] = field(default_factory=dict)  # megatron DDP config fields
+    override_transformer_config: Dict[str, Any] = field(default_factory=lambda: {  # TransformerConfig fields
+        "recompute_granularity": None, "recompute_modules": ["core_attn"], "recompute_method": None,
+        "recompute_num_layers": None, "attention_backend": "flash"})
+    override_mcore_model_config: Dict[str, Any] = field(default_factory=dict)  # mcore model fields
+    use_mbridge: bool = False  # convert HF <-> megatron weights with mbridge
+    vanilla_mbridge: bool = True  # mbridge's built-in model bridges
+    use_remove_padding: bool = True  # packed sequences (THD layout)
+    dtype: str = "bfloat16"  # compute dtype
+
+
+@dataclass
 class CheckpointConfig:
     """What a checkpoint holds (`actor_rollout_ref.actor.checkpoint.*`)."""
 
@@ -162,6 +193,7 @@ class ActorConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoint contents
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout (not supported yet)
 
 
 @dataclass
@@ -176,6 +208,11 @@ class RefConfig:
     ulysses_sequence_parallel_size: int = II("oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1")
     use_torch_compile: bool = II("oc.select:actor_rollout_ref.actor.use_torch_compile,true")  # as actor's
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding (param_offload is the usual change)
+    megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(  # strategy=megatron layout
+        tensor_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.tensor_model_parallel_size,1"),
+        pipeline_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.pipeline_model_parallel_size,1"),
+        expert_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.expert_model_parallel_size,1"),
+        context_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.context_parallel_size,1")))
 
 
 @dataclass
@@ -278,6 +315,9 @@ class CriticModelConfig:
     trust_remote_code: bool = II("oc.select:actor_rollout_ref.model.trust_remote_code,false")  # as the actor's
     enable_gradient_checkpointing: bool = True  # recompute activations in backward
     use_remove_padding: bool = False  # packed (varlen) sequences
+    lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (> 0 not supported yet by rlcore)
+    lora_alpha: int = 16  # LoRA scaling numerator
+    target_modules: Any = "all-linear"  # LoRA target modules
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
 
 
@@ -304,6 +344,7 @@ class CriticConfig:
     loss_agg_mode: str = II("oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean")  # as the actor's
     grad_clip: float = 1.0  # max global grad norm
     ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout (not supported yet)
     enable_resource_pool: bool = False  # rlcore addition: own devices (nnodes x n_gpus_per_node) instead of the actor's
     n_gpus_per_node: int = II("trainer.n_gpus_per_node")  # rlcore addition: with enable_resource_pool
     nnodes: int = II("trainer.nnodes")  # rlcore addition: with enable_resource_pool
@@ -403,6 +444,8 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int] = None  # keep the newest N critic checkpoints; None = all
     device: str = "cuda"  # cuda | cpu (rlcore addition: gloo on CPU); npu not supported
     seed: int = 1  # rlcore addition: global seed (data order, sampling, init)
+    device_memory_gb: Optional[float] = None  # rlcore addition: memory per device (GiB) that the memory plan
+    # checks against; None = measured (CUDA: the visible device; CPU: host RAM / ranks)
     max_worker_restarts: int = 0  # rlcore addition: if a worker process dies, rebuild the workers and resume
     # from this run's last checkpoint (save_freq) up to N times; 0 = fail at once like verl
 

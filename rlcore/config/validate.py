@@ -35,7 +35,8 @@ DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 # Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg")
 
-_UNSUPPORTED_STRATEGY = {"megatron": "is not supported yet by rlcore; use {key}=fsdp2"}
+_UNSUPPORTED_STRATEGY = {"megatron": "(megatron-core TP/PP training) is not supported yet by rlcore; use {key}=fsdp2 "
+                                     "(FSDP2 shards the same model over the same devices; rlcore-plan sizes both)"}
 _UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
 _UNSUPPORTED_REWARD_MANAGER = {name: "is not supported yet by rlcore; use {key}=naive (per-sample scores; "
                                       "custom_reward_function.path for your own) or {key}=dapo" for name in ("prime", "batch")}
@@ -203,9 +204,10 @@ def _check_unsupported(c: _Checker) -> None:
         sp = c.get(key)
         if sp > 1 and (role == "actor" or sp != actor_sp):
             c.error(f"{key}={sp} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
-    key = f"{ARR}.model.lora_rank"
-    if c.get(key) > 0:
-        c.error(f"{key}={c.get(key)} (LoRA) is not supported yet by rlcore; use {key}=0 (full fine-tuning)")
+    for key in (f"{ARR}.model.lora_rank", "critic.model.lora_rank"):
+        if c.get(key) > 0 and (key.startswith(ARR) or uses_critic(c.cfg)):
+            c.error(f"{key}={c.get(key)} (LoRA) is not supported yet by rlcore; use {key}=0 (full fine-tuning; "
+                    "rlcore-plan shows what that costs in memory)")
     if c.get("algorithm.adv_estimator") == "gae" and c.get("critic.enable") is False:
         c.error("algorithm.adv_estimator=gae needs the critic's values but critic.enable=False; use critic.enable=null "
                 "(on for gae) or a critic-free estimator such as algorithm.adv_estimator=grpo")
@@ -219,6 +221,9 @@ def _check_unsupported(c: _Checker) -> None:
         if c.get(key):
             c.error(f"{key}={c.get(key)} (multi-turn rollouts with tools) is not supported yet by rlcore; generation is "
                     f"single-turn: use {ARR}.rollout.multi_turn.enable=False and no tool_config_path")
+    if c.get("reward_model.enable"):
+        c.error("reward_model.enable=True (scoring with a reward model) is not supported yet by rlcore; use rule scorers "
+                "(reward_model.enable=False: built-in data_source scorers or custom_reward_function.path)")
     if not c.get(f"{ARR}.hybrid_engine"):
         c.error(f"{ARR}.hybrid_engine=False is not supported: rlcore colocates actor and rollout; "
                 f"use {ARR}.hybrid_engine=True")
@@ -338,7 +343,11 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
         return None
     world = nodes * per_node
     _check_rollout_tp(c, world, per_node)
-    if world % sp:
+    if c.get(f"{actor}.strategy") == "megatron":
+        sp = _megatron_model_parallel(c, f"{actor}.megatron", world)
+        if sp is None:
+            return None
+    elif world % sp:
         c.error(f"{actor}.ulysses_sequence_parallel_size={sp} does not divide the world size {world} "
                 f"(trainer.nnodes={nodes} x trainer.n_gpus_per_node={per_node}); "
                 + _use(f"{actor}.ulysses_sequence_parallel_size", _nearest(sp, lambda v: world % v == 0, 1, world)))
@@ -468,6 +477,21 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
     return _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")[3]
 
 
+def _megatron_model_parallel(c: _Checker, section: str, world: int) -> Optional[int]:
+    """Megatron's layout: world = TP x PP x CP x DP. Returns TP x PP x CP (devices per model replica)."""
+    keys = [f"{section}.{name}_parallel_size" for name in ("tensor_model", "pipeline_model", "context")]
+    if not all([c.at_least(key, 1) for key in keys]):
+        return None
+    tp, pp, cp = (c.get(key) for key in keys)
+    if world % (tp * pp * cp) == 0:
+        return tp * pp * cp
+    fixes = _nearest(pp, lambda v: world % (tp * v * cp) == 0, 1, world)
+    c.error(f"{keys[0]}={tp} x {keys[1]}={pp} x {keys[2]}={cp} = {tp * pp * cp} devices per model replica does not "
+            f"divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node; world = TP x PP x CP x DP); "
+            + (_use(keys[1], fixes) or _use(keys[0], _nearest(tp, lambda v: world % v == 0, 1, world))))
+    return None
+
+
 def _check_rollout_tp(c: _Checker, world: int, per_node: int) -> None:
     key = f"{ARR}.rollout.tensor_model_parallel_size"
     tp = c.get(key)
@@ -488,15 +512,22 @@ def validate_config(cfg: Any) -> BatchPlan:
     cfg: a composed DictConfig (or a PPOConfig instance). Raises ConfigError listing every violation."""
     if is_dataclass(cfg):
         cfg = OmegaConf.structured(cfg)
+    plan, errors = diagnose(cfg)
+    if errors:
+        raise ConfigError(errors)
+    assert plan is not None, "batch plan missing although no rule failed"
+    return plan
+
+
+def diagnose(cfg: DictConfig) -> tuple[Optional[BatchPlan], List[str]]:
+    """Every violation, and the batch plan whenever the sizes are consistent (even if, say, a feature is not
+    supported yet: rlcore-plan still shows the sizes and memory for such a config)."""
     checker = _Checker(cfg)
     _check_choices(checker)
     _check_unsupported(checker)
     _check_ranges(checker)
     plan = _plan(checker)
-    if checker.errors:
-        raise ConfigError(checker.errors)
-    assert plan is not None, "batch plan missing although no rule failed"
-    return plan
+    return plan, checker.errors
 
 
 def _critic_row(plan: BatchPlan) -> tuple[str, str]:

@@ -56,9 +56,11 @@ def _split_protos(world_size: int, args: tuple, kwargs: dict) -> tuple[list[tupl
 
 
 def mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Averages each metric over the ranks that reported it (ranks hold equal shares of the batch)."""
+    """Averages each metric over the ranks that reported it (ranks hold equal shares of the batch); `perf/max_*`
+    peaks take the largest rank's value."""
     keys = sorted({k for m in per_rank for k in m})
-    return {k: float(np.mean([m[k] for m in per_rank if k in m])) for k in keys}
+    reduce = lambda k: np.max if k.startswith("perf/max_") else np.mean  # noqa: E731
+    return {k: float(reduce(k)([m[k] for m in per_rank if k in m])) for k in keys}
 
 
 def dispatch_and_collect(mode: Dispatch, world_size: int, call: Callable[[list[tuple], list[dict]], list[Any]], args: tuple, kwargs: dict) -> Any:

@@ -17,6 +17,7 @@ from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import SamplingParams, assemble_sequences, build_rollout
 from rlcore.rollout.weight_sync import sync_weights
+from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
 from rlcore.workers.common import engine_spec, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
 
@@ -136,6 +137,7 @@ class ActorRolloutRefWorker(Worker):
         self._offload()
         # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
         metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start
+        metrics["perf/max_memory_allocated_gb"] = peak_memory_gib(self.device)
         return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoint

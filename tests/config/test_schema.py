@@ -24,7 +24,10 @@ RLCORE_ADDITIONS = {
     "trainer.seed", "trainer.max_worker_restarts", "ray_kwargs.ray_init.address",
     "critic.enable_resource_pool", "critic.nnodes", "critic.n_gpus_per_node", "custom_algorithms.path",
     "reward_model.reward_kwargs",  # not in verl's tree: its DAPO scripts add it with `+`, which needs the dict here
+    "trainer.device_memory_gb",
 }
+# verl's `<role>.megatron.*` sections live in its ppo_megatron_trainer tree, not in the FSDP reference above.
+MEGATRON_SECTIONS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.", "critic.megatron.")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -98,7 +101,7 @@ def test_defaults_match_verl_reference():
         key, _, value = line.partition("=")
         verl[key] = parse(value)
     ours = _flatten(OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False))
-    assert set(ours) - set(verl) == RLCORE_ADDITIONS
+    assert {key for key in set(ours) - set(verl) if not key.startswith(MEGATRON_SECTIONS)} == RLCORE_ADDITIONS
     differ = {key: (ours[key], verl[key]) for key in ours if key in verl and ours[key] != verl[key]}
     assert differ == {key: (value, verl[key]) for key, value in RLCORE_DEFAULTS.items()}
 
@@ -172,15 +175,15 @@ def test_verl_command_line_composes():
     assert plan.samples_per_step == 5120 and plan.micro_batches_per_mini_batch_per_rank is None
 
 
-def test_verl_top_100_example_keys_compose_except_the_megatron_tree():
+def test_verl_top_100_example_keys_all_compose():
     """The keys verl's example scripts use most (../shared/reference): each is a schema key, or sits under a
-    free-form dict that verl's scripts also extend with `+` (reward_model.reward_kwargs). Still missing: the
-    `megatron` sections, which belong to verl's ppo_megatron_trainer tree."""
+    free-form dict that verl's scripts also extend with `+` (reward_model.reward_kwargs); the megatron ones in the
+    ppo_megatron_trainer tree, as in verl."""
     counts = REPO_ROOT.parent / "shared" / "reference" / "verl_example_key_counts.txt"
-    keys = [line.split("\t")[1].strip() for line in counts.read_text().splitlines() if "\t" in line][:100]
-    cfg = compose([])
+    keys = [line.split("\t")[1].strip() for line in counts.read_text().splitlines() if "\t" in line]
+    fsdp, megatron = compose([]), compose([], config_name="ppo_megatron_trainer")
 
-    def accepted(key: str) -> bool:
+    def accepted(cfg, key: str) -> bool:
         parts = key.split(".")
         for depth in range(len(parts), 0, -1):
             node = OmegaConf.select(cfg, ".".join(parts[:depth]), default="<absent>")
@@ -189,6 +192,34 @@ def test_verl_top_100_example_keys_compose_except_the_megatron_tree():
                 return depth == len(parts) or OmegaConf.get_type(node) is dict
         return False
 
-    missing = [k for k in keys if not accepted(k)]
-    assert all(".megatron." in k for k in missing), missing
-    assert len(keys) - len(missing) == 90
+    top = keys[:100]
+    assert [k for k in top if not accepted(megatron if ".megatron." in k else fsdp, k)] == []
+    assert megatron.actor_rollout_ref.actor.strategy == "megatron" == megatron.actor_rollout_ref.ref.strategy
+    # beyond the top 100: every megatron key verl's examples use composes in the megatron tree
+    assert [k for k in keys if ".megatron." in k and not accepted(megatron, k)] == []
+
+
+def test_megatron_command_line_composes_and_is_refused_plainly():
+    cfg = compose(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                   "actor_rollout_ref.actor.megatron.param_offload=True",
+                   "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+                   "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "algorithm.adv_estimator=grpo",
+                   "actor_rollout_ref.rollout.n=4"],
+                  config_name="ppo_megatron_trainer")
+    assert cfg.actor_rollout_ref.ref.megatron.tensor_model_parallel_size == 4  # the reference follows the actor
+    assert cfg.actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype == "fp32"
+    from rlcore.config.validate import diagnose
+
+    plan, errors = diagnose(cfg)
+    assert errors == ["actor_rollout_ref.actor.strategy=megatron (megatron-core TP/PP training) is not supported yet "
+                      "by rlcore; use actor_rollout_ref.actor.strategy=fsdp2 (FSDP2 shards the same model over the "
+                      "same devices; rlcore-plan sizes both)"]
+    assert plan.dp_size == 1  # 8 devices = TP4 x PP2 x DP1
+    _, errors = diagnose(compose(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"],
+                                 config_name="ppo_megatron_trainer"))
+    assert any("= 3 devices per model replica does not divide the world size 8" in e and
+               "tensor_model_parallel_size=2 or actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4" in e
+               for e in errors)

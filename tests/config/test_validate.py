@@ -9,6 +9,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 from rlcore.config import CONFIG_DIR, ConfigError, PPOConfig, compose, format_plan, validate_config
+from rlcore.config.validate import diagnose
 from rlcore.config.validate import BatchPlan
 
 ARR = "actor_rollout_ref"
@@ -117,7 +118,8 @@ def test_many_violations_in_one_error():
         validate_config(_cfg(overrides))
     messages, text = info.value.messages, str(info.value)
     expected = [
-        f"{ARR}.actor.strategy=megatron is not supported yet by rlcore; use {ARR}.actor.strategy=fsdp2",
+        f"{ARR}.actor.strategy=megatron (megatron-core TP/PP training) is not supported yet by rlcore; use "
+            f"{ARR}.actor.strategy=fsdp2",
         f"{ARR}.rollout.name=sglang is not supported yet by rlcore; use {ARR}.rollout.name=vllm",
         "algorithm.adv_estimator=gae needs the critic's values but critic.enable=False",
         f"{ARR}.model.lora_rank=8 (LoRA) is not supported yet",
@@ -205,7 +207,7 @@ def test_gae_turns_the_critic_on_and_plans_its_batches():
     ("critic.ppo_mini_batch_size=12", "critic.ppo_mini_batch_size=12 does not divide data.train_batch_size=32"),
     ("critic.cliprange_value=0", "critic.cliprange_value=0.0 must be > 0"),
     ("critic.loss_agg_mode=mean", "critic.loss_agg_mode=mean is not one of"),
-    ("critic.strategy=megatron", "critic.strategy=megatron is not supported yet by rlcore"),
+    ("critic.strategy=megatron", "critic.strategy=megatron (megatron-core TP/PP training) is not supported yet by rlcore"),
     ("critic.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2 (Ulysses"),
 ])
 def test_critic_violations(override, fragment):
@@ -248,11 +250,23 @@ def test_recipes_folder_has_only_yaml_recipes():
     assert len(RECIPES) >= 1
 
 
+# Recipes for features rlcore does not have yet: every other rule holds, and the refusal is exactly this.
+NOT_YET = {
+    "qwen2_32b_grpo_megatron": [f"{ARR}.actor.strategy=megatron (megatron-core TP/PP training) is not supported yet"],
+    "llama3_8b_rm_lora": [f"{ARR}.model.lora_rank=64 (LoRA) is not supported yet",
+                          "critic.model.lora_rank=64 (LoRA) is not supported yet"],
+}
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_composes_and_validates(recipe):
     cfg = compose([f"recipe={recipe.stem}"])
-    plan = validate_config(cfg)
+    plan, errors = diagnose(cfg)
+    expected = NOT_YET.get(recipe.stem, [])
+    assert len(errors) == len(expected) and all(e.startswith(x) for e, x in zip(errors, expected)), errors
     assert plan.samples_per_step == cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+    if not expected:
+        assert validate_config(cfg) == plan
 
 
 def test_critic_token_budgets_must_hold_a_full_length_sample():

@@ -9,6 +9,8 @@ import ray
 from transformers import AutoModelForCausalLM
 
 from e2e_utils import tiny_cfg
+from rlcore.config.validate import diagnose
+from rlcore.plan import memory_plan
 from rlcore.train import run
 
 
@@ -52,6 +54,10 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     # The user's reward function scored every sample (train and validation), not the built-in scorer.
     assert final["critic/score/mean"] == 0.25 and final["val-core/tiny_add/reward/mean@1"] == 0.25
     assert final["actor/lr"] > 0
+    # rlcore-plan's estimate for this run against the measured peak RSS of the busiest rank (CPU: the process)
+    plan, _ = diagnose(cfg)
+    estimate = max(role.peak for role in memory_plan(cfg, plan).roles)
+    assert 0.5 < final["perf/max_memory_allocated_gb"] / estimate < 2, (final["perf/max_memory_allocated_gb"], estimate)
     hf_dir = tmp_path / "ckpt" / "global_step_2" / "actor" / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True)
     assert model.config.num_hidden_layers == 2

@@ -1,0 +1,128 @@
+"""Model architectures for the memory plan: read from a model directory's config.json, or a built-in table.
+
+Only the shapes that decide memory are kept (dense decoder-only transformers: Qwen2/2.5, Llama 3, DeepSeek-LLM).
+The table lets `rlcore-plan` size a 72B run on a laptop that has no weights: `model.path=~/models/Qwen2.5-72B`
+resolves by name when the directory does not exist. Imports neither torch nor ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    tied_embeddings: bool
+    qkv_bias: bool = False
+    head_dim: Optional[int] = None  # None = hidden / heads
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(in, out) of every linear layer in one decoder block: q, k, v, o, gate, up, down."""
+        h, kv, f = self.hidden, self.kv_heads * self.dim, self.intermediate
+        q = self.heads * self.dim
+        return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]
+
+    def layer_params(self) -> int:
+        bias = (self.heads + 2 * self.kv_heads) * self.dim if self.qkv_bias else 0
+        return sum(i * o for i, o in self.linear_shapes()) + bias + 2 * self.hidden  # + two RMSNorm weights
+
+    def params(self, value_head: bool = False) -> int:
+        """All parameters: embeddings, blocks, final norm and the output head (a 1-wide head for a value model)."""
+        head = self.hidden if value_head else (0 if self.tied_embeddings else self.vocab * self.hidden)
+        return self.vocab * self.hidden + self.layers * self.layer_params() + self.hidden + head
+
+    def root_params(self, value_head: bool = False) -> int:
+        """Parameters outside the decoder blocks (FSDP2's root unit: embeddings, final norm, head)."""
+        return self.params(value_head) - self.layers * self.layer_params()
+
+    def lora_params(self, rank: int) -> int:
+        """Trainable LoRA parameters with target_modules=all-linear: r x (in + out) per linear layer."""
+        return self.layers * sum(rank * (i + o) for i, o in self.linear_shapes())
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
+        """K and V of one token over all layers on one of `tp` tensor-parallel devices (KV heads split, or
+        replicated when there are fewer KV heads than devices)."""
+        return 2 * self.layers * max(1, self.kv_heads // tp) * self.dim * dtype_bytes
+
+
+def _qwen(name, hidden, layers, heads, kv, inter, tied, vocab=152064):
+    return Arch(name, hidden, layers, heads, kv, inter, vocab, 32768, tied, qkv_bias=True)
+
+
+def _llama(name, hidden, layers, heads, kv, inter):
+    return Arch(name, hidden, layers, heads, kv, inter, 128256, 8192, False)
+
+
+# Shapes from each model's published config.json. Qwen2 and Qwen2.5 share shapes at a given size.
+BUILTIN: dict[str, Arch] = {a.name: a for a in [
+    _qwen("qwen2.5-0.5b", 896, 24, 14, 2, 4864, True, vocab=151936),
+    _qwen("qwen2.5-1.5b", 1536, 28, 12, 2, 8960, True, vocab=151936),
+    _qwen("qwen2.5-3b", 2048, 36, 16, 2, 11008, True, vocab=151936),
+    _qwen("qwen2.5-7b", 3584, 28, 28, 4, 18944, False),
+    _qwen("qwen2.5-14b", 5120, 48, 40, 8, 13824, False),
+    _qwen("qwen2.5-32b", 5120, 64, 40, 8, 27648, False),
+    _qwen("qwen2.5-72b", 8192, 80, 64, 8, 29568, False),
+    _llama("llama3-8b", 4096, 32, 32, 8, 14336),
+    _llama("llama3-70b", 8192, 80, 64, 8, 28672),
+    Arch("deepseek-llm-7b", 4096, 30, 32, 32, 11008, 102400, 4096, False),
+]}
+_QWEN2_SIZES = ("0.5b", "1.5b", "7b", "72b")  # Qwen2 came in these sizes; 2.5 added 3b, 14b, 32b
+
+
+def builtin_arch(name: str) -> Optional[Arch]:
+    """Matches a model name or path like `Qwen/Qwen2-7B-Instruct`, `~/models/Meta-Llama-3.1-70B` or
+    `deepseek-llm-7b-chat` to the table; None when nothing matches."""
+    base = os.path.basename(os.path.normpath(os.path.expanduser(name))).lower()
+    base = re.sub(r"llama-?3(\.\d)?", "llama3", base)
+    size = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)b(?![a-z])", base)
+    if not size:
+        return None
+    size = size.group(1) + "b"
+    if "qwen2" in base and ("qwen2.5" in base or size in _QWEN2_SIZES):
+        return BUILTIN.get(f"qwen2.5-{size}")
+    if "llama3" in base:
+        return BUILTIN.get(f"llama3-{size}")
+    if "deepseek" in base:
+        return BUILTIN.get(f"deepseek-llm-{size}")
+    return None
+
+
+def arch_from_hf_config(config: dict, name: str) -> Arch:
+    text = config.get("text_config", config)  # multimodal configs nest the language model's
+    heads = text["num_attention_heads"]
+    return Arch(
+        name=name, hidden=text["hidden_size"], layers=text["num_hidden_layers"], heads=heads,
+        kv_heads=text.get("num_key_value_heads") or heads, intermediate=text["intermediate_size"],
+        vocab=text["vocab_size"], max_positions=text.get("max_position_embeddings", 0),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=bool(text.get("attention_bias", text.get("model_type") == "qwen2")), head_dim=text.get("head_dim"))
+
+
+def resolve_arch(path: str) -> tuple[Optional[Arch], str]:
+    """(architecture, where it came from) for a model path: its config.json if the directory has one, else the
+    built-in table by name; (None, reason) when neither knows it."""
+    config_file = os.path.join(os.path.expanduser(path), "config.json")
+    if os.path.isfile(config_file):
+        with open(config_file) as f:
+            return arch_from_hf_config(json.load(f), os.path.basename(os.path.normpath(path))), config_file
+    arch = builtin_arch(path)
+    if arch is not None:
+        return arch, f"built-in table ({arch.name}; no config.json at {path})"
+    known = ", ".join(BUILTIN)
+    return None, f"no config.json at {path} and the name matches no built-in architecture ({known})"

@@ -1,0 +1,393 @@
+"""Per-device memory estimate for every role of a composed config, before anything is loaded.
+
+The model is a phase model of the hybrid engine: on one device the roles take turns (rollout -> reference
+log-probs -> critic -> actor update), so each role's peak is its own working set plus whatever the OTHER roles
+keep resident between their turns (weights and optimizer state unless offloaded) plus one runtime per process on
+the device. The terms, per device (N = FSDP shard group size, P = parameters, T = tokens per micro-batch):
+
+- FSDP2 training state: fp32 master weights, fp32 gradients and AdamW's two fp32 moments, all / N (rlcore keeps
+  fp32 masters whatever fsdp_config.model_dtype says). With LoRA the frozen base is stored in model_dtype / N
+  and only the adapters carry gradients and optimizer state. offload_policy moves the state to CPU.
+- gathered weights in the compute dtype: the root unit (embeddings, head) plus two blocks (one prefetched) with
+  reshard_after_forward=True (ZeRO-3), all of them with False (ZeRO-2-like: kept from forward to backward).
+- activations: with gradient checkpointing every block keeps its input (T x hidden) and one block is recomputed
+  at a time; without it every block keeps its full set (~6 hidden + 2 KV + 4 intermediate values per token).
+  Attention is flash/SDPA (no T^2 term). Logits of the response tokens: bf16 + fp32 + log-softmax, 10 bytes each.
+- rollout (vLLM): exactly gpu_memory_utilization x device memory; inside it weights / TP, a profiling and CUDA
+  graph reserve, and the KV cache, which gives the number of full-length sequences decoded at once. The native
+  engine holds its own weight copy and a KV cache for all of a rank's samples.
+- runtime per process: CUDA context + NCCL + allocator slack (1 GiB), or the Python/torch/Ray worker on CPU
+  (0.4 GiB, measured).
+
+Verdicts: fits (<= 90% of the device), tight (the last 10%: fragmentation can tip it over), OOM (> 100%).
+Each role names the largest lever with its estimated saving. Imports neither torch nor ray.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlcore.plan.arch import Arch, resolve_arch
+
+GIB = 2 ** 30
+ARR = "actor_rollout_ref"
+RUNTIME_GIB = {"cuda": 1.0, "cpu": 0.4}
+FIT, TIGHT = 0.90, 1.00
+_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
+
+
+@dataclass
+class RoleMemory:
+    role: str  # e.g. "actor update"
+    where: str  # the devices and what shares them
+    items: list[tuple[str, float]] = field(default_factory=list)  # (what, GiB) on one device at this role's peak
+    capacity: float = 0.0  # GiB per device
+    note: str = ""  # e.g. the rollout's concurrent sequences
+    levers: list[tuple[str, float]] = field(default_factory=list)  # (setting, GiB saved), largest first
+
+    @property
+    def peak(self) -> float:
+        return sum(gib for _, gib in self.items)
+
+    @property
+    def verdict(self) -> str:
+        if self.peak > TIGHT * self.capacity or self.note.startswith("OOM"):
+            return "OOM"
+        return "tight" if self.peak > FIT * self.capacity else "fits"
+
+
+@dataclass
+class MemoryPlan:
+    capacity: float  # GiB per device
+    capacity_source: str
+    arch_notes: list[str]  # where each model's shapes came from
+    roles: list[RoleMemory]
+    errors: list[str]  # rules that need the architecture (max lengths vs positions)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(r.verdict != "OOM" for r in self.roles)
+
+
+class _Cfg:
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+
+    def __call__(self, key: str):
+        return OmegaConf.select(self.cfg, key)
+
+
+def device_capacity(cfg: DictConfig, ranks_per_host: int) -> tuple[float, str]:
+    """GiB per device: trainer.device_memory_gb, else the visible CUDA device, else host RAM / ranks on it."""
+    if cfg.trainer.device_memory_gb:
+        return float(cfg.trainer.device_memory_gb), "trainer.device_memory_gb"
+    if cfg.trainer.device == "cuda":
+        try:
+            import torch  # only when asked to measure: the plan itself stays import-light
+
+            if torch.cuda.is_available():
+                props = torch.cuda.get_device_properties(0)
+                return props.total_memory / GIB, f"measured ({props.name})"
+        except ImportError:
+            pass
+        return 80.0, "assumed 80 GiB (no CUDA device visible here; set trainer.device_memory_gb)"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return ram / ranks_per_host, f"host RAM {ram:.1f} GiB / {ranks_per_host} ranks"
+
+
+def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: bool, trainable: bool) -> dict:
+    """GiB of one FSDP2 role's state on a device: resident weights, grads, optimizer, gathered weights."""
+    p, layer, root = arch.params(value_head), arch.layer_params(), arch.root_params(value_head)
+    compute = _BYTES[fsdp.dtype]
+    lora = arch.lora_params(lora_rank) if lora_rank else 0
+    if lora:
+        weights = (p * _BYTES[fsdp.model_dtype] + lora * 4) / shards
+        grads, optim = (lora * 4 / shards, lora * 8 / shards) if trainable else (0, 0)
+    else:
+        weights = p * 4 / shards
+        grads, optim = (p * 4 / shards, p * 8 / shards) if trainable else (0, 0)
+    gathered = (p + lora) * compute if not fsdp.reshard_after_forward else (root + 2 * layer) * compute
+    if fsdp.offload_policy:
+        weights = grads = optim = 0
+    return {"weights": weights / GIB, "grads": grads / GIB, "optim": optim / GIB, "gathered": gathered / GIB}
+
+
+def _megatron_state(arch: Arch, m: dict, value_head: bool, trainable: bool) -> dict:
+    """Megatron-core: bf16 weights and fp32 gradient buffers split over TP x PP; fp32 master + AdamW moments
+    (12 bytes per parameter) also split over DP by the distributed optimizer."""
+    p, split = arch.params(value_head), m["tp"] * m["pp"]
+    optim_split = split * (m["dp"] if m["cfg"].use_distributed_optimizer else 1)
+    weights = p * 2 / split
+    grads, optim = (p * 4 / split, p * 12 / optim_split) if trainable else (0, 0)
+    return {"weights": weights / GIB, "grads": grads / GIB, "optim": optim / GIB, "gathered": 0.0}
+
+
+def _activations(arch: Arch, tokens: int, response_tokens: int, compute: int, ckpt: bool, backward: bool,
+                 value_head: bool) -> tuple[float, float]:
+    """(activation GiB, logits GiB) of one micro-batch of `tokens` tokens."""
+    h, kv, f = arch.hidden, arch.kv_heads * arch.dim, arch.intermediate
+    per_layer = compute * (6 * h + 2 * kv + 4 * f)  # bytes per token kept by one block for its backward
+    if not backward:
+        act = tokens * compute * (2 * h + 2 * f)  # one block's transient tensors
+    elif ckpt:
+        act = arch.layers * tokens * h * compute + tokens * per_layer
+    else:
+        act = arch.layers * tokens * per_layer
+    logits = 0 if value_head else response_tokens * arch.vocab * (compute + 4 + 4)
+    return act / GIB, logits / GIB
+
+
+@dataclass
+class _Role:
+    """What the estimator needs to know about one trained/forward role, read from the config."""
+
+    name: str
+    arch: Arch
+    section: str  # config section holding fsdp_config
+    fsdp: object
+    shards: int
+    lora_rank: int
+    value_head: bool
+    tokens: int
+    response_tokens: int
+    budget_key: str
+    ckpt: bool
+    ckpt_key: str
+    trainable: bool
+    megatron: Optional[dict] = None  # {"cfg", "tp", "pp", "dp", "recompute"} under strategy=megatron
+
+
+def _micro_tokens(c: _Cfg, dynamic_key: str, budget_key: str, micro: Optional[int], max_len: int, resp: int):
+    """Tokens (all, response) of the largest micro-batch, and the key that sets it."""
+    if c(dynamic_key):
+        budget = c(budget_key)
+        return budget, min(budget, -(-budget * resp // max_len)), budget_key
+    rows = micro or 1
+    return rows * max_len, rows * resp, budget_key.replace("max_token_len", "micro_batch_size")
+
+
+class Estimator:
+    def __init__(self, cfg: DictConfig, plan, capacity: float, device: str):
+        self.c, self.plan, self.capacity, self.device = _Cfg(cfg), plan, capacity, device
+        self.max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        self.resp = cfg.data.max_response_length
+
+    def _shards(self, fsdp, pool_world: int) -> int:
+        return fsdp.fsdp_size if fsdp.fsdp_size and fsdp.fsdp_size > 0 else pool_world
+
+    def training_role(self, name: str, arch: Arch, kind: str, world: int) -> _Role:
+        c = self.c
+        if kind == "critic":
+            fsdp = c("critic.model.fsdp_config")
+            toks = _micro_tokens(c, "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
+                                 c("critic.ppo_micro_batch_size_per_gpu"), self.max_len, self.resp)
+            return _Role(name, arch, "critic.model", fsdp, self._shards(fsdp, world), c("critic.model.lora_rank"), True,
+                         *toks, c("critic.model.enable_gradient_checkpointing"),
+                         "critic.model.enable_gradient_checkpointing", True, self._megatron("critic", world))
+        if kind == "actor":
+            micro = self.plan.ppo_micro_batch_size_per_rank if self.plan else None
+            toks = _micro_tokens(c, f"{ARR}.actor.use_dynamic_bsz", f"{ARR}.actor.ppo_max_token_len_per_gpu", micro,
+                                 self.max_len, self.resp)
+            trainable, section = True, f"{ARR}.actor"
+        else:  # reference log-probs
+            micro = self.plan.ref_log_prob_micro_batch_size_per_rank if self.plan else None
+            toks = _micro_tokens(c, f"{ARR}.ref.log_prob_use_dynamic_bsz", f"{ARR}.ref.log_prob_max_token_len_per_gpu",
+                                 micro, self.max_len, self.resp)
+            trainable, section = False, f"{ARR}.ref"
+        fsdp = c(f"{section}.fsdp_config")
+        return _Role(name, arch, section, fsdp, self._shards(fsdp, world), c(f"{ARR}.model.lora_rank"), False, *toks,
+                     c(f"{ARR}.model.enable_gradient_checkpointing"), f"{ARR}.model.enable_gradient_checkpointing",
+                     trainable, self._megatron(section, world))
+
+    def _megatron(self, section: str, world: int) -> Optional[dict]:
+        """TP/PP/DP of a strategy=megatron role (None for FSDP2)."""
+        if self.c(f"{section}.strategy") != "megatron":
+            return None
+        m = self.c(f"{section}.megatron")
+        mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        return {"cfg": m, "tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size,
+                "dp": max(1, world // mp), "recompute": m.override_transformer_config.get("recompute_granularity") == "full"}
+
+    def state(self, role: _Role) -> dict:
+        if role.megatron:
+            return _megatron_state(role.arch, role.megatron, role.value_head, role.trainable)
+        return _training_state(role.arch, role.fsdp, role.shards, role.lora_rank, role.value_head, role.trainable)
+
+    def resident(self, role: _Role) -> float:
+        """GiB a role keeps on the device while another role runs (offloaded between phases on request)."""
+        s, off = self.state(role), (role.megatron["cfg"] if role.megatron else role.fsdp)
+        keep = 0.0 if off.param_offload else s["weights"]
+        if role.megatron and not off.grad_offload:
+            keep += s["grads"]  # megatron keeps its contiguous gradient buffer allocated
+        return keep + (0.0 if off.optimizer_offload else s["optim"])
+
+    def train_items(self, role: _Role) -> tuple[list, list]:
+        if role.megatron:
+            return self._megatron_items(role)
+        s = self.state(role)
+        compute = _BYTES[role.fsdp.dtype]
+        act, logits = _activations(role.arch, role.tokens, role.response_tokens, compute, role.ckpt, role.trainable,
+                                   role.value_head)
+        what = "LoRA base + adapters" if role.lora_rank else "fp32 master weights"
+        items = [(f"{what} / {role.shards}", s["weights"])]
+        if role.trainable:
+            items += [(f"gradients / {role.shards}", s["grads"]), (f"AdamW moments / {role.shards}", s["optim"])]
+        zero = "ZeRO-3: root + 2 blocks" if role.fsdp.reshard_after_forward else "ZeRO-2-like: all blocks"
+        items += [(f"gathered {role.fsdp.dtype} weights ({zero})", s["gathered"]),
+                  (f"activations, {role.tokens} tokens" + (", checkpointed" if role.ckpt and role.trainable else ""), act)]
+        if logits:
+            items.append((f"logits, {role.response_tokens} response tokens x {role.arch.vocab}", logits))
+        levers = []
+        if role.trainable and not role.ckpt:
+            ckpt_act, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head)
+            levers.append((f"{role.ckpt_key}=True", act - ckpt_act))
+        levers.append((f"{role.budget_key} halved ({role.tokens} -> {role.tokens // 2} tokens)", (act + logits) / 2))
+        if not role.fsdp.reshard_after_forward:
+            levers.append((f"{role.section}.fsdp_config.reshard_after_forward=True (ZeRO-3)",
+                           s["gathered"] - (role.arch.root_params() + 2 * role.arch.layer_params()) * compute / GIB))
+        if not role.fsdp.offload_policy and role.trainable:
+            levers.append((f"{role.section}.fsdp_config.offload_policy=True (state on CPU, slower)",
+                           s["weights"] + s["grads"] + s["optim"]))
+        if role.trainable and not role.lora_rank:
+            lora = _training_state(role.arch, role.fsdp, role.shards, 64, role.value_head, True)
+            levers.append((f"LoRA rank 64 (not supported yet by rlcore)",
+                           s["weights"] + s["grads"] + s["optim"] - lora["weights"] - lora["grads"] - lora["optim"]))
+        return items, levers
+
+    def _megatron_items(self, role: _Role) -> tuple[list, list]:
+        m, s = role.megatron, self.state(role)
+        section = f"{role.section}.megatron"
+        act, logits = _activations(role.arch, role.tokens, role.response_tokens, 2, m["recompute"], role.trainable,
+                                   role.value_head)
+        # 1F1B: the first stage holds PP micro-batches of L/PP layers = L layers' worth; TP + sequence parallel
+        # split every activation and the vocabulary over TP.
+        act, logits = act / m["tp"], logits / m["tp"]
+        split = f"TP{m['tp']} x PP{m['pp']}"
+        items = [(f"bf16 weights / {split}", s["weights"])]
+        if role.trainable:
+            items += [(f"fp32 gradient buffer / {split}", s["grads"]),
+                      (f"fp32 master + AdamW / {split} x DP{m['dp']}", s["optim"])]
+        items.append((f"activations, {role.tokens} tokens" + (", full recompute" if m["recompute"] else ""), act))
+        if logits:
+            items.append((f"logits, {role.response_tokens} response tokens x {role.arch.vocab} / TP", logits))
+        levers = [(f"trainer.nnodes doubled (the distributed optimizer splits AdamW over DP{m['dp'] * 2})", s["optim"] / 2)]
+        if self.c("trainer.nnodes") * self.c("trainer.n_gpus_per_node") % (m["tp"] * m["pp"] * 2) == 0:
+            levers.append((f"{section}.pipeline_model_parallel_size={m['pp'] * 2}", (s["weights"] + s["grads"]) / 2))
+        if role.trainable and not m["recompute"]:
+            full, _ = _activations(role.arch, role.tokens, role.response_tokens, 2, True, True, role.value_head)
+            levers.append((f"{section}.override_transformer_config.recompute_granularity=full", act - full / m["tp"]))
+        levers.append((f"{role.budget_key} halved", (act + logits) / 2))
+        return items, levers
+
+    def rollout(self, arch: Arch, world: int) -> tuple[list, str, list, float]:
+        """(items, note, levers, resident GiB while asleep) of the rollout engine on one device."""
+        c, r = self.c, self.c(f"{ARR}.rollout")
+        rb, tp, max_len = _BYTES[r.dtype], r.tensor_model_parallel_size, r.max_model_len or self.max_len
+        if r.name != "vllm":  # the native engine: its own weight copy, a KV cache for all of the rank's samples
+            samples = self.plan.samples_per_rank_per_step if self.plan else 1
+            weights = arch.params() * rb / GIB
+            kv = samples * max_len * arch.kv_bytes_per_token(rb) / GIB
+            prefill = samples * c("data.max_prompt_length") * arch.vocab * (rb + 4) / GIB
+            items = [("native engine weight copy", weights), (f"KV cache, {samples} samples x {max_len} tokens", kv),
+                     ("prefill logits", prefill)]
+            return items, f"decodes the rank's {samples} samples at once", [], weights
+        budget = r.gpu_memory_utilization * self.capacity
+        weights = arch.params() * rb / tp / GIB
+        reserve = ((r.max_num_batched_tokens * (4 * arch.hidden + 2 * arch.intermediate) * rb
+                    + r.max_num_seqs * arch.vocab * 4) / GIB + (0.0 if r.enforce_eager else 0.5))
+        kv = budget - weights - reserve
+        seqs = int(kv * GIB // (arch.kv_bytes_per_token(rb, tp) * max_len)) if kv > 0 else 0
+        per_replica = self.plan.samples_per_step * tp // world if self.plan else 0
+        note = (f"weights {weights:.1f} + reserve {reserve:.1f} + KV cache {max(kv, 0):.1f} GiB: {seqs} sequences of "
+                f"{max_len} tokens at once per TP{tp} replica" + (f" (of {per_replica} per step)" if per_replica else ""))
+        levers = [(f"{ARR}.rollout.tensor_model_parallel_size={tp * 2}", weights / 2)] if tp * 2 <= c("trainer.n_gpus_per_node") else []
+        if seqs < 1:
+            note = f"OOM: vLLM needs weights {weights:.1f} + reserve {reserve:.1f} GiB but gets {budget:.1f} GiB; " + note
+            levers.append((f"{ARR}.rollout.gpu_memory_utilization raised", weights + reserve - budget))
+        return [(f"vLLM: gpu_memory_utilization {r.gpu_memory_utilization} x {self.capacity:.0f} GiB", budget)], note, levers, 0.0
+
+
+def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
+    """Estimates every role's per-device peak for a composed config (the BatchPlan may be None)."""
+    from rlcore.config.validate import uses_critic
+
+    c, t = _Cfg(cfg), cfg.trainer
+    world, errors, notes = t.nnodes * t.n_gpus_per_node, [], []
+    critic = uses_critic(cfg)
+    colocated = critic and not c("critic.enable_resource_pool")
+    procs = 2 if colocated else 1  # rlcore runs the critic as a second process on the actor's devices
+    capacity, source = device_capacity(cfg, t.n_gpus_per_node * procs)
+    est = Estimator(cfg, plan, capacity, t.device)
+    archs = {}
+    for role, key in ((f"{ARR}.model", "policy"), ("critic.model", "critic")):
+        if key == "critic" and not critic:
+            continue
+        arch, where = resolve_arch(c(f"{role}.path"))
+        archs[key] = arch
+        if arch is None:
+            notes.append(f"{key}: not estimated: {where}; set {role}.path to a directory with config.json")
+            continue
+        value = key == "critic"
+        count = arch.params(value)
+        size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+        notes.append(f"{key}: {size} params, {arch.layers} layers, hidden {arch.hidden}, "
+                     f"vocab {arch.vocab} ({where})")
+        if arch.max_positions and est.max_len > arch.max_positions:
+            errors.append(f"data.max_prompt_length + data.max_response_length = {est.max_len} exceeds {role}.path's "
+                          f"max_position_embeddings {arch.max_positions}; use data.max_response_length="
+                          f"{max(1, arch.max_positions - c('data.max_prompt_length'))} or a shorter prompt length")
+    runtime = ("runtime" + (" x 2 processes (critic colocated)" if procs == 2 else ""), RUNTIME_GIB[t.device] * procs)
+    roles, phases = [], []
+    if archs["policy"] is not None:
+        phases.append(("actor update", est.training_role("actor update", archs["policy"], "actor", world)))
+        use_ref = plan.use_reference_policy if plan else bool(c(f"{ARR}.actor.use_kl_loss"))
+        if use_ref and not c(f"{ARR}.model.lora_rank"):  # with LoRA the reference is the base without adapters
+            phases.append(("reference log-probs", est.training_role("reference log-probs", archs["policy"], "ref", world)))
+    if critic and archs["critic"] is not None:
+        critic_world = c("critic.nnodes") * c("critic.n_gpus_per_node") if not colocated else world
+        phases.append(("critic update", est.training_role("critic update", archs["critic"], "critic", critic_world)))
+    resident = {name: est.resident(role) for name, role in phases}
+    rollout_items, rollout_note, rollout_levers, rollout_asleep = ([], "", [], 0.0)
+    if archs["policy"] is not None:
+        rollout_items, rollout_note, rollout_levers, rollout_asleep = est.rollout(archs["policy"], world)
+
+    def others(me: str, with_rollout: bool) -> list:
+        shared = [(f"{name.split()[0]} state kept between phases", gib) for name, gib in resident.items()
+                  if name != me and gib > 0 and (colocated or (name == "critic update") == (me == "critic update"))]
+        return shared + ([("rollout engine asleep", rollout_asleep)] if with_rollout and rollout_asleep else [])
+
+    if archs["policy"] is not None:
+        role = RoleMemory("rollout", f"{world} devices", rollout_items + others("rollout", False) + [runtime],
+                          capacity, rollout_note, rollout_levers)
+        fit = capacity * FIT - (role.peak - rollout_items[0][1]) if c(f"{ARR}.rollout.name") == "vllm" else None
+        if fit is not None and role.peak > capacity * FIT and fit > 0:
+            role.levers.append((f"{ARR}.rollout.gpu_memory_utilization={fit / capacity:.2f}", role.peak - capacity * FIT))
+        roles.append(role)
+    for name, spec in phases:
+        items, levers = est.train_items(spec)
+        on_actor_pool = name != "critic update" or colocated
+        where = f"{spec.shards if not spec.megatron else world} devices" + (", shared with the rollout" if on_actor_pool else ", own pool")
+        roles.append(RoleMemory(name, where, items + others(name, on_actor_pool) + [runtime], capacity, "", levers))
+    for role in roles:
+        role.levers.sort(key=lambda lever: -lever[1])
+    return MemoryPlan(capacity, source, notes, roles, errors)
+
+
+def format_memory(mem: MemoryPlan) -> str:
+    lines = [f"memory plan: {mem.capacity:.1f} GiB per device ({mem.capacity_source})"]
+    lines += [f"memory plan: {note}" for note in mem.arch_notes]
+    width = max((len(r.role) for r in mem.roles), default=4)
+    for r in mem.roles:
+        lever = r.levers[0] if r.levers and r.verdict != "fits" else None
+        pull = f"; largest lever: {lever[0]} (-{lever[1]:.1f} GiB)" if lever else ""
+        lines.append(f"memory plan: {r.role:<{width}}  {r.peak:7.1f} GiB = {100 * r.peak / r.capacity:3.0f}%  "
+                     f"{r.verdict.upper() if r.verdict == 'OOM' else r.verdict}{pull}")
+        for what, gib in r.items:
+            lines.append(f"memory plan:   {'':<{width}}{gib:7.2f}  {what}")
+        if r.note:
+            lines.append(f"memory plan:   {'':<{width}}  {r.note}")
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""rlcore-plan: the whole report in one run, import-light and fast, and an exit status scripts can use."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlcore.cli.plan import main, parse_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_recipe_report_has_every_section_and_passes(capsys):
+    start = time.perf_counter()
+    assert main(["recipe=qwen2_7b_grpo"]) == 0
+    assert time.perf_counter() - start < 5
+    out = capsys.readouterr().out
+    assert any(line.split()[2:4] == ["samples_per_step", "5120"] for line in out.splitlines())
+    assert "memory plan: 80.0 GiB per device (trainer.device_memory_gb)" in out
+    for role in ("rollout", "actor update", "reference log-probs"):
+        assert any(line.startswith(f"memory plan: {role} ") and line.rstrip().endswith("fits") for line in out.splitlines())
+
+
+def test_every_violation_at_once_and_failing_status(capsys):
+    assert main(["recipe=qwen2_7b_grpo", "actor_rollout_ref.actor.ppo_mini_batch_size=300",
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.device_memory_gb=24"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("3 config error(s):")  # TP, and the mini-batch against the batch and against 8 ranks
+    assert "ppo_mini_batch_size=300 does not divide data.train_batch_size=1024" in out
+    assert "tensor_model_parallel_size=3 must divide the world size 8" in out
+    assert "OOM; largest lever:" in out  # the memory plan still runs on the 24 GB variant
+
+
+def test_megatron_tree_and_options():
+    assert parse_args(["--config-name", "ppo_megatron_trainer", "a=1"]) == ("ppo_megatron_trainer", ["a=1"])
+    assert parse_args(["--config-name=x", "+b=2"]) == ("x", ["+b=2"])
+
+
+def test_runs_as_a_script_without_torch_or_ray():
+    code = ("import sys; from rlcore.cli.plan import main; rc = main(['recipe=llama_70b_multinode']); "
+            "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad; sys.exit(rc)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "70.55B params" in done.stdout
+
+
+def test_bad_key_is_a_clear_message_not_a_traceback(capsys):
+    assert main(["actor_rollout_ref.actor.ppo_mini_batchsize=4"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rlcore-plan: the config does not compose:") and "ppo_mini_batchsize" in err

@@ -1,0 +1,50 @@
+"""Architectures for the memory plan: the built-in table against published sizes, names, config.json."""
+
+import json
+
+import pytest
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlcore.plan.arch import BUILTIN, arch_from_hf_config, builtin_arch, resolve_arch
+
+
+@pytest.mark.parametrize("name, billions", [
+    ("qwen2.5-0.5b", 0.494), ("qwen2.5-1.5b", 1.544), ("qwen2.5-3b", 3.086), ("qwen2.5-7b", 7.616),
+    ("qwen2.5-14b", 14.770), ("qwen2.5-32b", 32.764), ("qwen2.5-72b", 72.706),
+    ("llama3-8b", 8.030), ("llama3-70b", 70.554), ("deepseek-llm-7b", 6.911),
+])
+def test_builtin_parameter_counts_match_the_published_models(name, billions):
+    assert BUILTIN[name].params() / 1e9 == pytest.approx(billions, abs=0.002)
+
+
+@pytest.mark.parametrize("path, name", [
+    ("Qwen/Qwen2-7B-Instruct", "qwen2.5-7b"), ("~/models/Qwen2.5-32B-Instruct", "qwen2.5-32b"),
+    ("/data/Qwen2-72B", "qwen2.5-72b"), ("Meta-Llama-3.1-70B-Instruct", "llama3-70b"),
+    ("~/models/Meta-Llama-3-8B-Instruct/", "llama3-8b"), ("deepseek-ai/deepseek-llm-7b-chat", "deepseek-llm-7b"),
+])
+def test_names_resolve_to_the_table(path, name):
+    assert builtin_arch(path).name == name
+
+
+@pytest.mark.parametrize("path", ["Qwen2-3B", "gpt2", "~/models/my-model", "FsfairX-LLaMA3-RM-v0.1"])
+def test_unknown_names_do_not_guess(path):
+    assert builtin_arch(path) is None
+    arch, why = resolve_arch(path)
+    assert arch is None and "no config.json" in why and "qwen2.5-7b" in why
+
+
+def test_config_json_wins_and_counts_exactly(tiny_model_dir):
+    arch, source = resolve_arch(tiny_model_dir)
+    assert source.endswith("config.json")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
+    assert arch.params() == sum(p.numel() for p in model.parameters())
+
+
+def test_hf_config_of_a_real_qwen2_shape_matches_the_table(tmp_path):
+    config = AutoConfig.for_model("qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                                  num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
+                                  tie_word_embeddings=False, max_position_embeddings=32768)
+    config.save_pretrained(tmp_path)
+    arch = arch_from_hf_config(json.loads((tmp_path / "config.json").read_text()), "qwen2-7b")
+    assert arch.params() == BUILTIN["qwen2.5-7b"].params() and arch.qkv_bias
+    assert arch.kv_bytes_per_token(2, tp=2) == 2 * 28 * 2 * 128 * 2  # K and V, 28 layers, 2 of 4 KV heads, bf16
