@@ -8,6 +8,7 @@ builds the colocated actor/rollout/ref worker group and runs `PPOTrainer.fit()`.
 from __future__ import annotations
 
 import os
+import time
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -177,12 +178,19 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float:
+    """One training job. Returns the final mean reward: the objective a Hydra sweeper (e.g. Optuna) maximises.
+    Each job also leaves summary.json in its output directory for the multirun summary table."""
+    from rlcore.trainer.sweep import write_job_summary
+
+    output_dir, start = HydraConfig.get().runtime.output_dir, time.perf_counter()
     try:
-        run(cfg, HydraConfig.get().runtime.output_dir)
+        final = run(cfg, output_dir)
     except ConfigError as err:
         # A user mistake: print every problem with its fix, no traceback.
         raise SystemExit(f"rlcore: invalid configuration\n{err}") from None
+    steps = cfg.trainer.total_training_steps or 0
+    return write_job_summary(output_dir, final, steps, time.perf_counter() - start)["final_reward"]
 
 
 if __name__ == "__main__":

@@ -17,9 +17,31 @@ def test_schema_and_runtime_problems_are_reported_together():
     assert "loss_agg_mode" in text and "token-mean" in text
 
 
-def test_valid_recipe_yields_the_batch_plan():
-    plan = check_config(compose(["recipe=tiny_cpu"]))
-    assert (plan.samples_per_step, plan.mini_batches_per_step, plan.micro_batches_per_mini_batch_per_rank) == (256, 1, 1)
+def test_valid_recipe_yields_the_batch_and_memory_plan(tiny_model_dir):
+    report = check_config(compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}"])).splitlines()
+    assert any(line.split()[2:4] == ["samples_per_step", "256"] for line in report)
+    assert any(line.split()[2:4] == ["mini_batches_per_step", "1"] for line in report)
+    assert any(line.startswith("memory plan: actor update") and line.endswith("fits") for line in report)
+    assert not any(line.startswith("WARNING") for line in report)
+
+
+def test_an_oom_estimate_warns_before_ray_starts(tiny_model_dir):
+    report = check_config(compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}",
+                                   "trainer.device_memory_gb=0.1"]))
+    assert "WARNING rlcore: actor update is estimated at" in report and "more than 0.1 GiB" in report
+
+
+def test_lengths_beyond_the_models_positions_are_a_config_error(tiny_model_dir, tmp_path):
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 10
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="= 13 exceeds actor_rollout_ref.model.path's max_position_embeddings 10"):
+        check_config(compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={model}"]))
 
 
 def test_a_missing_critic_model_is_reported_before_ray_starts(tmp_path):

@@ -254,7 +254,7 @@ class Estimator:
                            s["weights"] + s["grads"] + s["optim"]))
         if role.trainable and not role.lora_rank:
             lora = _training_state(role.arch, role.fsdp, role.shards, 64, role.value_head, True)
-            levers.append((f"LoRA rank 64 (not supported yet by rlcore)",
+            levers.append(("LoRA rank 64 (not supported yet by rlcore)",
                            s["weights"] + s["grads"] + s["optim"] - lora["weights"] - lora["grads"] - lora["optim"]))
         return items, levers
 

@@ -1,0 +1,70 @@
+"""Hydra multirun summary (`rlcore-train -m ...`): one row per job, printed when the sweep ends.
+
+Each job writes `summary.json` (final reward, steps/s, wall seconds) into its own output directory; this
+callback, registered under `hydra.callbacks` in config/ppo_trainer.yaml, reads them back as jobs finish and
+prints the table at the end. Jobs that failed are listed with their error instead of numbers. It works with any
+sweeper (basic, Optuna) and with launchers that run jobs elsewhere, since it only reads the job directories.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+SUMMARY_FILE = "summary.json"
+
+
+def write_job_summary(output_dir: str, final: dict[str, float], steps: int, wall_s: float) -> dict[str, float]:
+    """What a sweep compares: the last step's mean training reward, training speed and the job's wall time."""
+    summary = {
+        "final_reward": final.get("critic/score/mean", float("nan")),
+        "steps_per_s": 1.0 / final["timing_s/step"] if final.get("timing_s/step") else float("nan"),
+        "steps": steps,
+        "wall_s": wall_s,
+    }
+    with open(os.path.join(output_dir, SUMMARY_FILE), "w") as f:
+        json.dump(summary, f)
+    return summary
+
+
+def format_summary(rows: list[tuple[str, dict[str, Any] | None, str]]) -> str:
+    """rows: (job overrides, summary or None, status or error)."""
+    header = ("#", "overrides", "final reward", "steps/s", "wall s")
+    table = [header]
+    for i, (overrides, summary, status) in enumerate(rows):
+        if summary is None:
+            table.append((str(i), overrides, status, "", ""))
+        else:
+            table.append((str(i), overrides, f"{summary['final_reward']:.4f}", f"{summary['steps_per_s']:.2f}",
+                          f"{summary['wall_s']:.0f}"))
+    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if c == 1 else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+             for row in table]
+    return "\n".join([f"rlcore sweep summary ({len(rows)} jobs; reward = last step's critic/score/mean, "
+                      "steps/s = last step)"] + lines)
+
+
+class SweepSummary(Callback):
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, dict[str, Any] | None, str]] = []
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.rows = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        overrides = " ".join(job_return.overrides or [])
+        path = os.path.join(job_return.working_dir or "", SUMMARY_FILE)
+        if job_return.status == JobStatus.COMPLETED and os.path.isfile(path):
+            with open(path) as f:
+                self.rows.append((overrides, json.load(f), "ok"))
+        else:
+            error = job_return._return_value if job_return.status == JobStatus.FAILED else "no summary"
+            self.rows.append((overrides, None, f"failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}"))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        print(format_summary(self.rows), flush=True)
