@@ -14,7 +14,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 SUMMARY_FILE = "summary.json"
 
@@ -58,7 +58,11 @@ class SweepSummary(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         overrides = " ".join(job_return.overrides or [])
-        path = os.path.join(job_return.working_dir or "", SUMMARY_FILE)
+        # the job's output directory (its working_dir is the launch directory unless hydra.job.chdir=True)
+        hydra_cfg = job_return.hydra_cfg
+        output_dir = (OmegaConf.select(hydra_cfg, "hydra.runtime.output_dir") if hydra_cfg is not None else None) \
+            or job_return.working_dir
+        path = os.path.join(output_dir or "", SUMMARY_FILE)
         if job_return.status == JobStatus.COMPLETED and os.path.isfile(path):
             with open(path) as f:
                 self.rows.append((overrides, json.load(f), "ok"))
