@@ -104,6 +104,9 @@ def builtin_arch(name: str) -> Optional[Arch]:
 
 
 def arch_from_hf_config(config: dict, name: str) -> Arch:
+    """Shapes from a raw HF config.json. The fallbacks are not rlcore defaults but what HF's model classes assume
+    when a key is absent: no num_key_value_heads = plain multi-head attention, no max_position_embeddings = no
+    limit to check (0), untied embeddings (Qwen2/Llama classes), q/k/v biases only on qwen2."""
     text = config.get("text_config", config)  # multimodal configs nest the language model's
     heads = text["num_attention_heads"]
     return Arch(
