@@ -65,6 +65,7 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "ckpt").iterdir())
 
 
+@pytest.mark.numerics
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny_model_dir, tiny_task_dir, tmp_path):
     common = ("trainer.val_before_train=False", "trainer.test_freq=-1")
     straight = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", "trainer.total_training_steps=3", *common), str(tmp_path / "a"))

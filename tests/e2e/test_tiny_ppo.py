@@ -50,6 +50,7 @@ def test_critic_on_its_own_resource_pool(tiny_model_dir, tiny_task_dir, tmp_path
     assert math.isfinite(final["critic/vf_loss"]) and math.isfinite(final["actor/pg_loss"])
 
 
+@pytest.mark.numerics
 def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tiny_task_dir, tmp_path):
     def cfg(name, steps, *extra):
         return tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / name, *PPO, *COMMON, f"critic.model.path={tiny_model_dir}",

@@ -12,6 +12,8 @@ from rlcore.models.hf import load_causal_lm
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import make_policy_loss_fn
 
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
+
 ACTOR = OmegaConf.create({
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
     "clip_ratio_c": 3.0, "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1,
@@ -93,11 +95,34 @@ def test_two_rank_loss_and_grads_equal_single_process(two_rank_result, reference
         torch.testing.assert_close(two_rank_result["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
+def adam_first_step_bound(g_a: torch.Tensor, g_b: torch.Tensor, lr: float, eps: float = 1e-8) -> torch.Tensor:
+    """How far apart two first AdamW steps may land, entry by entry, given the two gradients they were taken on.
+
+    The bias-corrected first step is w -= lr * f(g) with f(g) = g / (|g| + eps). Where g_a and g_b have the same
+    sign, |f(g_a) - f(g_b)| <= max f' * |g_a - g_b| = eps * |g_a - g_b| / (min(|g_a|, |g_b|) + eps)^2 (mean value
+    theorem); where the signs differ (an analytically zero gradient, e.g. k_proj.bias, rounded to +-1e-10 by
+    different kernels) the steps may be anything in [-lr, lr]. Plus float32 rounding of w - step.
+    """
+    same_sign = torch.sign(g_a) == torch.sign(g_b)
+    smaller = torch.minimum(g_a.abs(), g_b.abs())
+    slope_bound = lr * eps * (g_a - g_b).abs() / (smaller + eps) ** 2
+    return torch.where(same_sign, slope_bound.clamp(max=2 * lr), torch.full_like(g_a, 2 * lr)) + 1e-6
+
+
 def test_two_rank_adamw_step_equals_single_process(two_rank_result, reference):
-    # Adam's first step is ~lr * g / (|g| + eps): entries whose gradient is near eps (e.g. k_proj.bias, whose
-    # gradient is analytically zero) amplify 1e-9 rounding differences. Tolerance: 0.1% of one step (lr=1e-2).
+    # A flat tolerance here is wrong on some CPU: Adam's first step is ~lr * sign(g), so an entry whose gradient
+    # is a few eps moves by anything up to lr depending on the last bits of g, and those bits follow the CPU's
+    # reduction order (AVX2 vs AVX-512 kernels). So each entry gets the bound its own two gradients imply; where
+    # |g| >> eps that bound is ~1e-6, i.e. the step itself must match.
+    tight = 0
+    total = 0
     for name, weight in reference["weights"].items():
-        torch.testing.assert_close(two_rank_result["weights"][name], weight, atol=1e-5, rtol=1e-5, msg=name)
+        got = two_rank_result["weights"][name]
+        bound = adam_first_step_bound(two_rank_result["grads"][name], reference["grads"][name], lr=1e-2)
+        assert ((got - weight).abs() <= bound).all(), (name, float(((got - weight).abs() - bound).max()))
+        tight += int((bound < 1e-5).sum())
+        total += bound.numel()
+    assert tight / total > 0.95  # the check has teeth: almost every entry is held to ~1e-6, not to lr
 
 
 def test_weight_sync_makes_rollout_model_equal_trained_model(two_rank_result):

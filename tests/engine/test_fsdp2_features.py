@@ -12,6 +12,8 @@ from rlcore.engine.optim import warmup_schedule
 from rlcore.models.logits import gather_log_probs
 from rlcore.protocol import DataProto
 
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
+
 
 def nll(logits, mb):
     lp = gather_log_probs(logits, mb.batch["responses"])  # the engine hands over response-aligned logits
@@ -86,3 +88,30 @@ def test_offload_onload_round_trip_keeps_training_identical(pg, tiny_model_dir, 
                 engine.onload()
     for a, b in zip(ref.model.parameters(), off.model.parameters()):
         torch.testing.assert_close(a.full_tensor(), b.full_tensor())
+
+
+def test_optimizer_step_is_clipped_decoupled_adamw_by_hand(pg, tiny_model_dir):
+    """Two steps of the engine's optimizer on gradients we set, against AdamW written out: clip to grad_clip by
+    the global norm, m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, w <- w (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)."""
+    lr, wd, clip, (b1, b2), eps = 1e-2, 0.1, 0.5, (0.9, 0.999), 1e-8
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=lr, weight_decay=wd, grad_clip=clip, betas=(b1, b2)), torch.device("cpu"))
+    params = list(engine.model.parameters())
+    w = [p.full_tensor().clone().double() for p in params]
+    m = [torch.zeros_like(x) for x in w]
+    v = [torch.zeros_like(x) for x in w]
+    g = torch.Generator().manual_seed(0)
+    for t in (1, 2):
+        # Gradients well away from eps (|g| >= 0.1), so every entry's step is determined to float32 precision.
+        raw = [(torch.rand(x.shape, generator=g, dtype=torch.float64) + 0.1) * torch.sign(torch.randn(x.shape, generator=g)) for x in w]
+        for p, r in zip(params, raw):
+            p.grad = torch.distributed.tensor.distribute_tensor(r.float(), p.device_mesh, p.placements)
+        norm = torch.cat([r.flatten() for r in raw]).norm()
+        step = engine.optimizer_step()
+        assert step["grad_norm"] == pytest.approx(float(norm), rel=1e-5) and step["lr"] == lr
+        scale = min(1.0, clip / (float(norm) + 1e-6))  # torch's clip_grad_norm_ adds 1e-6 to the norm
+        for i, r in enumerate(raw):
+            m[i] = b1 * m[i] + (1 - b1) * r * scale
+            v[i] = b2 * v[i] + (1 - b2) * (r * scale) ** 2
+            w[i] = w[i] * (1 - lr * wd) - lr * (m[i] / (1 - b1**t)) / ((v[i] / (1 - b2**t)).sqrt() + eps)
+    for p, expected in zip(params, w):
+        torch.testing.assert_close(p.full_tensor().double(), expected, atol=2e-6, rtol=0)  # float32 vs float64 arithmetic

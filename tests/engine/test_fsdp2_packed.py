@@ -13,6 +13,8 @@ from rlcore.protocol import DataProto
 from rlcore.workers.actor import compute_log_prob
 from rlcore.workers.critic import compute_values
 
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
+
 
 def engines(model_dir, kind="causal_lm", gradient_checkpointing=False):
     """(padded, packed) engines with the same weights."""

@@ -1,10 +1,13 @@
 """Packed (remove-padding) sequences: packing layout by hand, and the CPU varlen attention against padded SDPA."""
 
+import pytest
 import torch
 from dist_utils import make_rollout_batch
 
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.varlen import VARLEN_ATTENTION, attention_implementation, pack_sequences, unpack_responses
+
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
 
 
 def test_pack_sequences_layout_by_hand():
@@ -45,8 +48,6 @@ def test_packed_forward_equals_padded_forward_on_every_valid_token(tiny_model_di
 
 
 def test_sliding_window_longer_than_a_sequence_is_refused_with_the_fix():
-    import pytest
-
     from rlcore.models.varlen import segment_attention
 
     module = torch.nn.Module()

@@ -6,6 +6,8 @@ from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.native import NativeRollout, filter_logits
 
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
+
 
 @pytest.fixture(scope="module")
 def engine_and_model(tiny_model_dir):

@@ -14,6 +14,8 @@ from rlcore.protocol import DataProto
 from rlcore.workers.actor import compute_log_prob, make_policy_loss_fn, update_policy
 from rlcore.workers.common import mini_batch_counts
 
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
+
 ACTOR = {
     "policy_loss": {"loss_mode": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
                     "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1},  # every knob, as the schema passes them

@@ -14,6 +14,8 @@ from rlcore.protocol import DataProto
 from rlcore.workers.common import mini_batch_counts
 from rlcore.workers.critic import compute_values, make_value_loss_fn, update_value
 
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
+
 CRITIC = {"cliprange_value": 0.5, "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 4, "ppo_epochs": 1}
 
 

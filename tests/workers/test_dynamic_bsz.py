@@ -14,6 +14,8 @@ from rlcore.models.hf import load_causal_lm
 from rlcore.protocol import DataProto, position_ids_from_mask
 from rlcore.workers.actor import make_policy_loss_fn
 
+pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
+
 ACTOR = OmegaConf.create({
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
     "clip_ratio_c": 3.0, "entropy_coeff": 0.0, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1,
