@@ -113,7 +113,7 @@ def time_modes(model_dir: str, data: DataProto, modes: dict, reps: int) -> dict[
             start = time.perf_counter()
             compute_log_prob(engines[key], data, log_prob_spec, temperature=1.0, with_entropy=True)
             middle = time.perf_counter()
-            update_policy(engines[key], data, cfg, update_spec, rollout_n=1, temperature=1.0, dp_size=1, device=torch.device("cpu"))
+            update_policy(engines[key], data, cfg, update_spec, rollout_n=1, temperature=1.0)
             end = time.perf_counter()
             if round_index > 0 or reps == 0:
                 seconds[key]["compute_log_prob"] = min(seconds[key]["compute_log_prob"], middle - start)

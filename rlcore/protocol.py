@@ -172,6 +172,15 @@ class DataProto:
             del self.non_tensor_batch[k]
         return popped
 
+    def rename(self, names: dict[str, str]) -> "DataProto":
+        """Renames tensor columns in place (returned); columns not named keep their names. No-op on an empty batch."""
+        if self.batch is not None:
+            for old, new in names.items():
+                if old in self.batch.keys():
+                    self.batch[new] = self.batch[old]
+                    del self.batch[old]
+        return self
+
     def union(self, other: "DataProto") -> "DataProto":
         """Adds other's columns to self (in place, returned); a shared column must hold equal values."""
         if len(other) != len(self):

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.controller.worker import free_port  # noqa: F401  (re-exported for the tests)
+from rlcore.models.logits import entropy_from_logits, gather_log_probs
 from rlcore.protocol import position_ids_from_mask
 
 
@@ -36,6 +37,11 @@ def make_rollout_batch(num_rows: int, prompt_len: int, response_len: int, vocab:
         "advantages": torch.randn(num_rows, 1, generator=g).expand(num_rows, response_len) * response_mask,
         "ref_log_prob": -torch.rand(num_rows, response_len, generator=g) * 3,
     }
+
+
+def token_outputs(logits: torch.Tensor, responses: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What an engine hands a loss, computed the plain way from response-aligned logits `[batch, len, vocab]`."""
+    return {"log_probs": gather_log_probs(logits.float(), responses), "entropy": entropy_from_logits(logits.float())}
 
 
 def assert_split_invariant(engine, micro_batch_sets, loss_fn, loss_key: str) -> None:

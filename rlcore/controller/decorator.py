@@ -8,6 +8,7 @@ reads like the algorithm: `out = actor_rollout.generate_sequences(batch)`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ import numpy as np
 from rlcore.protocol import DataProto
 
 DISPATCH_ATTR = "_rlcore_dispatch_mode"
+MESH_ATTR = "_rlcore_mesh"
 
 
 class Dispatch(Enum):
@@ -25,9 +27,23 @@ class Dispatch(Enum):
     DP_COMPUTE_METRICS = "dp_compute_metrics"  # split DataProto args across ranks, average metric dicts
 
 
-def register(dispatch_mode: Dispatch = Dispatch.ONE_TO_ALL) -> Callable:
+@dataclass(frozen=True)
+class DataLayout:
+    """Where a rank sits in one data-parallel layout: ranks with the same dp_rank are pieces of one model replica
+    (tensor/pipeline peers) and get the same data; `collect` marks the rank whose results stand for the replica."""
+
+    dp_rank: int
+    dp_size: int
+    collect: bool = True
+
+
+def register(dispatch_mode: Dispatch = Dispatch.ONE_TO_ALL, mesh: str | None = None) -> Callable:
+    """`mesh` names the data-parallel layout a DP_* method splits over (a worker reports it per mesh, e.g. "actor"
+    for a Megatron TP x PP engine); None: every rank is its own data-parallel rank."""
+
     def decorate(fn: Callable) -> Callable:
         setattr(fn, DISPATCH_ATTR, dispatch_mode)
+        setattr(fn, MESH_ATTR, mesh)
         return fn
 
     return decorate
@@ -55,24 +71,35 @@ def _split_protos(world_size: int, args: tuple, kwargs: dict) -> tuple[list[tupl
     return per_rank_args, per_rank_kwargs, num_pad
 
 
-def mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Averages each metric over the ranks that reported it (ranks hold equal shares of the batch); `perf/max_*`
-    peaks take the largest rank's value."""
+def mean_metrics(per_rank: list[dict[str, float]], collect: list[bool] | None = None) -> dict[str, float]:
+    """Averages each metric over the collecting ranks that reported it (one per replica, each holding an equal
+    share of the batch); `perf/max_*` peaks take the largest value over every rank."""
+    collect = collect or [True] * len(per_rank)
     keys = sorted({k for m in per_rank for k in m})
+    values = lambda k: [m[k] for m, c in zip(per_rank, collect) if k in m and (c or k.startswith("perf/max_"))]  # noqa: E731
     reduce = lambda k: np.max if k.startswith("perf/max_") else np.mean  # noqa: E731
-    return {k: float(reduce(k)([m[k] for m in per_rank if k in m])) for k in keys}
+    return {k: float(reduce(k)(values(k))) for k in keys if values(k)}
 
 
-def dispatch_and_collect(mode: Dispatch, world_size: int, call: Callable[[list[tuple], list[dict]], list[Any]], args: tuple, kwargs: dict) -> Any:
-    """Runs one group call: `call(per_rank_args, per_rank_kwargs)` must execute on all ranks and return their results."""
+def dispatch_and_collect(mode: Dispatch, layouts: list[DataLayout], call: Callable[[list[tuple], list[dict]], list[Any]], args: tuple,
+                         kwargs: dict) -> Any:
+    """Runs one group call on every rank (`call(per_rank_args, per_rank_kwargs)` returns the ranks' results).
+    DP modes split DataProto arguments into `dp_size` chunks, give rank r chunk `layouts[r].dp_rank`, and gather
+    the collecting ranks' results in dp order."""
+    world_size = len(layouts)
     if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
         outputs = call([args] * world_size, [kwargs] * world_size)
         return outputs[0] if mode is Dispatch.RANK_ZERO else outputs
-    per_rank_args, per_rank_kwargs, num_pad = _split_protos(world_size, args, kwargs)
+    dp_size = layouts[0].dp_size
+    chunk_args, chunk_kwargs, num_pad = _split_protos(dp_size, args, kwargs)
+    per_rank_args = [chunk_args[layout.dp_rank] for layout in layouts]
+    per_rank_kwargs = [chunk_kwargs[layout.dp_rank] for layout in layouts]
+    collect = [layout.collect for layout in layouts]
     if mode is Dispatch.DP_COMPUTE_METRICS:
         if num_pad:
             # Padding would duplicate samples into the gradient; the config validator makes this unreachable.
-            raise ValueError(f"training batch does not split evenly over {world_size} ranks (would pad {num_pad} rows)")
-        return mean_metrics(call(per_rank_args, per_rank_kwargs))
+            raise ValueError(f"training batch does not split evenly over {dp_size} data-parallel ranks (would pad {num_pad} rows)")
+        return mean_metrics(call(per_rank_args, per_rank_kwargs), collect)
     outputs = call(per_rank_args, per_rank_kwargs)
-    return DataProto.concat(outputs).unpad(num_pad)
+    by_replica = sorted(((layout.dp_rank, out) for layout, out in zip(layouts, outputs) if layout.collect), key=lambda pair: pair[0])
+    return DataProto.concat([out for _, out in by_replica]).unpad(num_pad)

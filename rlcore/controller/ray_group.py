@@ -11,7 +11,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlcore.controller.decorator import DISPATCH_ATTR, dispatch_and_collect
+from rlcore.controller.decorator import DISPATCH_ATTR, MESH_ATTR, DataLayout, dispatch_and_collect
 
 
 @dataclass
@@ -86,6 +86,7 @@ class RayWorkerGroup:
             ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
             for rank in range(self.world_size)
         ]
+        self._layouts: dict[str | None, list[DataLayout]] = {None: [DataLayout(r, self.world_size) for r in range(self.world_size)]}
         master_addr, master_port = ray.get(self.workers[0].get_master_addr_port.remote())
         ray.get([w.init_process_group.remote(master_addr, master_port) for w in self.workers])
         self._bind_registered_methods(worker_cls)
@@ -94,15 +95,24 @@ class RayWorkerGroup:
         for name, fn in inspect.getmembers(worker_cls, predicate=inspect.isfunction):
             mode = getattr(fn, DISPATCH_ATTR, None)
             if mode is not None:
-                setattr(self, name, self._group_method(name, mode))
+                setattr(self, name, self._group_method(name, mode, getattr(fn, MESH_ATTR, None)))
 
-    def _group_method(self, name: str, mode):
+    def layouts(self, mesh: str | None) -> list[DataLayout]:
+        """Each rank's place in the data-parallel layout `mesh`, asked of the workers once (after init_model)."""
+        if mesh not in self._layouts:
+            self._layouts[mesh] = ray.get([w.data_layout.remote(mesh) for w in self.workers])
+        return self._layouts[mesh]
+
+    def dp_size(self, mesh: str | None = None) -> int:
+        return self.layouts(mesh)[0].dp_size
+
+    def _group_method(self, name: str, mode, mesh: str | None):
         def call(per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list[Any]:
             refs = [getattr(w, name).remote(*a, **k) for w, a, k in zip(self.workers, per_rank_args, per_rank_kwargs)]
             return ray.get(refs)
 
         def group_method(*args: Any, **kwargs: Any) -> Any:
-            return dispatch_and_collect(mode, self.world_size, call, args, kwargs)
+            return dispatch_and_collect(mode, self.layouts(mesh), call, args, kwargs)
 
         group_method.__name__ = name
         return group_method

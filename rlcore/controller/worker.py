@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlcore.controller.decorator import Dispatch, register
+from rlcore.controller.decorator import DataLayout, Dispatch, register
 
 
 def free_port() -> int:
@@ -39,11 +39,16 @@ class Worker:
         self.rank = rank
         self.world_size = world_size
         self.device_type = device
+        self.layouts: dict[str, DataLayout] = {}  # data-parallel layouts other than "every rank on its own"
 
     @property
     def device(self) -> torch.device:
         # Under Ray each actor sees only its own GPU (CUDA_VISIBLE_DEVICES), so it is always cuda:0.
         return torch.device("cuda", torch.cuda.current_device()) if self.device_type == "cuda" else torch.device("cpu")
+
+    def data_layout(self, mesh: str | None) -> DataLayout:
+        """This rank's place in the layout a `@register(mesh=...)` method splits its data over."""
+        return self.layouts.get(mesh, DataLayout(self.rank, self.world_size))
 
     def get_master_addr_port(self) -> tuple[str, int]:
         return node_ip(), free_port()

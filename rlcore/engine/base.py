@@ -1,4 +1,5 @@
-"""The seam between backend-neutral workers and a training backend (FSDP2 today, Megatron next)."""
+"""The seam between backend-neutral workers and a training backend (FSDP2, Megatron). Engines are built by
+`rlcore.engine.factory.build_engine`; this module imports no implementation."""
 
 from __future__ import annotations
 
@@ -10,12 +11,22 @@ import torch
 
 from rlcore.protocol import DataProto
 
-# An engine hands these functions the model's outputs at the state BEFORE each response token (the next-token
-# shift is done): `[batch, response_len, vocab]` logits of a causal LM, `[batch, response_len, 1]` of a value model.
+# An engine hands these functions per-token outputs for the response tokens of a micro-batch, `[batch, response_len]`
+# float32 (the next-token shift is done): a causal LM gives "log_probs" (of the response tokens, at the request's
+# temperature) and, when asked, "entropy"; a value model gives "values". Never logits: under tensor parallelism
+# they exist only as vocabulary shards, and a 150k vocabulary must not be materialised for a whole micro-batch.
 # loss_fn(outputs, micro_batch) -> (scalar loss to backprop, metrics of this micro-batch)
-LossFn = Callable[[torch.Tensor, DataProto], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]
 # fn(outputs, micro_batch) -> dict of per-sample tensors [micro_batch, ...]
-ForwardFn = Callable[[torch.Tensor, DataProto], dict[str, torch.Tensor]]
+ForwardFn = Callable[[dict[str, torch.Tensor], DataProto], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """What a causal-LM engine computes for each response token (value models ignore it)."""
+
+    temperature: float = 1.0  # log-probs of the distribution the rollout sampled from
+    entropy: bool = False     # also the entropy of that distribution (costs one more reduction per token)
 
 
 @dataclass
@@ -29,6 +40,7 @@ class EngineSpec:
     trainable: bool = True                # False for the reference policy: no optimizer, no grads
     gradient_checkpointing: bool = False
     param_offload: bool = False           # move params off the device between phases (worker calls offload())
+    grad_offload: bool = False            # move gradient buffers off the device between phases (Megatron)
     optimizer_offload: bool = False       # move optimizer state off the device between phases
     offload_policy: bool = False          # FSDP2-native CPUOffloadPolicy: params live on CPU, streamed per block
     reshard_after_forward: bool = True
@@ -42,18 +54,33 @@ class EngineSpec:
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     grad_clip: float = 1.0
+    megatron: dict[str, Any] = field(default_factory=dict)  # strategy=megatron: the role's `megatron` section
 
 
 class TrainEngine(ABC):
-    """A sharded model (+ optimizer) on this rank's process group."""
+    """A sharded model (+ optimizer) on this rank's process group.
+
+    Data parallelism: ranks with the same `dp_rank` hold the same model replica's pieces (TP/PP peers) and must be
+    given the same data; `is_output_rank` marks the one rank per replica whose outputs and metrics are the
+    replica's (with pipeline parallelism only the last stage computes them). FSDP2: every rank is its own dp_rank.
+    """
+
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_group = None           # the data-parallel process group (None: the whole world)
+    is_output_rank: bool = True
+    spec: EngineSpec
+    device: torch.device
 
     @abstractmethod
-    def forward(self, micro_batches: list[DataProto], fn: ForwardFn) -> list[dict[str, torch.Tensor]]:
-        """No-grad forward of each micro-batch; returns fn's outputs per micro-batch."""
+    def forward(self, micro_batches: list[DataProto], fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
+        """No-grad forward of each micro-batch; returns fn's outputs per micro-batch (an empty list on a rank that
+        is not an output rank)."""
 
     @abstractmethod
-    def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn) -> list[dict[str, float]]:
-        """Accumulates gradients of loss_fn over the micro-batches; returns each micro-batch's metrics."""
+    def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn, request: TokenRequest = TokenRequest()) -> list[dict[str, float]]:
+        """Accumulates gradients of loss_fn over the micro-batches; returns each micro-batch's metrics (empty on a
+        rank that is not an output rank). Every rank of a replica is given the same micro-batches."""
 
     @abstractmethod
     def optimizer_step(self) -> dict[str, float]:
@@ -64,10 +91,10 @@ class TrainEngine(ABC):
         """Full (unsharded) weights under HF names, one tensor at a time. Collective: every rank iterates."""
 
     @abstractmethod
-    def offload(self, params: bool = True, optimizer: bool = True) -> None: ...
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None: ...
 
     @abstractmethod
-    def onload(self, params: bool = True, optimizer: bool = True) -> None: ...
+    def onload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None: ...
 
     @abstractmethod
     def save(self, path: str, hf_dir: str | None = None) -> None:
@@ -75,11 +102,3 @@ class TrainEngine(ABC):
 
     @abstractmethod
     def load(self, path: str) -> None: ...
-
-
-def build_engine(strategy: str, spec: EngineSpec, device: torch.device) -> TrainEngine:
-    if strategy in ("fsdp", "fsdp2"):
-        from rlcore.engine.fsdp2 import FSDP2Engine
-
-        return FSDP2Engine(spec, device)
-    raise ValueError(f"actor_rollout_ref.actor.strategy={strategy!r} is not supported yet by rlcore; use fsdp2")

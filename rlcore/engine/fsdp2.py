@@ -15,9 +15,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TrainEngine
+from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.optim import warmup_schedule
-from rlcore.models.hf import decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
+from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
 
@@ -53,11 +53,13 @@ class FSDP2Engine(TrainEngine):
         self.spec = spec
         self.device = device
         world = dist.get_world_size() if dist.is_initialized() else 1
+        self.dp_rank, self.dp_size = (dist.get_rank() if dist.is_initialized() else 0), world
         self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
         load = load_value_model if spec.kind == "value" else load_causal_lm
         attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
         self.model = load(spec.model_path, spec.override_config, dtype=torch.float32, attn_implementation=attn)
         self.hf_config = self.model.config
+        self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
         apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy, spec.gradient_checkpointing and spec.trainable)
         self.model.to(device)
         self.optimizer = None
@@ -69,37 +71,45 @@ class FSDP2Engine(TrainEngine):
             self.model.requires_grad_(False)
 
     # ------------------------------------------------------------------------------------------- compute
-    def _outputs(self, mb: DataProto) -> torch.Tensor:
-        """The model's outputs at the state before each response token: `[batch, response_len, vocab or 1]`.
+    def _outputs(self, mb: DataProto, request: TokenRequest) -> dict[str, torch.Tensor]:
+        """Per-token outputs for the response tokens: `[batch, response_len]` log-probs (+ entropy) or values.
 
-        Padded: the whole `[batch, seq]` rows; a causal LM projects only the last response_len + 1 states onto
-        the vocabulary. Packed (use_remove_padding): valid tokens only, and only the states that predict a
-        response token are projected."""
+        Padded: the whole `[batch, seq]` rows, and only the response_len states before the response tokens reach
+        the head. Packed (use_remove_padding): valid tokens only, and only the states that predict a response
+        token reach the head. A causal LM's head projects those states onto the vocabulary chunk by chunk
+        (rlcore.models.logits.token_log_probs): no `[tokens, vocab]` logits for the micro-batch."""
         inputs = {k: mb.batch[k].to(self.device) for k in MODEL_INPUTS}
-        response_len = mb.batch["responses"].shape[-1]
-        causal = self.spec.kind == "causal_lm"
-        if not self.spec.use_remove_padding:
-            if causal:
-                return self.model(**inputs, use_cache=False, logits_to_keep=response_len + 1).logits[:, :-1]
-            return self.model(**inputs, use_cache=False).logits[:, -response_len - 1 : -1]
-        packed = pack_sequences(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"], response_len)
-        kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
-        if causal:
-            out = self.model(**kwargs, logits_to_keep=packed.response_index).logits[0]
+        responses = mb.batch["responses"].to(self.device)
+        response_len = responses.shape[-1]
+        if self.spec.use_remove_padding:
+            packed = pack_sequences(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"], response_len)
+            kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
+            index, tokens = packed.response_index, responses[packed.response_valid][None]
         else:
-            out = self.model(**kwargs).logits[0, packed.response_index]
-        return unpack_responses(out, packed.response_valid)
+            width = inputs["input_ids"].shape[-1]
+            kwargs = dict(**inputs, use_cache=False)
+            index, tokens = torch.arange(width - response_len - 1, width - 1, device=self.device), responses
+        if self.head is None:  # value model: a scalar per position, cheap to compute everywhere
+            out = self.model(**kwargs).logits[:, index]
+            names = ("values",)
+        else:
+            with self.head.computing(tokens, request.temperature, request.entropy):
+                out = self.model(**kwargs, logits_to_keep=index).logits
+            names = ("log_probs", "entropy") if request.entropy else ("log_probs",)
+        if self.spec.use_remove_padding:
+            out = unpack_responses(out[0], packed.response_valid)
+        return {name: out[..., i].float() for i, name in enumerate(names)}
 
-    def forward(self, micro_batches: list[DataProto], fn: ForwardFn) -> list[dict[str, torch.Tensor]]:
+    def forward(self, micro_batches: list[DataProto], fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
         self.model.eval()
         with torch.no_grad():
-            return [{k: v.detach().cpu() for k, v in fn(self._outputs(mb), mb).items()} for mb in micro_batches]
+            return [{k: v.detach().cpu() for k, v in fn(self._outputs(mb, request), mb).items()} for mb in micro_batches]
 
-    def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn) -> list[dict[str, float]]:
+    def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn, request: TokenRequest = TokenRequest()) -> list[dict[str, float]]:
         self.model.train()
         metrics = []
         for mb in micro_batches:
-            loss, mb_metrics = loss_fn(self._outputs(mb), mb)
+            loss, mb_metrics = loss_fn(self._outputs(mb, request), mb)
             loss.backward()
             metrics.append(mb_metrics)
         return metrics
@@ -131,7 +141,8 @@ class FSDP2Engine(TrainEngine):
                 if isinstance(value, torch.Tensor):
                     state[key] = value.to(device, non_blocking=True)
 
-    def offload(self, params: bool = True, optimizer: bool = True) -> None:
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        # grads: FSDP2 frees them at every optimizer step (zero_grad(set_to_none=True)); nothing stays between phases.
         # Under CPUOffloadPolicy FSDP2 owns parameter placement (they already live on CPU); only move them here
         # when that policy is off.
         if params and not self.spec.offload_policy:
@@ -141,7 +152,7 @@ class FSDP2Engine(TrainEngine):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def onload(self, params: bool = True, optimizer: bool = True) -> None:
+    def onload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         if params and not self.spec.offload_policy:
             self.model.to(self.device)
         if optimizer and self.optimizer is not None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, PretrainedConfig
+
+from rlcore.models.logits import token_log_probs
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -81,3 +84,38 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
         if isinstance(module, torch.nn.ModuleList):
             return module
     raise ValueError(f"don't know where the decoder blocks of {type(model).__name__} are; add its path to rlcore.models.hf.decoder_layers")
+
+
+class TokenHead:
+    """Makes an HF causal LM's `lm_head` compute per-token log-probs (and entropy) of given tokens instead of
+    logits, inside the model's own forward (so FSDP2 has the head's weight gathered exactly when it is used).
+
+    Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, 2]`: log-prob and entropy of
+    `tokens` `[batch, k]` at the positions selected by `logits_to_keep`; outside it the head is a plain linear.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.linear = model.get_output_embeddings()
+        if getattr(self.linear, "bias", None) is not None:
+            raise ValueError(f"{type(model).__name__}'s output layer has a bias; rlcore's log-prob head supports none")
+        self.vocab_size = model.config.vocab_size
+        self._pending = None
+        self.linear.forward = self._forward
+
+    @contextlib.contextmanager
+    def computing(self, tokens: torch.Tensor, temperature: float, entropy: bool):
+        self._pending = (tokens, temperature, entropy)
+        try:
+            yield
+        finally:
+            self._pending = None
+
+    def _forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._pending is None:
+            return torch.nn.functional.linear(hidden, self.linear.weight)
+        tokens, temperature, entropy = self._pending
+        lp, ent = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), temperature, entropy,
+                                  vocab_size=self.vocab_size)
+        shape = hidden.shape[:-1]
+        # Stacked, not viewed: FSDP2 hooks the model's output, and an output that is a view defeats the hook.
+        return torch.stack([lp.view(shape), (ent if ent is not None else torch.zeros_like(lp)).view(shape)], -1)

@@ -1,8 +1,17 @@
-"""Log-probs and entropy of response tokens from logits."""
+"""Log-probs and entropy of response tokens, straight from hidden states and the vocabulary projection.
+
+`token_log_probs` never materialises `[tokens, vocab]` logits for a whole micro-batch: it projects a chunk of
+tokens at a time (forward, and again in backward instead of keeping the logits), and under tensor parallelism each
+rank projects only its vocabulary shard, combining max / sum-exp / target logit / E[z] across the shard group.
+Both training engines compute log-probs this way; losses receive log-probs and entropy, never logits.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+
+from rlcore.plan.constants import LOGITS_CHUNK_BYTES
 
 
 def response_logits(logits: torch.Tensor, response_len: int, temperature: float = 1.0) -> torch.Tensor:
@@ -28,3 +37,114 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """H = logsumexp(z) - sum softmax(z) z, per position: `[batch, len, vocab]` -> `[batch, len]`."""
     probs = logits.softmax(dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def chunk_tokens(vocab_per_rank: int) -> int:
+    """Tokens projected at once: one float32 `[chunk, vocab_per_rank]` block is at most LOGITS_CHUNK_BYTES."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_per_rank))
+
+
+class _VocabShard:
+    """This rank's columns of the vocabulary: [start, start + local) of which those < vocab_size are real (the
+    rest is padding added to divide the vocabulary by the TP size, masked out of every softmax)."""
+
+    def __init__(self, start: int, local: int, vocab_size: int, group) -> None:
+        self.start, self.local, self.group = start, local, group
+        self.num_padding = max(0, start + local - vocab_size)
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.group is not None:
+            dist.all_reduce(tensor, op=op, group=self.group)
+        return tensor
+
+    def scaled_logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+        """`[chunk, local]` float32 logits / temperature; padding columns are -inf."""
+        z = (hidden @ weight.t()).float()
+        if temperature not in (0.0, 1.0):
+            z = z / temperature
+        if self.num_padding:
+            z[:, self.local - self.num_padding :] = float("-inf")
+        return z
+
+    def target(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(local column of each token clamped into range, whether this rank owns it)."""
+        local = tokens - self.start
+        owned = (local >= 0) & (local < self.local)
+        return local.clamp(0, self.local - 1), owned
+
+
+def _softmax_stats(z: torch.Tensor, shard: _VocabShard, with_expected: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(logsumexp, softmax, E_p[z] if asked) of rows of z whose columns are spread over the shard group."""
+    m = shard.all_reduce(z.max(-1).values, dist.ReduceOp.MAX)
+    lse = m + shard.all_reduce(torch.exp(z - m[:, None]).sum(-1)).log()
+    p = torch.exp(z - lse[:, None])
+    expected_z = shard.all_reduce((p * z.nan_to_num(neginf=0.0)).sum(-1)) if with_expected else None
+    return lse, p, expected_z
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, shard):
+        num_tokens = hidden.shape[0]
+        log_probs = hidden.new_empty(num_tokens, dtype=torch.float32)
+        lse = hidden.new_empty(num_tokens, dtype=torch.float32)
+        expected_z = hidden.new_zeros(num_tokens, dtype=torch.float32)
+        step = chunk_tokens(shard.local)
+        for s in range(0, num_tokens, step):
+            z = shard.scaled_logits(hidden[s : s + step], weight, temperature)
+            lse[s : s + step], _, ez = _softmax_stats(z, shard, with_entropy)
+            col, owned = shard.target(tokens[s : s + step])
+            target_z = shard.all_reduce(z.gather(-1, col[:, None]).squeeze(-1) * owned)
+            log_probs[s : s + step] = target_z - lse[s : s + step]
+            if with_entropy:
+                expected_z[s : s + step] = ez
+        # Backward recomputes each chunk's logits from these (no [tokens, vocab] tensor is kept alive).
+        ctx.save_for_backward(hidden, weight, tokens, lse, expected_z)
+        ctx.temperature, ctx.shard, ctx.with_entropy = temperature, shard, with_entropy
+        entropy = lse - expected_z if with_entropy else torch.zeros_like(lse)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropy):
+        hidden, weight, tokens, lse, expected_z = ctx.saved_tensors
+        shard, temperature = ctx.shard, ctx.temperature
+        with_entropy = ctx.with_entropy and grad_entropy is not None
+        grad_hidden = torch.zeros_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        step = chunk_tokens(shard.local)
+        scale = 1.0 / temperature if temperature not in (0.0, 1.0) else 1.0
+        for s in range(0, hidden.shape[0], step):
+            h = hidden[s : s + step]
+            z = shard.scaled_logits(h, weight, temperature)
+            p = torch.exp(z - lse[s : s + step, None])
+            # d log p(t) / dz = onehot(t) - p;  d H / dz = -p (z - E_p[z])
+            dz = torch.zeros_like(z)
+            if grad_log_probs is not None:
+                g = grad_log_probs[s : s + step]
+                dz -= p * g[:, None]
+                col, owned = shard.target(tokens[s : s + step])
+                dz.scatter_add_(-1, col[:, None], (g * owned)[:, None])
+            if with_entropy:
+                centred = z.nan_to_num(neginf=0.0) - expected_z[s : s + step, None]
+                dz -= p * centred * grad_entropy[s : s + step, None]
+            dz = (dz * scale).to(hidden.dtype)
+            grad_hidden[s : s + step] = dz @ weight
+            grad_weight += (dz.t() @ h).float()
+        # Each shard saw only its vocabulary columns: the hidden state's gradient is the sum over shards.
+        shard.all_reduce(grad_hidden)
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
+
+
+def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                    with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
+                    group=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(hidden @ weight.T / temperature)[token] and (optionally) the entropy of that distribution.
+
+    hidden `[tokens, hidden]`, weight `[vocab_per_rank, hidden]` (this rank's rows `vocab_start ...` of the
+    vocabulary projection; the whole of it when `group` is None), tokens `[tokens]` global ids. Columns at or past
+    `vocab_size` (TP padding) are excluded. Returns float32 `[tokens]` log-probs and entropy (None if not asked).
+    Collective over `group` (every rank of the tensor-parallel group calls it with the same hidden and tokens).
+    """
+    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group)
+    log_probs, entropy = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy, shard)
+    return log_probs, (entropy if with_entropy else None)

@@ -20,6 +20,22 @@ import torch.nn.functional as F
 VARLEN_ATTENTION = "rlcore_varlen"
 
 
+def segment_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor,
+                             scale: float | None = None, dropout: float = 0.0) -> torch.Tensor:
+    """Causal attention inside each packed sequence: query `[heads, total, dim]`, key/value `[kv_heads, total, dim]`,
+    `cu_seq_lens` `[num_seqs + 1]` -> `[total, heads, dim]`. Sequences of equal length share one batched SDPA call:
+    many short sequences cost a few calls, not one each."""
+    starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
+    gqa = query.shape[0] != key.shape[0]
+    out = query.new_empty(query.shape[1], query.shape[0], query.shape[2])  # [total, heads, dim]
+    for length in lengths.unique().tolist():
+        rows = starts[lengths == length, None] + torch.arange(length, device=query.device)  # [n, length] token indices
+        q, k, v = (t[:, rows].transpose(0, 1) for t in (query, key, value))  # [n, heads, length, dim]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=gqa)
+        out[rows] = o.transpose(1, 2)  # [n, length, heads, dim]
+    return out
+
+
 def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0, **kwargs):
     """HF attention-interface function: query `[1, heads, total, dim]`, key/value `[1, kv_heads, total, dim]`
@@ -29,21 +45,12 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
     window = getattr(module, "sliding_window", None)
-    if window is not None and int(lengths.max()) > window:
+    if window is not None and int(cu_seq_lens.diff().max()) > window:
         raise NotImplementedError(f"{type(module).__name__} uses sliding-window attention ({window} tokens), which the "
                                   "per-sequence SDPA path does not implement for longer sequences; set use_remove_padding="
                                   "False (or run on CUDA in bf16 with flash-attn installed)")
-    gqa = query.shape[1] != key.shape[1]
-    out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])  # [total, heads, dim]
-    # Sequences of equal length share one batched SDPA call: many short sequences cost a few calls, not one each.
-    for length in lengths.unique().tolist():
-        rows = starts[lengths == length, None] + torch.arange(length, device=query.device)  # [n, length] token indices
-        q, k, v = (t[0][:, rows].transpose(0, 1) for t in (query, key, value))  # [n, heads, length, dim]
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=dropout, enable_gqa=gqa)
-        out[rows] = o.transpose(1, 2)  # [n, length, heads, dim]
-    return out[None], None
+    return segment_causal_attention(query[0], key[0], value[0], cu_seq_lens, scaling, dropout)[None], None
 
 
 def _segment_mask(**kwargs):

@@ -81,15 +81,3 @@ def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out:
         "response_mask": out.response_mask.to(prompt_mask.dtype),
         "rollout_log_probs": out.response_log_probs,
     }
-
-
-def build_rollout(name: str, **kwargs) -> RolloutEngine:
-    if name in ("native", "hf"):
-        from rlcore.rollout.native import NativeRollout
-
-        return NativeRollout(**kwargs)
-    if name == "vllm":
-        from rlcore.rollout.vllm import VLLMRollout
-
-        return VLLMRollout(**kwargs)
-    raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not supported by rlcore; use native or vllm")

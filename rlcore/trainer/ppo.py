@@ -142,9 +142,9 @@ class PPOTrainer:
         return batch.union(out)
 
     def balance_batch(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
-        """Reorders samples so each actor rank's chunk holds about the same number of tokens: with skewed
-        response lengths the rank that drew the long ones would otherwise set every pass's pace."""
-        order, stats = balanced_order(batch.batch["attention_mask"].sum(-1).tolist(), self.actor_rollout.world_size)
+        """Reorders samples so each actor data-parallel rank's chunk holds about the same number of tokens: with
+        skewed response lengths the rank that drew the long ones would otherwise set every pass's pace."""
+        order, stats = balanced_order(batch.batch["attention_mask"].sum(-1).tolist(), self.actor_rollout.dp_size("actor"))
         metrics.update(stats)
         return batch.reorder(order)
 

@@ -6,8 +6,7 @@ import torch
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
 from rlcore.data.micro_batches import MicroBatchSpec
-from rlcore.engine.base import LossFn, TrainEngine
-from rlcore.models.logits import entropy_from_logits, gather_log_probs, scale_logits
+from rlcore.engine.base import LossFn, TokenRequest, TrainEngine
 from rlcore.protocol import DataProto
 from rlcore.workers.common import run_forward, run_ppo_updates
 
@@ -15,14 +14,13 @@ from rlcore.workers.common import run_forward, run_ppo_updates
 def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec, temperature: float, with_entropy: bool) -> DataProto:
     """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`."""
 
-    def fn(logits: torch.Tensor, mb: DataProto) -> dict[str, torch.Tensor]:
-        logits = scale_logits(logits, temperature)
-        out = {"log_probs": gather_log_probs(logits, mb.batch["responses"].to(logits.device))}
+    def fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> dict[str, torch.Tensor]:
+        out = {"log_probs": outputs["log_probs"]}
         if with_entropy:
-            out["entropys"] = entropy_from_logits(logits)
+            out["entropys"] = outputs["entropy"]
         return out
 
-    return DataProto.from_dict(run_forward(engine, data, micro, fn))
+    return run_forward(engine, data, micro, fn, TokenRequest(temperature, with_entropy))
 
 
 def policy_loss_params(actor_cfg) -> dict[str, float]:
@@ -32,7 +30,7 @@ def policy_loss_params(actor_cfg) -> dict[str, float]:
     return params
 
 
-def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, temperature: float) -> LossFn:
+def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int) -> LossFn:
     """The per-micro-batch loss: policy loss - entropy_coeff * entropy (+ kl_loss_coef * KL to the reference).
 
     `counts` = (valid tokens, sequences) of the whole mini-batch over all ranks: the normalisers that make the
@@ -41,10 +39,9 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, te
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
     loss_params = policy_loss_params(actor_cfg)
 
-    def loss_fn(logits: torch.Tensor, mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-        b = {k: v.to(logits.device) for k, v in mb.batch.items()}
-        logits = scale_logits(logits, temperature)
-        log_prob = gather_log_probs(logits, b["responses"])
+    def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        log_prob = outputs["log_probs"]
+        b = {k: v.to(log_prob.device) for k, v in mb.batch.items()}
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
         pg_mat, stats = policy_loss(b["old_log_probs"], log_prob, b["advantages"], mask, **loss_params)
@@ -53,7 +50,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, te
         metrics = {"actor/pg_loss": pg_loss.item()}
         if actor_cfg.entropy_coeff != 0:
             # Only computed when it is part of the loss: the old-log-prob pass already reports actor/entropy.
-            entropy = agg(entropy_from_logits(logits))
+            entropy = agg(outputs["entropy"])
             loss = loss - actor_cfg.entropy_coeff * entropy
             metrics["actor/entropy"] = entropy.item()
         if actor_cfg.use_kl_loss:
@@ -66,13 +63,14 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, te
     return loss_fn
 
 
-def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float,
-                  dp_size: int, device: torch.device) -> dict[str, float]:
+def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float) -> dict[str, float]:
     """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
 
     `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
     """
+    # The entropy is computed only when it is part of the loss: the old-log-prob pass already reports actor/entropy.
+    request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0)
     return run_ppo_updates(
-        engine, data, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size * rollout_n // dp_size, micro,
-        lambda counts: make_policy_loss_fn(actor_cfg, counts, dp_size, temperature), "actor", device,
+        engine, data, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size * rollout_n // engine.dp_size, micro,
+        lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size), "actor", request,
     )

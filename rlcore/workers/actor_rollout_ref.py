@@ -12,14 +12,15 @@ from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec
-from rlcore.engine.base import build_engine
+from rlcore.engine.factory import build_engine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
-from rlcore.rollout.base import SamplingParams, assemble_sequences, build_rollout
+from rlcore.rollout.base import SamplingParams, assemble_sequences
+from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
-from rlcore.workers.common import engine_spec, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
+from rlcore.workers.common import engine_spec, layout_of, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
 
 
 class ActorRolloutRefWorker(Worker):
@@ -37,15 +38,16 @@ class ActorRolloutRefWorker(Worker):
         seed = self.config.trainer.seed
         torch.manual_seed(seed)  # identical init on every rank before sharding
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
-        actor_spec = engine_spec(cfg.model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip, total_steps)
+        actor_spec = engine_spec(cfg.actor.strategy, cfg.model, cfg.actor, cfg.actor.optim, cfg.actor.grad_clip, total_steps)
         self.actor = build_engine(cfg.actor.strategy, actor_spec, self.device)
+        self.layouts["actor"] = layout_of(self.actor)  # the reference shares the actor's layout (verl: ref follows actor)
         self.ref = None
         if cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward:
-            ref_spec = engine_spec(cfg.model, cfg.ref.fsdp_config, None, 0.0, total_steps)
-            self.ref = build_engine(cfg.actor.strategy, ref_spec, self.device)
-            self._offload(role="ref")
+            ref_spec = engine_spec(cfg.ref.strategy, cfg.model, cfg.ref, None, 0.0, total_steps)
+            self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
+            offload(self.ref)
         self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
-        self._offload()
+        offload(self.actor)
 
     def _rollout_kwargs(self, seed: int) -> dict:
         cfg = self.config.actor_rollout_ref
@@ -67,15 +69,6 @@ class ActorRolloutRefWorker(Worker):
             kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
         return kwargs
 
-    def _offload(self, role: str = "actor") -> None:
-        offload(*self._role(role))
-
-    def _onload(self, role: str = "actor") -> None:
-        onload(*self._role(role))
-
-    def _role(self, role: str):
-        cfg = self.config.actor_rollout_ref
-        return (self.ref, cfg.ref.fsdp_config) if role == "ref" else (self.actor, cfg.actor.fsdp_config)
 
     def _sampling(self, meta: dict) -> SamplingParams:
         rollout = self.config.actor_rollout_ref.rollout
@@ -91,9 +84,9 @@ class ActorRolloutRefWorker(Worker):
         """Hybrid engine: sync the current weights into the rollout model, sample, then free the cache."""
         timing = {}
         start = time.perf_counter()
-        self._onload()
+        onload(self.actor)
         sync_weights(self.actor, self.rollout)
-        self._offload()  # training weights leave the device before the KV cache needs it
+        offload(self.actor)  # training weights leave the device before the KV cache needs it
         timing["timing_s/weight_sync"] = time.perf_counter() - start
         out = self.rollout.generate(prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info))
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
@@ -104,37 +97,36 @@ class ActorRolloutRefWorker(Worker):
     def _micro_batches(self, role: str) -> MicroBatchSpec:
         """role: "actor" (the update), "rollout" (old log-probs) or "ref"."""
         cfg = self.config.actor_rollout_ref
-        packed = cfg.model.use_remove_padding
+        packed, dp_size = cfg.model.use_remove_padding, self.actor.dp_size
         if role == "actor":
-            return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.world_size, packed)
+            return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", dp_size, packed)
         return micro_batch_spec(cfg[role], "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-                                self.world_size, packed)
+                                dp_size, packed)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the responses under the current policy (`old_log_probs`) and their entropy."""
-        self._onload()
+        onload(self.actor)
         temperature = self.config.actor_rollout_ref.rollout.temperature
         out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True)
-        self._offload()
-        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropys"]})
+        offload(self.actor)
+        return out.rename({"log_probs": "old_log_probs"})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        self._onload(role="ref")
+        onload(self.ref)
         out = compute_log_prob(self.ref, data, self._micro_batches("ref"), temperature, with_entropy=False)
-        self._offload(role="ref")
-        return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
+        offload(self.ref)
+        return out.rename({"log_probs": "ref_log_prob"})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, mesh="actor")
     def update_actor(self, data: DataProto) -> dict[str, float]:
         cfg = self.config.actor_rollout_ref
         start = time.perf_counter()
-        self._onload()
-        metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature,
-                                self.world_size, self.device)
-        self._offload()
+        onload(self.actor)
+        metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature)
+        offload(self.actor)
         # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
         metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start
         metrics["perf/max_memory_allocated_gb"] = peak_memory_gib(self.device)
@@ -143,16 +135,16 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------------------------------- checkpoint
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str) -> None:
-        self._onload()
+        onload(self.actor)
         self.actor.save(path, hf_dir=hf_dir)
         if self.rank == 0:
             self.tokenizer.save_pretrained(hf_dir)
         save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()})
-        self._offload()
+        offload(self.actor)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        self._onload()
+        onload(self.actor)
         self.actor.load(path)
         self.rollout.load_state_dict(load_rng_state(path, self.rank)["rollout"])
-        self._offload()
+        offload(self.actor)

@@ -13,33 +13,47 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from rlcore.controller.decorator import DataLayout
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
-from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TrainEngine
+from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.protocol import DataProto
 
 
-def engine_spec(model_cfg, fsdp_cfg, optim_cfg, grad_clip: float, total_steps: int, kind: str = "causal_lm") -> EngineSpec:
-    """Maps a role's verl-style config (model, fsdp_config, optim; optim None = frozen) onto an EngineSpec."""
+def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float, total_steps: int, kind: str = "causal_lm") -> EngineSpec:
+    """Maps a role's verl-style config onto an EngineSpec: `model`, the role's section (`actor`, `ref`, `critic`)
+    whose `fsdp_config` (or `model.fsdp_config` for the critic) or `megatron` holds sharding, precision and
+    offloads, and `optim` (None = frozen)."""
+    fsdp_cfg = role_cfg.fsdp_config if "fsdp_config" in role_cfg else model_cfg.fsdp_config
     spec = EngineSpec(
         model_path=model_cfg.path,
         kind=kind,
         override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
-        param_dtype=fsdp_cfg.dtype,
         trainable=optim_cfg is not None,
         gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-        param_offload=fsdp_cfg.param_offload,
-        offload_policy=fsdp_cfg.offload_policy,
-        reshard_after_forward=fsdp_cfg.reshard_after_forward,
         use_remove_padding=model_cfg.use_remove_padding,
     )
+    if strategy == "megatron":
+        megatron = role_cfg.megatron
+        spec.megatron = OmegaConf.to_container(megatron, resolve=True)
+        spec.param_dtype = megatron.dtype
+        spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
+    else:
+        spec.param_dtype, spec.param_offload, spec.optimizer_offload = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.optimizer_offload
+        spec.offload_policy, spec.reshard_after_forward = fsdp_cfg.offload_policy, fsdp_cfg.reshard_after_forward
     if optim_cfg is not None:
         warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
-        spec.optimizer_offload = fsdp_cfg.optimizer_offload
         spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay
         spec.warmup_steps, spec.total_steps = warmup, total_steps
         spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio, optim_cfg.num_cycles
         spec.grad_clip = grad_clip
+    else:
+        spec.optimizer_offload = spec.grad_offload = False  # nothing to move
     return spec
+
+
+def layout_of(engine: TrainEngine) -> DataLayout:
+    """The data-parallel layout the worker group splits this engine's batches over."""
+    return DataLayout(engine.dp_rank, engine.dp_size, engine.is_output_rank)
 
 
 def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, dp_size: int, packed: bool) -> MicroBatchSpec:
@@ -51,37 +65,43 @@ def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, dp_s
     return MicroBatchSpec(rows=rows if rows is not None else section[base] // dp_size, packed=packed)
 
 
-def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: ForwardFn) -> dict[str, torch.Tensor]:
-    """No-grad `fn` over this rank's micro-batches; per-token outputs `[batch, response_len]` in data's row order."""
+def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: ForwardFn, request: TokenRequest = TokenRequest()) -> DataProto:
+    """No-grad `fn` over this rank's micro-batches; per-token outputs `[batch, response_len]` in data's row order.
+    Empty on a rank that is not its replica's output rank (the worker group collects from output ranks only)."""
     micro_batches, order = make_micro_batches(data, spec)
-    outputs = engine.forward(micro_batches, fn)
+    outputs = engine.forward(micro_batches, fn, request)
+    if not outputs:
+        return DataProto.from_dict({})
     response_len = data.batch["responses"].shape[-1]
     joined = {k: torch.cat([pad_responses(o[k], response_len) for o in outputs]) for k in outputs[0]}
-    return restore_order(joined, order)
+    return DataProto.from_dict(restore_order(joined, order))
 
 
-def offload(engine: TrainEngine, fsdp_cfg) -> None:
-    """Honours fsdp_config.param_offload / optimizer_offload: a role's state leaves the device between uses."""
-    if fsdp_cfg.param_offload or fsdp_cfg.optimizer_offload:
-        engine.offload(params=fsdp_cfg.param_offload, optimizer=fsdp_cfg.optimizer_offload)
+def offload(engine: TrainEngine) -> None:
+    """Honours the role's param_offload / grad_offload / optimizer_offload: its state leaves the device between uses."""
+    s = engine.spec
+    if s.param_offload or s.grad_offload or s.optimizer_offload:
+        engine.offload(params=s.param_offload, grads=s.grad_offload, optimizer=s.optimizer_offload)
 
 
-def onload(engine: TrainEngine, fsdp_cfg) -> None:
-    if fsdp_cfg.param_offload or fsdp_cfg.optimizer_offload:
-        engine.onload(params=fsdp_cfg.param_offload, optimizer=fsdp_cfg.optimizer_offload)
+def onload(engine: TrainEngine) -> None:
+    s = engine.spec
+    if s.param_offload or s.grad_offload or s.optimizer_offload:
+        engine.onload(params=s.param_offload, grads=s.grad_offload, optimizer=s.optimizer_offload)
 
 
-def mini_batch_counts(mask: torch.Tensor, device: torch.device) -> tuple[float, float]:
-    """(valid tokens, sequences) of a mini-batch summed over every rank's share of it: the normalisers that make
-    the sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg)."""
-    t = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=device)
+def mini_batch_counts(mask: torch.Tensor, engine: TrainEngine) -> tuple[float, float]:
+    """(valid tokens, sequences) of a mini-batch summed over every data-parallel rank's share of it: the
+    normalisers that make the sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg). Summed over
+    the data-parallel group only: TP/PP peers hold the same share."""
+    t = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=engine.device)
     if dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=engine.dp_group)
     return tuple(t.tolist())
 
 
 def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batch_rows: int, micro: MicroBatchSpec,
-                    make_loss_fn: Callable[[tuple[float, float]], LossFn], prefix: str, device: torch.device) -> dict[str, float]:
+                    make_loss_fn: Callable[[tuple[float, float]], LossFn], prefix: str, request: TokenRequest = TokenRequest()) -> dict[str, float]:
     """epochs x mini-batches x micro-batches of a loss, one optimizer step per mini-batch; the mean of each metric.
 
     `data` is this rank's share; `make_loss_fn(counts)` builds a mini-batch's loss from its global counts.
@@ -89,11 +109,11 @@ def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batc
     history: dict[str, list[float]] = defaultdict(list)
     for _ in range(epochs):
         for mini in data.split(mini_batch_rows):
-            loss_fn = make_loss_fn(mini_batch_counts(mini.batch["response_mask"], device))
-            per_micro = engine.forward_backward(make_micro_batches(mini, micro)[0], loss_fn)
+            loss_fn = make_loss_fn(mini_batch_counts(mini.batch["response_mask"], engine))
+            per_micro = engine.forward_backward(make_micro_batches(mini, micro)[0], loss_fn, request)
             # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
             # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
-            for key in per_micro[0]:
+            for key in (per_micro[0] if per_micro else ()):
                 history[key].append(sum(m[key] for m in per_micro))
             step = engine.optimizer_step()
             history[f"{prefix}/grad_norm"].append(step["grad_norm"])

@@ -12,33 +12,31 @@ from rlcore.algos.value import clipped_value_loss
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec
-from rlcore.engine.base import LossFn, TrainEngine, build_engine
+from rlcore.engine.base import LossFn, TrainEngine
+from rlcore.engine.factory import build_engine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
-from rlcore.workers.common import engine_spec, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
-
-
-def response_values(outputs: torch.Tensor) -> torch.Tensor:
-    """V(s_t) for each response token t: the head's output at the state BEFORE the token (the state in which it
-    was chosen; the engine hands over exactly those). outputs `[batch, response_len, 1]` -> `[batch, response_len]`."""
-    return outputs[..., 0].float()
+from rlcore.workers.common import engine_spec, layout_of, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
 
 
 def compute_values(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec) -> DataProto:
     """`values` `[batch, response_len]`, zero outside the response mask."""
 
-    def fn(outputs: torch.Tensor, mb: DataProto) -> dict[str, torch.Tensor]:
-        return {"values": response_values(outputs) * mb.batch["response_mask"].to(outputs.device)}
+    # outputs["values"] is V(s_t) for each response token t: the head's output at the state BEFORE the token (the
+    # state in which it was chosen; the engine hands over exactly those).
+    def fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> dict[str, torch.Tensor]:
+        values = outputs["values"]
+        return {"values": values * mb.batch["response_mask"].to(values.device)}
 
-    return DataProto.from_dict(run_forward(engine, data, micro, fn))
+    return run_forward(engine, data, micro, fn)
 
 
 def make_value_loss_fn(critic_cfg, counts: tuple[float, float], dp_size: int) -> LossFn:
     """Per-micro-batch clipped value loss, aggregated with critic.loss_agg_mode over the whole mini-batch."""
 
-    def loss_fn(outputs: torch.Tensor, mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-        b = {k: v.to(outputs.device) for k, v in mb.batch.items()}
-        vpreds = response_values(outputs)
+    def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        vpreds = outputs["values"]
+        b = {k: v.to(vpreds.device) for k, v in mb.batch.items()}
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, critic_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
         loss_mat, stats = clipped_value_loss(vpreds, b["values"], b["returns"], critic_cfg.cliprange_value)
@@ -50,12 +48,11 @@ def make_value_loss_fn(critic_cfg, counts: tuple[float, float], dp_size: int) ->
     return loss_fn
 
 
-def update_value(engine: TrainEngine, data: DataProto, critic_cfg, micro: MicroBatchSpec, rollout_n: int, dp_size: int,
-                 device: torch.device) -> dict[str, float]:
+def update_value(engine: TrainEngine, data: DataProto, critic_cfg, micro: MicroBatchSpec, rollout_n: int) -> dict[str, float]:
     """critic.ppo_epochs x mini-batches (critic.ppo_mini_batch_size prompts x rollout.n) x micro-batches."""
     return run_ppo_updates(
-        engine, data, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size * rollout_n // dp_size, micro,
-        lambda counts: make_value_loss_fn(critic_cfg, counts, dp_size), "critic", device,
+        engine, data, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size * rollout_n // engine.dp_size, micro,
+        lambda counts: make_value_loss_fn(critic_cfg, counts, engine.dp_size), "critic",
     )
 
 
@@ -71,42 +68,43 @@ class CriticWorker(Worker):
     def init_model(self, total_steps: int) -> None:
         cfg = self.config.critic
         torch.manual_seed(self.config.trainer.seed)  # identical value-head init on every rank before sharding
-        spec = engine_spec(cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.grad_clip, total_steps, kind="value")
-        self.engine = build_engine(cfg.strategy, spec, self.device)
-        offload(self.engine, cfg.model.fsdp_config)
+        spec = engine_spec(cfg.strategy, cfg.model, cfg, cfg.optim, cfg.grad_clip, total_steps, kind="value")
+        self.engine = build_engine(cfg.strategy, spec, self.device, key="critic.strategy")
+        self.layouts["critic"] = layout_of(self.engine)
+        offload(self.engine)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="critic")
     def compute_values(self, data: DataProto) -> DataProto:
         cfg = self.config.critic
-        onload(self.engine, cfg.model.fsdp_config)
-        micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.world_size,
+        onload(self.engine)
+        micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine.dp_size,
                                  cfg.model.use_remove_padding)
         out = compute_values(self.engine, data, micro)
-        offload(self.engine, cfg.model.fsdp_config)
+        offload(self.engine)
         return out
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, mesh="critic")
     def update_critic(self, data: DataProto) -> dict[str, float]:
         cfg = self.config.critic
         start = time.perf_counter()
-        onload(self.engine, cfg.model.fsdp_config)
-        micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.world_size,
+        onload(self.engine)
+        micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.engine.dp_size,
                                  cfg.model.use_remove_padding)
-        metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n, self.world_size, self.device)
-        offload(self.engine, cfg.model.fsdp_config)
+        metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n)
+        offload(self.engine)
         metrics["timing_s/update_critic_on_rank"] = time.perf_counter() - start
         return metrics
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str) -> None:
-        onload(self.engine, self.config.critic.model.fsdp_config)
+        onload(self.engine)
         self.engine.save(path, hf_dir=hf_dir)
         save_rng_state(path, self.rank)
-        offload(self.engine, self.config.critic.model.fsdp_config)
+        offload(self.engine)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        onload(self.engine, self.config.critic.model.fsdp_config)
+        onload(self.engine)
         self.engine.load(path)
         load_rng_state(path, self.rank)
-        offload(self.engine, self.config.critic.model.fsdp_config)
+        offload(self.engine)

@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo, make_rollout_batch
+from dist_utils import free_port, init_gloo, make_rollout_batch, token_outputs
 from omegaconf import OmegaConf
 
-from rlcore.engine.base import EngineSpec
+from rlcore.engine.base import EngineSpec, TokenRequest
 from rlcore.models.hf import load_causal_lm
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import make_policy_loss_fn
@@ -31,7 +31,7 @@ def batch(vocab: int) -> DataProto:
 
 def loss_fn_for(data: DataProto, dp_size: int):
     mask = data.batch["response_mask"]
-    return make_policy_loss_fn(ACTOR, (float(mask.sum()), float(ROWS)), dp_size, temperature=1.0)
+    return make_policy_loss_fn(ACTOR, (float(mask.sum()), float(ROWS)), dp_size)
 
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: str) -> None:
@@ -45,7 +45,7 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
     data = batch(engine.hf_config.vocab_size)
     loss_fn = loss_fn_for(data, world_size)  # counts of the WHOLE batch: each rank only holds its half
     shard = data.chunk(world_size)[rank]
-    metrics = engine.forward_backward(shard.split(3), loss_fn)  # uneven micro-batches (3 + 1 rows)
+    metrics = engine.forward_backward(shard.split(3), loss_fn, TokenRequest(entropy=True))  # uneven micro-batches (3 + 1 rows)
     loss = torch.tensor(sum(m["actor/pg_loss"] for m in metrics))
     dist.all_reduce(loss)
     grads = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
@@ -54,14 +54,14 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
     rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"))
     sent = sync_weights(engine, rollout)
     assert sent == len(weights)
-    train_logits = engine.forward([data], lambda logits, mb: {"logits": logits})[0]["logits"]
+    train_lp = engine.forward([data], lambda out, mb: {"lp": out["log_probs"]})[0]["lp"]
     with torch.no_grad():
         b = data.batch
         rollout_logits = rollout.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-        rollout_logits = rollout_logits[:, -RESPONSE - 1 : -1]  # the engine returns the states before response tokens
+        rollout_lp = token_outputs(rollout_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"]  # states before response tokens
     if rank == 0:
         torch.save({"pg_loss": loss.item() / world_size, "grads": grads, "weights": weights, "grad_norm": step["grad_norm"],
-                    "train_logits": train_logits, "rollout_logits": rollout_logits}, out_path)
+                    "train_lp": train_lp, "rollout_lp": rollout_lp}, out_path)
     dist.destroy_process_group()
 
 
@@ -80,7 +80,7 @@ def reference(tiny_model_dir):
     data = batch(model.config.vocab_size)
     b = data.batch
     logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"], use_cache=False).logits
-    loss, metrics = loss_fn_for(data, 1)(logits[:, -RESPONSE - 1 : -1], data)
+    loss, metrics = loss_fn_for(data, 1)(token_outputs(logits[:, -RESPONSE - 1 : -1], b["responses"]), data)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
@@ -126,5 +126,5 @@ def test_two_rank_adamw_step_equals_single_process(two_rank_result, reference):
 
 
 def test_weight_sync_makes_rollout_model_equal_trained_model(two_rank_result):
-    # After an optimizer step, the rollout model (synced bucket by bucket) produces the training model's logits.
-    torch.testing.assert_close(two_rank_result["rollout_logits"], two_rank_result["train_logits"], atol=1e-5, rtol=1e-5)
+    # After an optimizer step, the rollout model (synced tensor by tensor) gives the training model's log-probs.
+    torch.testing.assert_close(two_rank_result["rollout_lp"], two_rank_result["train_lp"], atol=1e-5, rtol=1e-5)

@@ -9,14 +9,13 @@ from dist_utils import free_port, init_gloo, make_rollout_batch
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.engine.optim import warmup_schedule
-from rlcore.models.logits import gather_log_probs
 from rlcore.protocol import DataProto
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
 
 
-def nll(logits, mb):
-    lp = gather_log_probs(logits, mb.batch["responses"])  # the engine hands over response-aligned logits
+def nll(outputs, mb):
+    lp = outputs["log_probs"]  # the engine hands over the response tokens' log-probs
     mask = mb.batch["response_mask"]
     return -(lp * mask).sum() / mask.sum(), {}
 
@@ -49,7 +48,7 @@ def test_gradient_checkpointing_gives_identical_gradients(pg, tiny_model_dir, da
 def test_non_finite_gradient_step_is_skipped(pg, tiny_model_dir, data):
     engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-2), torch.device("cpu"))
     before = [p.full_tensor().clone() for p in engine.model.parameters()]
-    engine.forward_backward([data], lambda logits, mb: (nll(logits, mb)[0] * float("nan"), {}))
+    engine.forward_backward([data], lambda outputs, mb: (nll(outputs, mb)[0] * float("nan"), {}))
     step = engine.optimizer_step()
     assert step["skipped_step"] == 1.0 and math.isnan(step["grad_norm"])
     assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, engine.model.parameters()))

@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 
-from rlcore.rollout.base import build_rollout
+from rlcore.rollout.factory import build_rollout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the missing-extra path does not apply")

@@ -78,7 +78,7 @@ def test_data_metrics_report_the_critics_explained_variance():
 def test_balance_batch_gives_each_rank_the_same_tokens_and_keeps_rows_whole():
     from types import SimpleNamespace
 
-    t = PPOTrainer(compose(["recipe=tiny_cpu"]), groups={"actor_rollout": SimpleNamespace(world_size=2)}, reward_fn=None,
+    t = PPOTrainer(compose(["recipe=tiny_cpu"]), groups={"actor_rollout": SimpleNamespace(world_size=2, dp_size=lambda mesh=None: 2)}, reward_fn=None,
                    val_reward_fn=None, train_loader=None, val_loader=None, tracker=None, total_steps=1)
     lengths = [9, 8, 7, 6, 1, 1, 1, 1]  # as dispatched: rank 0 would get 30 tokens, rank 1 only 4
     mask = (torch.arange(9)[None] < torch.tensor(lengths)[:, None]).long()

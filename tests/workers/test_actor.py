@@ -35,7 +35,7 @@ def engine(tiny_model_dir):
 def test_micro_batch_splits_give_identical_gradients(engine, mode):
     data = DataProto.from_dict(make_rollout_batch(8, 6, 5, engine.hf_config.vocab_size, seed=3))
     cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": mode})
-    loss_fn = make_policy_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1, 1.0)
+    loss_fn = make_policy_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], engine), 1)
     # 1, 4 even and 3-4 uneven micro-batches
     sets = [split_rows(data, sizes) for sizes in ([8], [2, 2, 2, 2], [1, 3, 4], [5, 1, 1, 1])]
     assert_split_invariant(engine, sets, loss_fn, "actor/pg_loss")
@@ -47,7 +47,7 @@ def test_update_policy_steps_once_per_mini_batch_and_reports_metrics(engine):
     data.batch["old_log_probs"] = compute_log_prob(engine, data, MicroBatchSpec(rows=4), 1.0, with_entropy=False).batch["log_probs"]
     before = [p.full_tensor().clone() for p in engine.model.parameters()]
     cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": "token-mean"})
-    metrics = update_policy(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, temperature=1.0, dp_size=1, device=torch.device("cpu"))
+    metrics = update_policy(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, temperature=1.0)
     assert engine.scheduler.last_epoch == 2  # 8 rows / (2 prompts x n=2) = 2 mini-batches = 2 optimizer steps
     assert 0.0 <= metrics["actor/pg_clipfrac"] <= 1.0
     # The first mini-batch is on-policy, the second runs after one optimizer step: the policy has moved.
@@ -72,7 +72,7 @@ def test_token_mean_loss_is_the_same_over_1_3_or_7_token_budget_micro_batches(ti
     engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, use_remove_padding=packed, lr=1e-3), torch.device("cpu"))
     data = DataProto.from_dict(make_rollout_batch(16, 6, 12, engine.hf_config.vocab_size, seed=8))
     cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": "token-mean"})
-    loss_fn = make_policy_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1, 1.0)
+    loss_fn = make_policy_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], engine), 1)
     sets = []
     for num_parts in (1, 3, 7):
         parts, _ = make_micro_batches(data, MicroBatchSpec(max_tokens=budget_for(data, num_parts, packed), packed=packed))

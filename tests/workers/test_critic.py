@@ -76,7 +76,7 @@ def test_values_are_masked_and_micro_batch_independent(engine):
 def test_value_loss_gradients_do_not_depend_on_micro_batch_splits(engine, mode):
     data = value_batch(engine, seed=2)
     cfg = OmegaConf.create({**CRITIC, "loss_agg_mode": mode})
-    loss_fn = make_value_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], torch.device("cpu")), 1)
+    loss_fn = make_value_loss_fn(cfg, mini_batch_counts(data.batch["response_mask"], engine), 1)
     sets = [split_rows(data, sizes) for sizes in ([8], [2, 2, 2, 2], [1, 3, 4])]
     assert_split_invariant(engine, sets, loss_fn, "critic/vf_loss")
 
@@ -84,10 +84,10 @@ def test_value_loss_gradients_do_not_depend_on_micro_batch_splits(engine, mode):
 def test_update_value_fits_the_returns(engine):
     data = value_batch(engine, seed=3)
     cfg = OmegaConf.create({**CRITIC, "loss_agg_mode": "token-mean", "ppo_mini_batch_size": 4})
-    first = update_value(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, dp_size=1, device=torch.device("cpu"))
+    first = update_value(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2)
     for _ in range(30):  # PPO-style: each round clips around the values of the previous round
         data.batch["values"] = compute_values(engine, data, MicroBatchSpec(rows=8)).batch["values"]
-        last = update_value(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, dp_size=1, device=torch.device("cpu"))
+        last = update_value(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2)
     assert engine.scheduler.last_epoch == 31  # one mini-batch (4 prompts x n=2 = 8 rows) per round
     assert last["critic/vf_loss"] < 0.5 * first["critic/vf_loss"]
     assert {"critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(last)

@@ -5,7 +5,7 @@ padded and packed."""
 import pytest
 import torch
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo, make_rollout_batch
+from dist_utils import free_port, init_gloo, make_rollout_batch, token_outputs
 from omegaconf import OmegaConf
 
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, sequence_lengths
@@ -37,7 +37,7 @@ def skewed_batch(vocab: int) -> DataProto:
 
 def loss_fn_for(data: DataProto, dp_size: int):
     mask = data.batch["response_mask"]
-    return make_policy_loss_fn(ACTOR, (float(mask.sum()), float(ROWS)), dp_size, temperature=1.0)
+    return make_policy_loss_fn(ACTOR, (float(mask.sum()), float(ROWS)), dp_size)
 
 
 def _rank_main(rank: int, port: int, model_dir: str, out_path: str) -> None:
@@ -74,7 +74,7 @@ def test_two_rank_token_budget_gradients_equal_single_process(two_rank_result, t
     data = skewed_batch(model.config.vocab_size)
     b = data.batch
     logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-    loss, _ = loss_fn_for(data, 1)(logits[:, -RESPONSE - 1 : -1], data)
+    loss, _ = loss_fn_for(data, 1)(token_outputs(logits[:, -RESPONSE - 1 : -1], b["responses"]), data)
     loss.backward()
     # Rank 0's short rows need fewer 40-token micro-batches than rank 1's long ones: both ran rank 1's count.
     (alone_0, ran_0), (alone_1, ran_1) = two_rank_result[packed]["counts"]

@@ -1,0 +1,81 @@
+"""The chunked / vocab-parallel log-prob head against plain full-vocabulary log-softmax: values and gradients."""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from dist_utils import free_port, init_gloo
+
+from rlcore.models import logits as logits_mod
+from rlcore.models.logits import entropy_from_logits, gather_log_probs, token_log_probs
+
+pytestmark = pytest.mark.numerics
+# Logits are float32 (as in training) and summed in another order (by chunk, by vocabulary shard): logsumexp and
+# E[z] differ by ~1e-6 relative, and H = logsumexp - E[z] cancels most of its magnitude, so allow 2e-5.
+TOL = dict(atol=2e-5, rtol=1e-5)
+
+
+def reference(hidden, weight, tokens, temperature):
+    z = (hidden @ weight.t()).float() / temperature
+    return gather_log_probs(z, tokens), entropy_from_logits(z)
+
+
+def problem(seed=0, tokens=37, hidden=16, vocab=50):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
+    w = torch.randn(vocab, hidden, generator=g, dtype=torch.float64) * 0.5
+    t = torch.randint(0, vocab, (tokens,), generator=g)
+    g_lp, g_ent = torch.randn(tokens, generator=g, dtype=torch.float64), torch.randn(tokens, generator=g, dtype=torch.float64)
+    return h, w, t, g_lp, g_ent
+
+
+def grads_of(fn, h, w, g_lp, g_ent):
+    h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
+    lp, ent = fn(h, w)
+    (lp.double() * g_lp).sum().add((ent.double() * g_ent).sum()).backward()
+    return lp.detach(), ent.detach(), h.grad, w.grad
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_head_equals_full_log_softmax_in_value_and_gradient(monkeypatch, temperature):
+    # 7 tokens per chunk: 37 tokens are 6 chunks (the last one short).
+    monkeypatch.setattr(logits_mod, "LOGITS_CHUNK_BYTES", 4 * 50 * 7)
+    h, w, t, g_lp, g_ent = problem()
+    want = grads_of(lambda h, w: reference(h, w, t, temperature), h, w, g_lp, g_ent)
+    got = grads_of(lambda h, w: token_log_probs(h, w, t, temperature, with_entropy=True), h, w, g_lp, g_ent)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b.double(), **TOL)
+
+
+def test_padding_columns_are_excluded(monkeypatch):
+    h, w, t, g_lp, _ = problem()
+    padded = torch.cat([w, torch.randn(6, w.shape[1], dtype=w.dtype)])  # 6 rows of TP padding past vocab 50
+    lp, ent = token_log_probs(h, padded, t, with_entropy=True, vocab_size=50)
+    want_lp, want_ent = reference(h, w, t, 1.0)
+    torch.testing.assert_close(lp.double(), want_lp.double(), **TOL)
+    torch.testing.assert_close(ent.double(), want_ent.double(), **TOL)
+
+
+def _shard_main(rank, world, port, out):
+    init_gloo(rank, world, port)
+    h, w, t, g_lp, g_ent = problem(tokens=20, vocab=45)  # 45 = 2 x 23 - 1: one padding row on rank 1
+    per_rank = 23
+    local = torch.zeros(per_rank, w.shape[1], dtype=w.dtype)
+    rows = w[rank * per_rank : (rank + 1) * per_rank]
+    local[: len(rows)] = rows
+    lp, ent, gh, gw = grads_of(lambda h, w_: token_log_probs(h, w_, t, 0.7, True, vocab_start=rank * per_rank, vocab_size=45,
+                                                             group=torch.distributed.group.WORLD), h, local, g_lp, g_ent)
+    torch.save({"lp": lp, "ent": ent, "gh": gh, "gw": gw[: len(rows)]}, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def test_vocab_parallel_over_two_ranks_equals_full(tmp_path):
+    out = str(tmp_path / "r")
+    mp.spawn(_shard_main, args=(2, free_port(), out), nprocs=2, join=True)
+    h, w, t, g_lp, g_ent = problem(tokens=20, vocab=45)
+    want_lp, want_ent, want_gh, want_gw = grads_of(lambda h, w: reference(h, w, t, 0.7), h, w, g_lp, g_ent)
+    parts = [torch.load(f"{out}.{r}") for r in range(2)]
+    for p in parts:
+        torch.testing.assert_close(p["lp"].double(), want_lp.double(), **TOL)
+        torch.testing.assert_close(p["ent"].double(), want_ent.double(), **TOL)
+        torch.testing.assert_close(p["gh"], want_gh, **TOL)  # summed over both vocabulary shards
+    torch.testing.assert_close(torch.cat([p["gw"] for p in parts]), want_gw, **TOL)
