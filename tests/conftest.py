@@ -23,6 +23,25 @@ def build_tiny_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int 
     return path
 
 
+def build_tiny_llama_dir(path: str, seed: int = 1, layers: int = 4) -> str:
+    """A tiny Llama: tied embeddings, no attention bias, 4 query heads per KV head, and an odd vocabulary (one more
+    than the tokenizer's), so tensor parallelism has to pad it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlcore.data.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) + 1 if len(tokenizer) % 2 == 0 else len(tokenizer), hidden_size=64, intermediate_size=96,
+        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64, rope_theta=5e5,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     return build_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_model")))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 ARR = "actor_rollout_ref"
-STRATEGIES = ("fsdp", "fsdp2")
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
 ROLLOUT_NAMES = ("native", "vllm", "hf")
 ROLLOUT_MODES = ("sync", "async")
 TRUNCATIONS = ("error", "left", "right", "middle")
@@ -35,8 +35,12 @@ DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 # Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg")
 
-_UNSUPPORTED_STRATEGY = {"megatron": "(megatron-core TP/PP training) is not supported yet by rlcore; use {key}=fsdp2 "
-                                     "(FSDP2 shards the same model over the same devices; rlcore-plan sizes both)"}
+# <role>.megatron.<key>: (the value rlcore supports, what any other value would ask for)
+_MEGATRON_UNSUPPORTED = {
+    "context_parallel_size": (1, "context parallelism"),
+    "expert_model_parallel_size": (1, "expert parallelism (MoE)"),
+    "use_dist_checkpointing": (False, "initial weights from a Megatron dist checkpoint; rlcore reads the HF checkpoint at model.path"),
+}
 _UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
 _UNSUPPORTED_REWARD_MANAGER = {name: "is not supported yet by rlcore; use {key}=naive (per-sample scores; "
                                       "custom_reward_function.path for your own) or {key}=dapo" for name in ("prime", "batch")}
@@ -147,9 +151,9 @@ class _Checker:
 
 
 def _check_choices(c: _Checker) -> None:
-    c.choice(f"{ARR}.actor.strategy", STRATEGIES, _UNSUPPORTED_STRATEGY)
+    c.choice(f"{ARR}.actor.strategy", STRATEGIES)
     if c.get(f"{ARR}.ref.strategy") != c.get(f"{ARR}.actor.strategy"):
-        c.choice(f"{ARR}.ref.strategy", STRATEGIES, _UNSUPPORTED_STRATEGY)
+        c.choice(f"{ARR}.ref.strategy", STRATEGIES)
     c.choice(f"{ARR}.rollout.name", ROLLOUT_NAMES, _UNSUPPORTED_ROLLOUT)
     c.choice(f"{ARR}.rollout.mode", ROLLOUT_MODES)
     c.choice("data.truncation", TRUNCATIONS)
@@ -165,11 +169,37 @@ def _check_choices(c: _Checker) -> None:
         c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
     c.choice(f"{ARR}.rollout.dtype", DTYPES)
     _check_reward_manager(c)
+    if c.get(f"{ARR}.actor.strategy") == "megatron":
+        _check_megatron(c, f"{ARR}.actor.megatron")
+        if c.get(f"{ARR}.actor.use_kl_loss") or c.get("algorithm.use_kl_in_reward"):
+            _check_same_layout(c, f"{ARR}.ref.megatron", f"{ARR}.actor.megatron")
     if uses_critic(c.cfg):
-        c.choice("critic.strategy", STRATEGIES, _UNSUPPORTED_STRATEGY)
+        c.choice("critic.strategy", STRATEGIES)
+        if c.get("critic.strategy") == "megatron":
+            _check_megatron(c, "critic.megatron")
         c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
         c.choice("critic.optim.lr_scheduler_type", LR_SCHEDULERS)
         c.choice("critic.model.fsdp_config.dtype", DTYPES)
+
+
+def _check_megatron(c: _Checker, section: str) -> None:
+    """What rlcore's megatron engine does not do, refused before Ray starts, naming the key."""
+    for key, (ok, what) in _MEGATRON_UNSUPPORTED.items():
+        if c.get(f"{section}.{key}") != ok:
+            c.error(f"{section}.{key}={c.get(f'{section}.{key}')} ({what}) is not supported by rlcore; use {section}.{key}={ok}")
+    pp, vpp = c.get(f"{section}.pipeline_model_parallel_size"), c.get(f"{section}.virtual_pipeline_model_parallel_size")
+    if vpp is not None and vpp > 1 and pp < 2:
+        c.error(f"{section}.virtual_pipeline_model_parallel_size={vpp} interleaves pipeline stages and needs "
+                f"pipeline_model_parallel_size >= 2 (it is {pp}); use {section}.virtual_pipeline_model_parallel_size=null")
+    c.choice(f"{section}.dtype", DTYPES)
+
+
+def _check_same_layout(c: _Checker, ref: str, actor: str) -> None:
+    """The reference shares the actor's processes, and megatron-core one layout per process."""
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"):
+        if c.get(f"{ref}.{key}") != c.get(f"{actor}.{key}"):
+            c.error(f"{ref}.{key}={c.get(f'{ref}.{key}')} differs from {actor}.{key}={c.get(f'{actor}.{key}')}: the reference "
+                    f"runs in the actor's processes, which hold one megatron layout; use {ref}.{key}={c.get(f'{actor}.{key}')}")
 
 
 def _check_reward_manager(c: _Checker) -> None:
@@ -461,6 +491,11 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
         if not (c.at_least("critic.nnodes", 1) and c.at_least("critic.n_gpus_per_node", 1)):
             return None
         world = c.get("critic.nnodes") * c.get("critic.n_gpus_per_node")
+    if c.get("critic.strategy") == "megatron":
+        model_parallel = _megatron_model_parallel(c, "critic.megatron", world)
+        if model_parallel is None:
+            return None
+        world //= model_parallel  # from here on: the critic's data-parallel ranks
     if not (c.at_least("critic.ppo_mini_batch_size", 1) and c.at_least("critic.ppo_epochs", 1)):
         return None
     for key in ("critic.optim.lr", "critic.cliprange_value"):

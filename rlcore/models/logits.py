@@ -84,7 +84,7 @@ def _softmax_stats(z: torch.Tensor, shard: _VocabShard, with_expected: bool) -> 
 
 class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, shard):
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, shard, reduce_hidden_grad):
         num_tokens = hidden.shape[0]
         log_probs = hidden.new_empty(num_tokens, dtype=torch.float32)
         lse = hidden.new_empty(num_tokens, dtype=torch.float32)
@@ -100,7 +100,7 @@ class _TokenLogProbs(torch.autograd.Function):
                 expected_z[s : s + step] = ez
         # Backward recomputes each chunk's logits from these (no [tokens, vocab] tensor is kept alive).
         ctx.save_for_backward(hidden, weight, tokens, lse, expected_z)
-        ctx.temperature, ctx.shard, ctx.with_entropy = temperature, shard, with_entropy
+        ctx.temperature, ctx.shard, ctx.with_entropy, ctx.reduce_hidden_grad = temperature, shard, with_entropy, reduce_hidden_grad
         entropy = lse - expected_z if with_entropy else torch.zeros_like(lse)
         return log_probs, entropy
 
@@ -130,21 +130,24 @@ class _TokenLogProbs(torch.autograd.Function):
             dz = (dz * scale).to(hidden.dtype)
             grad_hidden[s : s + step] = dz @ weight
             grad_weight += (dz.t() @ h).float()
-        # Each shard saw only its vocabulary columns: the hidden state's gradient is the sum over shards.
-        shard.all_reduce(grad_hidden)
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
+        # Each shard saw only its vocabulary columns: the hidden state's gradient is the sum over shards (unless the
+        # caller sums it itself, e.g. a sequence-parallel gather whose backward reduce-scatters).
+        if ctx.reduce_hidden_grad:
+            shard.all_reduce(grad_hidden)
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
 
 
 def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                     with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
-                    group=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    group=None, reduce_hidden_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(hidden @ weight.T / temperature)[token] and (optionally) the entropy of that distribution.
 
     hidden `[tokens, hidden]`, weight `[vocab_per_rank, hidden]` (this rank's rows `vocab_start ...` of the
     vocabulary projection; the whole of it when `group` is None), tokens `[tokens]` global ids. Columns at or past
     `vocab_size` (TP padding) are excluded. Returns float32 `[tokens]` log-probs and entropy (None if not asked).
     Collective over `group` (every rank of the tensor-parallel group calls it with the same hidden and tokens).
+    `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial sum.
     """
     shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group)
-    log_probs, entropy = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy, shard)
+    log_probs, entropy = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy, shard, reduce_hidden_grad)
     return log_probs, (entropy if with_entropy else None)

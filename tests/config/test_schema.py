@@ -199,7 +199,7 @@ def test_verl_top_100_example_keys_all_compose():
     assert [k for k in keys if ".megatron." in k and not accepted(megatron, k)] == []
 
 
-def test_megatron_command_line_composes_and_is_refused_plainly():
+def test_megatron_command_line_composes_and_validates():
     cfg = compose(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
                    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
                    "actor_rollout_ref.actor.megatron.param_offload=True",
@@ -214,10 +214,14 @@ def test_megatron_command_line_composes_and_is_refused_plainly():
     from rlcore.config.validate import diagnose
 
     plan, errors = diagnose(cfg)
-    assert errors == ["actor_rollout_ref.actor.strategy=megatron (megatron-core TP/PP training) is not supported yet "
-                      "by rlcore; use actor_rollout_ref.actor.strategy=fsdp2 (FSDP2 shards the same model over the "
-                      "same devices; rlcore-plan sizes both)"]
+    assert errors == []
     assert plan.dp_size == 1  # 8 devices = TP4 x PP2 x DP1
+    for key, value, what in (("context_parallel_size", 2, "context parallelism"), ("expert_model_parallel_size", 2, "expert parallelism"),
+                             ("use_dist_checkpointing", True, "initial weights from a Megatron dist checkpoint")):
+        _, errors = diagnose(compose([f"actor_rollout_ref.actor.megatron.{key}={value}"],
+                                     config_name="ppo_megatron_trainer"))
+        assert any(e.startswith(f"actor_rollout_ref.actor.megatron.{key}={value} ({what}") and "is not supported by rlcore" in e
+                   for e in errors), errors
     _, errors = diagnose(compose(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"],
                                  config_name="ppo_megatron_trainer"))
     assert any("= 3 devices per model replica does not divide the world size 8" in e and

@@ -110,7 +110,7 @@ def test_brief_example_message_exactly():
 def test_many_violations_in_one_error():
     overrides = VERL_8GPU + [
         "trainer.n_gpus_per_node=6",  # 5120 and 1280 samples not divisible by 6 ranks; TP 2 still fine
-        f"{ARR}.actor.strategy=megatron", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae", "critic.enable=False",
+        f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.megatron.expert_model_parallel_size=2", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae", "critic.enable=False",
         f"{ARR}.model.lora_rank=8", "trainer.test_freq=0", f"{ARR}.rollout.top_p=1.5", "data.truncation=lef",
         f"{ARR}.actor.use_kl_loss=True",  # reference now needed but has no micro-batch size
     ]
@@ -118,8 +118,8 @@ def test_many_violations_in_one_error():
         validate_config(_cfg(overrides))
     messages, text = info.value.messages, str(info.value)
     expected = [
-        f"{ARR}.actor.strategy=megatron (megatron-core TP/PP training) is not supported yet by rlcore; use "
-            f"{ARR}.actor.strategy=fsdp2",
+        f"{ARR}.actor.megatron.expert_model_parallel_size=2 (expert parallelism (MoE)) is not supported by rlcore; use "
+            f"{ARR}.actor.megatron.expert_model_parallel_size=1",
         f"{ARR}.rollout.name=sglang is not supported yet by rlcore; use {ARR}.rollout.name=vllm",
         "algorithm.adv_estimator=gae needs the critic's values but critic.enable=False",
         f"{ARR}.model.lora_rank=8 (LoRA) is not supported yet",
@@ -207,7 +207,6 @@ def test_gae_turns_the_critic_on_and_plans_its_batches():
     ("critic.ppo_mini_batch_size=12", "critic.ppo_mini_batch_size=12 does not divide data.train_batch_size=32"),
     ("critic.cliprange_value=0", "critic.cliprange_value=0.0 must be > 0"),
     ("critic.loss_agg_mode=mean", "critic.loss_agg_mode=mean is not one of"),
-    ("critic.strategy=megatron", "critic.strategy=megatron (megatron-core TP/PP training) is not supported yet by rlcore"),
     ("critic.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2 (Ulysses"),
 ])
 def test_critic_violations(override, fragment):
@@ -244,6 +243,17 @@ def test_format_plan_is_an_aligned_table():
     assert len(value_ends) == 1  # values right-aligned in one column
 
 
+def test_a_megatron_critic_is_checked_on_its_own_layout():
+    megatron = CRITIC + ["critic.strategy=megatron"]
+    messages = _errors(megatron + ["critic.megatron.context_parallel_size=2"], recipe="tiny_cpu")
+    assert any(m.startswith("critic.megatron.context_parallel_size=2 (context parallelism) is not supported by rlcore") for m in messages)
+    # tiny_cpu has 2 ranks: a TP=2 critic is one data-parallel replica, so its 32-prompt mini-batch x 8 samples all
+    # go to one rank in micro-batches of 32: valid, while TP=3 cannot split 2 devices.
+    assert diagnose(compose(["recipe=tiny_cpu", *megatron, "critic.megatron.tensor_model_parallel_size=2"]))[1] == []
+    assert any("critic.megatron.tensor_model_parallel_size=3" in m and "does not divide the world size 2" in m
+               for m in _errors(megatron + ["critic.megatron.tensor_model_parallel_size=3"], recipe="tiny_cpu"))
+
+
 def test_recipes_folder_has_only_yaml_recipes():
     files = sorted(p for p in RECIPES_DIR.iterdir() if not p.name.startswith("."))
     assert files == RECIPES, "every file in recipes/ must be a .yaml recipe (others would be skipped silently)"
@@ -252,7 +262,6 @@ def test_recipes_folder_has_only_yaml_recipes():
 
 # Recipes for features rlcore does not have yet: every other rule holds, and the refusal is exactly this.
 NOT_YET = {
-    "qwen2_32b_grpo_megatron": [f"{ARR}.actor.strategy=megatron (megatron-core TP/PP training) is not supported yet"],
     "llama3_8b_rm_lora": [f"{ARR}.model.lora_rank=64 (LoRA) is not supported yet",
                           "critic.model.lora_rank=64 (LoRA) is not supported yet"],
 }

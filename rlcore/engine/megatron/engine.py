@@ -1,0 +1,336 @@
+"""The Megatron TP/PP training engine on megatron-core: GPTModel chunks, its DDP and (distributed) optimizer, its
+1F1B / interleaved schedules, and the HF weights both ways. Same TrainEngine contract as FSDP2."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as mpu
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+from safetensors.torch import save_file
+
+from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
+from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
+from rlcore.engine.megatron.offload import move_state
+from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
+from rlcore.engine.optim import lr_factor
+from rlcore.models.hf import load_config, to_torch_dtype
+from rlcore.models.logits import token_log_probs
+
+UNSUPPORTED = {  # megatron.<key>: (value that is fine, why rlcore refuses anything else)
+    "context_parallel_size": (1, "context parallelism"),
+    "expert_model_parallel_size": (1, "expert parallelism (MoE)"),
+    "use_dist_checkpointing": (False, "initial weights from a Megatron dist checkpoint (rlcore loads HF checkpoints)"),
+}
+
+
+def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
+    """megatron-core's process groups for this layout (once per process; every engine of a process shares them,
+    so the reference must use the actor's layout, as in verl)."""
+    if mpu.model_parallel_is_initialized():
+        have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
+                mpu.get_virtual_pipeline_model_parallel_world_size())
+        if have != (layout.tp, layout.pp, layout.vpp):
+            raise ValueError(f"this process already runs megatron-core with TP, PP, VPP = {have}; another engine asked for "
+                             f"{(layout.tp, layout.pp, layout.vpp)}. Roles sharing a process (actor and reference) need the same sizes")
+        return
+    if device.type == "cpu":
+        from rlcore.engine.megatron.cpu_shim import apply_cpu_shim
+
+        apply_cpu_shim()
+    mpu.initialize_model_parallel(layout.tp, layout.pp, layout.vpp)
+    # TP ranks get different RNG streams for TP-split weights and dropout, DP replicas the same (megatron's rule).
+    model_parallel_cuda_manual_seed(seed)
+
+
+class MegatronEngine(TrainEngine):
+    def __init__(self, spec: EngineSpec, device: torch.device) -> None:
+        self.spec, self.device = spec, device
+        m = spec.megatron
+        for key, (ok, what) in UNSUPPORTED.items():
+            if m.get(key, ok) != ok:
+                raise ValueError(f"megatron.{key}={m[key]} ({what}) is not supported by rlcore; use megatron.{key}={ok}")
+        self.layout = Layout.from_config(m)
+        init_model_parallel(self.layout, m.get("seed", 42), device)
+        torch.manual_seed(m.get("seed", 42))  # the same on every rank: initialisation before the HF weights arrive
+        self.hf_config = load_config(spec.model_path, spec.override_config)
+        self.vocab_size = self.hf_config.vocab_size
+        self.padded_vocab = padded_vocab_size(self.vocab_size, self.layout.tp)
+        self.tied = spec.kind == "causal_lm" and bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        dtype = to_torch_dtype(spec.param_dtype)
+        self.config = transformer_config(self.hf_config, self.layout, dtype, device, spec.gradient_checkpointing and spec.trainable,
+                                         m.get("override_transformer_config") or {})
+        self.modules = build_chunks(self.hf_config, self.config, spec.kind, device)
+        load_hf(self.modules, spec.model_path, self.config, self.vocab_size, self.padded_vocab, spec.kind, self.tied,
+                getattr(self.hf_config, "initializer_range", 0.02))
+        for chunk in self.modules:
+            if chunk.post_process:
+                chunk.output_layer.forward = self._head(chunk)
+        self.optimizer = None
+        self.model = self.modules
+        if spec.trainable:
+            self._build_optimizer(m)
+        else:
+            for chunk in self.modules:
+                chunk.requires_grad_(False)
+        self.optimizer_steps = 0
+        self.dp_rank, self.dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+        self.dp_group = mpu.get_data_parallel_group()
+        self.is_output_rank = mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0
+        self._manifest = None
+        self._inputs: ModelInputs | None = None  # the micro-batch the running forward step is on
+        self._request = TokenRequest()
+
+    def _build_optimizer(self, m: dict[str, Any]) -> None:
+        distributed = m.get("use_distributed_optimizer", True)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, overlap_param_gather=False,
+                                                   use_distributed_optimizer=distributed, **(m.get("override_ddp_config") or {}))
+        self.model = [DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
+                      for i, chunk in enumerate(self.modules)]
+        # After the last micro-batch: DP gradient reduce(-scatter), tied-embedding gradients across stages.
+        self.config.finalize_model_grads_func = finalize_model_grads
+        betas = tuple(self.spec.betas)
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=self.spec.lr, weight_decay=self.spec.weight_decay, adam_beta1=betas[0], adam_beta2=betas[1], adam_eps=1e-8,
+            clip_grad=self.spec.grad_clip, bf16=self.config.bf16, fp16=self.config.fp16, params_dtype=self.config.params_dtype,
+            use_distributed_optimizer=distributed,
+        )
+        # config_overrides={}: weight decay on every parameter, biases and norms included, as the FSDP2 engine's
+        # AdamW does (megatron's default exempts them): switching backends does not change the optimisation.
+        self.optimizer = get_megatron_optimizer(opt_config, self.model, config_overrides={})
+
+    # ------------------------------------------------------------------------------------------- compute
+    def _head(self, chunk):
+        """The last stage's output layer, replaced: from the final hidden states `[s, b, h]` it keeps only the
+        states before response tokens, then computes per-token log-probs (+ entropy) vocab-parallel over the TP
+        group, or a critic's values. GPTModel returns the result transposed to `[b, k, channels]`."""
+        layer = chunk.output_layer
+        tp_group = mpu.get_tensor_model_parallel_group() if self.layout.tp > 1 else None
+        vocab_start = mpu.get_tensor_model_parallel_rank() * (self.padded_vocab // self.layout.tp)
+
+        value = self.spec.kind == "value"
+
+        def forward(hidden: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output=None):
+            inputs, request = self._inputs, self._request
+            if self.layout.sp:
+                # Each TP rank holds 1/tp of the sequence: gather it. Backward: the vocabulary shards' partial
+                # gradients are summed by the reduce-scatter (a value head's are whole on every rank: split).
+                hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=not value, group=tp_group)
+            states = inputs.select(hidden)  # [k, b', h]
+            w = weight if weight is not None else layer.weight
+            if value:
+                return states @ w.t(), None
+            lp, ent = token_log_probs(states.reshape(-1, states.shape[-1]), w, inputs.head_tokens.reshape(-1), request.temperature,
+                                      request.entropy, vocab_start=vocab_start, vocab_size=self.vocab_size, group=tp_group,
+                                      reduce_hidden_grad=not self.layout.sp)
+            shape = states.shape[:-1]
+            return torch.stack([lp.view(shape), (ent if ent is not None else torch.zeros_like(lp)).view(shape)], -1), None
+
+        return forward
+
+    def _schedule(self, micro_batches: list, on_output, request: TokenRequest, forward_only: bool) -> list:
+        """Runs megatron-core's schedule (no pipelining, 1F1B, or interleaved 1F1B) over the micro-batches.
+        `on_output(outputs, mb)` -> (loss, result) on the last stage; returns the results in micro-batch order.
+
+        Pipeline parallelism and token budgets: every micro-batch of this rank is one schedule micro-batch; they
+        may differ in shape (trimmed width, or packed length) because stages exchange each activation's shape
+        first (variable_seq_lengths). Ranks of a replica get the same micro-batches (same dp_rank)."""
+        self._request = request
+        micro_batches = self._fit_interleaving(micro_batches)
+        num = len(micro_batches)
+        names = ("values",) if self.spec.kind == "value" else (("log_probs", "entropy") if request.entropy else ("log_probs",))
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            inputs = model_inputs(mb, self.spec.use_remove_padding, self.device, self.layout.tp if self.layout.sp else 1)
+            self._inputs = inputs
+            output = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=None,
+                           packed_seq_params=inputs.packed_seq_params)
+
+            def loss_func(output_tensor):
+                per_token = inputs.unpack(output_tensor)
+                outputs = {name: per_token[..., i].float() for i, name in enumerate(names)}
+                loss, result = on_output(outputs, mb)
+                # The schedule divides each micro-batch's loss by their number; rlcore's losses are already each
+                # micro-batch's share of the mini-batch loss (rlcore.algos.agg), so undo it.
+                return loss * num, result
+
+            return output, loss_func
+
+        iterators = [iter(micro_batches) for _ in self.model] if len(self.model) > 1 else iter(micro_batches)
+        results = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iterators, model=self.model, num_microbatches=num,
+            seq_length=max(mb.batch["input_ids"].shape[-1] for mb in micro_batches), micro_batch_size=1, forward_only=forward_only,
+        )
+        self._inputs = None
+        return list(results) if mpu.is_pipeline_last_stage() else []
+
+    def _fit_interleaving(self, micro_batches: list) -> list:
+        """The interleaved schedule runs micro-batches in groups of N per virtual stage with pp <= N <= M and no
+        last group shorter than pp. N = pp when M is a multiple of it, else one group of all M; with fewer
+        micro-batches than stages, the largest are halved (exact: each one's loss is its share of the mini-batch
+        loss, and halves stay consecutive, so outputs keep their order)."""
+        if self.layout.vpp is None:
+            return micro_batches
+        pp = self.layout.pp
+        parts = list(micro_batches)
+        while len(parts) < pp:
+            i = max(range(len(parts)), key=lambda j: len(parts[j]))
+            if len(parts[i]) < 2:
+                raise ValueError(f"interleaved pipeline (virtual_pipeline_model_parallel_size={self.layout.vpp}) needs at least "
+                                 f"pipeline_model_parallel_size={pp} micro-batches per step, and this rank has {len(parts)} of one sample "
+                                 "each: give each rank more samples, or drop virtual_pipeline_model_parallel_size")
+            parts[i : i + 1] = parts[i].split((len(parts[i]) + 1) // 2)
+        self.config.microbatch_group_size_per_vp_stage = pp if len(parts) % pp == 0 else len(parts)
+        return parts
+
+    def forward(self, micro_batches, fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
+        for chunk in self.model:
+            chunk.eval()
+        zero = torch.zeros((), device=self.device)
+        with torch.no_grad():
+            results = self._schedule(micro_batches, lambda out, mb: (zero, {k: v.detach().cpu() for k, v in fn(out, mb).items()}), request, True)
+        return results if self.is_output_rank else []
+
+    def forward_backward(self, micro_batches, loss_fn: LossFn, request: TokenRequest = TokenRequest()) -> list[dict[str, float]]:
+        for chunk in self.model:
+            chunk.train()
+        results = self._schedule(micro_batches, loss_fn, request, False)
+        return results if self.is_output_rank else []
+
+    def optimizer_step(self) -> dict[str, float]:
+        lr = self.spec.lr * lr_factor(self.optimizer_steps, self.spec.warmup_steps, self.spec.total_steps, self.spec.lr_scheduler_type,
+                                      self.spec.min_lr_ratio, self.spec.num_cycles)
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for group in opt.optimizer.param_groups:
+                group["lr"] = lr
+        # A non-finite gradient anywhere (fp overflow, a bad batch) must not poison the weights: every rank agrees
+        # to skip the step. (megatron's own check raises instead; its clipping would pass NaN through.)
+        bad = torch.tensor([float(not all(torch.isfinite(b.grad_data).all() for c in self.model for b in c.buffers))], device=self.device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        finite = not bool(bad.item())
+        grad_norm = float("nan")
+        if finite:
+            _, grad_norm, _ = self.optimizer.step()  # megatron: grad norm over TP/PP/DP, clip, Adam, param all-gather
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self.optimizer_steps += 1
+        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
+
+    # ------------------------------------------------------------------------------------------- weights
+    def rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._manifest is None:
+            self._manifest = export_manifest(self.modules, self.spec.kind, self.tied)
+        return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device)
+
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        move_state(self, True, params, grads, optimizer)
+
+    def onload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        move_state(self, False, params, grads, optimizer)
+
+    # ------------------------------------------------------------------------------------------- checkpoint
+    def _layout_meta(self) -> dict[str, int | None]:
+        return {"tp": self.layout.tp, "pp": self.layout.pp, "vpp": self.layout.vpp, "dp": self.dp_size}
+
+    def _files(self, path: str) -> tuple[str, str]:
+        tp, pp = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
+        return os.path.join(path, f"model_tp{tp}_pp{pp}.pt"), os.path.join(path, f"optim_tp{tp}_pp{pp}_dp{self.dp_rank}.pt")
+
+    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [opt.optimizer for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+
+    def save(self, path: str, hf_dir: str | None = None) -> None:
+        """Per-rank files: this TP x PP piece of the model (written by data-parallel rank 0; replicas are equal)
+        and this rank's optimizer state (its shard under the distributed optimizer) with the fp32 main weights."""
+        os.makedirs(path, exist_ok=True)
+        model_file, optim_file = self._files(path)
+        if self.dp_rank == 0:
+            torch.save({f"{c}.{n}": p.detach() for c, chunk in enumerate(self.modules) for n, p in chunk.named_parameters()}, model_file)
+        if self.optimizer is not None:
+            inner = self._inner_optimizers()
+            torch.save({"optimizers": [o.state_dict() for o in inner], "optimizer_steps": self.optimizer_steps,
+                        "main_params": [[p.detach() for g in o.param_groups for p in g["params"]] for o in inner]}, optim_file)
+        if dist.get_rank() == 0:
+            with open(os.path.join(path, "megatron_layout.json"), "w") as f:
+                json.dump(self._layout_meta(), f)
+        dist.barrier()
+        if hf_dir is not None:
+            self.save_hf(hf_dir)
+
+    @torch.no_grad()
+    def load(self, path: str) -> None:
+        with open(os.path.join(path, "megatron_layout.json")) as f:
+            saved = json.load(f)
+        if saved != self._layout_meta():
+            raise ValueError(f"checkpoint {path} was written with megatron layout {saved}, this run has {self._layout_meta()}: resume with "
+                             "the same tensor/pipeline/virtual-pipeline/data-parallel sizes, or start a new run from its HF export "
+                             "(actor/huggingface) as actor_rollout_ref.model.path")
+        model_file, optim_file = self._files(path)
+        weights = torch.load(model_file, weights_only=True, map_location=self.device)
+        for c, chunk in enumerate(self.modules):
+            for n, p in chunk.named_parameters():
+                p.copy_(weights[f"{c}.{n}"])
+        if self.optimizer is not None:
+            state = torch.load(optim_file, weights_only=True, map_location=self.device)
+            for opt, opt_state, mains in zip(self._inner_optimizers(), state["optimizers"], state["main_params"]):
+                opt.load_state_dict(opt_state)
+                for p, saved_p in zip((p for g in opt.param_groups for p in g["params"]), mains):
+                    p.copy_(saved_p)
+            self.optimizer_steps = state["optimizer_steps"]
+
+    def save_hf(self, hf_dir: str, max_shard_bytes: int = 4 * 2**30) -> None:
+        """HF safetensors (sharded past max_shard_bytes, with an index) + config.json; collective, rank 0 writes."""
+        writing = dist.get_rank() == 0
+        shard: dict[str, torch.Tensor] = {}
+        files: list[dict[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self.rollout_weights():
+            if not writing:
+                continue
+            if shard and size + tensor.numel() * tensor.element_size() > max_shard_bytes:
+                files.append(shard)
+                shard, size = {}, 0
+            shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
+            size += tensor.numel() * tensor.element_size()
+        if writing:
+            files.append(shard)
+            _write_safetensors(hf_dir, files)
+            config = self.hf_config
+            if self.spec.kind == "value":
+                config = _value_model_config(config)
+            config.save_pretrained(hf_dir)
+        dist.barrier()
+
+
+def _write_safetensors(hf_dir: str, files: list[dict[str, torch.Tensor]]) -> None:
+    os.makedirs(hf_dir, exist_ok=True)
+    if len(files) == 1:
+        save_file(files[0], os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, tensors in enumerate(files):
+        name = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+        save_file(tensors, os.path.join(hf_dir, name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in tensors})
+    total = sum(t.numel() * t.element_size() for f in files for t in f.values())
+    with open(os.path.join(hf_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def _value_model_config(config):
+    """A critic exports as HF `*ForTokenClassification` with one label: what `critic.model.path` loads back."""
+    out = type(config).from_dict(config.to_dict())
+    out.num_labels = 1
+    out.architectures = [config.architectures[0].replace("ForCausalLM", "ForTokenClassification")] if config.architectures else None
+    return out

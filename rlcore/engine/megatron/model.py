@@ -1,0 +1,171 @@
+"""A megatron-core `GPTModel` for an HF Qwen2 / Llama checkpoint: the TransformerConfig the HF config implies,
+the layer spec (megatron-core's local modules + SDPA core attention), and one model chunk per virtual stage."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state as mpu
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from rlcore.engine.megatron.attention import SDPACoreAttention
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+# verl's override_transformer_config defaults name a flash backend; rlcore picks its attention itself.
+_IGNORED_OVERRIDES = ("attention_backend",)
+# megatron-core's built-in Llama 3.1 RoPE scaling (GPTModel(rope_scaling=True)) has these fixed parameters.
+_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model-parallel layout of one engine (`<role>.megatron.*`)."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    sp: bool = False  # sequence parallelism (only with tp > 1): norms and residuals on 1/tp of the sequence
+
+    @classmethod
+    def from_config(cls, megatron: dict[str, Any]) -> "Layout":
+        vpp = megatron.get("virtual_pipeline_model_parallel_size")
+        tp = megatron.get("tensor_model_parallel_size", 1)
+        return cls(tp=tp, pp=megatron.get("pipeline_model_parallel_size", 1), vpp=vpp if vpp and vpp > 1 else None,
+                   sp=tp > 1 and bool(megatron.get("sequence_parallel", False)))
+
+
+def rope(hf_config) -> tuple[float, dict[str, Any]]:
+    """(theta, GPTModel RoPE-scaling kwargs) of an HF config; refuses scalings megatron-core cannot express."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    kind = params.get("rope_type", "default")
+    if kind == "default":
+        return theta, {}
+    if kind == "llama3" and all(params.get(k) == v for k, v in _LLAMA3_ROPE.items()):
+        return theta, {"rope_scaling": True, "rope_scaling_factor": params["factor"]}
+    raise ValueError(f"{hf_config.model_type} RoPE scaling {params} has no megatron-core equivalent; use strategy=fsdp2 for this model")
+
+
+def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: torch.device, recompute: bool,
+                       overrides: dict[str, Any]) -> TransformerConfig:
+    """Every TransformerConfig field the HF architecture determines, then the role's override_transformer_config
+    (verl's meaning: recompute_granularity / recompute_method / recompute_num_layers apply as given; with
+    model.enable_gradient_checkpointing and none of them given, every layer is recomputed)."""
+    model_type = hf_config.model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"the megatron engine builds {', '.join(SUPPORTED_MODEL_TYPES)} architectures, not {model_type!r}; "
+                         "use strategy=fsdp2 for this model")
+    if getattr(hf_config, "use_sliding_window", False) or getattr(hf_config, "mlp_bias", False):
+        raise ValueError(f"{model_type} with sliding-window attention or MLP biases is not supported by the megatron engine; use strategy=fsdp2")
+    cfg = dict(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=hf_config.num_key_value_heads,
+        kv_channels=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,  # SwiGLU: linear_fc1 holds [gate; up]
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        hidden_dropout=0.0,
+        attention_dropout=getattr(hf_config, "attention_dropout", 0.0),
+        # No fused kernels: they need apex / Transformer Engine, and RL's exactness tests compare plain maths.
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False, cross_entropy_loss_fusion=False,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        sequence_parallel=layout.sp,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        attention_softmax_in_fp32=True,
+        use_cpu_initialization=device.type == "cpu",
+        # Initialised although the HF weights overwrite it right after: megatron-core marks a weight as TP-split
+        # (which grad-norm and the optimizer rely on) only inside its init functions.
+        perform_initialization=True,
+        # Token-budget micro-batches differ in length: pipeline stages exchange each activation's shape first.
+        variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",  # no MoE here, but the default ("allgather") refuses variable lengths
+        # Measured: interleaved 1F1B with batched p2p is silently wrong on gloo (loss 6.3023 vs 6.2919).
+        batch_p2p_comm=device.type == "cuda",
+    )
+    extra = {k: v for k, v in overrides.items() if k not in _IGNORED_OVERRIDES and v is not None}
+    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ValueError(f"override_transformer_config: {unknown} are not megatron-core TransformerConfig fields")
+    if extra.get("recompute_granularity") != "selective":
+        extra.pop("recompute_modules", None)  # verl's default list only means something for selective recompute
+    if recompute and "recompute_granularity" not in extra:
+        # model.enable_gradient_checkpointing without an explicit recompute_* choice: recompute every layer.
+        cfg.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    cfg.update(extra)
+    return TransformerConfig(**cfg)
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """The embedding / output rows: the HF vocabulary rounded up to a multiple of TP (extra rows are masked out)."""
+    return -(-vocab_size // tp) * tp
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """RMSNorm for megatron-core's norm slots, sequence-parallel aware (megatron-core's own torch-norm wrapper
+    refuses sequence parallelism): under SP each TP rank normalises its slice of the sequence, so the weight's
+    gradient is a partial sum that finalize_model_grads all-reduces for parameters marked `sequence_parallel`."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **unused) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def block_spec(config: TransformerConfig, vp_stage: int | None) -> TransformerBlockSubmodules:
+    """megatron-core's local layer (column/row-parallel linears, SwiGLU MLP) with SDPA core attention and the
+    RMSNorm above, for the layers of this pipeline (virtual) stage."""
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    layer.submodules.input_layernorm = RMSNorm
+    layer.submodules.pre_mlp_layernorm = RMSNorm
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage), layer_norm=RMSNorm)
+
+
+class ValueHead(torch.nn.Module):
+    """A critic's scalar head on the last stage, in place of the vocabulary projection: HF's token-classification
+    `score` (hidden -> 1, no bias), replicated on every TP rank (its input, the final hidden state, is too)."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=dtype))
+
+    def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None):
+        return hidden @ self.weight.t(), None
+
+
+def build_chunks(hf_config, config: TransformerConfig, kind: str, device: torch.device) -> list[GPTModel]:
+    """One GPTModel per virtual pipeline stage of this rank (one without interleaving)."""
+    theta, scaling = rope(hf_config)
+    tied = kind == "causal_lm" and bool(getattr(hf_config, "tie_word_embeddings", False))
+    chunks = []
+    for vp_stage in range(config.virtual_pipeline_model_parallel_size or 1):
+        stage = vp_stage if config.virtual_pipeline_model_parallel_size else None
+        model = GPTModel(
+            config=config, transformer_layer_spec=block_spec(config, stage),
+            vocab_size=padded_vocab_size(hf_config.vocab_size, config.tensor_model_parallel_size),
+            max_sequence_length=hf_config.max_position_embeddings,
+            pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            share_embeddings_and_output_weights=tied, position_embedding_type="rope", rotary_percent=1.0,
+            rotary_base=theta, parallel_output=True, vp_stage=stage, **scaling,
+        )
+        if kind == "value" and model.post_process:
+            model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
+        chunks.append(model.to(device))
+    return chunks

@@ -1,0 +1,65 @@
+"""Parameters, gradient buffers and optimizer state of a Megatron engine off the device between phases.
+
+megatron-core keeps parameters and gradients as views into flat DDP buffers (and the distributed optimizer's
+shards as views into those), so tensors cannot simply be replaced by CPU copies: each storage owner is copied to
+the CPU and its storage shrunk to nothing, then grown back and refilled, so every view stays valid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _owners(engine, params: bool, grads: bool, optimizer: bool) -> list[torch.Tensor]:
+    """Tensors that own the storage of the chosen state, each storage once."""
+    out: list[torch.Tensor] = []
+    if params or grads:
+        for chunk in engine.model:
+            buffers = getattr(chunk, "buffers", [])
+            if params:
+                in_buffers = {id(p) for buf in buffers for p in buf.params} if any(buf.param_data is not None for buf in buffers) else set()
+                out.extend(buf.param_data for buf in buffers if buf.param_data is not None)
+                out.extend(p.data for p in chunk.parameters() if id(p) not in in_buffers)
+            if grads:
+                out.extend(buf.grad_data for buf in buffers)
+    if optimizer and engine.optimizer is not None:
+        for opt in engine._inner_optimizers():
+            for state in opt.state.values():
+                out.extend(v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+            out.extend(p.data for group in opt.param_groups for p in group["params"])
+    seen, owners = set(), []
+    for t in out:
+        key = _storage_key(t)
+        if key not in seen:
+            seen.add(key)
+            owners.append(t)
+    return owners
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata  # the storage object itself: stable while its memory comes and goes
+
+
+def move_state(engine, to_host: bool, params: bool, grads: bool, optimizer: bool) -> None:
+    """To host memory (`to_host`) or back to the engine's device; a CPU engine really frees and refills the memory
+    too. A storage shared with state that stays (e.g. main params that are views of the parameter buffer) stays
+    too; views into larger storages move with their owner."""
+    stash = engine.__dict__.setdefault("_offloaded", {})  # storage key -> (owner, bytes, CPU copy)
+    chosen = _owners(engine, params, grads, optimizer)
+    if to_host:
+        keep = {_storage_key(t) for t in _owners(engine, not params, not grads, not optimizer)}
+        for t in chosen:
+            key, storage = _storage_key(t), t.untyped_storage()
+            if key in keep or key in stash or t.storage_offset() != 0 or t.numel() * t.element_size() != storage.nbytes():
+                continue
+            stash[key] = (t, storage.nbytes(), t.detach().to("cpu", copy=True))
+            storage.resize_(0)
+    else:
+        for t in chosen:
+            key = _storage_key(t)
+            if key in stash:
+                owner, nbytes, cpu = stash.pop(key)
+                owner.untyped_storage().resize_(nbytes)
+                owner.copy_(cpu)
+    if engine.device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,281 @@
+"""HF <-> megatron-core weights for Qwen2 / Llama: load a checkpoint directory into this rank's TP/PP pieces
+(reading only its slices), and stream full HF-named tensors back out (TP shards gathered, PP stages broadcast).
+
+Layouts (megatron-core local spec, TP rank r of tp, ng query groups of qpg query heads each, head dim d):
+- linear_qkv.weight `[(ng/tp) * (qpg + 2) * d, hidden]`: per local group, its qpg query heads, then its key head,
+  then its value head (GQA interleaving); the bias likewise.
+- linear_fc1.weight `[2 * ffn/tp, hidden]`: this rank's rows of gate_proj, then its rows of up_proj.
+- word embeddings / output layer: rows of the vocabulary padded to a multiple of tp (padding rows are zero).
+- linear_proj / linear_fc2: split on the input dimension; norms: whole on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as mpu
+from safetensors import safe_open
+
+# torch 2.13 renamed all_gather_into_tensor (a deprecation warning per call); older torch has only the old name.
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
+_LAYER_MAP = {  # megatron-core name inside a layer -> (kind, HF names inside model.layers.{i})
+    "input_layernorm.weight": ("copy", ("input_layernorm.weight",)),
+    "self_attention.linear_qkv.weight": ("qkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
+    "self_attention.linear_qkv.bias": ("qkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
+    "self_attention.linear_proj.weight": ("split1", ("self_attn.o_proj.weight",)),
+    "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
+    "mlp.linear_fc1.weight": ("gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    "mlp.linear_fc2.weight": ("split1", ("mlp.down_proj.weight",)),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One megatron-core parameter of one model chunk and the HF tensors it holds (pieces of)."""
+
+    chunk: int            # index of the model chunk (virtual stage) on its pipeline rank
+    name: str             # parameter name inside the chunk
+    kind: str             # copy | split1 | vocab | qkv | gate_up
+    hf_names: tuple[str, ...]
+    export: bool = True   # False: a copy of another entry's tensor (the last stage's tied output layer)
+
+
+def entries(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[Entry]:
+    """The HF mapping of every parameter of this rank's chunks, in the chunks' parameter order."""
+    out = []
+    for c, chunk in enumerate(chunks):
+        layers = chunk.decoder.layers
+        for name, _ in chunk.named_parameters():
+            m = _LAYER.fullmatch(name)
+            if m:
+                layer = layers[int(m.group(1))].layer_number - 1  # global index (megatron counts from 1)
+                how, hf = _LAYER_MAP[m.group(2)]
+                out.append(Entry(c, name, how, tuple(f"model.layers.{layer}.{n}" for n in hf)))
+            elif name == "embedding.word_embeddings.weight":
+                out.append(Entry(c, name, "vocab", ("model.embed_tokens.weight",)))
+            elif name == "decoder.final_layernorm.weight":
+                out.append(Entry(c, name, "copy", ("model.norm.weight",)))
+            elif name == "output_layer.weight" and kind == "value":
+                out.append(Entry(c, name, "copy", ("score.weight",)))
+            elif name == "output_layer.weight":
+                # A tied model keeps a copy of the embedding on the last stage (pipeline parallel only).
+                out.append(Entry(c, name, "vocab", ("model.embed_tokens.weight",) if tied else ("lm_head.weight",), export=not tied))
+            else:
+                raise ValueError(f"no HF name for megatron-core parameter {name!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- reading HF
+class HFCheckpoint:
+    """The safetensors of an HF directory (one file or an index of shards), read tensor slice by tensor slice."""
+
+    def __init__(self, path: str) -> None:
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                self.file_of = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+        elif os.path.exists(os.path.join(path, "model.safetensors")):
+            single = os.path.join(path, "model.safetensors")
+            with safe_open(single, "pt") as f:
+                self.file_of = {k: single for k in f.keys()}
+        else:
+            raise FileNotFoundError(f"{path} has no model.safetensors(.index.json): the megatron engine reads safetensors "
+                                    "checkpoints; re-save the model with save_pretrained(..., safe_serialization=True)")
+        self._open: dict[str, object] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file_of
+
+    def slice(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:
+        path = self.file_of[name]
+        if path not in self._open:
+            self._open[path] = safe_open(path, "pt")
+        t = self._open[path].get_slice(name)
+        if rows is None and cols is None:
+            return t[:]
+        r = slice(*rows) if rows else slice(None)
+        return t[r, slice(*cols)] if cols else t[r]
+
+
+def _qkv_geometry(config) -> tuple[int, int, int, int]:
+    """(query groups per TP rank, query heads per group, head dim, tp)."""
+    tp = config.tensor_model_parallel_size
+    groups = config.num_query_groups
+    return groups // tp, config.num_attention_heads // groups, config.kv_channels, tp
+
+
+def local_piece(ckpt: HFCheckpoint, entry: Entry, config, vocab_size: int, padded_vocab: int, shape: torch.Size) -> torch.Tensor:
+    """This TP rank's piece of an entry, read from the checkpoint."""
+    tp, r = config.tensor_model_parallel_size, mpu.get_tensor_model_parallel_rank()
+    if entry.kind == "copy":
+        return ckpt.slice(entry.hf_names[0])
+    if entry.kind == "split1":
+        n = shape[1]
+        return ckpt.slice(entry.hf_names[0], cols=(r * n, (r + 1) * n))
+    if entry.kind == "vocab":
+        rows = padded_vocab // tp
+        start, stop = r * rows, min((r + 1) * rows, vocab_size)
+        piece = torch.zeros(shape, dtype=ckpt.slice(entry.hf_names[0], rows=(0, 1)).dtype)
+        if stop > start:
+            piece[: stop - start] = ckpt.slice(entry.hf_names[0], rows=(start, stop))
+        return piece
+    if entry.kind == "gate_up":
+        n = shape[0] // 2
+        return torch.cat([ckpt.slice(h, rows=(r * n, (r + 1) * n)) for h in entry.hf_names])
+    if entry.kind == "qkv":
+        groups, per_group, d, _ = _qkv_geometry(config)
+        g0 = r * groups
+        q = ckpt.slice(entry.hf_names[0], rows=(g0 * per_group * d, (g0 + groups) * per_group * d))
+        k, v = (ckpt.slice(h, rows=(g0 * d, (g0 + groups) * d)) for h in entry.hf_names[1:])
+        tail = q.shape[1:]
+        q = q.reshape(groups, per_group * d, *tail)
+        k, v = (t.reshape(groups, d, *tail) for t in (k, v))
+        return torch.cat([q, k, v], dim=1).reshape(-1, *tail)
+    raise AssertionError(entry.kind)
+
+
+@torch.no_grad()
+def load_hf(chunks: list[torch.nn.Module], model_path: str, config, vocab_size: int, padded_vocab: int, kind: str, tied: bool,
+            value_head_std: float) -> None:
+    """Fills every parameter of this rank's chunks from the HF checkpoint at `model_path`. A value model loaded
+    from a causal LM (no `score.weight`) gets a fresh N(0, value_head_std) head, the same on every rank."""
+    ckpt = HFCheckpoint(model_path)
+    for entry in entries(chunks, kind, tied):
+        param = chunks[entry.chunk].get_parameter(entry.name)
+        if entry.hf_names == ("score.weight",) and "score.weight" not in ckpt:
+            generator = torch.Generator().manual_seed(0)
+            param.copy_(torch.randn(param.shape, generator=generator) * value_head_std)
+            continue
+        piece = local_piece(ckpt, entry, config, vocab_size, padded_vocab, param.shape)
+        if piece.shape != param.shape:
+            raise ValueError(f"{entry.hf_names} in {model_path} give {tuple(piece.shape)} for {entry.name} {tuple(param.shape)}: "
+                             "the checkpoint does not match its config.json")
+        param.copy_(piece)
+
+
+# ---------------------------------------------------------------------------------------------------- exporting HF
+def full_tensors(entry: Entry, shards: list[torch.Tensor], config, vocab_size: int) -> list[tuple[str, torch.Tensor]]:
+    """The HF tensors of an entry from all TP ranks' pieces (in TP-rank order)."""
+    if entry.kind == "copy":
+        return [(entry.hf_names[0], shards[0])]
+    if entry.kind == "split1":
+        return [(entry.hf_names[0], torch.cat(shards, dim=1))]
+    if entry.kind == "vocab":
+        return [(entry.hf_names[0], torch.cat(shards)[:vocab_size])]
+    if entry.kind == "gate_up":
+        halves = [s.chunk(2) for s in shards]
+        return [(entry.hf_names[i], torch.cat([h[i] for h in halves])) for i in range(2)]
+    groups, per_group, d, _ = _qkv_geometry(config)
+    tail = shards[0].shape[1:]
+    grouped = torch.cat([s.reshape(groups, per_group + 2, d, *tail) for s in shards])  # [ng, qpg + 2, d, ...]
+    q = grouped[:, :per_group].reshape(-1, *tail)
+    k, v = grouped[:, per_group].reshape(-1, *tail), grouped[:, per_group + 1].reshape(-1, *tail)
+    return [(entry.hf_names[0], q), (entry.hf_names[1], k), (entry.hf_names[2], v)]
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    """One exported entry as every rank of the pipeline group knows it."""
+
+    stage: int            # pipeline rank that owns it
+    entry: Entry
+    shape: tuple[int, ...]  # this TP rank's piece (equal on all TP ranks)
+    dtype: torch.dtype
+
+
+def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[_Manifest]:
+    """Every exported entry of every pipeline stage, in model order (stage by stage; with interleaving, by
+    virtual stage): the same list on every rank of the pipeline group. Collective over it."""
+    mine = [(e, tuple(chunks[e.chunk].get_parameter(e.name).shape), chunks[e.chunk].get_parameter(e.name).dtype)
+            for e in entries(chunks, kind, tied) if e.export]
+    pp = mpu.get_pipeline_model_parallel_world_size()
+    stages = [mine]
+    if pp > 1:
+        stages = [None] * pp
+        dist.all_gather_object(stages, mine, group=mpu.get_pipeline_model_parallel_group())
+    out = [_Manifest(s, e, shape, dtype) for s, items in enumerate(stages) for e, shape, dtype in items]
+    # Interleaved stages own layer ranges in the order (virtual stage, pipeline rank): export in that order.
+    return sorted(out, key=lambda m: (m.entry.chunk, m.stage))
+
+
+def _buckets(manifest: list[_Manifest], bucket_bytes: int) -> Iterator[list[_Manifest]]:
+    """Runs of consecutive entries owned by one stage, each at most bucket_bytes of local pieces (or one entry)."""
+    bucket: list[_Manifest] = []
+    size = 0
+    for m in manifest:
+        nbytes = torch.Size(m.shape).numel() * m.dtype.itemsize
+        if bucket and (m.stage != bucket[0].stage or m.dtype != bucket[0].dtype or size + nbytes > bucket_bytes):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(m)
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+@torch.no_grad()
+def export_hf(chunks: list[torch.nn.Module], manifest: list[_Manifest], config, vocab_size: int, device: torch.device,
+              bucket_bytes: int = 256 * 2**20) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full HF-named tensors, one at a time, on every rank (collective over the TP and PP groups of this rank).
+
+    Per bucket: the owning stage's TP ranks all-gather their pieces in one flat buffer and rebuild the HF
+    tensors; with pipeline parallelism the owner broadcasts the rebuilt tensors, flat, to the other stages.
+    Peak extra memory is about one bucket of full tensors.
+    """
+    tp, pp = config.tensor_model_parallel_size, mpu.get_pipeline_model_parallel_world_size()
+    my_stage = mpu.get_pipeline_model_parallel_rank()
+    for bucket in _buckets(manifest, bucket_bytes):
+        owner = bucket[0].stage
+        tensors: list[tuple[str, torch.Tensor]] = []
+        if owner == my_stage:
+            flat = torch.cat([chunks[m.entry.chunk].get_parameter(m.entry.name).detach().reshape(-1) for m in bucket])
+            if tp > 1:
+                gathered = flat.new_empty(tp * flat.numel())  # flat: gloo wants the output 1-D
+                _all_gather(gathered, flat, group=mpu.get_tensor_model_parallel_group())
+                gathered = gathered.view(tp, -1)
+            else:
+                gathered = flat[None]
+            offset = 0
+            for m in bucket:
+                n = torch.Size(m.shape).numel()
+                shards = [gathered[r, offset : offset + n].view(m.shape) for r in range(tp)]
+                tensors.extend(full_tensors(m.entry, shards, config, vocab_size))
+                offset += n
+        if pp > 1:
+            tensors = _broadcast_from_stage(tensors, bucket, owner, config, vocab_size, device)
+        yield from tensors
+
+
+def _broadcast_from_stage(tensors, bucket: list[_Manifest], owner: int, config, vocab_size: int, device) -> list[tuple[str, torch.Tensor]]:
+    """The owner stage's rebuilt tensors on every stage of this pipeline group, in one flat broadcast."""
+    shapes = _full_shapes(bucket, config, vocab_size)
+    numel = sum(torch.Size(s).numel() for _, s in shapes)
+    if tensors:
+        flat = torch.cat([t.reshape(-1) for _, t in tensors])
+    else:
+        flat = torch.empty(numel, dtype=bucket[0].dtype, device=device)
+    src = mpu.get_pipeline_model_parallel_group()
+    dist.broadcast(flat, src=dist.get_global_rank(src, owner), group=src)
+    out, offset = [], 0
+    for name, shape in shapes:
+        n = torch.Size(shape).numel()
+        out.append((name, flat[offset : offset + n].view(shape)))
+        offset += n
+    return out
+
+
+def _full_shapes(bucket: list[_Manifest], config, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The HF names and full shapes a bucket rebuilds to (computed from the pieces' shapes, no data)."""
+    tp = config.tensor_model_parallel_size
+    out = []
+    for m in bucket:
+        fake = [torch.empty(m.shape, device="meta") for _ in range(tp)]
+        out.extend((name, tuple(t.shape)) for name, t in full_tensors(m.entry, fake, config, vocab_size))
+    return out
