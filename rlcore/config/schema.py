@@ -114,9 +114,9 @@ class FSDPConfig:
 
 @dataclass
 class MegatronConfig:
-    """Megatron-core TP/PP layout and offloads (`<role>.megatron.*`, verl's engine/megatron.yaml). rlcore does not
-    train with megatron yet: the keys compose (so verl's ppo_megatron_trainer command lines parse), rlcore-plan
-    sizes the layout, and strategy=megatron is refused with the FSDP2 alternative."""
+    """Megatron-core TP/PP layout and offloads (`<role>.megatron.*`, verl's engine/megatron.yaml), used with
+    strategy=megatron (rlcore/engine/megatron). Context and expert parallelism and dist-checkpoint loading are
+    refused before Ray starts."""
 
     param_offload: bool = False  # parameters on CPU between uses
     grad_offload: bool = False  # gradients on CPU between uses
@@ -129,7 +129,7 @@ class MegatronConfig:
     context_parallel_size: int = 1  # CP: each sequence split over this many devices
     sequence_parallel: bool = True  # shard norms/dropout activations over the TP group
     use_distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks (ZeRO-1)
-    use_dist_checkpointing: bool = False  # load from a megatron dist checkpoint instead of HF weights
+    use_dist_checkpointing: bool = False  # load from a megatron dist checkpoint instead of HF weights (refused)
     dist_checkpointing_path: Optional[str] = None  # that checkpoint
     seed: int = 42  # megatron RNG seed
     override_ddp_config: Dict[str, Any] = field(default_factory=dict)  # megatron DDP config fields
@@ -137,9 +137,9 @@ class MegatronConfig:
         "recompute_granularity": None, "recompute_modules": ["core_attn"], "recompute_method": None,
         "recompute_num_layers": None, "attention_backend": "flash"})
     override_mcore_model_config: Dict[str, Any] = field(default_factory=dict)  # mcore model fields
-    use_mbridge: bool = False  # convert HF <-> megatron weights with mbridge
-    vanilla_mbridge: bool = True  # mbridge's built-in model bridges
-    use_remove_padding: bool = True  # packed sequences (THD layout)
+    use_mbridge: bool = False  # verl: convert HF <-> megatron with mbridge; rlcore always uses its own converter
+    vanilla_mbridge: bool = True  # verl: mbridge's built-in model bridges (no effect in rlcore, as use_mbridge)
+    use_remove_padding: bool = True  # packed sequences (THD layout); packs only if model.use_remove_padding too
     dtype: str = "bfloat16"  # compute dtype
 
 
@@ -167,7 +167,7 @@ class PolicyLossConfig:
 class ActorConfig:
     """The trained policy: PPO update, losses, optimizer and sharding (`actor_rollout_ref.actor.*`)."""
 
-    strategy: str = "fsdp"  # fsdp | fsdp2 (both run FSDP2 in rlcore); megatron: not supported yet
+    strategy: str = "fsdp"  # fsdp | fsdp2 (both run FSDP2 in rlcore) | megatron (megatron-core TP/PP)
     ppo_mini_batch_size: int = 256  # PROMPTS per optimizer step; samples = this x rollout.n
     ppo_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward/backward per rank
@@ -193,7 +193,7 @@ class ActorConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoint contents
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout (not supported yet)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout
 
 
 @dataclass
@@ -344,7 +344,7 @@ class CriticConfig:
     loss_agg_mode: str = II("oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean")  # as the actor's
     grad_clip: float = 1.0  # max global grad norm
     ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout (not supported yet)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout
     enable_resource_pool: bool = False  # rlcore addition: own devices (nnodes x n_gpus_per_node) instead of the actor's
     n_gpus_per_node: int = II("trainer.n_gpus_per_node")  # rlcore addition: with enable_resource_pool
     nnodes: int = II("trainer.nnodes")  # rlcore addition: with enable_resource_pool

@@ -1,8 +1,10 @@
-"""Picks a training engine by the role's `strategy` key; the only module that imports the implementations."""
+"""Picks a training engine by the role's `strategy` key, and maps the role's verl-style config onto what the engine
+needs: the only module that knows the backends (workers and trainer never branch on them)."""
 
 from __future__ import annotations
 
 import torch
+from omegaconf import OmegaConf
 
 from rlcore.engine.base import EngineSpec, TrainEngine
 
@@ -17,3 +19,36 @@ def build_engine(strategy: str, spec: EngineSpec, device: torch.device, key: str
 
         return MegatronEngine(spec, device)
     raise ValueError(f"{key}={strategy!r} is not a training backend of rlcore; use fsdp2 (or fsdp) or megatron")
+
+
+def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float, total_steps: int, kind: str = "causal_lm") -> EngineSpec:
+    """Maps a role's verl-style config onto an EngineSpec: `model`, the role's section (`actor`, `ref`, `critic`)
+    whose `fsdp_config` (or `model.fsdp_config` for the critic) or `megatron` holds sharding, precision and
+    offloads, and `optim` (None = frozen)."""
+    fsdp_cfg = role_cfg.fsdp_config if "fsdp_config" in role_cfg else model_cfg.fsdp_config
+    spec = EngineSpec(
+        model_path=model_cfg.path,
+        kind=kind,
+        override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
+        trainable=optim_cfg is not None,
+        gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        use_remove_padding=model_cfg.use_remove_padding,
+    )
+    if strategy == "megatron":
+        megatron = role_cfg.megatron
+        spec.megatron = OmegaConf.to_container(megatron, resolve=True)
+        spec.use_remove_padding = model_cfg.use_remove_padding and megatron.use_remove_padding
+        spec.param_dtype = megatron.dtype
+        spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
+    else:
+        spec.param_dtype, spec.param_offload, spec.optimizer_offload = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.optimizer_offload
+        spec.offload_policy, spec.reshard_after_forward = fsdp_cfg.offload_policy, fsdp_cfg.reshard_after_forward
+    if optim_cfg is not None:
+        warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
+        spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay
+        spec.warmup_steps, spec.total_steps = warmup, total_steps
+        spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio, optim_cfg.num_cycles
+        spec.grad_clip = grad_clip
+    else:
+        spec.optimizer_offload = spec.grad_offload = False  # nothing to move
+    return spec

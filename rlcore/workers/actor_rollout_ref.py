@@ -12,7 +12,7 @@ from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec
-from rlcore.engine.factory import build_engine
+from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import SamplingParams, assemble_sequences
@@ -20,7 +20,7 @@ from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
-from rlcore.workers.common import engine_spec, layout_of, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
+from rlcore.workers.common import layout_of, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
 
 
 class ActorRolloutRefWorker(Worker):
@@ -97,7 +97,7 @@ class ActorRolloutRefWorker(Worker):
     def _micro_batches(self, role: str) -> MicroBatchSpec:
         """role: "actor" (the update), "rollout" (old log-probs) or "ref"."""
         cfg = self.config.actor_rollout_ref
-        packed, dp_size = cfg.model.use_remove_padding, self.actor.dp_size
+        packed, dp_size = self.actor.spec.use_remove_padding, self.actor.dp_size  # the engine packs iff this is on
         if role == "actor":
             return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", dp_size, packed)
         return micro_batch_spec(cfg[role], "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",

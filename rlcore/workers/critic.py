@@ -13,10 +13,10 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TrainEngine
-from rlcore.engine.factory import build_engine
+from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
-from rlcore.workers.common import engine_spec, layout_of, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
+from rlcore.workers.common import layout_of, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
 
 
 def compute_values(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec) -> DataProto:
@@ -78,7 +78,7 @@ class CriticWorker(Worker):
         cfg = self.config.critic
         onload(self.engine)
         micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine.dp_size,
-                                 cfg.model.use_remove_padding)
+                                 self.engine.spec.use_remove_padding)
         out = compute_values(self.engine, data, micro)
         offload(self.engine)
         return out
@@ -89,7 +89,7 @@ class CriticWorker(Worker):
         start = time.perf_counter()
         onload(self.engine)
         micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.engine.dp_size,
-                                 cfg.model.use_remove_padding)
+                                 self.engine.spec.use_remove_padding)
         metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n)
         offload(self.engine)
         metrics["timing_s/update_critic_on_rank"] = time.perf_counter() - start
