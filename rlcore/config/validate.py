@@ -586,7 +586,8 @@ def format_plan(plan: BatchPlan) -> str:
         micro = (plan.micro_batches_per_mini_batch_per_rank, f"of {plan.ppo_micro_batch_size_per_rank} samples")
     rows = [
         ("world_size", plan.world_size, "trainer.nnodes x trainer.n_gpus_per_node"),
-        ("dp_size", plan.dp_size, f"world_size / ulysses_sequence_parallel_size {plan.world_size // plan.dp_size}"),
+        ("dp_size", plan.dp_size, f"world_size / {plan.world_size // plan.dp_size} devices per model replica "
+                                  "(ulysses_sequence_parallel_size, or megatron TP x PP x CP)"),
         ("prompts_per_step", plan.prompts_per_step, "data.train_batch_size"),
         ("samples_per_step", plan.samples_per_step, f"prompts x rollout.n {n}"),
         ("samples_per_rank_per_step", plan.samples_per_rank_per_step, "samples_per_step / dp_size"),

@@ -12,7 +12,9 @@ the device. The terms, per device (N = FSDP shard group size, P = parameters, T 
   reshard_after_forward=True (ZeRO-3), all of them with False (ZeRO-2-like: kept from forward to backward).
 - activations: with gradient checkpointing every block keeps its input (T x hidden) and one block is recomputed
   at a time; without it every block keeps its full set (~6 hidden + 2 KV + 4 intermediate values per token).
-  Attention is flash/SDPA (no T^2 term). Logits of the response tokens: bf16 + fp32 + log-softmax, 10 bytes each.
+  Attention is flash/SDPA (no T^2 term). Logits: rlcore never materialises `[response tokens, vocab]`; its head
+  projects one chunk of at most LOGITS_CHUNK_BYTES of float32 logits at a time (rlcore.models.logits), and holds
+  the chunk's logits, softmax and (in backward) their gradient in float32 plus one compute-dtype copy.
 - rollout (vLLM): exactly gpu_memory_utilization x device memory; inside it weights / TP, a profiling and CUDA
   graph reserve, and the KV cache, which gives the number of full-length sequences decoded at once. The native
   engine holds its own weight copy and a KV cache for all of a rank's samples.
@@ -32,6 +34,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.plan.arch import Arch, resolve_arch
+from rlcore.plan.constants import LOGITS_CHUNK_BYTES
 
 GIB = 2 ** 30
 ARR = "actor_rollout_ref"
@@ -117,27 +120,38 @@ def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: b
 
 
 def _megatron_state(arch: Arch, m: dict, value_head: bool, trainable: bool) -> dict:
-    """Megatron-core: bf16 weights and fp32 gradient buffers split over TP x PP; fp32 master + AdamW moments
-    (12 bytes per parameter) also split over DP by the distributed optimizer."""
+    """Megatron-core: weights (megatron.dtype) and the fp32 gradient buffer split over TP x PP; AdamW's two fp32
+    moments (and fp32 master weights when the weights are 16-bit) also split over DP by the distributed optimizer."""
     p, split = arch.params(value_head), m["tp"] * m["pp"]
     optim_split = split * (m["dp"] if m["cfg"].use_distributed_optimizer else 1)
-    weights = p * 2 / split
-    grads, optim = (p * 4 / split, p * 12 / optim_split) if trainable else (0, 0)
+    weight_bytes = _BYTES[m["cfg"].dtype]
+    weights = p * weight_bytes / split
+    master = 4 if weight_bytes < 4 else 0  # fp32 weights are their own master copy
+    grads, optim = (p * 4 / split, p * (8 + master) / optim_split) if trainable else (0, 0)
     return {"weights": weights / GIB, "grads": grads / GIB, "optim": optim / GIB, "gathered": 0.0}
 
 
+def _logits(arch: Arch, response_tokens: int, compute: int, backward: bool, tp: int = 1) -> float:
+    """Bytes of the chunked log-prob head's working set: one chunk of `[chunk, vocab / tp]` logits."""
+    vocab = -(-arch.vocab // tp)
+    chunk = min(response_tokens, max(1, LOGITS_CHUNK_BYTES // (4 * vocab)))
+    return chunk * vocab * (compute + 4 + 4 + (4 if backward else 0))
+
+
 def _activations(arch: Arch, tokens: int, response_tokens: int, compute: int, ckpt: bool, backward: bool,
-                 value_head: bool) -> tuple[float, float]:
-    """(activation GiB, logits GiB) of one micro-batch of `tokens` tokens."""
+                 value_head: bool, tp: int = 1, sp: bool = False) -> tuple[float, float]:
+    """(activation GiB, logits GiB) of one micro-batch of `tokens` tokens on one of `tp` tensor-parallel ranks:
+    TP splits the attention and MLP intermediates; the hidden-size tensors too only with sequence parallelism."""
     h, kv, f = arch.hidden, arch.kv_heads * arch.dim, arch.intermediate
-    per_layer = compute * (6 * h + 2 * kv + 4 * f)  # bytes per token kept by one block for its backward
+    hidden_split = tp if sp else 1
+    per_layer = compute * (6 * h / hidden_split + (2 * kv + 4 * f) / tp)  # bytes per token one block keeps for backward
     if not backward:
-        act = tokens * compute * (2 * h + 2 * f)  # one block's transient tensors
+        act = tokens * compute * (2 * h / hidden_split + 2 * f / tp)  # one block's transient tensors
     elif ckpt:
-        act = arch.layers * tokens * h * compute + tokens * per_layer
+        act = arch.layers * tokens * h * compute / hidden_split + tokens * per_layer
     else:
         act = arch.layers * tokens * per_layer
-    logits = 0 if value_head else response_tokens * arch.vocab * (compute + 4 + 4)
+    logits = 0 if value_head else _logits(arch, response_tokens, compute, backward, tp)
     return act / GIB, logits / GIB
 
 
@@ -209,8 +223,12 @@ class Estimator:
             return None
         m = self.c(f"{section}.megatron")
         mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
-        return {"cfg": m, "tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size,
-                "dp": max(1, world // mp), "recompute": m.override_transformer_config.get("recompute_granularity") == "full"}
+        # The engine recomputes every layer with model.enable_gradient_checkpointing unless recompute_* says otherwise.
+        granularity = m.override_transformer_config.get("recompute_granularity")
+        ckpt_key = "critic.model.enable_gradient_checkpointing" if section == "critic" else f"{ARR}.model.enable_gradient_checkpointing"
+        recompute = granularity == "full" or (granularity is None and bool(self.c(ckpt_key)))
+        return {"cfg": m, "tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size, "dp": max(1, world // mp),
+                "recompute": recompute, "sp": m.tensor_model_parallel_size > 1 and bool(m.sequence_parallel)}
 
     def state(self, role: _Role) -> dict:
         if role.megatron:
@@ -240,7 +258,7 @@ class Estimator:
         items += [(f"gathered {role.fsdp.dtype} weights ({zero})", s["gathered"]),
                   (f"activations, {role.tokens} tokens" + (", checkpointed" if role.ckpt and role.trainable else ""), act)]
         if logits:
-            items.append((f"logits, {role.response_tokens} response tokens x {role.arch.vocab}", logits))
+            items.append((f"log-prob head: one chunk of logits x {role.arch.vocab}", logits))
         levers = []
         if role.trainable and not role.ckpt:
             ckpt_act, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head)
@@ -261,25 +279,30 @@ class Estimator:
     def _megatron_items(self, role: _Role) -> tuple[list, list]:
         m, s = role.megatron, self.state(role)
         section = f"{role.section}.megatron"
-        act, logits = _activations(role.arch, role.tokens, role.response_tokens, 2, m["recompute"], role.trainable,
-                                   role.value_head)
-        # 1F1B: the first stage holds PP micro-batches of L/PP layers = L layers' worth; TP + sequence parallel
-        # split every activation and the vocabulary over TP.
-        act, logits = act / m["tp"], logits / m["tp"]
+        compute = _BYTES[m["cfg"].dtype]
+        split_kw = dict(tp=m["tp"], sp=m["sp"])
+        # 1F1B: the first stage holds PP micro-batches of L/PP layers = L layers' worth of activations.
+        act, logits = _activations(role.arch, role.tokens, role.response_tokens, compute, m["recompute"], role.trainable,
+                                   role.value_head, **split_kw)
         split = f"TP{m['tp']} x PP{m['pp']}"
-        items = [(f"bf16 weights / {split}", s["weights"])]
+        items = [(f"{m['cfg'].dtype} weights / {split}", s["weights"])]
         if role.trainable:
-            items += [(f"fp32 gradient buffer / {split}", s["grads"]),
-                      (f"fp32 master + AdamW / {split} x DP{m['dp']}", s["optim"])]
-        items.append((f"activations, {role.tokens} tokens" + (", full recompute" if m["recompute"] else ""), act))
+            master = "fp32 master + AdamW" if compute < 4 else "AdamW moments"
+            items += [(f"fp32 gradient buffer / {split}", s["grads"]), (f"{master} / {split} x DP{m['dp']}", s["optim"])]
+        items.append((f"activations, {role.tokens} tokens" + (", full recompute" if m["recompute"] else "")
+                      + (", sequence parallel" if m["sp"] else ""), act))
         if logits:
-            items.append((f"logits, {role.response_tokens} response tokens x {role.arch.vocab} / TP", logits))
+            items.append((f"log-prob head: one chunk of logits x {role.arch.vocab} / TP", logits))
         levers = [(f"trainer.nnodes doubled (the distributed optimizer splits AdamW over DP{m['dp'] * 2})", s["optim"] / 2)]
         if self.c("trainer.nnodes") * self.c("trainer.n_gpus_per_node") % (m["tp"] * m["pp"] * 2) == 0:
             levers.append((f"{section}.pipeline_model_parallel_size={m['pp'] * 2}", (s["weights"] + s["grads"]) / 2))
         if role.trainable and not m["recompute"]:
-            full, _ = _activations(role.arch, role.tokens, role.response_tokens, 2, True, True, role.value_head)
-            levers.append((f"{section}.override_transformer_config.recompute_granularity=full", act - full / m["tp"]))
+            full, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head, **split_kw)
+            levers.append((f"{section}.override_transformer_config.recompute_granularity=full", act - full))
+        if m["tp"] > 1 and not m["sp"]:
+            with_sp, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, m["recompute"], role.trainable,
+                                      role.value_head, tp=m["tp"], sp=True)
+            levers.append((f"{section}.sequence_parallel=True", act - with_sp))
         levers.append((f"{role.budget_key} halved", (act + logits) / 2))
         return items, levers
 

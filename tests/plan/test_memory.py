@@ -8,6 +8,7 @@ from rlcore.config import CONFIG_DIR, compose
 from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
 from rlcore.plan.arch import BUILTIN, Arch
+from rlcore.plan.constants import LOGITS_CHUNK_BYTES
 from rlcore.plan.memory import GIB, _activations, _training_state
 
 ARR = "actor_rollout_ref"
@@ -60,10 +61,25 @@ def test_fsdp_state_by_hand():
 def test_activations_by_hand():
     per_layer = 2 * (6 * 64 + 2 * 32 + 4 * 128)
     act, logits = _activations(SMALL, 1000, 400, 2, ckpt=False, backward=True, value_head=False)
-    assert act * GIB == 2 * 1000 * per_layer and logits * GIB == 400 * 100 * 10
+    # 400 x 100 float32 logits fit in one chunk: logits, softmax, their gradient (fp32) and a bf16 copy
+    assert act * GIB == 2 * 1000 * per_layer and logits * GIB == 400 * 100 * (2 + 4 + 4 + 4)
     act, _ = _activations(SMALL, 1000, 400, 2, ckpt=True, backward=True, value_head=False)
     assert act * GIB == 2 * 1000 * 64 * 2 + 1000 * per_layer
     assert _activations(SMALL, 1000, 400, 2, True, True, value_head=True)[1] == 0
+    # TP=2 splits the attention and MLP intermediates; the hidden-size tensors too only with sequence parallelism.
+    tp_act, _ = _activations(SMALL, 1000, 400, 2, ckpt=False, backward=True, value_head=False, tp=2)
+    sp_act, _ = _activations(SMALL, 1000, 400, 2, ckpt=False, backward=True, value_head=False, tp=2, sp=True)
+    assert tp_act * GIB == 2 * 1000 * 2 * (6 * 64 + (2 * 32 + 4 * 128) / 2) and sp_act * GIB == 2 * 1000 * per_layer / 2
+
+
+def test_the_log_prob_head_holds_one_chunk_not_the_micro_batch():
+    qwen = BUILTIN["qwen2.5-7b"]
+    chunk = LOGITS_CHUNK_BYTES // (4 * qwen.vocab)  # 220 tokens of a 152k vocabulary in 128 MiB
+    _, logits = _activations(qwen, 24000, 16000, 2, ckpt=True, backward=True, value_head=False)
+    assert logits * GIB == chunk * qwen.vocab * 14  # 0.44 GiB, where full logits would be 16000 x 152064 x 10 B = 22.7 GiB
+    _, tp4 = _activations(qwen, 24000, 16000, 2, ckpt=True, backward=True, value_head=False, tp=4)
+    tp4_chunk = LOGITS_CHUNK_BYTES // (4 * (qwen.vocab // 4))
+    assert tp4_chunk >= 4 * chunk and tp4 * GIB == tp4_chunk * (qwen.vocab // 4) * 14  # ~the same bytes, 4x the tokens
 
 
 # --- the seed article: Llama3-8B reward model on six 24 GB RTX 4090s ---------------------------------------
@@ -140,7 +156,7 @@ def test_megatron_layout_splits_state_over_tp_pp_and_dp():
     mem = _plan(recipe="qwen2_32b_grpo_megatron")
     actor = dict(_role(mem, "actor update").items)
     p = BUILTIN["qwen2.5-32b"].params()
-    assert actor["bf16 weights / TP4 x PP2"] == pytest.approx(2 * p / 8 / GIB)
+    assert actor["bfloat16 weights / TP4 x PP2"] == pytest.approx(2 * p / 8 / GIB)
     assert actor["fp32 master + AdamW / TP4 x PP2 x DP1"] == pytest.approx(12 * p / 8 / GIB)
     two_nodes = dict(_role(_plan("trainer.nnodes=2", recipe="qwen2_32b_grpo_megatron"), "actor update").items)
     assert two_nodes["fp32 master + AdamW / TP4 x PP2 x DP2"] == pytest.approx(12 * p / 16 / GIB)
