@@ -5,15 +5,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "dynamic_bsz.py"
 
 
 def test_dynamic_bsz_benchmark_prints_every_mode_and_the_ratios():
     args = ["--samples", "4", "--max_prompt", "8", "--max_response", "24", "--median_response", "6", "--truncated", "1",
-            "--micro_batch_size", "2", "--log_prob_micro_batch_size", "2", "--hidden", "64", "--layers", "1", "--vocab", "128",
+            "--micro_batch_size", "2", "--log_prob_micro_batch_size", "2", "--hidden", "128", "--layers", "1", "--vocab", "128",
             "--reps", "0", "--threads", "1"]
     out = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, check=True).stdout
     for mode in ("(a) padded, fixed micro-batches", "(b) dynamic bsz", "(c) dynamic bsz + remove padding"):
         assert out.count(mode) == 2, out  # compute_log_prob and update_actor
     ratios = re.search(r"both passes\s+c/a = ([\d.]+)\s+b/a = ([\d.]+).*reaches ([\d.]+)% of the fp32 matmul peak", out)
     assert ratios and all(float(x) > 0 for x in ratios.groups()), out
+
+
+@pytest.mark.slow
+def test_megatron_layouts_benchmark_prints_every_layout_against_fsdp2():
+    pytest.importorskip("megatron.core")
+    script = BENCH.parent / "megatron_layouts.py"
+    args = ["--samples", "8", "--prompt", "4", "--response", "8", "--micro_batch_size", "2", "--hidden", "128", "--layers", "4",
+            "--vocab", "128", "--reps", "1"]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = re.findall(r"^(FSDP2, DP2|Megatron [^\n]+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
+    assert len(rows) == 6 and rows[0][4] == "1.00", out
