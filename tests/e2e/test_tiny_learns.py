@@ -9,13 +9,13 @@ from rlcore.config import compose
 from rlcore.train import run
 
 
-def train_demo(assets, tmp_path, recipe, steps):
+def train_demo(assets, tmp_path, recipe, steps, *extra, config_name="ppo_trainer"):
     cfg = compose([
         f"recipe={recipe}", f"actor_rollout_ref.model.path={assets}/sft_model",
         f"data.train_files={assets}/data/train.parquet", f"data.val_files={assets}/data/test.parquet",
         f"trainer.default_local_dir={tmp_path}/ckpt", f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}",
-        "trainer.save_freq=-1",
-    ])
+        "trainer.save_freq=-1", *extra,
+    ], config_name=config_name)
     run(cfg, str(tmp_path / "run"))
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     val = [r["val-core/tiny_add/reward/mean@1"] for r in rows if "val-core/tiny_add/reward/mean@1" in r]
@@ -31,6 +31,19 @@ def test_grpo_raises_held_out_accuracy_and_training_reward(demo_assets, tmp_path
     print(f"val accuracy {val[0]:.3f} -> {val[-1]:.3f}; train reward {np.mean(scores[:10]):.3f} -> {np.mean(scores[-10:]):.3f}")
     # 500 held-out problems: +-2 points of sampling noise; the measured rise after 50 steps is ~10-15 points
     # (+13.0 on the AVX2 machine).
+    assert val[-1] > val[0] + 0.05
+    assert np.mean(scores[-10:]) > np.mean(scores[:10])
+
+
+@pytest.mark.slow
+def test_grpo_on_megatron_tp2_learns_like_fsdp2(demo_assets, tmp_path):
+    pytest.importorskip("megatron.core")
+    val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu", 50, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                           config_name="ppo_megatron_trainer")
+    scores = [r["critic/score/mean"] for r in rows]
+    print(f"val accuracy {val[0]:.3f} -> {val[-1]:.3f}; train reward {np.mean(scores[:10]):.3f} -> {np.mean(scores[-10:]):.3f}")
+    # The same threshold as FSDP2's 50-step run: the 800-step TP2 run measured +13.6 points at step 100 and
+    # +30.2 at the end (0.226 -> 0.528 on the AVX2 machine), as FSDP2's demo does.
     assert val[-1] > val[0] + 0.05
     assert np.mean(scores[-10:]) > np.mean(scores[:10])
 

@@ -37,6 +37,7 @@ def test_grpo_on_megatron_tp2_trains_saves_an_hf_model_and_resumes_exactly(tiny_
     # rlcore-plan's Megatron estimate against the measured peak of the busiest rank (CPU: the process's RSS)
     plan, _ = diagnose(cfg("a", 3))
     estimate = max(role.peak for role in memory_plan(cfg("a", 3), plan).roles)
+    print(f"peak memory per rank: measured {straight['perf/max_memory_allocated_gb']:.3f} GiB, rlcore-plan {estimate:.3f} GiB")
     assert 0.5 < straight["perf/max_memory_allocated_gb"] / estimate < 2, (straight["perf/max_memory_allocated_gb"], estimate)
 
 
