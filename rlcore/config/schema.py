@@ -136,7 +136,7 @@ class MegatronConfig:
     override_transformer_config: Dict[str, Any] = field(default_factory=lambda: {  # TransformerConfig fields
         "recompute_granularity": None, "recompute_modules": ["core_attn"], "recompute_method": None,
         "recompute_num_layers": None, "attention_backend": "flash"})
-    override_mcore_model_config: Dict[str, Any] = field(default_factory=dict)  # mcore model fields
+    override_mcore_model_config: Dict[str, Any] = field(default_factory=dict)  # mcore GPTModel fields (refused: rlcore derives them from HF)
     use_mbridge: bool = False  # verl: convert HF <-> megatron with mbridge; rlcore always uses its own converter
     vanilla_mbridge: bool = True  # verl: mbridge's built-in model bridges (no effect in rlcore, as use_mbridge)
     use_remove_padding: bool = True  # packed sequences (THD layout); packs only if model.use_remove_padding too

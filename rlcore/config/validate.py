@@ -187,6 +187,10 @@ def _check_megatron(c: _Checker, section: str) -> None:
     for key, (ok, what) in _MEGATRON_UNSUPPORTED.items():
         if c.get(f"{section}.{key}") != ok:
             c.error(f"{section}.{key}={c.get(f'{section}.{key}')} ({what}) is not supported by rlcore; use {section}.{key}={ok}")
+    if c.get(f"{section}.override_mcore_model_config"):
+        c.error(f"{section}.override_mcore_model_config is not supported by rlcore: its megatron engine derives the GPTModel "
+                "from the HF config.json; change the model with actor_rollout_ref.model.override_config (HF keys) and "
+                f"the layers with {section}.override_transformer_config")
     pp, vpp = c.get(f"{section}.pipeline_model_parallel_size"), c.get(f"{section}.virtual_pipeline_model_parallel_size")
     if vpp is not None and vpp > 1 and pp < 2:
         c.error(f"{section}.virtual_pipeline_model_parallel_size={vpp} interleaves pipeline stages and needs "

@@ -222,6 +222,9 @@ def test_megatron_command_line_composes_and_validates():
                                      config_name="ppo_megatron_trainer"))
         assert any(e.startswith(f"actor_rollout_ref.actor.megatron.{key}={value} ({what}") and "is not supported by rlcore" in e
                    for e in errors), errors
+    _, errors = diagnose(compose(["+actor_rollout_ref.actor.megatron.override_mcore_model_config.rotary_base=1e6"],
+                                 config_name="ppo_megatron_trainer"))
+    assert any(e.startswith("actor_rollout_ref.actor.megatron.override_mcore_model_config is not supported") for e in errors), errors
     _, errors = diagnose(compose(["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"],
                                  config_name="ppo_megatron_trainer"))
     assert any("= 3 devices per model replica does not divide the world size 8" in e and
