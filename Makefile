@@ -34,9 +34,11 @@ test-numerics: $(STAMP)
 	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q -m numerics tests $(ARGS)
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m numerics tests $(ARGS)
 
-# Padded vs dynamic bsz vs dynamic bsz + packing on a 36M-parameter model (prints tokens/s and ratios, ~5 min).
+# Padded vs dynamic bsz vs dynamic bsz + packing on a 36M-parameter model (prints tokens/s and ratios, ~5 min),
+# then each Megatron layout next to FSDP2 on the same batch (~4 min).
 bench: $(STAMP)
 	$(PY) bench/dynamic_bsz.py $(ARGS)
+	$(PY) bench/megatron_layouts.py
 
 clean:
 	rm -rf .cache outputs
