@@ -95,7 +95,8 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         # Token-budget micro-batches differ in length: pipeline stages exchange each activation's shape first.
         variable_seq_lengths=True,
         moe_token_dispatcher_type="alltoall",  # no MoE here, but the default ("allgather") refuses variable lengths
-        # Measured: interleaved 1F1B with batched p2p is silently wrong on gloo (loss 6.3023 vs 6.2919).
+        # Measured on gloo: interleaved 1F1B with batched p2p gave a wrong loss (6.3023 vs 6.2919) in one setup and
+        # aborted a rank (SIGABRT) in the pp2_vpp2 parity test, which therefore catches it.
         batch_p2p_comm=device.type == "cuda",
     )
     extra = {k: v for k, v in overrides.items() if k not in _IGNORED_OVERRIDES and v is not None}
