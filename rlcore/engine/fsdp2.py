@@ -9,8 +9,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -18,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
+from rlcore.models.hf_export import save_safetensors_stream
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
 
@@ -173,13 +173,13 @@ class FSDP2Engine(TrainEngine):
             self.save_hf(hf_dir)
 
     def save_hf(self, hf_dir: str) -> None:
-        """HF-loadable safetensors + config.json (collective gather; rank 0 writes)."""
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """HF-loadable safetensors + config.json, written shard by shard as the parameters are gathered one at a
+        time (collective; rank 0 writes)."""
+        tied = getattr(self.hf_config, "tie_word_embeddings", False)
+        # safetensors refuses shared storage; HF re-ties lm_head to the embedding on load.
+        stream = ((name, t) for name, t in self.rollout_weights() if not (tied and name == "lm_head.weight"))
+        save_safetensors_stream(hf_dir, stream, write=dist.get_rank() == 0)
         if dist.get_rank() == 0:
-            os.makedirs(hf_dir, exist_ok=True)
-            if getattr(self.hf_config, "tie_word_embeddings", False):
-                full.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF re-ties on load
-            save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
             self.hf_config.save_pretrained(hf_dir)
 
     def load(self, path: str) -> None:

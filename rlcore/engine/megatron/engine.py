@@ -15,7 +15,6 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-from safetensors.torch import save_file
 
 from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
@@ -24,6 +23,7 @@ from rlcore.engine.megatron.offload import move_state
 from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
 from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
+from rlcore.models.hf_export import SHARD_BYTES, save_safetensors_stream
 from rlcore.models.logits import token_log_probs
 
 UNSUPPORTED = {  # megatron.<key>: (value that is fine, why rlcore refuses anything else)
@@ -289,43 +289,14 @@ class MegatronEngine(TrainEngine):
                     p.copy_(saved_p)
             self.optimizer_steps = state["optimizer_steps"]
 
-    def save_hf(self, hf_dir: str, max_shard_bytes: int = 4 * 2**30) -> None:
-        """HF safetensors (sharded past max_shard_bytes, with an index) + config.json; collective, rank 0 writes."""
+    def save_hf(self, hf_dir: str, max_shard_bytes: int = SHARD_BYTES) -> None:
+        """HF safetensors + config.json, written shard by shard from the weight stream; collective, rank 0 writes."""
         writing = dist.get_rank() == 0
-        shard: dict[str, torch.Tensor] = {}
-        files: list[dict[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self.rollout_weights():
-            if not writing:
-                continue
-            if shard and size + tensor.numel() * tensor.element_size() > max_shard_bytes:
-                files.append(shard)
-                shard, size = {}, 0
-            shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
-            size += tensor.numel() * tensor.element_size()
+        save_safetensors_stream(hf_dir, self.rollout_weights(), writing, max_shard_bytes)
         if writing:
-            files.append(shard)
-            _write_safetensors(hf_dir, files)
-            config = self.hf_config
-            if self.spec.kind == "value":
-                config = _value_model_config(config)
+            config = _value_model_config(self.hf_config) if self.spec.kind == "value" else self.hf_config
             config.save_pretrained(hf_dir)
         dist.barrier()
-
-
-def _write_safetensors(hf_dir: str, files: list[dict[str, torch.Tensor]]) -> None:
-    os.makedirs(hf_dir, exist_ok=True)
-    if len(files) == 1:
-        save_file(files[0], os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, tensors in enumerate(files):
-        name = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-        save_file(tensors, os.path.join(hf_dir, name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in tensors})
-    total = sum(t.numel() * t.element_size() for f in files for t in f.values())
-    with open(os.path.join(hf_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
 def _value_model_config(config):
