@@ -18,7 +18,7 @@ from rlcore.trainer.metrics import data_metrics, throughput_metrics
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)
-UPDATE_KEYS = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+UPDATE_KEYS = FORWARD_KEYS + ["response_mask", "advantages"]  # + old_log_probs unless the step is exactly on-policy
 CRITIC_KEYS = FORWARD_KEYS + ["response_mask", "values", "returns"]
 
 
@@ -47,7 +47,14 @@ class PPOTrainer:
         self.train_loader, self.val_loader = train_loader, val_loader
         self.tracker = tracker
         self.total_steps = total_steps
-        self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        actor = cfg.actor_rollout_ref.actor
+        self.use_ref = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        # Exactly on-policy: the rollout sampled with the weights the actor is about to update, and they are updated
+        # once, on the whole batch. An old-log-prob pass would only recompute the update's own log-probs (ratio 1),
+        # so it is skipped and the loss uses them detached (verl's actor does the same on-policy, after running the
+        # pass anyway). Only a KL penalty in the reward needs them before the update.
+        self.on_policy = (cfg.data.train_batch_size == actor.ppo_mini_batch_size and actor.ppo_epochs == 1
+                          and not cfg.algorithm.use_kl_in_reward)
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.global_step = 0
         self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
@@ -107,11 +114,13 @@ class PPOTrainer:
                 batch.batch["token_level_scores"] = scores
             if self.cfg.trainer.balance_batch:
                 batch = self.balance_batch(batch, metrics)
-            with timer("old_log_prob", metrics):
-                old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
-                entropy = old.pop(["entropys"]).batch["entropys"]
-                metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
-                batch.union(old)
+            updates_actor = self.global_step > self.cfg.trainer.critic_warmup
+            if not (self.on_policy and updates_actor):
+                with timer("old_log_prob", metrics):
+                    old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
+                    entropy = old.pop(["entropys"]).batch["entropys"]
+                    metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
+                    batch.union(old)
             if self.use_ref:
                 with timer("ref", metrics):
                     batch.union(self.actor_rollout.compute_ref_log_prob(batch.select(FORWARD_KEYS)))
@@ -123,9 +132,9 @@ class PPOTrainer:
             if self.critic is not None:
                 with timer("update_critic", metrics):
                     metrics.update(self.critic.update_critic(batch.select(CRITIC_KEYS)))
-            if self.global_step > self.cfg.trainer.critic_warmup:
+            if updates_actor:
                 with timer("update_actor", metrics):
-                    keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else [])
+                    keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else []) + (["old_log_probs"] if "old_log_probs" in batch.batch.keys() else [])
                     metrics.update(self.actor_rollout.update_actor(batch.select(keys)))
         metrics.update(data_metrics(batch))
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))

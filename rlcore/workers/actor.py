@@ -30,11 +30,13 @@ def policy_loss_params(actor_cfg) -> dict[str, float]:
     return params
 
 
-def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int) -> LossFn:
+def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on_policy: bool = False) -> LossFn:
     """The per-micro-batch loss: policy loss - entropy_coeff * entropy (+ kl_loss_coef * KL to the reference).
 
     `counts` = (valid tokens, sequences) of the whole mini-batch over all ranks: the normalisers that make the
-    sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg).
+    sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg). `on_policy`: the batch was sampled by
+    exactly these weights and this is their only update, so the old log-probs are this forward's own (detached;
+    ratio 1, the gradient of the log-probs) and actor/entropy, which no old-log-prob pass measured, is logged here.
     """
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
     loss_params = policy_loss_params(actor_cfg)
@@ -44,15 +46,18 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int) ->
         b = {k: v.to(log_prob.device) for k, v in mb.batch.items()}
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
-        pg_mat, stats = policy_loss(b["old_log_probs"], log_prob, b["advantages"], mask, **loss_params)
+        old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
+        pg_mat, stats = policy_loss(old_log_prob, log_prob, b["advantages"], mask, **loss_params)
         pg_loss = agg(pg_mat)
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}
         if actor_cfg.entropy_coeff != 0:
-            # Only computed when it is part of the loss: the old-log-prob pass already reports actor/entropy.
             entropy = agg(outputs["entropy"])
             loss = loss - actor_cfg.entropy_coeff * entropy
             metrics["actor/entropy"] = entropy.item()
+        elif on_policy:  # not in the loss: the batch's token mean, as the skipped old-log-prob pass would report it
+            token_mean = agg_loss(outputs["entropy"].detach(), mask, "token-mean", counts[0], counts[1], dp_size)
+            metrics["actor/entropy"] = token_mean.item()
         if actor_cfg.use_kl_loss:
             kl_loss = agg(kl_penalty(log_prob, b["ref_log_prob"], actor_cfg.kl_loss_type))
             loss = loss + actor_cfg.kl_loss_coef * kl_loss
@@ -66,11 +71,18 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int) ->
 def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float) -> dict[str, float]:
     """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
 
-    `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
+    `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows. Without
+    an `old_log_probs` column the controller skipped that pass because the update is exactly on-policy (one
+    mini-batch, one epoch): see make_policy_loss_fn.
     """
-    # The entropy is computed only when it is part of the loss: the old-log-prob pass already reports actor/entropy.
-    request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0)
+    mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n // engine.dp_size
+    on_policy = "old_log_probs" not in data.batch.keys()
+    if on_policy and (actor_cfg.ppo_epochs != 1 or len(data) != mini_batch_rows):
+        raise ValueError(f"no old_log_probs for an update of {actor_cfg.ppo_epochs} epoch(s) x {len(data) // mini_batch_rows} "
+                         "mini-batches: only a single on-policy step may use its own log-probs as the old ones")
+    # Entropy only where it is used: in the loss, or as the metric the skipped old-log-prob pass would have logged.
+    request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy)
     return run_ppo_updates(
-        engine, data, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size * rollout_n // engine.dp_size, micro,
-        lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size), "actor", request,
+        engine, data, actor_cfg.ppo_epochs, mini_batch_rows, micro,
+        lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy), "actor", request,
     )

@@ -65,6 +65,16 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "ckpt").iterdir())
 
 
+def test_an_exactly_on_policy_step_skips_the_old_log_prob_pass(tiny_model_dir, tiny_task_dir, tmp_path):
+    # one mini-batch (8 prompts) and one epoch; the KL loss keeps the reference pass on
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=1", "trainer.val_before_train=False",
+                   "trainer.test_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    final = run(cfg, str(tmp_path / "run"))
+    assert "timing_s/old_log_prob" not in final and "timing_s/ref" in final
+    assert final["actor/ppo_kl"] == 0.0 and final["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
+    assert 0 < final["actor/entropy"] < math.log(AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size)
+
+
 @pytest.mark.numerics
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny_model_dir, tiny_task_dir, tmp_path):
     common = ("trainer.val_before_train=False", "trainer.test_freq=-1")

@@ -5,6 +5,7 @@ import pytest
 import torch
 from dist_utils import assert_split_invariant, free_port, init_gloo, make_rollout_batch, split_rows
 from omegaconf import OmegaConf
+from transformers import AutoConfig
 
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
@@ -91,3 +92,37 @@ def test_token_budget_log_probs_come_back_in_the_batch_order(engine, tiny_model_
     for key in ("log_probs", "entropys"):
         assert dynamic.batch[key].shape == (12, 9)
         torch.testing.assert_close(dynamic.batch[key][mask], fixed.batch[key][mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
+def test_an_on_policy_update_without_the_old_log_prob_pass_is_the_same_update(tiny_model_dir, entropy_coeff):
+    """One mini-batch, one epoch: the controller skips the old-log-prob pass and the loss uses its own log-probs,
+    detached. Same loss, metrics and weights as with the pass (to float32 noise: the pass and the update forward
+    are separate computations), and actor/entropy is the batch's token mean as the pass would have logged."""
+    init_gloo(0, 1, free_port())
+    vocab = AutoConfig.from_pretrained(tiny_model_dir).vocab_size
+    rows = {k: v for k, v in make_rollout_batch(8, 6, 5, vocab, seed=5).items() if k != "old_log_probs"}
+    cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": "seq-mean-token-mean", "ppo_mini_batch_size": 4, "entropy_coeff": entropy_coeff})
+    results = []
+    for with_pass in (True, False):
+        torch.manual_seed(0)
+        engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-3), torch.device("cpu"))
+        batch = DataProto.from_dict(dict(rows))
+        if with_pass:
+            old = compute_log_prob(engine, batch, MicroBatchSpec(rows=3), 1.0, with_entropy=True)
+            mask = batch.batch["response_mask"]
+            pass_entropy = ((old.batch["entropys"] * mask).sum() / mask.sum()).item()
+            batch.batch["old_log_probs"] = old.batch["log_probs"]
+        metrics = update_policy(engine, batch, cfg, MicroBatchSpec(rows=3), rollout_n=2, temperature=1.0)
+        results.append((metrics, [p.full_tensor().clone() for p in engine.model.parameters()]))
+    (with_metrics, with_weights), (without_metrics, without_weights) = results
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/ppo_kl", "actor/pg_clipfrac"):
+        assert without_metrics[key] == pytest.approx(with_metrics[key], abs=1e-6), key
+    assert without_metrics["actor/ppo_kl"] == 0.0 and without_metrics["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
+    assert without_metrics["actor/grad_norm"] == pytest.approx(with_metrics["actor/grad_norm"], rel=1e-5)
+    assert without_metrics["actor/entropy"] == pytest.approx(pass_entropy if entropy_coeff == 0 else with_metrics["actor/entropy"], rel=1e-5)
+    for a, b in zip(with_weights, without_weights):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # lr 1e-3: Adam moves each weight <= ~1e-3; noise far below
+    with pytest.raises(ValueError, match="only a single on-policy step"):
+        update_policy(engine, DataProto.from_dict(dict(rows)), OmegaConf.merge(cfg, {"ppo_mini_batch_size": 2}),
+                      MicroBatchSpec(rows=3), rollout_n=2, temperature=1.0)
