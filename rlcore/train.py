@@ -66,7 +66,23 @@ def check_config(cfg: DictConfig) -> str:
             lever = f"; the largest lever: {role.levers[0][0]}" if role.levers else ""
             report.append(f"WARNING rlcore: {role.role} is estimated at {role.peak:.1f} GiB per device, more than "
                           f"{role.capacity:.1f} GiB: it will likely run out of memory{lever} (rlcore-plan explains)")
+    report.extend(cpu_dtype_warnings(cfg))
     return "\n".join(report)
+
+
+def cpu_dtype_warnings(cfg: DictConfig) -> list[str]:
+    """bf16 on a CPU that only emulates it: verl's defaults are bf16, and they would run many times slower than fp32."""
+    from rlcore.utils.cpu import half_precision_keys, native_bf16_matmul
+
+    if cfg.trainer.device != "cpu" or native_bf16_matmul():
+        return []
+    use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    keys = half_precision_keys(cfg, use_ref, uses_critic(cfg))
+    if not keys:
+        return []
+    fix = " ".join(f"{k.split('=')[0]}=float32" for k in keys)
+    return [f"WARNING rlcore: {', '.join(keys)} on a CPU without native bf16 matmul (AVX-512 BF16 / AMX, with torch's AVX-512 "
+            f"kernels): bf16 is emulated there, far slower than float32. Use {fix} (as the tiny_cpu recipes do)"]
 
 
 def absolute_paths(cfg: DictConfig) -> None:
@@ -115,15 +131,21 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
 def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     """The actor/rollout/ref group and, when the algorithm uses one, the critic group: on the same devices
     (a second process per device, colocated) or on its own pool (critic.enable_resource_pool)."""
+    import ray
+
     from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
     from rlcore.workers.critic import CriticWorker
 
     config, device, trainer = OmegaConf.to_container(cfg, resolve=True), cfg.trainer.device, cfg.trainer
     critic, own_pool = uses_critic(cfg), cfg.critic.enable_resource_pool
-    pools = [ResourcePool(trainer.nnodes, trainer.n_gpus_per_node, device, max_colocate_count=2 if critic and not own_pool else 1)]
+    ranks = trainer.nnodes * trainer.n_gpus_per_node + (cfg.critic.nnodes * cfg.critic.n_gpus_per_node if critic and own_pool else 0)
+    # CPU ranks split the cluster's cores evenly (one rank on 2 cores computes with 2 threads).
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // ranks) if device == "cpu" else 1
+    pools = [ResourcePool(trainer.nnodes, trainer.n_gpus_per_node, device, max_colocate_count=2 if critic and not own_pool else 1,
+                          cpus_per_rank=cpus)]
     if critic and own_pool:
-        pools.append(ResourcePool(cfg.critic.nnodes, cfg.critic.n_gpus_per_node, device))
+        pools.append(ResourcePool(cfg.critic.nnodes, cfg.critic.n_gpus_per_node, device, cpus_per_rank=cpus))
     groups = {}
     try:
         groups["actor_rollout"] = RayWorkerGroup(ActorRolloutRefWorker, pools[0], config=config)

@@ -326,7 +326,7 @@ class CriticConfig:
     """Value model for GAE (`critic.*`): its own worker group, on the actor's devices unless enable_resource_pool."""
 
     enable: Optional[bool] = None  # None = on exactly when algorithm.adv_estimator needs it (gae)
-    strategy: str = "fsdp"  # fsdp | fsdp2
+    strategy: str = "fsdp"  # fsdp | fsdp2 | megatron
     rollout_n: int = II("oc.select:actor_rollout_ref.rollout.n,1")  # samples per prompt (as the rollout's)
     model: CriticModelConfig = field(default_factory=CriticModelConfig)  # value model
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # optimizer (verl: lr 1e-5)

@@ -16,7 +16,8 @@ from rlcore.controller.decorator import DISPATCH_ATTR, MESH_ATTR, DataLayout, di
 
 @dataclass
 class ResourcePool:
-    """`nnodes x n_gpus_per_node` ranks; on CPU one 1-CPU bundle per rank, on CUDA one GPU (+1 CPU) per rank.
+    """`nnodes x n_gpus_per_node` ranks; on CPU one bundle of `cpus_per_rank` CPUs per rank (each rank runs that
+    many torch threads), on CUDA one GPU (+1 CPU) per rank.
 
     `max_colocate_count` worker groups may share the pool: each rank of each group takes that fraction of its
     bundle, so e.g. the actor group and the critic group run one process each on every device (their phases
@@ -27,6 +28,7 @@ class ResourcePool:
     n_gpus_per_node: int
     device: str = "cpu"
     max_colocate_count: int = 1
+    cpus_per_rank: int = 1
     _pg: object = field(default=None, repr=False)
 
     @property
@@ -34,7 +36,7 @@ class ResourcePool:
         return self.nnodes * self.n_gpus_per_node
 
     def bundle(self) -> dict[str, float]:
-        return {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": 1}
+        return {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": self.cpus_per_rank}
 
     def share(self) -> dict[str, float]:
         """What one rank of one colocated group asks of its bundle."""
@@ -75,7 +77,10 @@ class RayWorkerGroup:
         pg = pool.placement_group()
         share = pool.share()
         remote_cls = ray.remote(worker_cls)
-        env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"} if pool.device == "cpu" else {}
+        # On CPU a rank computes with the cores of its bundle (Ray would otherwise pin it to one thread per
+        # requested CPU, and a colocated group's fractional share to one); colocated groups alternate phases, so
+        # each of their processes may use the whole bundle.
+        env = {"OMP_NUM_THREADS": str(pool.cpus_per_rank), "TOKENIZERS_PARALLELISM": "false"} if pool.device == "cpu" else {}
         self.workers = [
             remote_cls.options(
                 name=None,

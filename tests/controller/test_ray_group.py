@@ -35,6 +35,10 @@ class ToyWorker(Worker):
     def backend_and_rank(self) -> tuple[str, int]:
         return dist.get_backend(), self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def torch_threads(self) -> int:
+        return torch.get_num_threads()
+
 
 @pytest.fixture(scope="module")
 def local_ray():
@@ -78,3 +82,15 @@ def test_two_groups_colocate_on_one_pool(local_ray):
 def test_placement_group_too_large_says_how_to_fix(local_ray):
     with pytest.raises(RuntimeError, match="n_gpus_per_node"):
         ResourcePool(nnodes=1, n_gpus_per_node=8, device="cpu").placement_group(timeout_s=3)
+
+
+@pytest.mark.parametrize("ranks, cpus_per_rank", [(1, 2), (2, 1)])
+def test_a_cpu_rank_computes_with_the_cores_of_its_bundle(local_ray, ranks, cpus_per_rank):
+    """One rank on the 2 CPUs runs 2 torch threads (Ray alone would pin it to 1); two ranks run 1 each."""
+    pool = ResourcePool(nnodes=1, n_gpus_per_node=ranks, device="cpu", cpus_per_rank=cpus_per_rank)
+    group = RayWorkerGroup(ToyWorker, pool, scale=1)
+    try:
+        assert group.torch_threads() == [cpus_per_rank] * ranks
+    finally:
+        group.kill()
+        pool.release()
