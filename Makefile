@@ -35,10 +35,11 @@ test-numerics: $(STAMP)
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m numerics tests $(ARGS)
 
 # Padded vs dynamic bsz vs dynamic bsz + packing on a 36M-parameter model (prints tokens/s and ratios, ~5 min),
-# then each Megatron layout next to FSDP2 on the same batch (~4 min).
+# then each Megatron layout next to FSDP2 on the same batch (~4 min), then the weight sync against memcpy (~10 s).
 bench: $(STAMP)
 	$(PY) bench/dynamic_bsz.py $(ARGS)
 	$(PY) bench/megatron_layouts.py
+	$(PY) bench/weight_sync.py
 
 clean:
 	rm -rf .cache outputs

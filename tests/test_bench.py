@@ -30,3 +30,13 @@ def test_megatron_layouts_benchmark_prints_every_layout_against_fsdp2():
     out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, check=True).stdout
     rows = re.findall(r"^(FSDP2, DP2|Megatron [^\n]+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
     assert len(rows) == 6 and rows[0][4] == "1.00", out
+
+
+@pytest.mark.slow
+def test_weight_sync_benchmark_prints_each_mode_against_memcpy():
+    script = BENCH.parent / "weight_sync.py"
+    args = ["--hidden", "128", "--layers", "2", "--vocab", "256", "--reps", "2"]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = dict(re.findall(r"^(per tensor \(bucket 0\)|bucketed \(2048 MB\)|gloo all-gather alone|memcpy)\s+[\d.]+ ms\s+([\d.]+)x memcpy$",
+                           out, re.MULTILINE))
+    assert len(rows) == 4 and rows["memcpy"] == "1.0", out

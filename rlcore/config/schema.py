@@ -254,6 +254,15 @@ class MultiTurnConfig:
 
 
 @dataclass
+class CheckpointEngineConfig:
+    """How the hybrid engine moves training weights into the rollout (`actor_rollout_ref.rollout.checkpoint_engine.*`)."""
+
+    backend: str = "naive"  # naive: in-process, the only backend (verl's others move weights between machines)
+    update_weights_bucket_megabytes: int = 2048  # full weights gathered per collective during the sync
+    engine_kwargs: Dict[str, Any] = field(default_factory=dict)  # backend options (none for naive)
+
+
+@dataclass
 class RolloutConfig:
     """Generation engine and sampling for training rollouts (`actor_rollout_ref.rollout.*`)."""
 
@@ -289,6 +298,7 @@ class RolloutConfig:
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
     engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)  # engine pass-through
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)  # validation sampling
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)  # weight sync
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # tools, multi-turn (not supported yet)
 
 

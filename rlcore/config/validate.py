@@ -155,6 +155,8 @@ def _check_choices(c: _Checker) -> None:
     if c.get(f"{ARR}.ref.strategy") != c.get(f"{ARR}.actor.strategy"):
         c.choice(f"{ARR}.ref.strategy", STRATEGIES)
     c.choice(f"{ARR}.rollout.name", ROLLOUT_NAMES, _UNSUPPORTED_ROLLOUT)
+    c.choice(f"{ARR}.rollout.checkpoint_engine.backend", ("naive",))
+    c.at_least(f"{ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes", 0, 2048)  # 0: one tensor per gather
     c.choice(f"{ARR}.rollout.mode", ROLLOUT_MODES)
     c.choice("data.truncation", TRUNCATIONS)
     c.choice(f"{ARR}.actor.loss_agg_mode", LOSS_AGG_MODES)

@@ -11,6 +11,8 @@ import torch
 
 from rlcore.protocol import DataProto
 
+WEIGHT_BUCKET_BYTES = 2048 * 2**20  # verl: rollout.checkpoint_engine.update_weights_bucket_megabytes=2048
+
 # An engine hands these functions per-token outputs for the response tokens of a micro-batch, `[batch, response_len]`
 # float32 (the next-token shift is done): a causal LM gives "log_probs" (of the response tokens, at the request's
 # temperature) and, when asked, "entropy"; a value model gives "values". Never logits: under tensor parallelism
@@ -87,8 +89,9 @@ class TrainEngine(ABC):
         """Clips, steps (skipping non-finite gradients), advances the lr schedule; returns grad_norm, lr."""
 
     @abstractmethod
-    def rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (unsharded) weights under HF names, one tensor at a time. Collective: every rank iterates."""
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) weights under HF names, one tensor at a time, gathered in buckets of about
+        `bucket_bytes` (one collective per bucket). Collective: every rank iterates."""
 
     @abstractmethod
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None: ...

@@ -14,7 +14,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.gather import gather_full_tensors
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
 from rlcore.models.hf_export import save_safetensors_stream
@@ -129,11 +130,10 @@ class FSDP2Engine(TrainEngine):
         return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
-    def rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        # state_dict() of an FSDP2 module holds sharded DTensors; full_tensor() all-gathers one at a time, so
-        # peak extra memory is one unsharded parameter, not a second copy of the model.
-        for name, tensor in self.model.state_dict().items():
-            yield name, _full(tensor)
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+        # state_dict() of an FSDP2 module holds sharded DTensors, gathered a bucket at a time: peak extra memory
+        # is one bucket of unsharded parameters, not a second copy of the model.
+        return gather_full_tensors(self.model.state_dict().items(), bucket_bytes, self.device)
 
     def _move_optimizer_state(self, device: torch.device) -> None:
         for state in self.optimizer.state.values():

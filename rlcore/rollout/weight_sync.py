@@ -6,15 +6,15 @@ from typing import Iterator
 
 import torch
 
-from rlcore.engine.base import TrainEngine
+from rlcore.engine.base import WEIGHT_BUCKET_BYTES, TrainEngine
 from rlcore.rollout.base import RolloutEngine
 
 
-def sync_weights(engine: TrainEngine, rollout: RolloutEngine) -> int:
+def sync_weights(engine: TrainEngine, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES) -> int:
     """Streams every training weight into the rollout engine; returns the number of tensors sent.
 
-    The engine gathers one full tensor at a time and the rollout copies it into place before the next is
-    gathered, so peak extra memory is one unsharded tensor, never a second full copy of the model.
+    The engine gathers full tensors a bucket at a time (one collective per `bucket_bytes`) and the rollout copies
+    each into place, so peak extra memory is one bucket of unsharded tensors, never a second copy of the model.
     Collective: every rank of the training group must call it (each rank feeds its own rollout replica).
     The order follows vLLM's in-place reload: wake the weights, load them all, then wake the KV cache.
     """
@@ -22,7 +22,7 @@ def sync_weights(engine: TrainEngine, rollout: RolloutEngine) -> int:
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal sent
-        for name, tensor in engine.rollout_weights():
+        for name, tensor in engine.rollout_weights(bucket_bytes):
             sent += 1
             yield name, tensor
 

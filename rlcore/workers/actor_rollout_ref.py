@@ -85,13 +85,14 @@ class ActorRolloutRefWorker(Worker):
         timing = {}
         start = time.perf_counter()
         onload(self.actor)
-        sync_weights(self.actor, self.rollout)
+        bucket_mb = self.config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
+        sync_weights(self.actor, self.rollout, bucket_mb * 2**20)
         offload(self.actor)  # training weights leave the device before the KV cache needs it
-        timing["timing_s/weight_sync"] = time.perf_counter() - start
+        timing["timing_s/update_weights"] = time.perf_counter() - start
         out = self.rollout.generate(prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info))
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
-        timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/weight_sync"]
+        timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
         return DataProto.from_dict(assemble_sequences(prompts.batch["input_ids"], prompts.batch["attention_mask"], out), meta_info={"timing": timing})
 
     def _micro_batches(self, role: str) -> MicroBatchSpec:

@@ -16,7 +16,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-from rlcore.engine.base import EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
 from rlcore.engine.megatron.offload import move_state
@@ -228,10 +228,10 @@ class MegatronEngine(TrainEngine):
         return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
-    def rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
         if self._manifest is None:
             self._manifest = export_manifest(self.modules, self.spec.kind, self.tied)
-        return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device)
+        return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device, bucket_bytes)
 
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
         move_state(self, True, params, grads, optimizer)

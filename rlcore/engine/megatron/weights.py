@@ -22,8 +22,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from safetensors import safe_open
 
-# torch 2.13 renamed all_gather_into_tensor (a deprecation warning per call); older torch has only the old name.
-_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+from rlcore.engine.gather import all_gather_flat
+
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _LAYER_MAP = {  # megatron-core name inside a layer -> (kind, HF names inside model.layers.{i})
     "input_layernorm.weight": ("copy", ("input_layernorm.weight",)),
@@ -222,7 +222,7 @@ def _buckets(manifest: list[_Manifest], bucket_bytes: int) -> Iterator[list[_Man
 
 @torch.no_grad()
 def export_hf(chunks: list[torch.nn.Module], manifest: list[_Manifest], config, vocab_size: int, device: torch.device,
-              bucket_bytes: int = 256 * 2**20) -> Iterator[tuple[str, torch.Tensor]]:
+              bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
     """Full HF-named tensors, one at a time, on every rank (collective over the TP and PP groups of this rank).
 
     Per bucket: the owning stage's TP ranks all-gather their pieces in one flat buffer and rebuild the HF
@@ -238,7 +238,7 @@ def export_hf(chunks: list[torch.nn.Module], manifest: list[_Manifest], config, 
             flat = torch.cat([chunks[m.entry.chunk].get_parameter(m.entry.name).detach().reshape(-1) for m in bucket])
             if tp > 1:
                 gathered = flat.new_empty(tp * flat.numel())  # flat: gloo wants the output 1-D
-                _all_gather(gathered, flat, group=mpu.get_tensor_model_parallel_group())
+                all_gather_flat(gathered, flat, group=mpu.get_tensor_model_parallel_group())
                 gathered = gathered.view(tp, -1)
             else:
                 gathered = flat[None]
