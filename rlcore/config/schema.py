@@ -37,6 +37,8 @@ class DataConfig:
     max_prompt_length: int = 512  # prompt tokens at most (see truncation / filter_overlong_prompts)
     max_response_length: int = 512  # generated tokens per sample at most
     train_batch_size: int = 1024  # PROMPTS per training step; samples = this x rollout.n
+    # verl DAPO recipe: PROMPTS per generation batch; with algorithm.filter_groups several may fill one step
+    gen_batch_size: int = II("data.train_batch_size")
     val_batch_size: Optional[int] = None  # prompts per validation batch; None = the whole validation set
     return_raw_input_ids: bool = False  # also return un-padded prompt ids (for a reward model's tokenizer)
     return_raw_chat: bool = True  # keep the chat messages in the batch (needed by chat-based rollouts)
@@ -371,6 +373,17 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment in verl's DAPO-recipe form (`reward_model.overlong_buffer.*`): the same as
+    reward_kwargs.overlong_buffer_cfg with max_resp_len = data.max_response_length (reward_manager=dapo)."""
+
+    enable: bool = False  # punish responses that reach into the last `len` tokens
+    len: int = 0  # buffer length in tokens
+    penalty_factor: float = 0.0  # penalty at max_response_length
+    log: bool = False  # log the penalty per sample (reward_extra/overlong_reward)
+
+
+@dataclass
 class RewardModelConfig:
     """Reward computation: rule scorers by default, optionally a reward model (`reward_model.*`)."""
 
@@ -384,6 +397,7 @@ class RewardModelConfig:
     # Arguments of the reward manager; dapo: max_resp_len and overlong_buffer_cfg.{enable, len, penalty_factor,
     # log}. Empty, so new keys need Hydra's `+` (as in verl's DAPO scripts: +reward_model.reward_kwargs.max_resp_len=...)
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # verl DAPO recipe's form
     launch_reward_fn_async: bool = False  # score on the controller while the actor computes log-probs
 
 
@@ -398,6 +412,17 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (`algorithm.filter_groups.*`, verl's DAPO recipe): groups whose samples all score the
+    same carry no advantage signal; they are dropped and generation batches are drawn until train_batch_size
+    prompts with differing scores are collected."""
+
+    enable: bool = False  # filter groups and keep generating
+    metric: Optional[str] = None  # what must differ within a group: acc | score | seq_reward | seq_final_reward
+    max_num_gen_batches: int = 0  # generation batches per step at most before the run stops; <= 0 = no limit
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and in-reward KL (`algorithm.*`)."""
 
@@ -408,6 +433,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False  # subtract a KL penalty from the reward; needs the ref model
     kl_penalty: str = "kl"  # KL estimator for the reward penalty; same choices as actor.kl_loss_type
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # coefficient schedule
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
 
 
 @dataclass

@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
+
 ARR = "actor_rollout_ref"
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
 ROLLOUT_NAMES = ("native", "vllm", "hf")
@@ -171,6 +173,8 @@ def _check_choices(c: _Checker) -> None:
         c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
     c.choice(f"{ARR}.rollout.dtype", DTYPES)
     _check_reward_manager(c)
+    check_overlong_buffer(c)
+    check_dynamic_sampling(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         _check_megatron(c, f"{ARR}.actor.megatron")
         if c.get(f"{ARR}.actor.use_kl_loss") or c.get("algorithm.use_kl_in_reward"):

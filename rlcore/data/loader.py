@@ -30,14 +30,15 @@ class PromptLoader:
         seed: int,
         drop_last: bool = True,
         collate_fn: Callable[[list[dict[str, Any]]], dict[str, Any]] = default_collate_fn,
+        batch_key: str = "data.train_batch_size",  # the key that set batch_size, for error messages
     ) -> None:
         num_rows = len(dataset)
         if batch_size <= 0:
-            raise ValueError(f"data.train_batch_size must be positive, got {batch_size}")
+            raise ValueError(f"{batch_key} must be positive, got {batch_size}")
         if num_rows < batch_size:
             raise ValueError(
-                f"the dataset has {num_rows} rows, fewer than one batch (data.train_batch_size={batch_size}); "
-                f"lower data.train_batch_size to at most {num_rows} or use a larger dataset"
+                f"the dataset has {num_rows} rows, fewer than one batch ({batch_key}={batch_size}); "
+                f"lower {batch_key} to at most {num_rows} or use a larger dataset"
             )
         self.dataset = dataset
         self.batch_size = batch_size
@@ -92,7 +93,7 @@ class PromptLoader:
         if epoch < 0 or not 0 <= batch_index <= len(self):
             raise ValueError(
                 f"loader state epoch={epoch}, batch_index={batch_index} does not fit {len(self)} batches per epoch; "
-                f"was the checkpoint written with a different dataset or data.train_batch_size?"
+                f"was the checkpoint written with a different dataset or batch size?"
             )
         self.epoch, self.batch_index = epoch, batch_index
         self._roll_over_finished_epoch()

@@ -14,6 +14,7 @@ from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.protocol import DataProto
 from rlcore.trainer import checkpoint
+from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -26,7 +27,8 @@ CRITIC_KEYS = FORWARD_KEYS + ["response_mask", "values", "returns"]
 def timer(name: str, metrics: dict[str, float]):
     start = time.perf_counter()
     yield
-    metrics[f"timing_s/{name}"] = time.perf_counter() - start
+    # Summed: with dynamic sampling a step generates and scores several batches.
+    metrics[f"timing_s/{name}"] = metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
 def to_proto(batch: dict) -> DataProto:
@@ -75,7 +77,7 @@ class PPOTrainer:
             return metrics
         while self.global_step < self.total_steps:
             self.global_step += 1
-            metrics = self.train_step(self.next_batch())
+            metrics = self.train_step()
             last = self.global_step == self.total_steps
             if self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None:
                 with timer("testing", metrics):
@@ -99,19 +101,11 @@ class PPOTrainer:
         return to_proto(batch)
 
     # ------------------------------------------------------------------------------------------------ one step
-    def train_step(self, batch: DataProto) -> dict[str, float]:
-        metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.train_loader.epoch}
+    def train_step(self) -> dict[str, float]:
+        metrics: dict[str, float] = {"training/global_step": self.global_step}
         with timer("step", metrics):
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            if self.cfg.algorithm.adv_estimator == "remax":
-                with timer("gen_max", metrics):
-                    batch.batch["reward_baselines"] = self.greedy_baseline(batch)
-            batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
-            with timer("gen", metrics):
-                batch = self.generate(batch, metrics=metrics)
-            with timer("reward", metrics):
-                scores, _ = self.reward_fn(batch)
-                batch.batch["token_level_scores"] = scores
+            batch = self.collect_samples(metrics)
+            metrics["training/epoch"] = self.train_loader.epoch
             if self.cfg.trainer.balance_batch:
                 batch = self.balance_batch(batch, metrics)
             updates_actor = self.global_step > self.cfg.trainer.critic_warmup
@@ -139,6 +133,36 @@ class PPOTrainer:
         metrics.update(data_metrics(batch))
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
         return metrics
+
+    def collect_samples(self, metrics: dict[str, float]) -> DataProto:
+        """The step's generated and scored samples: one generation batch, or with algorithm.filter_groups (DAPO's
+        dynamic sampling) the informative groups of as many batches as it takes to fill data.train_batch_size."""
+        groups = self.cfg.algorithm.filter_groups
+        if not groups.enable:
+            return self.generate_and_score(self.next_batch(), metrics)[0]
+        n = self.cfg.actor_rollout_ref.rollout.n
+        collector = GroupCollector(self.cfg.data.train_batch_size, n, groups.max_num_gen_batches)
+        while True:
+            batch, extras = self.generate_and_score(self.next_batch(), metrics)
+            collector.add(batch, informative_samples(batch.non_tensor_batch["uid"], sample_metric(batch, groups.metric, extras)))
+            if collector.done():
+                metrics.update({"train/num_gen_batches": collector.num_gen_batches,
+                                "train/kept_group_ratio": collector.prompts / collector.num_groups_seen})
+                return collector.batch()
+
+    def generate_and_score(self, batch: DataProto, metrics: dict[str, float]) -> tuple[DataProto, dict[str, list[float]]]:
+        """rollout.n samples per prompt (one uid per prompt's group), with token_level_scores; and the scorer's extras."""
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            with timer("gen_max", metrics):
+                batch.batch["reward_baselines"] = self.greedy_baseline(batch)
+        batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
+        with timer("gen", metrics):
+            batch = self.generate(batch, metrics=metrics)
+        with timer("reward", metrics):
+            scores, extras = self.reward_fn(batch)
+            batch.batch["token_level_scores"] = scores
+        return batch, extras
 
     def generate(self, batch: DataProto, validate: bool = False, greedy: bool = False, metrics: dict | None = None) -> DataProto:
         """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""

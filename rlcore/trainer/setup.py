@@ -28,7 +28,9 @@ def build_data(cfg: DictConfig):
         )
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed
-    train = PromptLoader(dataset(data.train_files, data.train_max_samples), data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    # Prompts are drawn a generation batch at a time (= train_batch_size unless DAPO's dynamic sampling is on).
+    train = PromptLoader(dataset(data.train_files, data.train_max_samples), data.gen_batch_size, shuffle=data.shuffle, seed=seed,
+                         batch_key="data.gen_batch_size" if cfg.algorithm.filter_groups.enable else "data.train_batch_size")
     val = None
     if data.val_files:
         val_set = dataset(data.val_files, data.val_max_samples)
@@ -39,6 +41,10 @@ def build_data(cfg: DictConfig):
 def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardManager]:
     custom = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
     kwargs = OmegaConf.to_container(cfg.reward_model.reward_kwargs, resolve=True)
+    overlong = cfg.reward_model.overlong_buffer
+    if overlong.enable:  # verl's DAPO-recipe form of the same punishment
+        kwargs = {"max_resp_len": cfg.data.max_response_length,
+                  "overlong_buffer_cfg": {"enable": True, "len": overlong.len, "penalty_factor": overlong.penalty_factor, "log": overlong.log}}
     manager = build_reward_manager(cfg.reward_model.reward_manager, tokenizer, custom, cfg.data.reward_fn_key, kwargs)
     return manager, manager
 

@@ -25,6 +25,10 @@ RLCORE_ADDITIONS = {
     "critic.enable_resource_pool", "critic.nnodes", "critic.n_gpus_per_node", "custom_algorithms.path",
     "reward_model.reward_kwargs",  # not in verl's tree: its DAPO scripts add it with `+`, which needs the dict here
     "trainer.device_memory_gb",
+    # verl's DAPO recipe tree (recipe/dapo/config), not its main trainer tree; defaults as there
+    "data.gen_batch_size", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
+    "algorithm.filter_groups.max_num_gen_batches", "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",
+    "reward_model.overlong_buffer.penalty_factor", "reward_model.overlong_buffer.log",
 }
 # verl's `<role>.megatron.*` sections live in its ppo_megatron_trainer tree, not in the FSDP reference above.
 MEGATRON_SECTIONS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.", "critic.megatron.")
