@@ -27,6 +27,19 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def group_size(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """n when the rows come in runs of n identical prompts (the trainer repeats each prompt rollout.n times,
+    interleaved), else 1."""
+    batch = input_ids.shape[0]
+    same = ((input_ids == input_ids[:1]) & (attention_mask == attention_mask[:1])).all(-1)
+    n = int(same.int().cumprod(0).sum())  # length of the first run
+    if n <= 1 or batch % n:
+        return 1
+    grouped_ids, grouped_mask = input_ids.view(batch // n, n, -1), attention_mask.view(batch // n, n, -1)
+    identical = (grouped_ids == grouped_ids[:, :1]).all() and (grouped_mask == grouped_mask[:, :1]).all()
+    return n if bool(identical) else 1
+
+
 def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Picks the next token per row; returns (tokens [batch], log-probs [batch]) under the processed distribution."""
     logits = logits.float()
@@ -73,40 +86,42 @@ class NativeRollout(RolloutEngine):
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        batch = input_ids.shape[0]
+        (batch, prompt_len), max_tokens = input_ids.shape, sampling.max_tokens
         stop_ids = torch.tensor(sampling.stop_token_ids or [-1], device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed) if sampling.seed is not None else self.generator
         position_ids = position_ids_from_mask(attention_mask)  # left padding stays invisible to RoPE
+        # Prefix sharing: the n samples of a prompt arrive as n identical rows; each prompt is prefilled once and its
+        # KV cache repeated for its samples.
+        n = group_size(input_ids, attention_mask)
         cache = DynamicCache()
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = self.model(input_ids=input_ids[::n], attention_mask=attention_mask[::n], position_ids=position_ids[::n],
+                            past_key_values=cache, use_cache=True).logits[:, -1]
+        if n > 1:
+            for layer in cache.layers:
+                layer.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+        # Preallocated outputs and attention mask: nothing is re-concatenated per token.
+        responses = torch.full((batch, max_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros(batch, max_tokens, device=self.device)
+        alive = torch.zeros(batch, max_tokens, dtype=torch.bool, device=self.device)
+        mask = torch.cat([attention_mask, attention_mask.new_ones(batch, max_tokens)], dim=-1)
+        rows = torch.arange(batch, device=self.device)  # batch rows still decoding, in the cache's order
         next_pos = position_ids[:, -1] + 1
-        tokens, log_probs, alive = [], [], []
-        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        for _ in range(sampling.max_tokens):
+        for t in range(max_tokens):
             token, log_prob = sample_next(logits, sampling, generator)
-            alive.append(~finished)
-            tokens.append(torch.where(finished, self.pad_token_id, token))
-            log_probs.append(torch.where(finished, 0.0, log_prob))
-            finished = finished | torch.isin(token, stop_ids)
-            if bool(finished.all()):
+            responses[rows, t], log_probs[rows, t], alive[rows, t] = token, log_prob.float(), True
+            done = torch.isin(token, stop_ids)
+            if bool(done.all()) or t == max_tokens - 1:
                 break
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=-1)
-            logits = self.model(input_ids=tokens[-1][:, None], attention_mask=attention_mask, position_ids=next_pos[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+            if bool(done.any()):  # finished sequences leave the decode batch, and their rows of the KV cache
+                keep = (~done).nonzero().squeeze(-1)
+                rows, token, next_pos = rows[keep], token[keep], next_pos[keep]
+                for layer in cache.layers:
+                    layer.batch_select_indices(keep)
+            logits = self.model(input_ids=token[:, None], attention_mask=mask[rows, : prompt_len + t + 1], position_ids=next_pos[:, None],
+                                past_key_values=cache, use_cache=True).logits[:, -1]
             next_pos = next_pos + 1
-        return self._pad(tokens, log_probs, alive, sampling.max_tokens)
-
-    def _pad(self, tokens: list, log_probs: list, alive: list, max_tokens: int) -> RolloutOutput:
-        """Stacks per-step columns and right-pads to max_tokens so every batch has one response width."""
-        batch = tokens[0].shape[0]
-        pad = max_tokens - len(tokens)
-        responses = torch.stack(tokens, 1)
-        mask = torch.stack(alive, 1).long()
-        lps = torch.stack(log_probs, 1)
-        if pad:
-            responses = torch.cat([responses, responses.new_full((batch, pad), self.pad_token_id)], 1)
-            mask = torch.cat([mask, mask.new_zeros(batch, pad)], 1)
-            lps = torch.cat([lps, lps.new_zeros(batch, pad)], 1)
-        return RolloutOutput(responses=responses.cpu(), response_log_probs=lps.float().cpu(), response_mask=mask.cpu())
+        return RolloutOutput(responses=responses.cpu(), response_log_probs=log_probs.cpu(), response_mask=alive.long().cpu())
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

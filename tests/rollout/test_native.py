@@ -72,3 +72,30 @@ def test_temperature_log_probs_are_of_the_processed_distribution(engine_and_mode
 def test_update_weights_rejects_unknown_names(engine_and_model):
     with pytest.raises(KeyError, match="architectures differ"):
         engine_and_model[0].update_weights([("not.a.weight", torch.zeros(1))])
+
+
+def test_groups_share_their_prefill_and_finished_rows_leave_the_batch(engine_and_model):
+    """n samples per prompt (interleaved) prefill each prompt once; rows that stop early drop out of the decode
+    batch. Sampled tokens' log-probs still equal the training forward's, and greedy rows equal decoding alone."""
+    from rlcore.rollout.native import group_size
+
+    rollout, model = engine_and_model
+    prompts = torch.tensor([[0, 7, 8, 9], [10, 11, 12, 13], [0, 0, 14, 15]])
+    ids, mask = prompts.repeat_interleave(4, 0), (prompts != 0).long().repeat_interleave(4, 0)
+    assert group_size(ids, mask) == 4 and group_size(prompts, (prompts != 0).long()) == 1
+    assert group_size(torch.cat([ids[:4], ids[5:9]]), torch.cat([mask[:4], mask[5:9]])) == 1  # runs of unequal prompts
+    eos = 20
+    sp = SamplingParams(max_tokens=10, temperature=1.0, stop_token_ids=[eos], seed=7)
+    out = rollout.generate(ids, mask, sp)
+    lengths = out.response_mask.sum(-1)
+    assert lengths.min() < lengths.max()  # some rows left the batch early
+    seq = assemble_sequences(ids, mask, out)
+    with torch.no_grad():
+        logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
+    train_lp = gather_log_probs(response_logits(logits, 10), out.responses) * out.response_mask
+    torch.testing.assert_close(train_lp, out.response_log_probs, atol=1e-5, rtol=1e-5)
+    greedy = SamplingParams(max_tokens=10, do_sample=False, stop_token_ids=[eos])
+    together = rollout.generate(ids, mask, greedy)
+    for row in (0, 5, 11):
+        alone = rollout.generate(ids[row : row + 1], mask[row : row + 1], greedy)
+        assert torch.equal(together.responses[row], alone.responses[0])
