@@ -40,3 +40,25 @@ def test_weight_sync_benchmark_prints_each_mode_against_memcpy():
     rows = dict(re.findall(r"^(per tensor \(bucket 0\)|bucketed \(2048 MB\)|gloo all-gather alone|memcpy)\s+[\d.]+ ms\s+([\d.]+)x memcpy$",
                            out, re.MULTILINE))
     assert len(rows) == 4 and rows["memcpy"] == "1.0", out
+
+
+@pytest.mark.slow
+def test_vs_trl_benchmark_times_rlcore_on_the_spec_and_prints_the_flop_bound():
+    script = BENCH.parent / "vs_trl.py"
+    out = subprocess.run([sys.executable, str(script), "--no-trl", "--steps", "3", "--runs", "1", "--betas", "0.04"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    bound = re.search(r"beta 0.04: FLOP-bound minimum \(update ([\d.]+) \+ sampling ([\d.]+) \+ reference ([\d.]+)\)", out)
+    assert bound and float(bound.group(1)) == pytest.approx(3 * float(bound.group(2)), abs=0.2), out  # ~64 GFLOP of fwd+bwd
+    assert 60 < float(bound.group(1)) < 70, out
+    step = re.search(r"rlcore\s+([\d.]+) s/step .*gen [\d.]+.*ref [\d.]+.*update_actor [\d.]+", out)
+    assert step and float(step.group(1)) > 0, out
+
+
+@pytest.mark.slow
+def test_rollout_benchmark_prints_both_length_cases_against_hf_generate():
+    script = BENCH.parent / "rollout.py"
+    out = subprocess.run([sys.executable, str(script), "--prompts", "4", "--max_tokens", "16", "--reps", "1"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = re.findall(r"^(skewed|uniform)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+([\d.]+)x$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["skewed", "uniform"] and float(rows[1][1]) == 16.0, out  # uniform: every row to the limit
+    assert float(rows[0][1]) < 16.0, out  # skewed: most rows stop early
