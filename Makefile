@@ -41,11 +41,15 @@ test-numerics-other: $(STAMP)
 		$(PY) -m pytest -q -m numerics tests $(ARGS)
 
 # Padded vs dynamic bsz vs dynamic bsz + packing on a 36M-parameter model (prints tokens/s and ratios, ~5 min),
-# then each Megatron layout next to FSDP2 on the same batch (~4 min), then the weight sync against memcpy (~10 s).
+# then each Megatron layout next to FSDP2 on the same batch (~4 min), the weight sync against memcpy (~10 s), the
+# native rollout against HF generate (~20 s), and rlcore against TRL on the shared GRPO spec (TRL in its own venv, ~3 min).
 bench: $(STAMP)
 	$(PY) bench/dynamic_bsz.py $(ARGS)
 	$(PY) bench/megatron_layouts.py
 	$(PY) bench/weight_sync.py
+	$(PY) bench/rollout.py
+	test -x .cache/trl_venv/bin/python || bash bench/vs_trl/setup_trl_venv.sh .cache/trl_venv
+	$(PY) bench/vs_trl.py
 
 clean:
 	rm -rf .cache outputs

@@ -5,7 +5,7 @@ The workload is bench/vs_trl/grpo_arith_cpu_v1.json (random-init 3.0M-parameter 
 trainers read the same model, tokenizer and prompts, built once here; they run alternately (rlcore, TRL, rlcore,
 TRL, ...) so that a noisy neighbour hits both. Timed: the full RL step (generation, reward, [reference], policy
 forward/backward, optimizer step), median over steps 2..N. TRL runs in its own venv (pinned in
-bench/vs_trl/trl_constraints.txt; `bash bench/vs_trl/setup_trl_venv.sh` creates .cache/trl_venv, ~3 min).
+bench/vs_trl/trl_constraints.txt; `bash bench/vs_trl/setup_trl_venv.sh` creates .cache/trl_venv, ~35 s).
 
     .venv/bin/python bench/vs_trl.py                 # beta 0 and 0.04, 2 runs each, ~5 min
     .venv/bin/python bench/vs_trl.py --no-trl        # rlcore only (no TRL venv needed)
