@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
+from rlcore.config.validate_megatron import check_megatron, check_same_layout
 
 ARR = "actor_rollout_ref"
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
@@ -37,12 +38,6 @@ DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 # Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg")
 
-# <role>.megatron.<key>: (the value rlcore supports, what any other value would ask for)
-_MEGATRON_UNSUPPORTED = {
-    "context_parallel_size": (1, "context parallelism"),
-    "expert_model_parallel_size": (1, "expert parallelism (MoE)"),
-    "use_dist_checkpointing": (False, "initial weights from a Megatron dist checkpoint; rlcore reads the HF checkpoint at model.path"),
-}
 _UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
 _UNSUPPORTED_REWARD_MANAGER = {name: "is not supported yet by rlcore; use {key}=naive (per-sample scores; "
                                       "custom_reward_function.path for your own) or {key}=dapo" for name in ("prime", "batch")}
@@ -176,40 +171,18 @@ def _check_choices(c: _Checker) -> None:
     check_overlong_buffer(c)
     check_dynamic_sampling(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
-        _check_megatron(c, f"{ARR}.actor.megatron")
+        check_megatron(c, f"{ARR}.actor.megatron")
+        c.choice(f"{ARR}.actor.megatron.dtype", DTYPES)
         if c.get(f"{ARR}.actor.use_kl_loss") or c.get("algorithm.use_kl_in_reward"):
-            _check_same_layout(c, f"{ARR}.ref.megatron", f"{ARR}.actor.megatron")
+            check_same_layout(c, f"{ARR}.ref.megatron", f"{ARR}.actor.megatron")
     if uses_critic(c.cfg):
         c.choice("critic.strategy", STRATEGIES)
         if c.get("critic.strategy") == "megatron":
-            _check_megatron(c, "critic.megatron")
+            check_megatron(c, "critic.megatron")
+            c.choice("critic.megatron.dtype", DTYPES)
         c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
         c.choice("critic.optim.lr_scheduler_type", LR_SCHEDULERS)
         c.choice("critic.model.fsdp_config.dtype", DTYPES)
-
-
-def _check_megatron(c: _Checker, section: str) -> None:
-    """What rlcore's megatron engine does not do, refused before Ray starts, naming the key."""
-    for key, (ok, what) in _MEGATRON_UNSUPPORTED.items():
-        if c.get(f"{section}.{key}") != ok:
-            c.error(f"{section}.{key}={c.get(f'{section}.{key}')} ({what}) is not supported by rlcore; use {section}.{key}={ok}")
-    if c.get(f"{section}.override_mcore_model_config"):
-        c.error(f"{section}.override_mcore_model_config is not supported by rlcore: its megatron engine derives the GPTModel "
-                "from the HF config.json; change the model with actor_rollout_ref.model.override_config (HF keys) and "
-                f"the layers with {section}.override_transformer_config")
-    pp, vpp = c.get(f"{section}.pipeline_model_parallel_size"), c.get(f"{section}.virtual_pipeline_model_parallel_size")
-    if vpp is not None and vpp > 1 and pp < 2:
-        c.error(f"{section}.virtual_pipeline_model_parallel_size={vpp} interleaves pipeline stages and needs "
-                f"pipeline_model_parallel_size >= 2 (it is {pp}); use {section}.virtual_pipeline_model_parallel_size=null")
-    c.choice(f"{section}.dtype", DTYPES)
-
-
-def _check_same_layout(c: _Checker, ref: str, actor: str) -> None:
-    """The reference shares the actor's processes, and megatron-core one layout per process."""
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"):
-        if c.get(f"{ref}.{key}") != c.get(f"{actor}.{key}"):
-            c.error(f"{ref}.{key}={c.get(f'{ref}.{key}')} differs from {actor}.{key}={c.get(f'{actor}.{key}')}: the reference "
-                    f"runs in the actor's processes, which hold one megatron layout; use {ref}.{key}={c.get(f'{actor}.{key}')}")
 
 
 def _check_reward_manager(c: _Checker) -> None:

@@ -16,6 +16,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
 from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
@@ -25,13 +26,6 @@ from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.hf_export import SHARD_BYTES, save_safetensors_stream
 from rlcore.models.logits import token_log_probs
-
-UNSUPPORTED = {  # megatron.<key>: (value that is fine, why rlcore refuses anything else)
-    "context_parallel_size": (1, "context parallelism"),
-    "expert_model_parallel_size": (1, "expert parallelism (MoE)"),
-    "use_dist_checkpointing": (False, "initial weights from a Megatron dist checkpoint (rlcore loads HF checkpoints)"),
-}
-
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
     """megatron-core's process groups for this layout (once per process; every engine of a process shares them,
@@ -56,7 +50,7 @@ class MegatronEngine(TrainEngine):
     def __init__(self, spec: EngineSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
         m = spec.megatron
-        for key, (ok, what) in UNSUPPORTED.items():
+        for key, (ok, what) in MEGATRON_UNSUPPORTED.items():  # the validator's table, for callers that skip it
             if m.get(key, ok) != ok:
                 raise ValueError(f"megatron.{key}={m[key]} ({what}) is not supported by rlcore; use megatron.{key}={ok}")
         self.layout = Layout.from_config(m)
