@@ -19,6 +19,13 @@ def init_gloo(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
 
 
+def close_gloo() -> None:
+    """Waits for every rank, then tears the group down. Without the barrier a rank that finishes first closes its
+    gloo pairs while a peer is still writing its result, and the peer aborts (SIGABRT), seen once in CI."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def make_rollout_batch(num_rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """A batch in the trainer's layout with uneven left-padded prompts and uneven right-padded responses."""
     g = torch.Generator().manual_seed(seed)

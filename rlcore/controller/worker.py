@@ -65,4 +65,5 @@ class Worker:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown(self) -> None:
         if dist.is_initialized():
+            dist.barrier()  # all ranks get here together (ONE_TO_ALL); none closes a pair a peer still uses
             dist.destroy_process_group()

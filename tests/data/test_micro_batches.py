@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo, make_rollout_batch
+from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch
 
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, restore_order, token_budget_partitions, trim_padding
 from rlcore.protocol import DataProto
@@ -68,7 +68,7 @@ def _agree_main(rank: int, port: int, out_path: str) -> None:
     dist.all_gather(gathered, counts)
     if rank == 0:
         torch.save([int(c) for c in gathered], out_path)
-    dist.destroy_process_group()
+    close_gloo()
 
 
 def test_ranks_agree_on_the_number_of_micro_batches(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo, make_rollout_batch, token_outputs
+from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch, token_outputs
 from omegaconf import OmegaConf
 
 from rlcore.engine.base import EngineSpec, TokenRequest
@@ -62,7 +62,7 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
     if rank == 0:
         torch.save({"pg_loss": loss.item() / world_size, "grads": grads, "weights": weights, "grad_norm": step["grad_norm"],
                     "train_lp": train_lp, "rollout_lp": rollout_lp}, out_path)
-    dist.destroy_process_group()
+    close_gloo()
 
 
 @pytest.fixture(scope="module")

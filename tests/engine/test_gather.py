@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo
+from dist_utils import close_gloo, free_port, init_gloo
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -33,8 +33,7 @@ def _rank(rank, world, port, out_dir):
         calls.clear()
         results[bucket_bytes] = (list(gather.gather_full_tensors(sharded, bucket_bytes, torch.device("cpu"))), len(calls))
     torch.save(results, f"{out_dir}/rank{rank}.pt")
-    dist.barrier()  # no rank tears gloo down while a peer still talks to it
-    dist.destroy_process_group()
+    close_gloo()
 
 
 @pytest.mark.parametrize("world", [2, 3])

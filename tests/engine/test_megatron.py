@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo, make_rollout_batch, token_outputs
+from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch, token_outputs
 from omegaconf import OmegaConf
 from test_fsdp2 import adam_first_step_bound
 
@@ -126,7 +126,7 @@ def _rank_main(rank, world, port, layout, qwen_dir, llama_dir, rm_dir, out_dir):
             rollout_lp=rollout_lp, values=torch.cat([r["v"] for r in values]), llama_lp=torch.cat([r["lp"] for r in llama_lp]),
         )
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    close_gloo()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo, make_rollout_batch
+from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch
 
 from rlcore.protocol import DataProto
 
@@ -64,7 +64,7 @@ def _tp2_main(rank, port, model_dir, out):
     if rank == 0:
         torch.save({"recompute": engine.config.recompute_granularity, "grads": grads, "skipped": skipped, "unchanged": unchanged,
                     "after": after, "moved": moved}, out)
-    dist.destroy_process_group()
+    close_gloo()
 
 
 def _dp2_main(rank, port, model_dir, ckpt, out):
@@ -93,7 +93,7 @@ def _dp2_main(rank, port, model_dir, ckpt, out):
               "emptied": emptied, "shard": sum(p.numel() for p in straight.optimizer.optimizer.param_groups[0]["params"])}
     if rank == 0:
         torch.save(result, out)
-    dist.destroy_process_group()
+    close_gloo()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo
+from dist_utils import close_gloo, free_port, init_gloo
 
 from rlcore.models import logits as logits_mod
 from rlcore.models.logits import entropy_from_logits, gather_log_probs, token_log_probs
@@ -65,7 +65,7 @@ def _shard_main(rank, world, port, out):
     lp, ent, gh, gw = grads_of(lambda h, w_: token_log_probs(h, w_, t, 0.7, True, vocab_start=rank * per_rank, vocab_size=45,
                                                              group=torch.distributed.group.WORLD), h, local, g_lp, g_ent)
     torch.save({"lp": lp, "ent": ent, "gh": gh, "gw": gw[: len(rows)]}, f"{out}.{rank}")
-    torch.distributed.destroy_process_group()
+    close_gloo()
 
 
 def test_vocab_parallel_over_two_ranks_equals_full(tmp_path):

@@ -5,7 +5,7 @@ padded and packed."""
 import pytest
 import torch
 import torch.multiprocessing as mp
-from dist_utils import free_port, init_gloo, make_rollout_batch, token_outputs
+from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch, token_outputs
 from omegaconf import OmegaConf
 
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, sequence_lengths
@@ -58,7 +58,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_path: str) -> None:
         result[packed] = {"counts": [c.tolist() for c in counts], "grads": {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}}
     if rank == 0:
         torch.save(result, out_path)
-    torch.distributed.destroy_process_group()
+    close_gloo()
 
 
 @pytest.fixture(scope="module")
