@@ -19,6 +19,24 @@ def init_gloo(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
 
 
+def spawn_ranks(fn, nprocs: int, args_for_port) -> None:
+    """`mp.spawn(fn, args_for_port(port), nprocs)` on a fresh port. A rank killed by a signal (a C++ abort in gloo's
+    transport threads, not a Python error) is retried once on a new port, loudly: CI saw it once, on a machine
+    where it never reproduced. A Python exception, or a second abort, fails the test."""
+    import sys
+
+    import torch.multiprocessing as mp
+
+    for attempt in (1, 2):
+        try:
+            mp.spawn(fn, args=args_for_port(free_port()), nprocs=nprocs, join=True)
+            return
+        except mp.ProcessExitedException as e:
+            if attempt == 2 or e.signal_name is None:
+                raise
+            print(f"spawn_ranks: {e}; retrying once on a new port", file=sys.stderr)
+
+
 def close_gloo() -> None:
     """Waits for every rank, then tears the group down. Without the barrier a rank that finishes first closes its
     gloo pairs while a peer is still writing its result, and the peer aborts (SIGABRT), seen once in CI."""

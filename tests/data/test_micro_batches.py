@@ -3,8 +3,7 @@
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch
+from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks
 
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, restore_order, token_budget_partitions, trim_padding
 from rlcore.protocol import DataProto
@@ -73,5 +72,5 @@ def _agree_main(rank: int, port: int, out_path: str) -> None:
 
 def test_ranks_agree_on_the_number_of_micro_batches(tmp_path):
     out = str(tmp_path / "counts.pt")
-    mp.spawn(_agree_main, args=(free_port(), out), nprocs=2, join=True)
+    spawn_ranks(_agree_main, 2, lambda port: (port, out))
     assert torch.load(out) == [4, 4]

@@ -3,8 +3,7 @@
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch, token_outputs
+from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, token_outputs
 from omegaconf import OmegaConf
 
 from rlcore.engine.base import EngineSpec, TokenRequest
@@ -68,7 +67,7 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
 @pytest.fixture(scope="module")
 def two_rank_result(tiny_model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("fsdp2") / "result.pt")
-    mp.spawn(_rank_main, args=(2, free_port(), tiny_model_dir, out), nprocs=2, join=True)
+    spawn_ranks(_rank_main, 2, lambda port: (2, port, tiny_model_dir, out))
     return torch.load(out, weights_only=False)
 
 

@@ -2,9 +2,7 @@
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from dist_utils import close_gloo, free_port, init_gloo
+from dist_utils import close_gloo, init_gloo, spawn_ranks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -38,7 +36,7 @@ def _rank(rank, world, port, out_dir):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_bucketed_gather_equals_the_full_tensors(tmp_path, world):
-    mp.spawn(_rank, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    spawn_ranks(_rank, world, lambda port: (world, port, str(tmp_path)))
     want = full_tensors()
     for rank in range(world):
         results = torch.load(tmp_path / f"rank{rank}.pt")

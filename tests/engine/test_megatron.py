@@ -13,9 +13,7 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch, token_outputs
+from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, token_outputs
 from omegaconf import OmegaConf
 from test_fsdp2 import adam_first_step_bound
 
@@ -180,7 +178,7 @@ def layout_result(request, model_dirs, tmp_path_factory):
     tp, pp = LAYOUTS[request.param][:2]
     world = tp * pp * (2 if request.param.startswith("dp2") else 1)
     out_dir = tmp_path_factory.mktemp(f"megatron_{request.param}")
-    mp.spawn(_rank_main, args=(world, free_port(), request.param, *model_dirs, str(out_dir)), nprocs=world, join=True)
+    spawn_ranks(_rank_main, world, lambda port: (world, port, request.param, *model_dirs, str(out_dir)))
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     outputs = sorted((r for r in ranks if "lp" in r), key=lambda r: r["dp_rank"])  # one output rank per replica
     return request.param, ranks, outputs

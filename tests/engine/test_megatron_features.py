@@ -6,9 +6,7 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch
+from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks
 
 from rlcore.protocol import DataProto
 
@@ -106,14 +104,14 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tp2(model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tp2") / "out.pt")
-    mp.spawn(_tp2_main, args=(free_port(), model_dir, out), nprocs=2, join=True)
+    spawn_ranks(_tp2_main, 2, lambda port: (port, model_dir, out))
     return torch.load(out, weights_only=False)
 
 
 @pytest.fixture(scope="module")
 def dp2(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("dp2")
-    mp.spawn(_dp2_main, args=(free_port(), model_dir, str(root / "ckpt"), str(root / "out.pt")), nprocs=2, join=True)
+    spawn_ranks(_dp2_main, 2, lambda port: (port, model_dir, str(root / "ckpt"), str(root / "out.pt")))
     return torch.load(root / "out.pt", weights_only=False), str(root / "ckpt")
 
 

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from dist_utils import close_gloo, free_port, init_gloo
+from dist_utils import close_gloo, init_gloo, spawn_ranks
 
 from rlcore.models import logits as logits_mod
 from rlcore.models.logits import entropy_from_logits, gather_log_probs, token_log_probs
@@ -70,7 +69,7 @@ def _shard_main(rank, world, port, out):
 
 def test_vocab_parallel_over_two_ranks_equals_full(tmp_path):
     out = str(tmp_path / "r")
-    mp.spawn(_shard_main, args=(2, free_port(), out), nprocs=2, join=True)
+    spawn_ranks(_shard_main, 2, lambda port: (2, port, out))
     h, w, t, g_lp, g_ent = problem(tokens=20, vocab=45)
     want_lp, want_ent, want_gh, want_gw = grads_of(lambda h, w: reference(h, w, t, 0.7), h, w, g_lp, g_ent)
     parts = [torch.load(f"{out}.{r}") for r in range(2)]

@@ -4,8 +4,7 @@ padded and packed."""
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch, token_outputs
+from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, token_outputs
 from omegaconf import OmegaConf
 
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, sequence_lengths
@@ -64,7 +63,7 @@ def _rank_main(rank: int, port: int, model_dir: str, out_path: str) -> None:
 @pytest.fixture(scope="module")
 def two_rank_result(tiny_model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("dynamic_bsz") / "result.pt")
-    mp.spawn(_rank_main, args=(free_port(), tiny_model_dir, out), nprocs=2, join=True)
+    spawn_ranks(_rank_main, 2, lambda port: (port, tiny_model_dir, out))
     return torch.load(out, weights_only=False)
 
 
