@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_megatron import check_megatron, check_same_layout
+from rlcore.config.validate_rollout import check_native_rollout
 
 ARR = "actor_rollout_ref"
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
@@ -170,6 +171,7 @@ def _check_choices(c: _Checker) -> None:
     _check_reward_manager(c)
     check_overlong_buffer(c)
     check_dynamic_sampling(c)
+    check_native_rollout(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")
         c.choice(f"{ARR}.actor.megatron.dtype", DTYPES)

@@ -1,15 +1,16 @@
-"""The embedded rollout engine: batched prefill + incremental decode over a KV cache, on any device."""
+"""The embedded rollout engine: continuous batching over a preallocated KV pool, on any device."""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Iterable
 
 import torch
-from transformers import DynamicCache
 
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from rlcore.rollout.kv_pool import KVGeometry, KVPool, SlotCache, decode_mask, prefill_mask, register_attention, slots_for_budget
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -53,10 +54,17 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch
 
 
 class NativeRollout(RolloutEngine):
-    """Holds its own (unsharded) copy of the policy, refreshed by `update_weights` before each rollout."""
+    """Holds its own (unsharded) copy of the policy, refreshed by `update_weights` before each rollout.
+
+    Generation is continuous batching over a request queue: prompt groups wait until the KV pool has slots for
+    all their samples (at most `max_num_seqs` sequences decode at once, and a prefill admits at most
+    `max_num_batched_tokens` prompt tokens), finished sequences leave at once and free their slots for the next
+    group. The pool is sized from `kv_cache_memory_bytes` when given, else on CUDA from `gpu_memory_utilization`
+    x device memory less what the process already holds, else (CPU) only by `max_num_seqs`."""
 
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
-                 seed: int = 0, model: torch.nn.Module | None = None) -> None:
+                 seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None) -> None:
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy)."""
         self.device = device
         self.pad_token_id = pad_token_id
@@ -67,6 +75,11 @@ class NativeRollout(RolloutEngine):
         self._params = dict(self.model.named_parameters())
         self._params.update(dict(self.model.named_buffers()))
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.gpu_memory_utilization, self.kv_cache_memory_bytes = gpu_memory_utilization, kv_cache_memory_bytes
+        dtype_ = next(self.model.parameters()).dtype
+        self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
+        self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running
 
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -77,51 +90,119 @@ class NativeRollout(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
-        was_training = self.model.training
+        was_training, attention = self.model.training, self.model.config._attn_implementation
         self.model.eval()
+        # The model's own attention choice is restored after: a model passed in (SFT, benchmarks) keeps training.
+        self.model.config._attn_implementation = register_attention()
         try:
             return self._generate(input_ids, attention_mask, sampling)
         finally:
             self.model.train(was_training)
+            self.model.config._attn_implementation = attention
+
+    def kv_budget_bytes(self) -> float | None:
+        if self.kv_cache_memory_bytes is not None:
+            return float(self.kv_cache_memory_bytes)
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            return self.gpu_memory_utilization * total - (torch.cuda.memory_allocated(self.device) - self.pool.nbytes)
+        return None
+
+    def _num_slots(self, batch: int, n: int, max_len: int) -> int:
+        fit = slots_for_budget(self.pool.geometry, max_len, self.kv_budget_bytes())
+        slots = min(batch, self.max_num_seqs, batch if fit is None else fit)
+        if slots < n:
+            budget = "" if fit is None else f" and a KV budget of {self.kv_budget_bytes() / 2**30:.3f} GiB"
+            raise ValueError(
+                f"the native rollout can hold {slots} sequence(s) of {max_len} tokens (max_num_seqs={self.max_num_seqs}{budget}), "
+                f"fewer than the {n} samples of one prompt; raise actor_rollout_ref.rollout.max_num_seqs, or the KV budget "
+                f"(actor_rollout_ref.rollout.engine_kwargs.native.kv_cache_memory_bytes, or gpu_memory_utilization on CUDA)")
+        return slots
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         (batch, prompt_len), max_tokens = input_ids.shape, sampling.max_tokens
         stop_ids = torch.tensor(sampling.stop_token_ids or [-1], device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed) if sampling.seed is not None else self.generator
-        position_ids = position_ids_from_mask(attention_mask)  # left padding stays invisible to RoPE
         # Prefix sharing: the n samples of a prompt arrive as n identical rows; each prompt is prefilled once and its
-        # KV cache repeated for its samples.
+        # KV copied to its samples' slots.
         n = group_size(input_ids, attention_mask)
-        cache = DynamicCache()
-        logits = self.model(input_ids=input_ids[::n], attention_mask=attention_mask[::n], position_ids=position_ids[::n],
-                            past_key_values=cache, use_cache=True).logits[:, -1]
-        if n > 1:
-            for layer in cache.layers:
-                layer.batch_repeat_interleave(n)
-            logits = logits.repeat_interleave(n, dim=0)
-        # Preallocated outputs and attention mask: nothing is re-concatenated per token.
+        pool = self.pool
+        pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
         responses = torch.full((batch, max_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros(batch, max_tokens, device=self.device)
         alive = torch.zeros(batch, max_tokens, dtype=torch.bool, device=self.device)
-        mask = torch.cat([attention_mask, attention_mask.new_ones(batch, max_tokens)], dim=-1)
-        rows = torch.arange(batch, device=self.device)  # batch rows still decoding, in the cache's order
-        next_pos = position_ids[:, -1] + 1
-        for t in range(max_tokens):
+        # Slot i of the running batch: request row `req[i]`, `steps[i]` tokens sampled, next KV write at `pos[i]`.
+        waiting = deque(range(0, batch, n))  # first row of each waiting group
+        req = steps = pos = torch.zeros(0, dtype=torch.long, device=self.device)
+        logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
+        self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0}
+        while waiting or len(req):
+            admitted = self._admit(waiting, len(req), n, prompt_len)
+            if admitted:
+                new_logits, new_pos = self._prefill(input_ids[admitted], attention_mask[admitted], len(req), n)
+                rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
+                req, steps = torch.cat([req, rows]), torch.cat([steps, torch.zeros_like(rows)])
+                pos, logits = torch.cat([pos, new_pos]), torch.cat([logits, new_logits])
+                self.stats["prefills"] += 1
+                self.stats["peak_running"] = max(self.stats["peak_running"], len(req))
             token, log_prob = sample_next(logits, sampling, generator)
-            responses[rows, t], log_probs[rows, t], alive[rows, t] = token, log_prob.float(), True
-            done = torch.isin(token, stop_ids)
-            if bool(done.all()) or t == max_tokens - 1:
-                break
-            if bool(done.any()):  # finished sequences leave the decode batch, and their rows of the KV cache
-                keep = (~done).nonzero().squeeze(-1)
-                rows, token, next_pos = rows[keep], token[keep], next_pos[keep]
-                for layer in cache.layers:
-                    layer.batch_select_indices(keep)
-            logits = self.model(input_ids=token[:, None], attention_mask=mask[rows, : prompt_len + t + 1], position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1]
-            next_pos = next_pos + 1
+            responses[req, steps], log_probs[req, steps], alive[req, steps] = token, log_prob.float(), True
+            steps = steps + 1
+            done = torch.isin(token, stop_ids) | (steps == max_tokens)
+            if bool(done.any()):  # finished sequences leave the batch; the last running slots fill their holes
+                keep = self._compact(done, int(pos.max()))
+                req, steps, pos, token = req[keep], steps[keep], pos[keep], token[keep]
+            logits = self._decode(token, pos) if len(req) else logits[:0]
+            pos = pos + 1
         return RolloutOutput(responses=responses.cpu(), response_log_probs=log_probs.cpu(), response_mask=alive.long().cpu())
+
+    def _admit(self, waiting: deque, running: int, n: int, prompt_len: int) -> list[int]:
+        """Groups that join now: all n samples need a free slot, and the prefill stays within the token budget
+        (the first group is always taken when nothing runs, or no budget could ever admit it)."""
+        admitted: list[int] = []
+        while waiting and running + (len(admitted) + 1) * n <= self.pool.num_slots:
+            if admitted and (len(admitted) + 1) * prompt_len > self.max_num_batched_tokens:
+                break
+            admitted.append(waiting.popleft())
+        return admitted
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, first: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes each prompt's KV once into slot `first + g*n`, copies it to the group's other n-1 slots.
+        Returns the next-token logits per sample `[groups*n, vocab]` and every sample's next write position."""
+        lead = int((mask.sum(0) > 0).int().argmax())  # left padding common to all admitted prompts is dropped
+        ids, mask = ids[:, lead:], mask[:, lead:]
+        groups, length = ids.shape
+        start = length - mask.sum(-1)
+        pool = self.pool
+        pool.start[first : first + groups * n : n] = start
+        cache = SlotCache(pool, first, groups, positions=0, kv_len=length, stride=n)
+        logits = self.model(input_ids=ids, attention_mask=prefill_mask(start, length), position_ids=position_ids_from_mask(mask),
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        shared = slice(first, first + groups * n, n)
+        for j in range(1, n):
+            pool.copy_slots(shared, slice(first + j, first + groups * n, n), length)
+        return logits.repeat_interleave(n, dim=0), torch.full((groups * n,), length, dtype=torch.long, device=self.device)
+
+    def _compact(self, done: torch.Tensor, length: int) -> torch.Tensor:
+        """Moves the running slots past the survivors' count into the holes of finished ones; returns, for each new
+        slot, the old slot it came from."""
+        survivors = (~done).nonzero().squeeze(-1)
+        holes = done[: len(survivors)].nonzero().squeeze(-1)
+        movers = survivors[survivors >= len(survivors)]
+        if len(holes):
+            self.pool.copy_slots(movers, holes, length)
+        order = torch.arange(len(survivors), device=self.device)
+        order[holes] = movers
+        return order
+
+    def _decode(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One token per running slot `[0, rows)`, written at `pos`; returns the next-token logits."""
+        rows, kv_len = len(token), int(pos.max()) + 1
+        start = self.pool.start[:rows]
+        cache = SlotCache(self.pool, 0, rows, positions=pos, kv_len=kv_len)
+        return self.model(input_ids=token[:, None], attention_mask=decode_mask(start, pos, kv_len), position_ids=(pos - start)[:, None],
+                          past_key_values=cache, use_cache=True).logits[:, -1]
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
@@ -130,5 +211,6 @@ class NativeRollout(RolloutEngine):
         self.generator.set_state(state["generator"])
 
     def sleep(self) -> None:
+        self.pool.release()
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the KV cache died with generate(); hand its blocks back to the allocator
+            torch.cuda.empty_cache()  # hand the pool's blocks back to the device

@@ -170,7 +170,7 @@ class PPOTrainer:
         prompts.meta_info.update(validate=validate, greedy=greedy)
         out = self.actor_rollout.generate_sequences(prompts)
         if metrics is not None:
-            metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds
+            metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds, KV slots, prefills
         out.meta_info.clear()
         return batch.union(out)
 

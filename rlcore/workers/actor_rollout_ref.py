@@ -57,11 +57,14 @@ class ActorRolloutRefWorker(Worker):
             dtype="float32" if self.device.type == "cpu" else rollout.dtype,
             override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + self.rank,
         )
-        if rollout.name == "vllm":
+        kwargs.update(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                      gpu_memory_utilization=rollout.gpu_memory_utilization)
+        if rollout.name != "vllm":
+            kwargs.update(OmegaConf.to_container(rollout.engine_kwargs.native, resolve=True))
+        else:
             kwargs.update(
-                tensor_parallel_size=rollout.tensor_model_parallel_size, gpu_memory_utilization=rollout.gpu_memory_utilization,
+                tensor_parallel_size=rollout.tensor_model_parallel_size,
                 max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
-                max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
                 enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
                 enforce_eager=rollout.enforce_eager, load_format=rollout.load_format,
                 engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
@@ -93,6 +96,7 @@ class ActorRolloutRefWorker(Worker):
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
+        timing.update({f"rollout/{k}": v for k, v in getattr(self.rollout, "stats", {}).items()})  # KV slots, prefills
         return DataProto.from_dict(assemble_sequences(prompts.batch["input_ids"], prompts.batch["attention_mask"], out), meta_info={"timing": timing})
 
     def _micro_batches(self, role: str) -> MicroBatchSpec:

@@ -183,6 +183,12 @@ def test_mini_batch_suggestions_satisfy_every_rule():
      "is not supported yet"),
     (f"{ARR}.actor.fsdp_config.dtype=half", f"{ARR}.actor.fsdp_config.dtype=half is not one of"),
     (f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.name=vllm needs trainer.device=cuda"),
+    (f"{ARR}.rollout.max_num_seqs=4", f"{ARR}.rollout.max_num_seqs=4 is fewer than {ARR}.rollout.n=8: the native engine "
+     f"decodes a prompt's n samples together; use {ARR}.rollout.max_num_seqs=256"),
+    (f"{ARR}.rollout.max_num_batched_tokens=0", f"{ARR}.rollout.max_num_batched_tokens=0 must be >= 1"),
+    (f"+{ARR}.rollout.engine_kwargs.native.kv_cache_bytes=1", "engine_kwargs.native.kv_cache_bytes is not an argument of "
+     "the native rollout engine; known: kv_cache_memory_bytes"),
+    (f"+{ARR}.rollout.engine_kwargs.native.kv_cache_memory_bytes=-1", "kv_cache_memory_bytes=-1 must be a positive byte count"),
 ])
 def test_single_violation(override, fragment):
     extra = [f"{ARR}.actor.ppo_max_token_len_per_gpu=10"] if "use_dynamic_bsz" in override else []

@@ -38,8 +38,11 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
                    "trainer.log_val_generations=2",
                    # exercise the between-phase offload path of actor (params + optimizer) and reference
                    "actor_rollout_ref.actor.fsdp_config.param_offload=True", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
-                   "actor_rollout_ref.ref.fsdp_config.param_offload=True")
+                   "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+                   # 16 samples per rank through 8 KV slots: groups queue and join as slots free up
+                   "actor_rollout_ref.rollout.max_num_seqs=8")
     final = run(cfg, str(tmp_path / "run"))
+    assert final["rollout/kv_slots"] == 8 and final["rollout/prefills"] >= 2 and final["rollout/peak_running"] == 8
     assert not ray.is_initialized()  # the controller shut down the cluster it started
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]  # val before train, then two steps

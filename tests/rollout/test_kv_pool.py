@@ -1,0 +1,98 @@
+"""Continuous batching over the native engine's KV pool: a queue longer than the pool gives the same sequences,
+budgets size the pool, sleep() frees it."""
+
+import pytest
+import torch
+
+from rlcore.models.hf import load_causal_lm
+from rlcore.models.logits import gather_log_probs, response_logits
+from rlcore.rollout.base import SamplingParams, assemble_sequences
+from rlcore.rollout.kv_pool import KVGeometry, decode_mask, prefill_mask
+from rlcore.rollout.native import NativeRollout
+
+pytestmark = pytest.mark.numerics
+
+EOS = 20
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_causal_lm(tiny_model_dir).eval()
+
+
+def engine(tiny_model_dir, model, **kwargs) -> NativeRollout:
+    rollout = NativeRollout(tiny_model_dir, pad_token_id=0, device=torch.device("cpu"), seed=0, **kwargs)
+    rollout.update_weights(model.state_dict().items())
+    return rollout
+
+
+def grouped_prompts(groups: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(6, 40, (groups, 6), generator=g)
+    for i in range(groups):
+        ids[i, : i % 4] = 0  # uneven left padding
+    return ids.repeat_interleave(n, 0), (ids != 0).long().repeat_interleave(n, 0)
+
+
+def test_masks_by_hand():
+    start = torch.tensor([0, 2])
+    m = prefill_mask(start, 3)[:, 0].int().tolist()
+    assert m[0] == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert m[1] == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]  # padding queries see only themselves; the real one skips them
+    d = decode_mask(torch.tensor([1, 0]), torch.tensor([3, 1]), 5)[:, 0, 0].int().tolist()
+    assert d == [[0, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
+
+
+def test_pool_bytes_are_keys_and_values_of_every_layer(tiny_model_dir, model):
+    rollout = engine(tiny_model_dir, model)
+    c = model.config
+    geometry = KVGeometry.of(c, torch.float32)
+    assert geometry.bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    ids, mask = grouped_prompts(3, 2)
+    rollout.generate(ids, mask, SamplingParams(max_tokens=5, stop_token_ids=[EOS], seed=0))
+    assert rollout.pool.nbytes == 6 * (6 + 5) * geometry.bytes_per_token  # one slot per row, prompt + response long
+    rollout.sleep()
+    assert rollout.pool.nbytes == 0 and rollout.pool.keys == []
+    rollout.generate(ids, mask, SamplingParams(max_tokens=5, stop_token_ids=[EOS], seed=0))  # wakes by itself
+    assert rollout.pool.nbytes > 0
+
+
+def test_a_queue_longer_than_max_num_seqs_decodes_the_same_sequences(tiny_model_dir, model):
+    """16 rows (4 prompts x 4 samples) through 8 slots: groups wait, join as a whole group's slots free up."""
+    ids, mask = grouped_prompts(4, 4)
+    greedy = SamplingParams(max_tokens=10, do_sample=False, stop_token_ids=[EOS])
+    everyone = engine(tiny_model_dir, model).generate(ids, mask, greedy)
+    queued_engine = engine(tiny_model_dir, model, max_num_seqs=8)
+    queued = queued_engine.generate(ids, mask, greedy)
+    assert torch.equal(queued.responses, everyone.responses)
+    torch.testing.assert_close(queued.response_log_probs, everyone.response_log_probs, atol=1e-5, rtol=1e-5)
+    assert queued_engine.stats["kv_slots"] == 8 and queued_engine.stats["peak_running"] == 8
+    assert queued_engine.stats["prefills"] >= 2
+
+    sampled = queued_engine.generate(ids, mask, SamplingParams(max_tokens=10, stop_token_ids=list(range(6, 30)), seed=5))  # stops often
+    lengths = sampled.response_mask.sum(-1)
+    assert lengths.min() < lengths.max()  # rows left at different steps while others waited
+    seq = assemble_sequences(ids, mask, sampled)
+    with torch.no_grad():
+        logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
+    train_lp = gather_log_probs(response_logits(logits, 10), sampled.responses) * sampled.response_mask
+    torch.testing.assert_close(train_lp, sampled.response_log_probs, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_token_budget_admits_one_prompt_at_a_time(tiny_model_dir, model):
+    ids, mask = grouped_prompts(3, 2)
+    rollout = engine(tiny_model_dir, model, max_num_batched_tokens=6)  # one 6-token prompt per prefill
+    rollout.generate(ids, mask, SamplingParams(max_tokens=4, stop_token_ids=[EOS], seed=0))
+    assert rollout.stats["prefills"] == 3 and rollout.stats["kv_slots"] == 6
+
+
+def test_kv_budget_sizes_the_pool_and_too_small_a_budget_names_the_keys(tiny_model_dir, model):
+    ids, mask = grouped_prompts(3, 4)
+    per_sequence = KVGeometry.of(model.config, torch.float32).bytes_per_token * (6 + 8)
+    sp = SamplingParams(max_tokens=8, do_sample=False, stop_token_ids=[EOS])
+    rollout = engine(tiny_model_dir, model, kv_cache_memory_bytes=5 * per_sequence + per_sequence // 2)
+    out = rollout.generate(ids, mask, sp)
+    assert rollout.stats["kv_slots"] == 5 and rollout.stats["prefills"] == 3  # one group of 4 at a time
+    assert torch.equal(out.responses, engine(tiny_model_dir, model).generate(ids, mask, sp).responses)
+    with pytest.raises(ValueError, match="fewer than the 4 samples.*max_num_seqs.*kv_cache_memory_bytes"):
+        engine(tiny_model_dir, model, kv_cache_memory_bytes=3 * per_sequence).generate(ids, mask, sp)
