@@ -65,8 +65,10 @@ class KVPool:
         self.release()
         g = self.geometry
         shape = (num_slots, g.kv_heads, max_len, g.head_dim)
-        self.keys = [torch.empty(shape, dtype=g.dtype, device=self.device) for _ in range(g.num_layers)]
-        self.values = [torch.empty(shape, dtype=g.dtype, device=self.device) for _ in range(g.num_layers)]
+        # Zeroed, not empty: attention reads masked positions too (weight 0), and 0 x NaN from uninitialised memory
+        # would be NaN. Stale values of earlier sequences are finite and harmless.
+        self.keys = [torch.zeros(shape, dtype=g.dtype, device=self.device) for _ in range(g.num_layers)]
+        self.values = [torch.zeros(shape, dtype=g.dtype, device=self.device) for _ in range(g.num_layers)]
         self.num_slots, self.max_len = num_slots, max_len
         self.start = torch.zeros(num_slots, dtype=torch.long, device=self.device)
 
