@@ -1,7 +1,8 @@
 """Hybrid-engine weight sync next to a plain memcpy of the same bytes: 2 gloo ranks, FSDP2 -> native rollout.
 
 Each rank times `sync_weights` (gather the FSDP2 shards into full tensors and copy them into its rollout model)
-per tensor (bucket 0: one all-gather per tensor) and bucketed (verl's default 2048 MB), and, in the same
+per tensor (bucket 0: one all-gather per tensor) and bucketed (verl's default 2048 MB; the buckets go through
+shared memory, the ranks being on one host, and once more over the gloo all-gather), and, in the same
 process, one flat all-gather of the model's bytes (the transfer alone) and a memcpy of them. Prints the median
 over --reps and the ratios to memcpy.
 
@@ -25,11 +26,11 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rlcore.controller.worker import free_port
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.factory import build_engine
-from rlcore.engine.gather import all_gather_flat
+from rlcore.engine.gather import Exchange, all_gather_flat
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 
-MODES = {"per tensor (bucket 0)": 0, "bucketed (2048 MB)": 2048 * 2**20}
+MODES = {"per tensor (bucket 0)": 0, "bucketed (2048 MB)": 2048 * 2**20}  # bucketed: shared memory (one host)
 
 
 def build_model(path: str, args) -> int:
@@ -62,6 +63,8 @@ def _rank(rank: int, port: int, model_dir: str, args, out: str) -> None:
     engine = build_engine("fsdp2", EngineSpec(model_path=model_dir, param_dtype="float32", trainable=False), cpu)
     rollout = build_rollout("native", model_path=model_dir, pad_token_id=0, device=cpu)
     results = {mode: _median_seconds(lambda b=bucket: sync_weights(engine, rollout, b), args.reps) for mode, bucket in MODES.items()}
+    engine._exchange = Exchange()  # the same buckets over the gloo all-gather instead of shared memory
+    results["bucketed, gloo all-gather"] = _median_seconds(lambda: sync_weights(engine, rollout, MODES["bucketed (2048 MB)"]), args.reps)
     nbytes = sum(p.numel() * p.element_size() for p in rollout.model.parameters())
     src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
     # The transfer alone: each rank contributes half of the model's bytes to one flat all-gather (no packing,
@@ -90,7 +93,7 @@ def main() -> None:
     print(f"Qwen2 {params / 1e6:.1f}M parameters, float32 ({params * 4 / 2**20:.0f} MiB); FSDP2 on 2 gloo ranks x 1 thread -> native "
           f"rollout on each; median of {args.reps}")
     for mode, seconds in results.items():
-        print(f"{mode:24s} {seconds * 1e3:8.1f} ms   {seconds / memcpy:5.1f}x memcpy")
+        print(f"{mode:26s} {seconds * 1e3:8.1f} ms   {seconds / memcpy:5.1f}x memcpy")
 
 
 if __name__ == "__main__":

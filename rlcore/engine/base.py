@@ -89,9 +89,11 @@ class TrainEngine(ABC):
         """Clips, steps (skipping non-finite gradients), advances the lr schedule; returns grad_norm, lr."""
 
     @abstractmethod
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) weights under HF names, one tensor at a time, gathered in buckets of about
-        `bucket_bytes` (one collective per bucket). Collective: every rank iterates."""
+        `bucket_bytes` (one collective per bucket). Collective: every rank iterates. `transient=True`: the caller
+        is done with each tensor before it draws the next (the weight sync copies it into the rollout), so the
+        engine may hand out views of a buffer it reuses (FSDP2 on CPU: one shared-memory segment per host)."""
 
     @abstractmethod
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None: ...

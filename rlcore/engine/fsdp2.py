@@ -15,7 +15,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 
 from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
-from rlcore.engine.gather import gather_full_tensors
+from rlcore.engine.gather import Exchange, gather_full_tensors
+from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
 from rlcore.models.hf_export import save_safetensors_stream
@@ -56,6 +57,7 @@ class FSDP2Engine(TrainEngine):
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.dp_rank, self.dp_size = (dist.get_rank() if dist.is_initialized() else 0), world
         self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+        self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
         load = load_value_model if spec.kind == "value" else load_causal_lm
         attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
         self.model = load(spec.model_path, spec.override_config, dtype=torch.float32, attn_implementation=attn)
@@ -130,10 +132,15 @@ class FSDP2Engine(TrainEngine):
         return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         # state_dict() of an FSDP2 module holds sharded DTensors, gathered a bucket at a time: peak extra memory
         # is one bucket of unsharded parameters, not a second copy of the model.
-        return gather_full_tensors(self.model.state_dict().items(), bucket_bytes, self.device)
+        exchange = None
+        if transient and self.device.type == "cpu" and self.mesh.size() > 1:
+            if self._exchange is None:  # collective, once: are all ranks on this host?
+                self._exchange = SharedMemoryExchange.for_group(self.mesh.get_group()) or Exchange()
+            exchange = self._exchange
+        return gather_full_tensors(self.model.state_dict().items(), bucket_bytes, self.device, exchange)
 
     def _move_optimizer_state(self, device: torch.device) -> None:
         for state in self.optimizer.state.values():

@@ -22,7 +22,7 @@ def sync_weights(engine: TrainEngine, rollout: RolloutEngine, bucket_bytes: int 
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal sent
-        for name, tensor in engine.rollout_weights(bucket_bytes):
+        for name, tensor in engine.rollout_weights(bucket_bytes, transient=True):  # each is copied in before the next
             sent += 1
             yield name, tensor
 
