@@ -72,7 +72,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as assets:
         build_assets(assets)
         model = AutoModelForCausalLM.from_pretrained(os.path.join(assets, "model"), dtype=torch.float32).eval()
-        native = NativeRollout(None, pad_token_id=0, device=torch.device("cpu"), model=model, seed=0)
+        native = NativeRollout(os.path.join(assets, "model"), pad_token_id=0, device=torch.device("cpu"), seed=0)  # its own copy
+        native.update_weights(model.state_dict().items())
         ids, mask = batch(assets, args.prompts, args.n)
     print(f"{ids.shape[0]} sequences ({args.prompts} prompts x {args.n}), <= {args.max_tokens} tokens, temperature 1, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M-parameter Qwen2, fp32, {torch.get_num_threads()} threads; "

@@ -10,6 +10,7 @@ import torch
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from rlcore.rollout.fused import FusedDecoder, fusable
 from rlcore.rollout.kv_pool import KVGeometry, KVPool, SlotCache, decode_mask, prefill_mask, register_attention, slots_for_budget
 
 
@@ -68,9 +69,12 @@ class NativeRollout(RolloutEngine):
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy)."""
         self.device = device
         self.pad_token_id = pad_token_id
+        self.decoder: FusedDecoder | None = None
         if model is None:
             model = load_causal_lm(model_path, override_config, dtype=to_torch_dtype(dtype), weights=False).to(device)
             model.requires_grad_(False)
+            # Its own copy: the projections can be re-laid out for decoding (a model passed in keeps its layout).
+            self.decoder = FusedDecoder(model) if fusable(model) else None
         self.model = model
         self._params = dict(self.model.named_parameters())
         self._params.update(dict(self.model.named_buffers()))
@@ -177,8 +181,7 @@ class NativeRollout(RolloutEngine):
         pool = self.pool
         pool.start[first : first + groups * n : n] = start
         cache = SlotCache(pool, first, groups, positions=0, kv_len=length, stride=n)
-        logits = self.model(input_ids=ids, attention_mask=prefill_mask(start, length), position_ids=position_ids_from_mask(mask),
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = self._forward(ids, position_ids_from_mask(mask), prefill_mask(start, length), cache)
         shared = slice(first, first + groups * n, n)
         for j in range(1, n):
             pool.copy_slots(shared, slice(first + j, first + groups * n, n), length)
@@ -201,8 +204,14 @@ class NativeRollout(RolloutEngine):
         rows, kv_len = len(token), int(pos.max()) + 1
         start = self.pool.start[:rows]
         cache = SlotCache(self.pool, 0, rows, positions=pos, kv_len=kv_len)
-        return self.model(input_ids=token[:, None], attention_mask=decode_mask(start, pos, kv_len), position_ids=(pos - start)[:, None],
-                          past_key_values=cache, use_cache=True).logits[:, -1]
+        return self._forward(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache)
+
+    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        """Next-token logits of each row's last position, through the fused decoder when the model has one."""
+        if self.decoder is not None:
+            return self.decoder(ids, position_ids, mask, cache)
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                          logits_to_keep=1).logits[:, -1]
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

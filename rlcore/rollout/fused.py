@@ -1,0 +1,80 @@
+"""A decode-time forward for Llama-family models (Qwen2, Llama) with fewer, larger GEMMs.
+
+A decode step is dozens of small ops per layer; on CPU each GEMM call and each HF module hop costs time the FLOPs
+do not. Here each layer's q/k/v projections are one GEMM and gate/up one GEMM (verl's vLLM does the same with
+its QKVParallelLinear / MergedColumnParallelLinear), attention goes straight to the KV pool, and the norms,
+rotary embedding, o/down projections and head are the HF model's own modules, so the maths is the model's.
+
+The fused weights are the storage: the HF parameters become views into them, so `update_weights` (which copies
+into the HF parameters) updates the fused GEMMs with no extra copy. Only for the engine's own model copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlcore.rollout.kv_pool import SlotCache, pool_attention
+
+SUPPORTED = ("qwen2", "llama")
+
+
+def fusable(model: nn.Module) -> bool:
+    c = model.config
+    return (c.model_type in SUPPORTED and not getattr(c, "use_sliding_window", False) and getattr(c, "pretraining_tp", 1) == 1
+            and all(_same_bias(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+                    and _same_bias(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers))
+
+
+def _same_bias(*linears: nn.Linear) -> bool:
+    return len({lin.bias is None for lin in linears}) == 1
+
+
+def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) holding the linears' rows; each linear's parameters become views into it."""
+    fused = []
+    for attr in ("weight", "bias"):
+        if getattr(linears[0], attr) is None:
+            fused.append(None)
+            continue
+        storage = torch.cat([getattr(lin, attr).data for lin in linears])
+        offset = 0
+        for lin in linears:
+            param = getattr(lin, attr)
+            param.data = storage[offset : offset + param.shape[0]]
+            offset += param.shape[0]
+        fused.append(storage)
+    return fused[0], fused[1]
+
+
+class FusedDecoder:
+    """`decoder(ids, position_ids, mask, cache)` -> next-token logits `[rows, vocab]` of each row's last position."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self.model, self.rotate = model, apply_rotary_pos_emb
+        first = model.model.layers[0].self_attn
+        self.head_dim = first.head_dim
+        c = model.config
+        self.splits = [c.num_attention_heads * self.head_dim, c.num_key_value_heads * self.head_dim, c.num_key_value_heads * self.head_dim]
+        self.layers = [(layer, *_fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                        *_fuse(layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in model.model.layers]
+
+    def __call__(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        inner = self.model.model
+        rows, length = ids.shape
+        h = inner.embed_tokens(ids)
+        cos, sin = inner.rotary_emb(h, position_ids)
+        for i, (layer, qkv_w, qkv_b, gate_up_w, gate_up_b) in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = (t.view(rows, length, -1, self.head_dim).transpose(1, 2)
+                       for t in F.linear(layer.input_layernorm(h), qkv_w, qkv_b).split(self.splits, dim=-1))
+            q, k = self.rotate(q, k, cos, sin)
+            k, v = cache.update(k, v, i)
+            out, _ = pool_attention(attn, q, k, v, mask, scaling=attn.scaling)
+            h = h + attn.o_proj(out.reshape(rows, length, -1))
+            gate, up = F.linear(layer.post_attention_layernorm(h), gate_up_w, gate_up_b).chunk(2, dim=-1)
+            h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        return self.model.lm_head(inner.norm(h[:, -1]))
