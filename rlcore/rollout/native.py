@@ -65,7 +65,7 @@ class NativeRollout(RolloutEngine):
 
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None) -> None:
+                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None) -> None:
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy)."""
         self.device = device
         self.pad_token_id = pad_token_id
@@ -81,6 +81,7 @@ class NativeRollout(RolloutEngine):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.gpu_memory_utilization, self.kv_cache_memory_bytes = gpu_memory_utilization, kv_cache_memory_bytes
+        self.max_model_len = max_model_len  # prompt + response tokens: what wake_up sizes the pool for
         dtype_ = next(self.model.parameters()).dtype
         self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
         self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running
@@ -132,7 +133,8 @@ class NativeRollout(RolloutEngine):
         # KV copied to its samples' slots.
         n = group_size(input_ids, attention_mask)
         pool = self.pool
-        pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
+        if not (pool.keys and pool.max_len >= prompt_len + max_tokens and pool.num_slots >= n):  # else: the pool wake_up made
+            pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
         responses = torch.full((batch, max_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros(batch, max_tokens, device=self.device)
         alive = torch.zeros(batch, max_tokens, dtype=torch.bool, device=self.device)
@@ -218,6 +220,13 @@ class NativeRollout(RolloutEngine):
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """With a KV budget (explicit bytes, or CUDA), "kv_cache" allocates the whole pool now, as vLLM does:
+        `max_num_seqs` sequences of `max_model_len` tokens, or as many as the budget holds. Without one (CPU), the
+        pool is sized to each generate() call instead (a batch rarely needs max_num_seqs x max_model_len)."""
+        if (tags is None or "kv_cache" in tags) and self.max_model_len and self.kv_budget_bytes() is not None:
+            self.pool.acquire(self._num_slots(self.max_num_seqs, 1, self.max_model_len), self.max_model_len)
 
     def sleep(self) -> None:
         self.pool.release()

@@ -58,13 +58,13 @@ class ActorRolloutRefWorker(Worker):
             override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + self.rank,
         )
         kwargs.update(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                      gpu_memory_utilization=rollout.gpu_memory_utilization)
+                      gpu_memory_utilization=rollout.gpu_memory_utilization,
+                      max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length)
         if rollout.name != "vllm":
             kwargs.update(OmegaConf.to_container(rollout.engine_kwargs.native, resolve=True))
         else:
             kwargs.update(
                 tensor_parallel_size=rollout.tensor_model_parallel_size,
-                max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length,
                 enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
                 enforce_eager=rollout.enforce_eager, load_format=rollout.load_format,
                 engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),

@@ -108,3 +108,21 @@ def test_a_fresh_pool_is_zeroed(tiny_model_dir, model):
         rollout.pool.acquire(8, 64)
         assert all(bool((cache == 0).all()) for cache in (*rollout.pool.keys, *rollout.pool.values))
         rollout.pool.release()
+
+
+def test_with_a_budget_wake_up_allocates_the_pool_and_generate_uses_it(tiny_model_dir, model):
+    per_token = KVGeometry.of(model.config, torch.float32).bytes_per_token
+    rollout = engine(tiny_model_dir, model, max_num_seqs=16, max_model_len=20, kv_cache_memory_bytes=12 * 20 * per_token)
+    rollout.wake_up(["kv_cache"])
+    assert (rollout.pool.num_slots, rollout.pool.max_len) == (12, 20)  # the budget holds 12 of the 16 sequences
+    segment = rollout.pool.keys[0].data_ptr()
+    ids, mask = grouped_prompts(4, 4)
+    out = rollout.generate(ids, mask, SamplingParams(max_tokens=8, do_sample=False, stop_token_ids=[EOS]))
+    assert rollout.pool.keys[0].data_ptr() == segment and rollout.stats["kv_slots"] == 12
+    assert torch.equal(out.responses, engine(tiny_model_dir, model).generate(
+        ids, mask, SamplingParams(max_tokens=8, do_sample=False, stop_token_ids=[EOS])).responses)
+    rollout.sleep()
+    assert rollout.pool.nbytes == 0
+    no_budget = engine(tiny_model_dir, model, max_model_len=20)
+    no_budget.wake_up(["kv_cache"])
+    assert no_budget.pool.nbytes == 0  # CPU without a budget: sized by each generate() instead
