@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 
-.PHONY: env train test test-fast test-numerics test-numerics-other bench clean
+.PHONY: env train test test-fast test-numerics test-numerics-other bench bench-full clean
 
 env: $(STAMP)
 
@@ -40,16 +40,22 @@ test-numerics-other: $(STAMP)
 	ATEN_CPU_CAPABILITY=$$($(PY) -c "import torch; print('avx2' if torch.backends.cpu.get_cpu_capability().startswith('AVX512') else 'default')") \
 		$(PY) -m pytest -q -m numerics tests $(ARGS)
 
-# Padded vs dynamic bsz vs dynamic bsz + packing on a 36M-parameter model (prints tokens/s and ratios, ~5 min),
-# then each Megatron layout next to FSDP2 on the same batch (~4 min), the weight sync against memcpy (~10 s), the
-# native rollout against HF generate (~20 s), and rlcore against TRL on the shared GRPO spec (TRL in its own venv, ~3 min).
+# Every benchmark once, each printing ratios measured in its own run: padded vs dynamic bsz vs packing, each
+# Megatron layout next to FSDP2, the weight sync against memcpy, the native rollout against HF generate, and rlcore
+# against TRL on the shared GRPO spec (TRL in its own venv). `make bench` uses fewer rounds and a smaller
+# dynamic-bsz batch (~6 min on a 2-core AVX-512 machine, so ~15 on a 70 GFLOP/s one); `make bench-full` gives the
+# README's figures (~14 min there).
+BENCH_QUICK ?= 1
 bench: $(STAMP)
-	$(PY) bench/dynamic_bsz.py $(ARGS)
-	$(PY) bench/megatron_layouts.py
+	$(PY) bench/dynamic_bsz.py $(if $(BENCH_QUICK),--samples 16 --reps 1) $(ARGS)
+	$(PY) bench/megatron_layouts.py $(if $(BENCH_QUICK),--reps 1)
 	$(PY) bench/weight_sync.py
 	$(PY) bench/rollout.py
 	test -x .cache/trl_venv/bin/python || bash bench/vs_trl/setup_trl_venv.sh .cache/trl_venv
-	$(PY) bench/vs_trl.py
+	$(PY) bench/vs_trl.py $(if $(BENCH_QUICK),--steps 6 --runs 1)
+
+bench-full:
+	$(MAKE) bench BENCH_QUICK=
 
 clean:
 	rm -rf .cache outputs
