@@ -43,7 +43,7 @@ test-numerics-other: $(STAMP)
 # Every benchmark once, each printing ratios measured in its own run: padded vs dynamic bsz vs packing, each
 # Megatron layout next to FSDP2, the weight sync against memcpy, the native rollout against HF generate, and rlcore
 # against TRL on the shared GRPO spec (TRL in its own venv). `make bench` uses fewer rounds and a smaller
-# dynamic-bsz batch (~6 min on a 2-core AVX-512 machine, so ~15 on a 70 GFLOP/s one); `make bench-full` gives the
+# dynamic-bsz batch (5 min 13 s on a 2-core AVX-512 machine, ~13 on a 70 GFLOP/s one); `make bench-full` gives the
 # README's figures (~14 min there).
 BENCH_QUICK ?= 1
 bench: $(STAMP)
