@@ -1,21 +1,27 @@
 """The multi-rank test harness itself: what it retries and what it does not."""
 
 import os
+import resource
 
 import pytest
 import torch.multiprocessing as mp
 from dist_utils import spawn_ranks
 
 
+def _abort() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+    os.abort()
+
+
 def _abort_first_time(rank: int, port: int, flag: str) -> None:
     if rank == 1 and not os.path.exists(flag):
         open(flag, "w").close()
-        os.abort()  # what a C++ std::terminate in a gloo thread looks like from outside: SIGABRT
+        _abort()  # what a C++ std::terminate in a gloo thread looks like from outside: SIGABRT
 
 
 def _always_abort(rank: int, port: int) -> None:
     if rank == 1:
-        os.abort()
+        _abort()
 
 
 def _raise(rank: int, port: int) -> None:
