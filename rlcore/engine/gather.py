@@ -7,6 +7,7 @@ CPU ranks of one host can exchange the buckets through shared memory instead (`r
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Iterable, Iterator
 
@@ -81,7 +82,7 @@ class Exchange:
     def gather_bucket(self, group, shards: list[torch.Tensor], widths: list[int]) -> list[torch.Tensor]:
         world = dist.get_world_size(group)
         flat = shards[0].new_zeros(sum(widths))
-        offsets = [sum(widths[:i]) for i in range(len(widths))]
+        offsets = [0, *itertools.accumulate(widths)][:-1]
         for shard, offset in zip(shards, offsets):
             flat[offset : offset + shard.numel()] = shard
         gathered = flat.new_empty(world * flat.numel())

@@ -49,6 +49,7 @@ class SharedMemoryExchange(Exchange):
         self.group = group
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.buffer: torch.Tensor | None = None  # uint8 view of the mapped segment
+        self.warned = False  # the no-room warning is said once, not per bucket
 
     @classmethod
     def for_group(cls, group) -> "SharedMemoryExchange | None":
@@ -86,7 +87,8 @@ class SharedMemoryExchange(Exchange):
                 path = os.path.join(SHM_DIR, f"rlcore-weights-{uuid.uuid4().hex}")
                 with open(path, "wb") as f:
                     f.truncate(nbytes)
-            else:
+            elif not self.warned:
+                self.warned = True
                 log.warning("weight sync: /dev/shm has %.0f MiB free, a %.0f MiB bucket needs twice that; using the all-gather",
                             free / 2**20, nbytes / 2**20)
         path = _agree(self.group, path)
