@@ -1,7 +1,7 @@
 """A decode-time forward for Llama-family models (Qwen2, Llama) with fewer, larger GEMMs.
 
 A decode step is dozens of small ops per layer; on CPU each GEMM call and each HF module hop costs time the FLOPs
-do not. Here each layer's q/k/v projections are one GEMM and gate/up one GEMM (verl's vLLM does the same with
+do not. Here each layer's q/k/v projections are one GEMM and gate/up one GEMM (vLLM does the same with
 its QKVParallelLinear / MergedColumnParallelLinear), attention goes straight to the KV pool, and the norms,
 rotary embedding, o/down projections and head are the HF model's own modules, so the maths is the model's.
 
