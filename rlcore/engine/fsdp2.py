@@ -136,8 +136,8 @@ class FSDP2Engine(TrainEngine):
         # state_dict() of an FSDP2 module holds sharded DTensors, gathered a bucket at a time: peak extra memory
         # is one bucket of unsharded parameters, not a second copy of the model.
         exchange = None
-        if transient and self.device.type == "cpu" and self.mesh.size() > 1:
-            if self._exchange is None:  # collective, once: are all ranks on this host?
+        if transient and self.device.type == "cpu":
+            if self._exchange is None:  # collective, once: are all ranks on this host (and more than one)?
                 self._exchange = SharedMemoryExchange.for_group(self.mesh.get_group()) or Exchange()
             exchange = self._exchange
         return gather_full_tensors(self.model.state_dict().items(), bucket_bytes, self.device, exchange)

@@ -67,7 +67,7 @@ def _flush(bucket: list[tuple[str, DTensor]], device: torch.device, exchange: "E
         for name, t in bucket:
             yield name, t.full_tensor()
         return
-    exchange = exchange or Exchange()
+    exchange = exchange or ALL_GATHER
     widths = [_padded_rows(t) * _row_numel(t) for _, t in bucket]  # each rank's padded share of each tensor
     shards = [t.to_local().reshape(-1).to(device) for _, t in bucket]
     for (name, t), gathered in zip(bucket, exchange.gather_bucket(mesh.get_group(), shards, widths)):
@@ -89,3 +89,6 @@ class Exchange:
         all_gather_flat(gathered, flat, group=group)
         gathered = gathered.view(world, -1)  # rank-major: a tensor's rows are strided across the ranks' blocks
         return [gathered[:, offset : offset + width] for offset, width in zip(offsets, widths)]
+
+
+ALL_GATHER = Exchange()  # the default: one all-gather per bucket over the tensors' process group

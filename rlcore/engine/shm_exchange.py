@@ -62,8 +62,8 @@ class SharedMemoryExchange(Exchange):
         """Tensor-major layout: tensor i's shares sit side by side, so its full tensor is one contiguous view
         (the all-gather's rank-major layout needs a copy per tensor to put the rows back together)."""
         dtype, size = shards[0].dtype, shards[0].element_size()
-        if shards[0].device.type != "cpu" or not self._ensure(self.world * sum(widths) * size):
-            return super().gather_bucket(group, shards, widths)
+        if group is not self.group or shards[0].device.type != "cpu" or not self._ensure(self.world * sum(widths) * size):
+            return super().gather_bucket(group, shards, widths)  # the segment is this group's, and host memory
         segment = self.buffer[: self.world * sum(widths) * size].view(dtype)
         dist.barrier(group=self.group)  # every rank has consumed the previous bucket before it is overwritten
         views, offset = [], 0

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class SlotCache:
     def __init__(self, pool: KVPool, first: int, rows: int, positions: int | torch.Tensor, kv_len: int, stride: int = 1) -> None:
         self.pool, self.positions, self.kv_len = pool, positions, kv_len
         self.slots = slice(first, first + rows * stride, stride)
-        self.rows = torch.arange(first, first + rows * stride, stride, device=pool.device)
+        self.rows = None if isinstance(positions, int) else torch.arange(first, first + rows * stride, stride, device=pool.device)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs=None):
         keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
@@ -126,8 +128,6 @@ def pool_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     fused decoder). A decode step (one query per row) is two small batched matmuls and a softmax over the pool's
     view: ~120 us per layer on the rollout bench, where CPU SDPA's flash kernel took ~440 us. Prefills go to torch
     SDPA with the pool's 4D mask."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     batch, heads, q_len, head_dim = query.shape
     if q_len != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=False, **kwargs)
@@ -139,11 +139,6 @@ def pool_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     return out.reshape(batch, 1, heads, head_dim), None
 
 
+# Registered once, process-wide: HF modules pick it up through `config._attn_implementation = ATTENTION_NAME`.
 ATTENTION_NAME = "rlcore_kv_pool"
-
-
-def register_attention() -> str:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_NAME, pool_attention)
-    return ATTENTION_NAME
+AttentionInterface.register(ATTENTION_NAME, pool_attention)

@@ -11,7 +11,7 @@ from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
-from rlcore.rollout.kv_pool import KVGeometry, KVPool, SlotCache, decode_mask, prefill_mask, register_attention, slots_for_budget
+from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, decode_mask, prefill_mask, slots_for_budget
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -97,11 +97,12 @@ class NativeRollout(RolloutEngine):
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         was_training, attention = self.model.training, self.model.config._attn_implementation
         self.model.eval()
-        # The model's own attention choice is restored after: a model passed in (SFT, benchmarks) keeps training.
-        self.model.config._attn_implementation = register_attention()
+        if self.decoder is None:  # HF modules read the pool through the registered attention function
+            self.model.config._attn_implementation = ATTENTION_NAME
         try:
             return self._generate(input_ids, attention_mask, sampling)
         finally:
+            # A model passed in (SFT, benchmarks) goes back to training with its own attention.
             self.model.train(was_training)
             self.model.config._attn_implementation = attention
 
