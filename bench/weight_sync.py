@@ -3,8 +3,10 @@
 Each rank times `sync_weights` (gather the FSDP2 shards into full tensors and copy them into its rollout model)
 per tensor (bucket 0: one all-gather per tensor) and bucketed (verl's default 2048 MB; the buckets go through
 shared memory, the ranks being on one host, and once more over the gloo all-gather), and, in the same
-process, one flat all-gather of the model's bytes (the transfer alone) and a memcpy of them. Prints the median
-over --reps and the ratios to memcpy.
+process, one flat all-gather of the model's bytes (the transfer alone) and a memcpy of them. Then the same model
+training LoRA adapters (rank --lora_rank on all linear layers): the first sync (every weight, adapted ones merged
+as W + scaling * B @ A) and the later ones (adapted weights only). Prints the median over --reps and the ratios
+to memcpy.
 
     .venv/bin/python bench/weight_sync.py        # ~1 min on 2 cores
 """
@@ -27,6 +29,7 @@ from rlcore.controller.worker import free_port
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.factory import build_engine
 from rlcore.engine.gather import Exchange, all_gather_flat
+from rlcore.models.lora import LoraSpec
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 
@@ -72,6 +75,10 @@ def _rank(rank: int, port: int, model_dir: str, args, out: str) -> None:
     half = torch.randn(nbytes // 8)
     results["gloo all-gather alone"] = _median_seconds(lambda: all_gather_flat(dst[: 2 * half.numel()], half), args.reps)
     results["memcpy"] = _median_seconds(lambda: dst.copy_(src), args.reps)
+    torch.manual_seed(0)
+    lora = build_engine("fsdp2", EngineSpec(model_path=model_dir, param_dtype="float32", lora=LoraSpec(args.lora_rank, args.lora_rank)), cpu)
+    for label, adapted_only in ((f"LoRA r{args.lora_rank}, all merged", False), (f"LoRA r{args.lora_rank}, adapted only", True)):
+        results[label] = _median_seconds(lambda a=adapted_only: sync_weights(lora, rollout, MODES["bucketed (2048 MB)"], a), args.reps)
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
@@ -83,6 +90,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--vocab", type=int, default=16384)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--lora_rank", type=int, default=64)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         params = build_model(os.path.join(tmp, "model"), args)
@@ -93,7 +101,7 @@ def main() -> None:
     print(f"Qwen2 {params / 1e6:.1f}M parameters, float32 ({params * 4 / 2**20:.0f} MiB); FSDP2 on 2 gloo ranks x 1 thread -> native "
           f"rollout on each; median of {args.reps}")
     for mode, seconds in results.items():
-        print(f"{mode:26s} {seconds * 1e3:8.1f} ms   {seconds / memcpy:5.1f}x memcpy")
+        print(f"{mode:28s} {seconds * 1e3:8.1f} ms   {seconds / memcpy:5.1f}x memcpy")
 
 
 if __name__ == "__main__":

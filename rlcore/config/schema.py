@@ -69,9 +69,10 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = True  # recompute activations in backward
     enable_activation_offload: bool = False  # offload checkpointed activations to CPU
     use_remove_padding: bool = True  # packed (varlen) sequences without pad tokens
-    lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (> 0 not supported yet by rlcore)
-    lora_alpha: int = 16  # LoRA scaling numerator
+    lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (peft adapters; the reference is the base, adapters off)
+    lora_alpha: int = 16  # LoRA scaling numerator (scaling = lora_alpha / lora_rank)
     target_modules: Any = "all-linear"  # LoRA target modules: "all-linear" or a list of names
+    lora_adapter_path: Optional[str] = None  # start from this saved peft adapter (its rank/alpha/targets win)
     use_fused_kernels: bool = False  # fused log-prob/entropy kernels
 
 
@@ -327,7 +328,7 @@ class CriticModelConfig:
     trust_remote_code: bool = II("oc.select:actor_rollout_ref.model.trust_remote_code,false")  # as the actor's
     enable_gradient_checkpointing: bool = True  # recompute activations in backward
     use_remove_padding: bool = False  # packed (varlen) sequences
-    lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (> 0 not supported yet by rlcore)
+    lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (the value head then trains whole beside the adapters)
     lora_alpha: int = 16  # LoRA scaling numerator
     target_modules: Any = "all-linear"  # LoRA target modules
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
+from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import check_megatron, check_same_layout
 from rlcore.config.validate_rollout import check_native_rollout
 
@@ -219,10 +220,10 @@ def _check_unsupported(c: _Checker) -> None:
         sp = c.get(key)
         if sp > 1 and (role == "actor" or sp != actor_sp):
             c.error(f"{key}={sp} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
-    for key in (f"{ARR}.model.lora_rank", "critic.model.lora_rank"):
-        if c.get(key) > 0 and (key.startswith(ARR) or uses_critic(c.cfg)):
-            c.error(f"{key}={c.get(key)} (LoRA) is not supported yet by rlcore; use {key}=0 (full fine-tuning; "
-                    "rlcore-plan shows what that costs in memory)")
+    for model, strategy in ((f"{ARR}.model", f"{ARR}.actor.strategy"), ("critic.model", "critic.strategy")):
+        if model == "critic.model" and not uses_critic(c.cfg):
+            continue
+        check_lora(c, model, strategy)
     if c.get("algorithm.adv_estimator") == "gae" and c.get("critic.enable") is False:
         c.error("algorithm.adv_estimator=gae needs the critic's values but critic.enable=False; use critic.enable=null "
                 "(on for gae) or a critic-free estimator such as algorithm.adv_estimator=grpo")

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from rlcore.models.lora import LoraSpec
 from rlcore.protocol import DataProto
 
 WEIGHT_BUCKET_BYTES = 2048 * 2**20  # verl: rollout.checkpoint_engine.update_weights_bucket_megabytes=2048
@@ -39,6 +41,8 @@ class EngineSpec:
     kind: str = "causal_lm"               # causal_lm: logits [b, s, vocab]; value: a scalar head, outputs [b, s, 1]
     override_config: dict[str, Any] = field(default_factory=dict)
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
+    model_dtype: str = "float32"          # storage of a LoRA model's frozen base (full fine-tuning keeps fp32 masters)
+    lora: LoraSpec | None = None          # train LoRA adapters only (model.lora_rank > 0)
     trainable: bool = True                # False for the reference policy: no optimizer, no grads
     gradient_checkpointing: bool = False
     param_offload: bool = False           # move params off the device between phases (worker calls offload())
@@ -89,11 +93,20 @@ class TrainEngine(ABC):
         """Clips, steps (skipping non-finite gradients), advances the lr schedule; returns grad_norm, lr."""
 
     @abstractmethod
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
+                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) weights under HF names, one tensor at a time, gathered in buckets of about
         `bucket_bytes` (one collective per bucket). Collective: every rank iterates. `transient=True`: the caller
         is done with each tensor before it draws the next (the weight sync copies it into the rollout), so the
-        engine may hand out views of a buffer it reuses (FSDP2 on CPU: one shared-memory segment per host)."""
+        engine may hand out views of a buffer it reuses (FSDP2 on CPU: one shared-memory segment per host).
+        With LoRA each adapted weight comes merged (W + scaling * B @ A); `adapted_only`: only those (the frozen
+        rest has not changed since the last full stream)."""
+
+    def disabled_adapters(self) -> ContextManager:
+        """Within it the model computes as its base (LoRA adapters off): the reference policy of a LoRA run."""
+        if self.spec.lora is None:
+            return contextlib.nullcontext()
+        raise NotImplementedError(f"{type(self).__name__} does not train LoRA adapters")
 
     @abstractmethod
     def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None: ...

@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcore.engine.base import EngineSpec, TrainEngine
+from rlcore.models.lora import LoraSpec
 
 
 def build_engine(strategy: str, spec: EngineSpec, device: torch.device, key: str = "actor_rollout_ref.actor.strategy") -> TrainEngine:
@@ -42,6 +43,7 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
     else:
         spec.param_dtype, spec.param_offload, spec.optimizer_offload = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.optimizer_offload
+        spec.model_dtype = fsdp_cfg.model_dtype
         spec.offload_policy, spec.reshard_after_forward = fsdp_cfg.offload_policy, fsdp_cfg.reshard_after_forward
     if optim_cfg is not None:
         warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
@@ -49,6 +51,10 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.warmup_steps, spec.total_steps = warmup, total_steps
         spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio, optim_cfg.num_cycles
         spec.grad_clip = grad_clip
+        if model_cfg.lora_rank > 0:  # a frozen role (the reference) is the base model: LoRA runs disable the adapters
+            targets = model_cfg.target_modules
+            spec.lora = LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, targets if isinstance(targets, str) else tuple(targets),
+                                 model_cfg.get("lora_adapter_path"))
     else:
         spec.optimizer_offload = spec.grad_offload = False  # nothing to move
     return spec

@@ -9,7 +9,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -18,6 +18,7 @@ from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossF
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
+from rlcore.models import lora
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
 from rlcore.models.hf_export import save_safetensors_stream
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
@@ -26,7 +27,7 @@ from rlcore.protocol import DataProto
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
-def apply_fsdp2(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reshard_after_forward: bool, offload_policy: bool, gradient_checkpointing: bool) -> None:
+def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, param_dtype: torch.dtype, reshard_after_forward: bool, offload_policy: bool, gradient_checkpointing: bool) -> None:
     """Activation checkpointing, then `fully_shard` on every decoder block and finally the root (fixed order)."""
     if gradient_checkpointing:
         # Non-reentrant checkpointing composes with FSDP2's pre/post-forward hooks. (transformers 5 renamed
@@ -41,7 +42,7 @@ def apply_fsdp2(model: torch.nn.Module, mesh, param_dtype: torch.dtype, reshard_
     if offload_policy:
         # pin_memory needs an accelerator; on CPU-only torch it raises.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    for block in decoder_layers(model):
+    for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
 
@@ -60,15 +61,23 @@ class FSDP2Engine(TrainEngine):
         self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
         load = load_value_model if spec.kind == "value" else load_causal_lm
         attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
-        self.model = load(spec.model_path, spec.override_config, dtype=torch.float32, attn_implementation=attn)
+        # Full fine-tuning keeps fp32 masters; a LoRA base is frozen and may be stored in model_dtype (bf16: half).
+        dtype = to_torch_dtype(spec.model_dtype) if spec.lora else torch.float32
+        self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn)
         self.hf_config = self.model.config
+        blocks = decoder_layers(self.model)
+        if spec.lora:  # before sharding: fully_shard then sees the adapters as parameters of their blocks
+            self.model = lora.apply_lora(self.model, spec.lora, value_head=spec.kind == "value")
+            self._scalings = lora.scalings(self.model)
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
-        apply_fsdp2(self.model, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy, spec.gradient_checkpointing and spec.trainable)
+        apply_fsdp2(self.model, blocks, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy,
+                    spec.gradient_checkpointing and spec.trainable)
         self.model.to(device)
         self.optimizer = None
         self.scheduler = None
         if spec.trainable:
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
+            trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
+            self.optimizer = torch.optim.AdamW(trained, lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
             self.scheduler = warmup_schedule(self.optimizer, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)
         else:
             self.model.requires_grad_(False)
@@ -118,7 +127,8 @@ class FSDP2Engine(TrainEngine):
         return metrics
 
     def optimizer_step(self) -> dict[str, float]:
-        grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip))
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = _full(torch.nn.utils.clip_grad_norm_(trained, self.spec.grad_clip))
         lr = self.scheduler.get_last_lr()[0]
         finite = bool(torch.isfinite(grad_norm))
         if finite:
@@ -132,7 +142,8 @@ class FSDP2Engine(TrainEngine):
         return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
+                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         # state_dict() of an FSDP2 module holds sharded DTensors, gathered a bucket at a time: peak extra memory
         # is one bucket of unsharded parameters, not a second copy of the model.
         exchange = None
@@ -140,7 +151,15 @@ class FSDP2Engine(TrainEngine):
             if self._exchange is None:  # collective, once: are all ranks on this host (and more than one)?
                 self._exchange = SharedMemoryExchange.for_group(self.mesh.get_group()) or Exchange()
             exchange = self._exchange
-        return gather_full_tensors(self.model.state_dict().items(), bucket_bytes, self.device, exchange)
+        named = self.model.state_dict().items()
+        if self.spec.lora is None:
+            return gather_full_tensors(named, bucket_bytes, self.device, exchange)
+        # Filtered before gathering (the same names on every rank), so unchanged tensors cost no collective.
+        named = [(n, t) for n, t in named if lora.is_adapted(n) or not adapted_only]
+        return lora.merged_weights(gather_full_tensors(named, bucket_bytes, self.device, exchange), self._scalings, transient)
+
+    def disabled_adapters(self):
+        return self.model.disable_adapter() if self.spec.lora else super().disabled_adapters()
 
     def _move_optimizer_state(self, device: torch.device) -> None:
         for state in self.optimizer.state.values():
@@ -166,18 +185,31 @@ class FSDP2Engine(TrainEngine):
             self._move_optimizer_state(self.device)
 
     # ------------------------------------------------------------------------------------------- checkpoint
+    def _state_options(self) -> StateDictOptions:
+        # A LoRA checkpoint holds the adapters and their optimizer state; the frozen base is model.path's.
+        return StateDictOptions(ignore_frozen_params=self.spec.lora is not None, strict=self.spec.lora is None)
+
     def _state(self) -> dict:
         if self.optimizer is None:
-            return {"model": get_model_state_dict(self.model)}
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            return {"model": get_model_state_dict(self.model, options=self._state_options())}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         return {"model": model_sd, "optim": optim_sd}
 
     def save(self, path: str, hf_dir: str | None = None) -> None:
         dcp.save(self._state(), checkpoint_id=path)
         if self.scheduler is not None and dist.get_rank() == 0:
             torch.save(self.scheduler.state_dict(), os.path.join(path, "scheduler.pt"))
+        if self.spec.lora is not None:
+            self.save_adapter(os.path.join(path, "lora_adapter"))
         if hf_dir is not None:
             self.save_hf(hf_dir)
+
+    def save_adapter(self, out_dir: str) -> None:
+        """The adapters in peft's format (collective; rank 0 writes)."""
+        trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        full = list(gather_full_tensors(((n, p.detach()) for n, p in trained), WEIGHT_BUCKET_BYTES, self.device))
+        if dist.get_rank() == 0:
+            lora.save_adapter(self.model, lora.adapter_state(self.model, full), out_dir, self.spec.model_path)
 
     def save_hf(self, hf_dir: str) -> None:
         """HF-loadable safetensors + config.json, written shard by shard as the parameters are gathered one at a
@@ -193,7 +225,7 @@ class FSDP2Engine(TrainEngine):
         state = self._state()
         dcp.load(state, checkpoint_id=path)
         if self.optimizer is None:
-            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={}, options=self._state_options())
             return
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=self._state_options())
         self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))

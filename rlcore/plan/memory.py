@@ -272,7 +272,8 @@ class Estimator:
                            s["weights"] + s["grads"] + s["optim"]))
         if role.trainable and not role.lora_rank:
             lora = _training_state(role.arch, role.fsdp, role.shards, 64, role.value_head, True)
-            levers.append(("LoRA rank 64 (not supported yet by rlcore)",
+            model = "critic.model" if role.value_head else f"{ARR}.model"
+            levers.append((f"{model}.lora_rank=64 {model}.lora_alpha=64 (LoRA; the reference becomes the base with adapters off)",
                            s["weights"] + s["grads"] + s["optim"] - lora["weights"] - lora["grads"] - lora["optim"]))
         return items, levers
 

@@ -38,6 +38,10 @@ class RolloutOutput:
 
 
 class RolloutEngine(ABC):
+    # Whether weights loaded by update_weights stay loaded across sleep(): then a LoRA run sends only the weights its
+    # adapters change. vLLM's sleep(level=2) discards them, so every sync there reloads every weight.
+    keeps_weights: bool = True
+
     @abstractmethod
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         """Samples one response per (left-padded) prompt row. `input_ids`, `attention_mask`: `[batch, prompt_len]`."""

@@ -5,6 +5,13 @@ reuses the trainer's process group, runs its engine core in-process, and its TP 
 Weights are swapped in place with `collective_rpc("reload_weights", weights_iterator=...)` (layer-wise reload,
 which re-runs per-layer weight post-processing) between `wake_up(["weights"])` and `wake_up(["kv_cache"])`;
 after generation `sleep(level=2)` frees weights and KV cache for training (the next sync reloads every weight).
+
+LoRA runs sync merged weights (W + scaling * B @ A, computed by the trainer tensor by tensor), not adapters. vLLM's
+public LoRA path (`enable_lora=True`, `generate(..., lora_request=LoRARequest(name, id, path))`) loads an adapter
+from a directory on disk, so an adapter-only sync would write and re-read the adapter every step, runs the punica
+LoRA kernels on every token of generation, and level-2 sleep (needed to free the weights for training) is known to
+crash with LoRA enabled (vLLM #48337). Merged weights keep generation at base-model speed and the sync on the
+same in-place reload as full fine-tuning; what LoRA saves is training memory, not sync volume, on vLLM.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ def import_vllm():
 
 
 class VLLMRollout(RolloutEngine):
+    keeps_weights = False  # sleep(level=2) discards them: every sync reloads every weight
+
     def __init__(self, model_path: str, pad_token_id: int, device: torch.device, dtype: str = "bfloat16", override_config: dict | None = None,
                  seed: int = 0, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,

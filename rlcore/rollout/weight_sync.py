@@ -10,8 +10,9 @@ from rlcore.engine.base import WEIGHT_BUCKET_BYTES, TrainEngine
 from rlcore.rollout.base import RolloutEngine
 
 
-def sync_weights(engine: TrainEngine, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES) -> int:
-    """Streams every training weight into the rollout engine; returns the number of tensors sent.
+def sync_weights(engine: TrainEngine, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES, adapted_only: bool = False) -> int:
+    """Streams every training weight into the rollout engine; returns the number of tensors sent. With LoRA the
+    adapted weights arrive merged, and `adapted_only` sends only those (the rollout already holds the frozen rest).
 
     The engine gathers full tensors a bucket at a time (one collective per `bucket_bytes`) and the rollout copies
     each into place, so peak extra memory is one bucket of unsharded tensors, never a second copy of the model.
@@ -22,7 +23,7 @@ def sync_weights(engine: TrainEngine, rollout: RolloutEngine, bucket_bytes: int 
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal sent
-        for name, tensor in engine.rollout_weights(bucket_bytes, transient=True):  # each is copied in before the next
+        for name, tensor in engine.rollout_weights(bucket_bytes, transient=True, adapted_only=adapted_only):  # each is copied in before the next
             sent += 1
             yield name, tensor
 

@@ -42,11 +42,13 @@ class ActorRolloutRefWorker(Worker):
         self.actor = build_engine(cfg.actor.strategy, actor_spec, self.device)
         self.layouts["actor"] = layout_of(self.actor)  # the reference shares the actor's layout (verl: ref follows actor)
         self.ref = None
-        if cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward:
+        # With LoRA the reference is the actor's own base with the adapters off: no second copy of the weights.
+        if (cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward) and self.actor.spec.lora is None:
             ref_spec = engine_spec(cfg.ref.strategy, cfg.model, cfg.ref, None, 0.0, total_steps)
             self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
             offload(self.ref)
         self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
+        self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
         offload(self.actor)
 
     def _rollout_kwargs(self, seed: int) -> dict:
@@ -89,7 +91,9 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         onload(self.actor)
         bucket_mb = self.config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
-        sync_weights(self.actor, self.rollout, bucket_mb * 2**20)
+        adapted_only = self._rollout_has_base and self.rollout.keeps_weights
+        timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_mb * 2**20, adapted_only)
+        self._rollout_has_base = self.actor.spec.lora is not None
         offload(self.actor)  # training weights leave the device before the KV cache needs it
         timing["timing_s/update_weights"] = time.perf_counter() - start
         out = self.rollout.generate(prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info))
@@ -120,9 +124,11 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        onload(self.ref)
-        out = compute_log_prob(self.ref, data, self._micro_batches("ref"), temperature, with_entropy=False)
-        offload(self.ref)
+        ref = self.ref or self.actor  # LoRA: the actor with its adapters disabled
+        onload(ref)
+        with ref.disabled_adapters():
+            out = compute_log_prob(ref, data, self._micro_batches("ref"), temperature, with_entropy=False)
+        offload(ref)
         return out.rename({"log_probs": "ref_log_prob"})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, mesh="actor")

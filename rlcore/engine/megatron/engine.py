@@ -222,7 +222,9 @@ class MegatronEngine(TrainEngine):
         return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
+                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        # adapted_only concerns LoRA, which the validator refuses with strategy=megatron: every weight is sent.
         if self._manifest is None:
             self._manifest = export_manifest(self.modules, self.spec.kind, self.tied)
         return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device, bucket_bytes)

@@ -1,0 +1,90 @@
+"""LoRA through the whole stack: the controller, 2 FSDP2 ranks, the KL reference as the base with adapters off,
+merged-weight syncs (full once, then adapted-only), peft-format checkpoints and exact resume; and it learns."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from e2e_utils import tiny_cfg
+from rlcore.train import run
+
+LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.optim.lr=1e-3",
+        "trainer.val_before_train=False", "trainer.test_freq=-1")
+
+
+# The fixture model is untrained (every answer wrong, every advantage 0): a reward that varies within a group
+# makes the adapters move.
+LENGTH_REWARD = """
+def length_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(len(solution_str) % 3)
+"""
+
+
+def lora_cfg(tiny_model_dir, tiny_task_dir, out_dir, *overrides):
+    reward = out_dir.parent / "length_reward.py"
+    reward.write_text(LENGTH_REWARD)
+    return tiny_cfg(tiny_model_dir, tiny_task_dir, out_dir, *LORA, f"custom_reward_function.path={reward}",
+                    "custom_reward_function.name=length_score", *overrides)
+
+
+def step_rows(run_dir):
+    return [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "timing_s/step" in r]
+
+
+@pytest.mark.numerics
+def test_lora_grpo_syncs_adapted_weights_and_resumes_exactly(tiny_model_dir, tiny_task_dir, tmp_path):
+    straight = run(lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", "trainer.total_training_steps=3"), str(tmp_path / "a"))
+    rows = step_rows(tmp_path / "a")
+    # 27 HF tensors the first time; then only the 2 blocks x 7 adapted linears, merged.
+    assert [r["rollout/weights_synced"] for r in rows] == [27, 14, 14]
+    assert all("timing_s/ref" in r for r in rows) and rows[0]["actor/grad_norm"] > 0
+    assert 0 < rows[-1]["actor/kl_loss"] < 0.1  # the reference (adapters off) is the base the adapters moved from
+
+    run(lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", "trainer.total_training_steps=2", "trainer.save_freq=1"), str(tmp_path / "b1"))
+    resumed = run(lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", "trainer.total_training_steps=3"), str(tmp_path / "b2"))
+    assert [r["step"] for r in step_rows(tmp_path / "b2")] == [3]
+    for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert resumed[key] == pytest.approx(straight[key], rel=1e-4, abs=1e-6), key
+    # After resume the rollout starts without the base: its first sync is a full one again.
+    assert step_rows(tmp_path / "b2")[0]["rollout/weights_synced"] == 27
+
+    latest = (tmp_path / "b" / "ckpt" / "latest_checkpointed_iteration.txt").read_text()
+    actor = tmp_path / "b" / "ckpt" / f"global_step_{latest}" / "actor"
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(actor / "lora_adapter"))
+    merged = AutoModelForCausalLM.from_pretrained(str(actor / "huggingface"))
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_lora_grpo_raises_held_out_accuracy(demo_assets, tmp_path):
+    from test_tiny_learns import train_demo
+
+    val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu_lora", 100)
+    scores = [r["critic/score/mean"] for r in rows]
+    print(f"LoRA val accuracy {val[0]:.3f} -> {val[-1]:.3f}; train reward {np.mean(scores[:10]):.3f} -> {np.mean(scores[-10:]):.3f}")
+    # Measured: 0.224 -> 0.316 after 100 steps (500 held-out problems, +-2 points of noise).
+    assert val[-1] > val[0] + 0.05
+    assert np.mean(scores[-10:]) > np.mean(scores[:10])
+
+
+def test_ppo_with_lora_on_actor_and_critic(tiny_model_dir, tiny_task_dir, tmp_path):
+    from test_tiny_ppo import PPO
+
+    cfg = lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "run", *PPO, "trainer.total_training_steps=2", "trainer.save_freq=2",
+                   f"critic.model.path={tiny_model_dir}", "critic.model.lora_rank=4", "critic.model.lora_alpha=8",
+                   "critic.model.use_remove_padding=True")
+    final = run(cfg, str(tmp_path / "run"))
+    assert final["critic/grad_norm"] > 0 and final["actor/grad_norm"] > 0
+    critic = tmp_path / "run" / "ckpt" / "global_step_2" / "critic"
+    from safetensors.torch import load_file
+
+    saved = load_file(str(critic / "lora_adapter" / "adapter_model.safetensors"))
+    # peft's names: the adapters and the value head trained whole beside them
+    assert any("lora_A" in k for k in saved) and any(k.startswith("base_model.model.score") for k in saved)
+    assert (critic / "huggingface" / "model.safetensors").is_file()  # the merged value model
