@@ -35,9 +35,12 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
         load_custom_algorithms(cfg.custom_algorithms.path)  # before the name checks: it registers names
     except (OSError, ImportError, ValueError) as err:
         errors.append(str(err))
-    if uses_critic(cfg):
+    paths = [("critic.model.path", cfg.critic.model.path)] if uses_critic(cfg) else []
+    if cfg.reward_model.enable:
+        paths.append(("reward_model.model.path", cfg.reward_model.model.path))
+    for key, path in paths:
         try:
-            resolve_model_path(cfg.critic.model.path, "critic.model.path")
+            resolve_model_path(path, key)
         except FileNotFoundError as err:
             errors.append(str(err))
     for registry, value in (
@@ -92,6 +95,9 @@ def absolute_paths(cfg: DictConfig) -> None:
         model.path = full(model.path)
         if model.tokenizer_path:
             model.tokenizer_path = full(model.tokenizer_path)
+    cfg.reward_model.model.path = full(cfg.reward_model.model.path)
+    if cfg.reward_model.model.input_tokenizer:
+        cfg.reward_model.model.input_tokenizer = full(cfg.reward_model.model.input_tokenizer)
     cfg.trainer.default_local_dir = full(cfg.trainer.default_local_dir)
     if cfg.custom_algorithms.path:
         cfg.custom_algorithms.path = full(cfg.custom_algorithms.path)
@@ -128,29 +134,42 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
             ray.shutdown()
 
 
+def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:
+    """The device pools `[(nnodes, n_gpus_per_node)]` and the pool of each worker group. The critic shares the
+    actor's devices unless critic.enable_resource_pool; the reward model shares the critic's (OpenRLHF's
+    --colocate_critic_reward; the actor's when there is no critic) unless reward_model.enable_resource_pool."""
+    pools, where = [(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node)], {"actor_rollout": 0}
+    for role, section, follows in (("critic", cfg.critic, "actor_rollout"), ("reward_model", cfg.reward_model, "critic")):
+        if not (uses_critic(cfg) if role == "critic" else cfg.reward_model.enable):
+            continue
+        if section.enable_resource_pool:
+            pools.append((section.nnodes, section.n_gpus_per_node))
+            where[role] = len(pools) - 1
+        else:
+            where[role] = where.get(follows, 0)
+    return pools, where
+
+
 def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
-    """The actor/rollout/ref group and, when the algorithm uses one, the critic group: on the same devices
-    (a second process per device, colocated) or on its own pool (critic.enable_resource_pool)."""
+    """The actor/rollout/ref group and, when used, the critic and reward-model groups, each a process per device
+    of its pool (see `placement`)."""
     import ray
 
     from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
     from rlcore.workers.critic import CriticWorker
+    from rlcore.workers.reward_model import RewardModelWorker
 
-    config, device, trainer = OmegaConf.to_container(cfg, resolve=True), cfg.trainer.device, cfg.trainer
-    critic, own_pool = uses_critic(cfg), cfg.critic.enable_resource_pool
-    ranks = trainer.nnodes * trainer.n_gpus_per_node + (cfg.critic.nnodes * cfg.critic.n_gpus_per_node if critic and own_pool else 0)
+    config, device = OmegaConf.to_container(cfg, resolve=True), cfg.trainer.device
+    shapes, where = placement(cfg)
     # CPU ranks split the cluster's cores evenly (one rank on 2 cores computes with 2 threads).
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // ranks) if device == "cpu" else 1
-    pools = [ResourcePool(trainer.nnodes, trainer.n_gpus_per_node, device, max_colocate_count=2 if critic and not own_pool else 1,
-                          cpus_per_rank=cpus)]
-    if critic and own_pool:
-        pools.append(ResourcePool(cfg.critic.nnodes, cfg.critic.n_gpus_per_node, device, cpus_per_rank=cpus))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // sum(n * g for n, g in shapes)) if device == "cpu" else 1
+    pools = [ResourcePool(n, g, device, max_colocate_count=list(where.values()).count(i), cpus_per_rank=cpus) for i, (n, g) in enumerate(shapes)]
+    classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker}
     groups = {}
     try:
-        groups["actor_rollout"] = RayWorkerGroup(ActorRolloutRefWorker, pools[0], config=config)
-        if critic:
-            groups["critic"] = RayWorkerGroup(CriticWorker, pools[-1], config=config)
+        for role, pool in where.items():
+            groups[role] = RayWorkerGroup(classes[role], pools[pool], config=config)
     except BaseException:
         teardown(groups, pools, graceful=True)
         raise

@@ -48,3 +48,18 @@ def test_a_missing_critic_model_is_reported_before_ray_starts(tmp_path):
     cfg = compose(["recipe=tiny_cpu_ppo", f"critic.model.path={tmp_path}/no_model"])
     with pytest.raises(ConfigError, match=r"critic.model.path='.*no_model': no config.json"):
         check_config(cfg)
+
+
+@pytest.mark.parametrize("overrides, pools, where", [
+    ([], [(1, 2)], {"actor_rollout": 0}),
+    (["reward_model.enable=True"], [(1, 2)], {"actor_rollout": 0, "reward_model": 0}),
+    # colocated with the critic by default (OpenRLHF's --colocate_critic_reward), wherever the critic is
+    (["reward_model.enable=True", "algorithm.adv_estimator=gae", "critic.enable_resource_pool=True", "critic.nnodes=1",
+      "critic.n_gpus_per_node=1"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 1, "reward_model": 1}),
+    (["reward_model.enable=True", "reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1",
+      "algorithm.adv_estimator=gae"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 0, "reward_model": 1}),
+])
+def test_worker_group_placement(overrides, pools, where):
+    from rlcore.train import placement
+
+    assert placement(compose(["recipe=tiny_cpu", *overrides])) == (pools, where)

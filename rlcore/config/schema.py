@@ -19,7 +19,7 @@ This module imports neither torch nor ray.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import II
+from omegaconf import II, MISSING
 
 
 @dataclass
@@ -364,13 +364,58 @@ class CriticConfig:
 
 
 @dataclass
+class RewardModelFSDPConfig:
+    """FSDP2 sharding of the frozen reward model (`reward_model.model.fsdp_config.*`)."""
+
+    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)  # FSDP unit granularity
+    param_offload: bool = False  # keep parameters on CPU between uses
+    reshard_after_forward: bool = True  # free gathered params after forward
+    fsdp_size: int = -1  # ranks per shard group; -1 = all
+    forward_prefetch: bool = False  # prefetch the next unit's all-gather during forward
+    dtype: str = "bfloat16"  # rlcore addition: compute dtype (float32 on CPU)
+
+
+@dataclass
+class RewardLoopRolloutConfig:
+    """verl's reward-loop engine serving the reward model (`reward_model.rollout.*`): composed so verl command lines
+    parse; refused with reward_model.use_reward_loop=True (rlcore scores with a worker group)."""
+
+    name: str = MISSING  # vllm | sglang
+    dtype: str = "bfloat16"  # weights dtype
+    gpu_memory_utilization: float = 0.5  # device memory fraction
+    enforce_eager: bool = True  # no CUDA graphs
+    cudagraph_capture_sizes: Optional[List[int]] = None  # graph batch sizes
+    free_cache_engine: bool = True  # free the KV cache between uses
+    data_parallel_size: int = 1  # engine replicas
+    expert_parallel_size: int = 1  # MoE expert parallelism
+    tensor_model_parallel_size: int = 2  # engine TP
+    max_num_batched_tokens: int = 8192  # tokens per engine step
+    max_model_len: Optional[int] = None  # context limit
+    max_num_seqs: int = 1024  # concurrent sequences
+    load_format: str = "auto"  # weight loading
+    engine_kwargs: Dict[str, Any] = field(default_factory=dict)  # engine arguments
+    limit_images: Optional[int] = None  # multimodal limit
+    enable_chunked_prefill: bool = True  # chunked prefill
+    enable_prefix_caching: bool = True  # prefix cache
+    disable_log_stats: bool = True  # engine stats logging
+    skip_tokenizer_init: bool = False  # no tokenizer in the engine
+    prompt_length: int = 2048  # max prompt tokens
+    response_length: int = 2048  # max response tokens
+
+
+@dataclass
 class RewardModelModelConfig:
     """Model-based reward's network (`reward_model.model.*`)."""
 
-    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"  # local HF model directory
-    input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")  # tokenizer of the policy's responses
+    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"  # local HF *ForSequenceClassification (num_labels=1) directory
+    input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")  # the policy's tokenizer; re-rendered in the RM's template if they differ
+    external_lib: Optional[str] = II("actor_rollout_ref.model.external_lib")  # as the actor's
     trust_remote_code: bool = False  # allow custom model code
+    override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
+    use_shm: bool = False  # copy the model to /dev/shm before loading
     use_remove_padding: bool = False  # packed (varlen) sequences
+    use_fused_kernels: bool = II("actor_rollout_ref.model.use_fused_kernels")  # as the actor's
+    fsdp_config: RewardModelFSDPConfig = field(default_factory=lambda: RewardModelFSDPConfig())  # sharding of the frozen model
 
 
 @dataclass
@@ -388,12 +433,23 @@ class OverlongBufferConfig:
 class RewardModelConfig:
     """Reward computation: rule scorers by default, optionally a reward model (`reward_model.*`)."""
 
-    enable: bool = False  # score with a reward model (False = rule scorers / custom_reward_function)
-    strategy: str = "fsdp"  # reward model backend
+    enable: bool = False  # score with a reward model: its score replaces the rule score in training (verl)
+    enable_resource_pool: bool = False  # own devices (nnodes x n_gpus_per_node) instead of the critic's / actor's
+    n_gpus_per_node: int = 8  # with enable_resource_pool
+    nnodes: int = 0  # with enable_resource_pool
+    strategy: str = "fsdp"  # reward model backend: fsdp | fsdp2
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model
     micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
     micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
-    max_length: Optional[int] = None  # max tokens per scored sequence
+    max_length: Optional[int] = None  # max tokens per scored sequence (longer ones keep their last max_length)
+    use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")  # token budgets instead of micro_batch_size_per_gpu
+    forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")  # token budget per forward
+    ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size (only 1)
+    # verl's newer reward loop (an RM served by a rollout engine, scored by reward workers): composed, refused
+    # with reward_model.enable=True; rlcore runs the reward model as a worker group (verl's legacy worker path).
+    use_reward_loop: bool = False
+    num_workers: int = 1  # reward-loop workers
+    rollout: RewardLoopRolloutConfig = field(default_factory=RewardLoopRolloutConfig)  # the reward loop's engine
     reward_manager: str = "naive"  # naive | dapo (naive + DAPO's overlong punishment, set in reward_kwargs)
     # Arguments of the reward manager; dapo: max_resp_len and overlong_buffer_cfg.{enable, len, penalty_factor,
     # log}. Empty, so new keys need Hydra's `+` (as in verl's DAPO scripts: +reward_model.reward_kwargs.max_resp_len=...)
@@ -458,6 +514,7 @@ class TrainerConfig:
     """Loop length, resources, validation, checkpoints and logging (`trainer.*`)."""
 
     balance_batch: bool = True  # reorder samples so every rank gets a similar token count
+    use_legacy_worker_impl: str = "auto"  # verl: auto | enable | disable (rlcore has one worker implementation)
     total_epochs: int = 30  # passes over the training prompts (ignored when total_training_steps is set)
     total_training_steps: Optional[int] = None  # training steps; None = total_epochs x steps per epoch
     project_name: str = "verl_examples"  # tracker project

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import check_megatron, check_same_layout
+from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout
 
 ARR = "actor_rollout_ref"
@@ -237,9 +238,7 @@ def _check_unsupported(c: _Checker) -> None:
         if c.get(key):
             c.error(f"{key}={c.get(key)} (multi-turn rollouts with tools) is not supported yet by rlcore; generation is "
                     f"single-turn: use {ARR}.rollout.multi_turn.enable=False and no tool_config_path")
-    if c.get("reward_model.enable"):
-        c.error("reward_model.enable=True (scoring with a reward model) is not supported yet by rlcore; use rule scorers "
-                "(reward_model.enable=False: built-in data_source scorers or custom_reward_function.path)")
+    check_reward_model(c)
     if not c.get(f"{ARR}.hybrid_engine"):
         c.error(f"{ARR}.hybrid_engine=False is not supported: rlcore colocates actor and rollout; "
                 f"use {ARR}.hybrid_engine=True")

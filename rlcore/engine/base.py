@@ -17,7 +17,7 @@ WEIGHT_BUCKET_BYTES = 2048 * 2**20  # verl: rollout.checkpoint_engine.update_wei
 
 # An engine hands these functions per-token outputs for the response tokens of a micro-batch, `[batch, response_len]`
 # float32 (the next-token shift is done): a causal LM gives "log_probs" (of the response tokens, at the request's
-# temperature) and, when asked, "entropy"; a value model gives "values". Never logits: under tensor parallelism
+# temperature) and, when asked, "entropy"; a value model gives "values", a reward model "scores". Never logits: under tensor parallelism
 # they exist only as vocabulary shards, and a 150k vocabulary must not be materialised for a whole micro-batch.
 # loss_fn(outputs, micro_batch) -> (scalar loss to backprop, metrics of this micro-batch)
 LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]
@@ -38,7 +38,8 @@ class EngineSpec:
     """What a worker asks of an engine; built from the role's config section."""
 
     model_path: str
-    kind: str = "causal_lm"               # causal_lm: logits [b, s, vocab]; value: a scalar head, outputs [b, s, 1]
+    kind: str = "causal_lm"               # causal_lm: log-probs; value: a scalar head read before each response
+                                          # token (critic); reward: the same head read at each token (reward model)
     override_config: dict[str, Any] = field(default_factory=dict)
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
     model_dtype: str = "float32"          # storage of a LoRA model's frozen base (full fine-tuning keeps fp32 masters)

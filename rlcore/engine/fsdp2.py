@@ -59,7 +59,7 @@ class FSDP2Engine(TrainEngine):
         self.dp_rank, self.dp_size = (dist.get_rank() if dist.is_initialized() else 0), world
         self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
         self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
-        load = load_value_model if spec.kind == "value" else load_causal_lm
+        load = load_causal_lm if spec.kind == "causal_lm" else load_value_model  # value / reward: a scalar head
         attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
         # Full fine-tuning keeps fp32 masters; a LoRA base is frozen and may be stored in model_dtype (bf16: half).
         dtype = to_torch_dtype(spec.model_dtype) if spec.lora else torch.float32
@@ -67,7 +67,7 @@ class FSDP2Engine(TrainEngine):
         self.hf_config = self.model.config
         blocks = decoder_layers(self.model)
         if spec.lora:  # before sharding: fully_shard then sees the adapters as parameters of their blocks
-            self.model = lora.apply_lora(self.model, spec.lora, value_head=spec.kind == "value")
+            self.model = lora.apply_lora(self.model, spec.lora, value_head=spec.kind != "causal_lm")
             self._scalings = lora.scalings(self.model)
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
         apply_fsdp2(self.model, blocks, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy,
@@ -101,9 +101,11 @@ class FSDP2Engine(TrainEngine):
             width = inputs["input_ids"].shape[-1]
             kwargs = dict(**inputs, use_cache=False)
             index, tokens = torch.arange(width - response_len - 1, width - 1, device=self.device), responses
-        if self.head is None:  # value model: a scalar per position, cheap to compute everywhere
+        if self.head is None:  # a scalar per position, cheap to compute everywhere
+            if self.spec.kind == "reward":  # a reward model's score is read AT each token, not before it
+                index = index + 1
             out = self.model(**kwargs).logits[:, index]
-            names = ("values",)
+            names = ("scores",) if self.spec.kind == "reward" else ("values",)
         else:
             with self.head.computing(tokens, request.temperature, request.entropy):
                 out = self.model(**kwargs, logits_to_keep=index).logits

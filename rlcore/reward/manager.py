@@ -35,7 +35,11 @@ class RewardManager:
         """Returns `token_level_scores` `[batch, response_len]` and any extra per-sample values the scorer returned.
 
         A scorer may return a float or a dict with a "score" key plus extras (logged as `reward_extra/<key>`).
+        With a reward model (`rm_scores` in the batch) its scores are the scores, as in verl's naive manager: the
+        rule scorer is not called (validation batches carry no rm_scores and are scored by the rules).
         """
+        if "rm_scores" in data.batch.keys():
+            return data.batch["rm_scores"].clone(), {}
         mask = data.batch["response_mask"]
         scores = torch.zeros(mask.shape, dtype=torch.float32)
         extras: dict[str, list[float]] = defaultdict(list)

@@ -45,6 +45,7 @@ class PPOTrainer:
         self.cfg = cfg
         self.actor_rollout = groups["actor_rollout"]
         self.critic = groups.get("critic")
+        self.reward_model = groups.get("reward_model")
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.train_loader, self.val_loader = train_loader, val_loader
         self.tracker = tracker
@@ -159,6 +160,12 @@ class PPOTrainer:
         batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
         with timer("gen", metrics):
             batch = self.generate(batch, metrics=metrics)
+        if self.reward_model is not None:
+            with timer("reward_model", metrics):
+                raw = [k for k in ("raw_prompt",) if k in batch.non_tensor_batch]  # re-rendered if the RM's template differs
+                rm = self.reward_model.compute_rm_score(batch.select(FORWARD_KEYS + ["response_mask"], raw, meta_keys=[]))
+                metrics.update(rm.meta_info.pop("timing", {}))
+                batch.union(rm)
         with timer("reward", metrics):
             scores, extras = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores

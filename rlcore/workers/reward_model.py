@@ -1,0 +1,62 @@
+"""The reward-model role (`reward_model.enable=True`): a frozen sequence-classification model scoring each
+sample at its last token, written once over TrainEngine (verl's RewardModelWorker)."""
+
+from __future__ import annotations
+
+import time
+
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+
+from rlcore.controller.decorator import Dispatch, register
+from rlcore.controller.worker import Worker
+from rlcore.engine.factory import build_engine, engine_spec
+from rlcore.models.hf import quiet_transformers
+from rlcore.protocol import DataProto
+from rlcore.reward.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
+from rlcore.workers.common import layout_of, micro_batch_spec, offload, onload, run_forward
+
+
+class RewardModelWorker(Worker):
+    """One process per device holding a shard of the reward model (no optimizer)."""
+
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        super().__init__(rank=rank, world_size=world_size, device=device)
+        self.config = OmegaConf.create(config)
+        quiet_transformers()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_steps: int) -> None:
+        cfg = self.config.reward_model
+        spec = engine_spec(cfg.strategy, cfg.model, cfg, None, 0.0, total_steps, kind="reward")
+        self.engine = build_engine(cfg.strategy, spec, self.device, key="reward_model.strategy")
+        self.layouts["reward_model"] = layout_of(self.engine)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
+        self.input_tokenizer = AutoTokenizer.from_pretrained(cfg.model.input_tokenizer, local_files_only=True)
+        # verl's rule: a reward model with another tokenizer reads the conversation re-rendered in its own template.
+        self.retokenize = not same_tokenization(self.tokenizer, self.input_tokenizer)
+        offload(self.engine)
+
+    def _sequences(self, data: DataProto) -> list[list[int]]:
+        if not self.retokenize:
+            return policy_sequences(data.batch["input_ids"], data.batch["attention_mask"])
+        lengths = data.batch["response_mask"].sum(-1).tolist()
+        texts = self.input_tokenizer.batch_decode([r[: int(n)] for r, n in zip(data.batch["responses"], lengths)], skip_special_tokens=True)
+        return chat_sequences(self.tokenizer, list(data.non_tensor_batch["raw_prompt"]), texts)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="reward_model")
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """`rm_scores` `[batch, response_len]`: each sample's score on its last response token."""
+        cfg = self.config.reward_model
+        start = time.perf_counter()
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        inputs = DataProto.from_dict(right_aligned(self._sequences(data), pad, cfg.max_length))
+        micro = micro_batch_spec(cfg, "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine.dp_size,
+                                 self.engine.spec.use_remove_padding)
+        onload(self.engine)
+        out = run_forward(self.engine, inputs, micro, lambda outputs, mb: {"scores": outputs["scores"]})
+        offload(self.engine)
+        if not len(out):
+            return out
+        meta = {"timing": {"timing_s/reward_model_on_rank": time.perf_counter() - start}}
+        return DataProto.from_dict({"rm_scores": token_level(out.batch["scores"][:, 0], data.batch["response_mask"])}, meta_info=meta)
