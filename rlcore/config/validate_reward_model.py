@@ -20,8 +20,8 @@ def check_reward_model(c) -> None:
         c.error(f"{RM}.ulysses_sequence_parallel_size={c.get(f'{RM}.ulysses_sequence_parallel_size')} (Ulysses sequence "
                 f"parallelism) is not supported yet by rlcore; use {RM}.ulysses_sequence_parallel_size=1")
     if c.get("trainer.use_legacy_worker_impl") == "disable":
-        c.error(f"trainer.use_legacy_worker_impl=disable selects verl's new worker implementation for the reward model, which rlcore "
-                f"does not have; use trainer.use_legacy_worker_impl=auto")
+        c.error("trainer.use_legacy_worker_impl=disable selects verl's new worker implementation for the reward model, which rlcore "
+                "does not have; use trainer.use_legacy_worker_impl=auto")
     max_length = c.get(f"{RM}.max_length")
     if max_length is not None:
         c.at_least(f"{RM}.max_length", 2, fix=c.get("data.max_prompt_length") + c.get("data.max_response_length"))
