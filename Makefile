@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 
-.PHONY: env train test test-fast test-numerics test-numerics-other bench bench-full clean
+.PHONY: env train train-rm test test-fast test-numerics test-numerics-other bench bench-full clean
 
 env: $(STAMP)
 
@@ -21,6 +21,17 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 train: $(STAMP)
 	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
 	$(PY) -m rlcore.train recipe=tiny_cpu $(ARGS)
+
+# The reward-model demo: preference pairs and a stronger base from the tiny task (cached), a reward model trained
+# on them (rlcore-rm), a second round on the wrong answers it prefers, then PPO whose only reward is that model;
+# held-out accuracy is judged by the rule scorer.
+train-rm: $(STAMP)
+	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
+	$(PY) -m rlcore.cli.prepare_tiny_rm --out_dir $(TINY_DIR)
+	$(PY) -m rlcore.train_rm --config-name rm_tiny_cpu
+	$(PY) -m rlcore.cli.prepare_tiny_rm --out_dir $(TINY_DIR) --mine $(TINY_DIR)/reward_model
+	$(PY) -m rlcore.train_rm --config-name rm_tiny_cpu_round2
+	$(PY) -m rlcore.train recipe=tiny_cpu_rm $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests $(ARGS)

@@ -117,6 +117,28 @@ def write_task(
     }
 
 
+def preference_pairs(rows: Sequence[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Reward-model pairs from task rows: the right answer chosen over a wrong one. Half the wrong answers change
+    one digit (at a uniformly drawn position, so the model must check every digit, not just the last), a quarter
+    are near misses (off by 1..10, the carry mistakes), a quarter any other sum in range."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for row in rows:
+        answer = row["reward_model"]["ground_truth"]
+        wrong = answer
+        while wrong == answer:
+            kind = rng.random()
+            if kind < 0.5:
+                i = int(rng.integers(len(answer)))
+                wrong = (answer[:i] + str(int(rng.integers(10))) + answer[i + 1 :]).lstrip("0") or "0"
+            elif kind < 0.75:
+                wrong = str(max(0, int(answer) + int(rng.integers(-10, 11))))
+            else:
+                wrong = str(int(rng.integers(0, 199)))
+        pairs.append({"data_source": row["data_source"], "prompt": row["prompt"], "chosen": answer, "rejected": wrong})
+    return pairs
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     parser = argparse.ArgumentParser(description=f"Write the synthetic {TASK_NAME} task as verl-format parquet.")
     parser.add_argument("--out_dir", required=True, help="folder for train/test/sft.parquet (~ is expanded)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from typing import Iterator
@@ -45,6 +46,17 @@ def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, param
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def hf_head_config(config, kind: str):
+    """The config to export: a scalar-head model names the HF class that loads it as trained (a reward model:
+    `*ForSequenceClassification`, read at the last token; a critic: `*ForTokenClassification`)."""
+    if kind == "causal_lm":
+        return config
+    config = copy.deepcopy(config)
+    family = (config.architectures or [type(config).__name__.removesuffix("Config")])[0].split("For")[0]
+    config.architectures = [f"{family}For{'Sequence' if kind == 'reward' else 'Token'}Classification"]
+    return config
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -221,7 +233,7 @@ class FSDP2Engine(TrainEngine):
         stream = ((name, t) for name, t in self.rollout_weights() if not (tied and name == "lm_head.weight"))
         save_safetensors_stream(hf_dir, stream, write=dist.get_rank() == 0)
         if dist.get_rank() == 0:
-            self.hf_config.save_pretrained(hf_dir)
+            hf_head_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
 
     def load(self, path: str) -> None:
         state = self._state()

@@ -33,10 +33,10 @@ def latest_step(root: str) -> int | None:
     return step if os.path.isdir(step_dir(root, step)) else None
 
 
-def begin(root: str, step: int) -> str:
+def begin(root: str, step: int, role: str = "actor") -> str:
     tmp = step_dir(root, step) + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.join(tmp, "actor"), exist_ok=True)
+    os.makedirs(os.path.join(tmp, role), exist_ok=True)
     return tmp
 
 

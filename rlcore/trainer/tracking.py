@@ -25,11 +25,12 @@ def logger_errors(loggers: list[str]) -> list[str]:
 
 
 class Tracker:
-    def __init__(self, loggers: list[str], run_dir: str, total_steps: int, start_step: int = 0) -> None:
+    def __init__(self, loggers: list[str], run_dir: str, total_steps: int, start_step: int = 0, console_keys: tuple[str, ...] | None = None) -> None:
         errors = logger_errors(loggers)
         if errors:
             raise ValueError(errors[0])
         self.console = "console" in loggers
+        self.console_keys = CONSOLE_KEYS if console_keys is None else console_keys
         os.makedirs(run_dir, exist_ok=True)
         # The JSONL file is always written: it is the run's machine-readable record (tests and sweeps read it).
         self.jsonl_path = os.path.join(run_dir, "metrics.jsonl")
@@ -40,7 +41,7 @@ class Tracker:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()
         if self.console:
-            shown = " - ".join(f"{k}:{_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
+            shown = " - ".join(f"{k}:{_fmt(metrics[k])}" for k in self.console_keys if k in metrics)
             val = " - ".join(f"{k}:{_fmt(v)}" for k, v in metrics.items() if k.startswith("val-core/"))
             self.progress.write(f"step:{step} - {shown}{' - ' + val if val else ''}")
 

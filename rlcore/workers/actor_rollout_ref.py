@@ -10,27 +10,23 @@ from transformers import AutoTokenizer
 
 from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
-from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.factory import build_engine, engine_spec
-from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
-from rlcore.workers.common import layout_of, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
+from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(RoleWorker):
     """Owns, in one process per device: the trainable policy, its rollout engine, and the frozen reference."""
 
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
-        super().__init__(rank=rank, world_size=world_size, device=device)
-        self.config = OmegaConf.create(config)
+        super().__init__(config, rank=rank, world_size=world_size, device=device)
         load_custom_algorithms(self.config.custom_algorithms.path)  # a user's policy loss runs here
-        quiet_transformers()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:

@@ -12,10 +12,23 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from omegaconf import OmegaConf
+
 from rlcore.controller.decorator import DataLayout
+from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
 from rlcore.engine.base import ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
+
+
+class RoleWorker(Worker):
+    """A worker process of one role, holding the whole run's config (the controller sends it resolved)."""
+
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        super().__init__(rank=rank, world_size=world_size, device=device)
+        self.config = OmegaConf.create(config)
+        quiet_transformers()
 
 
 def layout_of(engine: TrainEngine) -> DataLayout:

@@ -5,18 +5,15 @@ from __future__ import annotations
 import time
 
 import torch
-from omegaconf import OmegaConf
 
 from rlcore.algos import agg_loss
 from rlcore.algos.value import clipped_value_loss
 from rlcore.controller.decorator import Dispatch, register
-from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
-from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
-from rlcore.workers.common import layout_of, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
+from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
 
 
 def compute_values(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec) -> DataProto:
@@ -56,13 +53,8 @@ def update_value(engine: TrainEngine, data: DataProto, critic_cfg, micro: MicroB
     )
 
 
-class CriticWorker(Worker):
+class CriticWorker(RoleWorker):
     """One process per device holding a shard of the value model and its optimizer."""
-
-    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
-        super().__init__(rank=rank, world_size=world_size, device=device)
-        self.config = OmegaConf.create(config)
-        quiet_transformers()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:

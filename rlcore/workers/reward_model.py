@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import time
 
-from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from rlcore.controller.decorator import Dispatch, register
-from rlcore.controller.worker import Worker
 from rlcore.engine.factory import build_engine, engine_spec
-from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.reward.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
-from rlcore.workers.common import layout_of, micro_batch_spec, offload, onload, run_forward
+from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, offload, onload, run_forward
 
 
-class RewardModelWorker(Worker):
+class RewardModelWorker(RoleWorker):
     """One process per device holding a shard of the reward model (no optimizer)."""
-
-    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
-        super().__init__(rank=rank, world_size=world_size, device=device)
-        self.config = OmegaConf.create(config)
-        quiet_transformers()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:

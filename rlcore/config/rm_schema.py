@@ -1,0 +1,104 @@
+"""Typed schema of reward-model training (`python -m rlcore.train_rm`, config/rm_trainer.yaml).
+
+Keys follow verl's SFT trainer where one exists (`data.train_files`, `data.prompt_key`, `data.max_length`,
+`data.truncation`, `data.micro_batch_size_per_gpu`, `model.partial_pretrain` -> here `model.path`, `model.lora_rank`,
+`optim.lr`, `trainer.total_epochs`, ...); the pair columns (`chosen_key`, `rejected_key`, `margin_key`) are
+rlcore's. Sizes count PAIRS (each is two sequences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from rlcore.config.schema import FSDPConfig, OptimConfig, RayKwargsConfig
+
+
+@dataclass
+class RMDataConfig:
+    """Preference pairs (`data.*`): parquet rows of chat-message prompt, chosen and rejected answers."""
+
+    train_files: List[str] = field(default_factory=lambda: ["~/data/rm/train.parquet"])  # parquet files
+    val_files: List[str] = field(default_factory=lambda: ["~/data/rm/test.parquet"])  # held-out pairs
+    prompt_key: str = "prompt"  # column of chat messages
+    chosen_key: str = "chosen"  # column of the preferred answer (text)
+    rejected_key: str = "rejected"  # column of the other answer (text)
+    margin_key: Optional[str] = None  # optional column: loss -log sigmoid(r_c - r_r - margin)
+    max_length: int = 1024  # tokens per sequence (prompt + answer, chat template included)
+    truncation: str = "error"  # error | left (keep the last max_length tokens; the score is read at the last)
+    train_batch_size: int = 256  # PAIRS per optimizer step, over all ranks
+    micro_batch_size_per_gpu: int = 4  # PAIRS per micro-batch per rank
+    use_dynamic_bsz: bool = False  # token-budget micro-batches instead of micro_batch_size_per_gpu
+    max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank (both sequences of each pair)
+    val_max_pairs: Optional[int] = None  # validate on at most this many pairs; None = all
+    shuffle: bool = True  # reshuffle the pairs every epoch
+    seed: Optional[int] = None  # shuffle seed; None = trainer.seed
+
+
+@dataclass
+class RMModelConfig:
+    """The reward model (`model.*`): an HF causal LM (or reward model) trunk with a scalar head `score`."""
+
+    path: str = "~/models/Meta-Llama-3-8B-Instruct"  # local HF model directory (trunk; a reward model's head is kept)
+    tokenizer_path: Optional[str] = None  # None = path
+    override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
+    strategy: str = "fsdp2"  # training backend (fsdp | fsdp2)
+    enable_gradient_checkpointing: bool = False  # recompute activations in backward
+    use_remove_padding: bool = False  # packed (varlen) sequences
+    lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (the head always trains whole)
+    lora_alpha: int = 16  # LoRA scaling numerator
+    target_modules: Any = "all-linear"  # LoRA target modules
+    lora_adapter_path: Optional[str] = None  # start from a saved peft adapter
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding, precision, offload
+
+
+@dataclass
+class RMTrainerSection:
+    """Loop, resources and outputs (`trainer.*`)."""
+
+    total_epochs: int = 1  # passes over the training pairs
+    total_training_steps: Optional[int] = None  # optimizer steps; None = total_epochs x steps per epoch
+    project_name: str = "rlcore_rm"  # tracker project
+    experiment_name: str = "reward_model"  # tracker run name
+    logger: List[str] = field(default_factory=lambda: ["console"])  # trackers: console, jsonl
+    nnodes: int = 1  # machines
+    n_gpus_per_node: int = 8  # ranks per machine (also with device=cpu)
+    device: str = "cuda"  # cuda | cpu (gloo)
+    test_freq: int = -1  # validate every N steps (and after the last); -1 = only after the last
+    save_freq: int = -1  # checkpoint every N steps; -1 = only the final HF export
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
+    export_dir: Optional[str] = None  # also copy the final HF reward model here (a stable reward_model.model.path)
+    seed: int = 1  # init and shuffle seed
+
+
+@dataclass
+class RMTrainerConfig:
+    data: RMDataConfig = field(default_factory=RMDataConfig)
+    model: RMModelConfig = field(default_factory=RMModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    trainer: RMTrainerSection = field(default_factory=RMTrainerSection)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+
+
+def rm_config_errors(cfg) -> list[str]:
+    """Batch arithmetic and choices, each with its fix (reported together, before Ray starts)."""
+    errors, d = [], cfg.data
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if cfg.model.strategy not in ("fsdp", "fsdp2"):
+        errors.append(f"model.strategy={cfg.model.strategy} is not supported for reward-model training; use model.strategy=fsdp2")
+    if d.truncation not in ("error", "left"):
+        errors.append(f"data.truncation={d.truncation}: a reward model reads its score at the last token, so only error or left "
+                      "(keep the last max_length tokens) make sense; use data.truncation=left")
+    if d.train_batch_size < world or d.train_batch_size % world:
+        fix = max(world, d.train_batch_size // world * world)
+        errors.append(f"data.train_batch_size={d.train_batch_size} pairs is not divisible by {world} ranks (trainer.nnodes x "
+                      f"trainer.n_gpus_per_node): each rank takes whole pairs; use data.train_batch_size={fix}")
+    elif not d.use_dynamic_bsz and (d.train_batch_size // world) % d.micro_batch_size_per_gpu:
+        errors.append(f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} pairs does not divide the {d.train_batch_size // world} "
+                      "pairs per rank per step; use a divisor, or data.use_dynamic_bsz=True")
+    if d.use_dynamic_bsz and d.max_token_len_per_gpu < 2 * d.max_length:
+        errors.append(f"data.max_token_len_per_gpu={d.max_token_len_per_gpu} cannot hold one pair of data.max_length={d.max_length} "
+                      f"tokens; use data.max_token_len_per_gpu={2 * d.max_length}")
+    if cfg.model.lora_rank < 0 or cfg.model.lora_rank > 0 and cfg.model.lora_alpha <= 0:
+        errors.append(f"model.lora_rank={cfg.model.lora_rank} / lora_alpha={cfg.model.lora_alpha}: rank must be >= 0 and alpha > 0")
+    return errors

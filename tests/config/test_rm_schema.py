@@ -1,0 +1,30 @@
+"""Reward-model training configs: every shipped one composes and passes its rules; the rules name the fix."""
+
+import pytest
+
+from rlcore.config.rm_schema import rm_config_errors
+from rlcore.train_rm import compose_rm
+
+
+@pytest.mark.parametrize("name", ["rm_trainer", "rm_tiny_cpu", "rm_tiny_cpu_round2"])
+def test_shipped_rm_configs_compose_and_validate(name):
+    cfg = compose_rm(config_name=name)
+    assert rm_config_errors(cfg) == []
+    assert cfg.data.prompt_key == "prompt" and cfg.model.strategy == "fsdp2"
+
+
+def test_round_two_continues_from_round_one():
+    one, two = compose_rm(config_name="rm_tiny_cpu"), compose_rm(config_name="rm_tiny_cpu_round2")
+    assert two.model.path == one.trainer.export_dir and two.trainer.export_dir == one.trainer.export_dir
+    assert two.trainer.default_local_dir != one.trainer.default_local_dir
+
+
+def test_batch_rules():
+    cfg = compose_rm(["trainer.n_gpus_per_node=4", "data.train_batch_size=64", "data.micro_batch_size_per_gpu=5",
+                      "data.use_dynamic_bsz=False"])
+    assert rm_config_errors(cfg) == ["data.micro_batch_size_per_gpu=5 pairs does not divide the 16 pairs per rank per step; use a "
+                                     "divisor, or data.use_dynamic_bsz=True"]
+    cfg = compose_rm(["data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=100", "data.max_length=64", "model.lora_rank=-1"])
+    assert rm_config_errors(cfg) == ["data.max_token_len_per_gpu=100 cannot hold one pair of data.max_length=64 tokens; use "
+                                     "data.max_token_len_per_gpu=128",
+                                     "model.lora_rank=-1 / lora_alpha=16: rank must be >= 0 and alpha > 0"]
