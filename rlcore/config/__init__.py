@@ -6,7 +6,7 @@ call `register_configs()` first: config/ppo_trainer.yaml's defaults list starts 
 """
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,7 +19,7 @@ SCHEMA_NAME = "rlcore_ppo_schema"
 
 __all__ = [
     "CONFIG_DIR", "SCHEMA_NAME", "BatchPlan", "ConfigError", "PPOConfig",
-    "compose", "format_plan", "register_configs", "validate_config",
+    "compose", "format_plan", "register_configs", "run_cli", "schema_registrar", "validate_config",
 ]
 
 
@@ -30,16 +30,39 @@ def register_configs() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=PPOConfig)
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> DictConfig:
-    """Composes `config/<config_name>.yaml` with Hydra command-line style overrides, for tests and tools.
+def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer", register: Callable[[], None] = register_configs) -> DictConfig:
+    """Composes `config/<config_name>.yaml` with Hydra command-line style overrides, for tests and tools;
+    `register` stores the schema that config's defaults list names.
 
     The result is in struct mode: reading or setting an unknown key raises. Not for use inside a running
     `@hydra.main` app (Hydra allows one global initialization at a time)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    register_configs()
+    register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+def schema_registrar(name: str, node: type) -> Callable[[], None]:
+    """A `register` for `compose`: stores `node` in Hydra's ConfigStore under `name` (idempotent)."""
+
+    def register() -> None:
+        from hydra.core.config_store import ConfigStore
+
+        ConfigStore.instance().store(name=name, node=node)
+
+    return register
+
+
+def run_cli(run: Callable[[DictConfig, str], object], cfg: DictConfig) -> None:
+    """The body of an `@hydra.main` entry point: run in Hydra's output directory; a user's config mistake prints
+    every problem with its fix and exits non-zero, without a traceback."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        run(cfg, HydraConfig.get().runtime.output_dir)
+    except ConfigError as err:
+        raise SystemExit(f"rlcore: invalid configuration\n{err}") from None

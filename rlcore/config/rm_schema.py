@@ -30,7 +30,7 @@ class RMDataConfig:
     micro_batch_size_per_gpu: int = 4  # PAIRS per micro-batch per rank
     use_dynamic_bsz: bool = False  # token-budget micro-batches instead of micro_batch_size_per_gpu
     max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank (both sequences of each pair)
-    val_max_pairs: Optional[int] = None  # validate on at most this many pairs; None = all
+    val_max_rows: Optional[int] = None  # validate on at most this many pairs; None = all
     shuffle: bool = True  # reshuffle the pairs every epoch
     seed: Optional[int] = None  # shuffle seed; None = trainer.seed
 
@@ -81,24 +81,31 @@ class RMTrainerConfig:
 
 
 def rm_config_errors(cfg) -> list[str]:
-    """Batch arithmetic and choices, each with its fix (reported together, before Ray starts)."""
+    """Batch arithmetic and choices of reward-model training, each with its fix (reported together, before Ray)."""
+    errors = supervised_config_errors(cfg, "pairs", "reward-model training", sequences_per_row=2)
+    if cfg.data.truncation not in ("error", "left"):
+        errors.insert(int(cfg.model.strategy not in ("fsdp", "fsdp2")), f"data.truncation={cfg.data.truncation}: a reward model reads its score at the last token, so only error or "
+                         "left (keep the last max_length tokens) make sense; use data.truncation=left")
+    return errors
+
+
+def supervised_config_errors(cfg, unit: str, what: str, sequences_per_row: int = 1) -> list[str]:
+    """The rules reward-model training and SFT share: backend, batch arithmetic over ranks, token budgets, LoRA."""
     errors, d = [], cfg.data
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if cfg.model.strategy not in ("fsdp", "fsdp2"):
-        errors.append(f"model.strategy={cfg.model.strategy} is not supported for reward-model training; use model.strategy=fsdp2")
-    if d.truncation not in ("error", "left"):
-        errors.append(f"data.truncation={d.truncation}: a reward model reads its score at the last token, so only error or left "
-                      "(keep the last max_length tokens) make sense; use data.truncation=left")
+        errors.append(f"model.strategy={cfg.model.strategy} is not supported for {what}; use model.strategy=fsdp2")
     if d.train_batch_size < world or d.train_batch_size % world:
         fix = max(world, d.train_batch_size // world * world)
-        errors.append(f"data.train_batch_size={d.train_batch_size} pairs is not divisible by {world} ranks (trainer.nnodes x "
-                      f"trainer.n_gpus_per_node): each rank takes whole pairs; use data.train_batch_size={fix}")
+        errors.append(f"data.train_batch_size={d.train_batch_size} {unit} is not divisible by {world} ranks (trainer.nnodes x "
+                      f"trainer.n_gpus_per_node): each rank takes whole {unit}; use data.train_batch_size={fix}")
     elif not d.use_dynamic_bsz and (d.train_batch_size // world) % d.micro_batch_size_per_gpu:
-        errors.append(f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} pairs does not divide the {d.train_batch_size // world} "
-                      "pairs per rank per step; use a divisor, or data.use_dynamic_bsz=True")
-    if d.use_dynamic_bsz and d.max_token_len_per_gpu < 2 * d.max_length:
-        errors.append(f"data.max_token_len_per_gpu={d.max_token_len_per_gpu} cannot hold one pair of data.max_length={d.max_length} "
-                      f"tokens; use data.max_token_len_per_gpu={2 * d.max_length}")
+        errors.append(f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} {unit} does not divide the {d.train_batch_size // world} "
+                      f"{unit} per rank per step; use a divisor, or data.use_dynamic_bsz=True")
+    need = sequences_per_row * d.max_length
+    if d.use_dynamic_bsz and d.max_token_len_per_gpu < need:
+        errors.append(f"data.max_token_len_per_gpu={d.max_token_len_per_gpu} cannot hold one {unit[:-1]} of data.max_length={d.max_length} "
+                      f"tokens; use data.max_token_len_per_gpu={need}")
     if cfg.model.lora_rank < 0 or cfg.model.lora_rank > 0 and cfg.model.lora_alpha <= 0:
         errors.append(f"model.lora_rank={cfg.model.lora_rank} / lora_alpha={cfg.model.lora_alpha}: rank must be >= 0 and alpha > 0")
     return errors

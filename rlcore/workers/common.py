@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from omegaconf import OmegaConf
 
-from rlcore.controller.decorator import DataLayout
+from rlcore.controller.decorator import DataLayout, Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
 from rlcore.engine.base import ForwardFn, LossFn, TokenRequest, TrainEngine
@@ -29,6 +29,23 @@ class RoleWorker(Worker):
         super().__init__(rank=rank, world_size=world_size, device=device)
         self.config = OmegaConf.create(config)
         quiet_transformers()
+
+
+class SupervisedWorker(RoleWorker):
+    """A role that trains one engine (`self.engine`) with nothing to offload between phases: reward-model
+    training and SFT. Checkpoints are the engine's state plus this rank's RNG."""
+
+    engine: TrainEngine
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, hf_dir: str | None) -> None:
+        self.engine.save(path, hf_dir=hf_dir)
+        save_rng_state(path, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load(path)
+        load_rng_state(path, self.rank)
 
 
 def layout_of(engine: TrainEngine) -> DataLayout:

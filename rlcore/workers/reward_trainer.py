@@ -17,7 +17,7 @@ from rlcore.data.micro_batches import MicroBatchSpec, token_budget_partitions, t
 from rlcore.engine.base import TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
-from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, save_rng_state
+from rlcore.workers.common import SupervisedWorker, layout_of
 
 
 def pair_micro_batches(data: DataProto, spec: MicroBatchSpec) -> list[DataProto]:
@@ -48,7 +48,7 @@ def share(per_pair: torch.Tensor, pairs: float, dp_size: int) -> torch.Tensor:
     return per_pair.sum() / pairs * dp_size
 
 
-class RewardTrainerWorker(RoleWorker):
+class RewardTrainerWorker(SupervisedWorker):
     """One process per device: a shard of the reward model being trained, and its optimizer."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -98,13 +98,3 @@ class RewardTrainerWorker(RoleWorker):
         if not outputs:
             return {}
         return {f"val/{k}": float(sum(o[k].sum() for o in outputs)) / pairs * dp for k in outputs[0]}
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str, hf_dir: str | None) -> None:
-        self.engine.save(path, hf_dir=hf_dir)
-        save_rng_state(path, self.rank)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load(path)
-        load_rng_state(path, self.rank)

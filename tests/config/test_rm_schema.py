@@ -1,6 +1,7 @@
 """Reward-model training configs: every shipped one composes and passes its rules; the rules name the fix."""
 
 import pytest
+from omegaconf import OmegaConf
 
 from rlcore.config.rm_schema import rm_config_errors
 from rlcore.train_rm import compose_rm
@@ -28,3 +29,18 @@ def test_batch_rules():
     assert rm_config_errors(cfg) == ["data.max_token_len_per_gpu=100 cannot hold one pair of data.max_length=64 tokens; use "
                                      "data.max_token_len_per_gpu=128",
                                      "model.lora_rank=-1 / lora_alpha=16: rank must be >= 0 and alpha > 0"]
+
+
+def test_sft_config_has_verls_keys_and_the_shared_rules():
+    from rlcore.train_sft import compose_sft, sft_config_errors
+
+    cfg = compose_sft(["model.partial_pretrain=/models/x"])
+    assert sft_config_errors(cfg) == [] and cfg.model.path == "/models/x" and cfg.model.use_remove_padding
+    for key in ("data.prompt_key", "data.response_key", "data.max_length", "data.truncation", "data.micro_batch_size_per_gpu",
+                "model.lora_rank", "model.lora_alpha", "model.target_modules", "optim.lr", "trainer.total_epochs"):
+        OmegaConf.select(cfg, key, throw_on_missing=True)
+    bad = compose_sft(["data.truncation=middle", "data.train_batch_size=6", "trainer.n_gpus_per_node=4"])
+    assert sft_config_errors(bad) == [
+        "data.train_batch_size=6 samples is not divisible by 4 ranks (trainer.nnodes x trainer.n_gpus_per_node): each rank takes "
+        "whole samples; use data.train_batch_size=4",
+        "data.truncation=middle is not one of error, left, right; use data.truncation=error"]

@@ -32,7 +32,7 @@ def test_rm_training_through_ray_exports_an_hf_reward_model(tiny_model_dir, tmp_
     assert not ray.is_initialized()
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8] and all("val/accuracy" in r for r in rows[1::2])
-    assert final["val/pairs"] == 32 and 0 <= final["val/accuracy"] <= 1 and final["train/grad_norm"] > 0
+    assert final["val/rows"] == 32 and 0 <= final["val/accuracy"] <= 1 and final["train/grad_norm"] > 0
     # an HF sequence classifier with one label: what reward_model.model.path and critic.model.path load
     config = json.load(open(tmp_path / "rm" / "config.json"))
     assert config["architectures"] == ["Qwen2ForSequenceClassification"] and len(config["id2label"]) == 1
@@ -88,6 +88,6 @@ def test_demo_reward_model_reaches_90_percent_held_out_pair_accuracy(demo_assets
                       f"trainer.default_local_dir={tmp_path}/rm_ckpt", f"trainer.export_dir={tmp_path}/rm", "trainer.logger=[jsonl]"],
                      config_name="rm_tiny_cpu")
     rm = run(cfg, str(tmp_path / "rm_run"))
-    print(f"reward model: held-out pair accuracy {rm['val/accuracy']:.3f} ({rm['val/pairs']} pairs), margin {rm['val/margin']:.2f}")
+    print(f"reward model: held-out pair accuracy {rm['val/accuracy']:.3f} ({rm['val/rows']} pairs), margin {rm['val/margin']:.2f}")
     # Measured: 0.952 after 600 steps (0.914 at step 300); 500 held-out pairs.
-    assert rm["val/accuracy"] >= 0.9 and rm["val/pairs"] == 500
+    assert rm["val/accuracy"] >= 0.9 and rm["val/rows"] == 500

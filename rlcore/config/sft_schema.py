@@ -1,0 +1,51 @@
+"""Typed schema of supervised fine-tuning (`python -m rlcore.train_sft`, config/sft_trainer.yaml), with verl's SFT
+keys where they exist: `data.prompt_key`, `data.response_key`, `data.max_length`, `data.truncation`,
+`data.train_batch_size`, `data.micro_batch_size_per_gpu`, `model.partial_pretrain`, `model.lora_rank`, `optim.lr`,
+`trainer.total_epochs`, ... Sizes count samples (prompt + response rows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from omegaconf import II
+
+from rlcore.config.rm_schema import RMModelConfig, RMTrainerSection
+from rlcore.config.schema import OptimConfig, RayKwargsConfig
+
+
+@dataclass
+class SFTDataConfig:
+    """Prompt/response rows (`data.*`): the prompt as chat messages (or a plain string: one user turn)."""
+
+    train_files: List[str] = field(default_factory=lambda: ["~/data/gsm8k/train.parquet"])  # parquet files
+    val_files: List[str] = field(default_factory=lambda: ["~/data/gsm8k/test.parquet"])  # held-out rows
+    prompt_key: str = "prompt"  # column of the prompt
+    response_key: str = "response"  # column of the target answer (text; EOS is appended)
+    max_length: int = 1024  # prompt + response tokens
+    truncation: str = "error"  # error | left (drop the prompt's start) | right (drop the response's end)
+    train_batch_size: int = 256  # samples per optimizer step, over all ranks
+    micro_batch_size_per_gpu: int = 4  # samples per micro-batch per rank
+    use_dynamic_bsz: bool = False  # rlcore addition: token-budget micro-batches
+    max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank
+    val_max_rows: Optional[int] = None  # validate on at most this many rows; None = all
+    shuffle: bool = True  # reshuffle every epoch
+    seed: Optional[int] = None  # shuffle seed; None = trainer.seed
+
+
+@dataclass
+class SFTModelConfig(RMModelConfig):
+    """The model (`model.*`): verl's `model.partial_pretrain` names it; `path` follows it."""
+
+    partial_pretrain: str = "~/models/Qwen2.5-0.5B-Instruct"  # local HF causal LM directory
+    path: str = II("model.partial_pretrain")
+    use_remove_padding: bool = True  # pack the micro-batch's sequences (verl's SFT default)
+
+
+@dataclass
+class SFTTrainerConfig:
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    trainer: RMTrainerSection = field(default_factory=lambda: RMTrainerSection(project_name="rlcore_sft", experiment_name="sft"))
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

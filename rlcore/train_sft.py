@@ -1,0 +1,60 @@
+"""`python -m rlcore.train_sft key=value ...` / `rlcore-sft`: supervised fine-tuning on prompt/response rows.
+
+verl's SFT keys (config/sft_trainer.yaml, schema rlcore/config/sft_schema.py); the loss is the token-mean NLL of
+the response tokens; sequences are packed by default (model.use_remove_padding); FSDP2 on a worker group driven
+by one controller, LoRA with model.lora_rank; the result is saved as an HF causal LM (+ a peft adapter with LoRA).
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from rlcore.config import CONFIG_DIR, compose, run_cli, schema_registrar
+from rlcore.config.rm_schema import supervised_config_errors
+from rlcore.config.sft_schema import SFTTrainerConfig
+from rlcore.data.sft_rows import TRUNCATIONS
+
+SCHEMA_NAME = "rlcore_sft_schema"
+CONSOLE_KEYS = ("train/loss", "train/grad_norm", "train/lr", "val/loss")
+
+
+register = schema_registrar(SCHEMA_NAME, SFTTrainerConfig)
+register()
+
+
+def compose_sft(overrides=(), config_name: str = "sft_trainer") -> DictConfig:
+    """config/<config_name>.yaml with command-line style overrides (tests and tools)."""
+    return compose(overrides, config_name, register)
+
+
+def sft_config_errors(cfg: DictConfig) -> list[str]:
+    errors = supervised_config_errors(cfg, "samples", "SFT")
+    if cfg.data.truncation not in TRUNCATIONS:
+        errors.append(f"data.truncation={cfg.data.truncation} is not one of {', '.join(TRUNCATIONS)}; use data.truncation=error")
+    return errors
+
+
+def load_rows(cfg: DictConfig, tokenizer):
+    from rlcore.data.sft_rows import read_sft
+
+    d = cfg.data
+    read = lambda files: read_sft(list(files), tokenizer, d.prompt_key, d.response_key, d.max_length, d.truncation)  # noqa: E731
+    return read(d.train_files), (read(d.val_files) if d.val_files else None)
+
+
+def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
+    """Trains; returns the last step's metrics (with `checkpoint`: the HF export). Cleans up Ray on any exit."""
+    from rlcore.trainer.supervised import run_supervised
+    from rlcore.workers.sft_trainer import SFTTrainerWorker
+
+    return run_supervised(cfg, run_dir, "sft", SFTTrainerWorker, load_rows, sft_config_errors(cfg), CONSOLE_KEYS)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="sft_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run_cli(run, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The controller side of supervised training (reward models on pairs, SFT on prompt/response rows): shuffled
+batches to a worker group, validation, checkpoints and the HF export; `run_supervised` is a whole run (config
+checks and tokenisation before Ray starts, Ray cleaned up on any exit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Callable
+
+import numpy as np
+
+from rlcore.config import ConfigError
+from rlcore.trainer import checkpoint
+
+
+class SupervisedTrainer:
+    """`train` / `val`: datasets with `len()` and `batch(index, pad_token_id, max_length) -> DataProto`; the group
+    has `train_batch`, `evaluate` (metric means) and `save_checkpoint`. `role` names the checkpoint folder."""
+
+    def __init__(self, cfg, group, train, val, pad_token_id: int, tracker, total_steps: int, role: str) -> None:
+        self.cfg, self.group, self.train, self.val, self.pad, self.tracker = cfg, group, train, val, pad_token_id, tracker
+        self.total_steps, self.role = total_steps, role
+        self.world = group.world_size
+        self.rng = np.random.default_rng(cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed)
+
+    def batches(self):
+        """Row indices of each step: a fresh permutation per epoch, the last partial batch dropped."""
+        size = self.cfg.data.train_batch_size
+        while True:
+            order = self.rng.permutation(len(self.train)) if self.cfg.data.shuffle else np.arange(len(self.train))
+            for start in range(0, len(order) - size + 1, size):
+                yield order[start : start + size].tolist()
+
+    def fit(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        batches = self.batches()
+        for step in range(1, self.total_steps + 1):
+            metrics = self.group.train_batch(self.train.batch(next(batches), self.pad, self.cfg.data.max_length))
+            last = step == self.total_steps
+            if self.val is not None and (last or self.cfg.trainer.test_freq > 0 and step % self.cfg.trainer.test_freq == 0):
+                metrics.update(self.validate())
+            if last or self.cfg.trainer.save_freq > 0 and step % self.cfg.trainer.save_freq == 0:
+                metrics["checkpoint"] = self.save(step)
+            self.tracker.log({k: v for k, v in metrics.items() if k != "checkpoint"}, step=step)
+            self.tracker.advance()
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """The group's validation metrics over the held-out rows (at most data.val_max_rows), averaged by rows."""
+        limit = self.cfg.data.val_max_rows or len(self.val)
+        usable = min(limit, len(self.val)) // self.world * self.world  # every rank gets the same number of whole rows
+        metrics, size = {}, self.cfg.data.train_batch_size
+        totals: dict[str, float] = {}
+        for start in range(0, usable, size):
+            index = list(range(start, min(start + size, usable)))
+            for key, value in self.group.evaluate(self.val.batch(index, self.pad, self.cfg.data.max_length)).items():
+                totals[key] = totals.get(key, 0.0) + value * len(index)
+        metrics.update({k: v / usable for k, v in totals.items()})
+        metrics["val/rows"] = usable
+        return metrics
+
+    def save(self, step: int) -> str:
+        """global_step_N/{role}/ (sharded state) + {role}/huggingface/ (the HF model: for a reward model an
+        *ForSequenceClassification with one label, for SFT the causal LM)."""
+        root = os.path.abspath(self.cfg.trainer.default_local_dir)
+        tmp = checkpoint.begin(root, step, role=self.role)
+        hf_dir = os.path.join(tmp, self.role, "huggingface")
+        self.group.save_checkpoint(os.path.join(tmp, self.role), hf_dir)
+        with open(os.path.join(hf_dir, "rlcore_training.json"), "w") as f:
+            json.dump({"step": step, "role": self.role, "base_model": self.cfg.model.path}, f)
+        return os.path.join(checkpoint.publish(root, step, tmp, None), self.role, "huggingface")
+
+
+def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Callable, errors: list[str], console_keys: tuple[str, ...]) -> dict:
+    """One supervised run; returns the last step's metrics with `checkpoint`: the HF export (copied to
+    trainer.export_dir when set). `load_data(cfg, tokenizer) -> (train, val)` tokenizes before Ray starts."""
+    from transformers import AutoTokenizer
+
+    from rlcore.models.hf import resolve_model_path
+
+    try:
+        cfg.model.path = resolve_model_path(cfg.model.path, "model.path")
+    except FileNotFoundError as err:
+        errors.append(str(err))
+    if errors:
+        raise ConfigError(errors)
+    cfg.trainer.default_local_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
+    train, val = load_data(cfg, tokenizer)
+    steps_per_epoch = len(train) // cfg.data.train_batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError([f"data.train_batch_size={cfg.data.train_batch_size} is more than the {len(train)} training rows"])
+    total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * steps_per_epoch
+    print(f"{role}: {len(train)} training rows, {len(val) if val else 0} validation rows, {total_steps} steps of "
+          f"{cfg.data.train_batch_size}", flush=True)
+
+    import ray
+    import torch
+    from omegaconf import OmegaConf
+
+    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool, init_ray
+    from rlcore.trainer.tracking import Tracker
+
+    torch.set_num_threads(1)  # the controller only reshapes small batches; the workers compute
+    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, console_keys=console_keys)
+    started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
+    pool, group = None, None
+    try:
+        t = cfg.trainer
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // (t.nnodes * t.n_gpus_per_node)) if t.device == "cpu" else 1
+        pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, cpus_per_rank=cpus)
+        group = RayWorkerGroup(worker_cls, pool, config=OmegaConf.to_container(cfg, resolve=True))
+        group.init_model(total_steps)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role).fit()
+        tokenizer.save_pretrained(final["checkpoint"])
+        if cfg.trainer.export_dir:
+            export = os.path.abspath(os.path.expanduser(cfg.trainer.export_dir))
+            shutil.rmtree(export, ignore_errors=True)
+            shutil.copytree(final["checkpoint"], export)
+            final["checkpoint"] = export
+        print(f"{role} model saved to {final['checkpoint']}", flush=True)
+        return final
+    finally:
+        tracker.close()
+        if group is not None:
+            group.kill(graceful=True)
+        if pool is not None:
+            pool.release()
+        if started_ray:
+            ray.shutdown()

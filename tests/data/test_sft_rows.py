@@ -1,0 +1,36 @@
+"""SFT rows: the RL layout (left-padded prompt, right-padded response + EOS) and the truncation rules."""
+
+import pytest
+
+from rlcore.data.sft_rows import read_sft
+from rlcore.data.synthetic import write_parquet
+from rlcore.data.tokenizer import build_char_tokenizer
+
+
+def test_layout_and_string_prompts(tmp_path):
+    tok = build_char_tokenizer()
+    chat = write_parquet([{"prompt": [{"role": "user", "content": "1+2="}], "response": "3"}], str(tmp_path / "chat.parquet"))
+    plain = write_parquet([{"prompt": "10+20=", "response": "30"}], str(tmp_path / "plain.parquet"))
+    data = read_sft([chat, plain], tok, "prompt", "response", 32, "error")
+    batch = data.batch([0, 1], tok.pad_token_id).batch
+    # a plain-string prompt is one user turn in the chat template
+    assert tok.decode(data.prompts[1]) == tok.apply_chat_template([{"role": "user", "content": "10+20="}], add_generation_prompt=True, tokenize=False)
+    assert batch["responses"].tolist()[0] == tok.encode("3", add_special_tokens=False) + [tok.eos_token_id, tok.pad_token_id]
+    assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    valid = [tok.decode(r[m.bool()]) for r, m in zip(batch["input_ids"], batch["attention_mask"])]
+    assert valid[1].endswith("10+20=<|assistant|>30" + tok.eos_token)
+    assert batch["position_ids"][0, batch["attention_mask"][0].argmax()] == 0  # positions count real tokens only
+
+
+def test_truncation_rules_name_the_row_and_the_fix(tmp_path):
+    tok = build_char_tokenizer()
+    path = write_parquet([{"prompt": "12345+6789=", "response": "18134"}], str(tmp_path / "long.parquet"))
+    prompt_len = len(read_sft([path], tok, "prompt", "response", 64, "error").prompts[0])
+    with pytest.raises(ValueError, match=r"long.parquet row 0: prompt \d+ \+ response 6 tokens is more than data.max_length=10; raise"):
+        read_sft([path], tok, "prompt", "response", 10, "error")
+    left = read_sft([path], tok, "prompt", "response", 10, "left")
+    assert len(left.prompts[0]) == 4 and len(left.responses[0]) == 6  # the prompt's start dropped, the answer kept
+    right = read_sft([path], tok, "prompt", "response", prompt_len + 2, "right")
+    assert len(right.responses[0]) == 2  # the response's end dropped (EOS included)
+    with pytest.raises(ValueError, match="data.truncation=right cannot cut that much"):
+        read_sft([path], tok, "prompt", "response", prompt_len - 1, "right")
