@@ -61,10 +61,6 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, value_head: bool = False)
     return wrapped
 
 
-def is_lora(model: torch.nn.Module) -> bool:
-    return hasattr(model, "peft_config")
-
-
 def scalings(model: torch.nn.Module) -> dict[str, float]:
     """{peft module name: alpha / r} of every adapted linear (rsLoRA or a loaded adapter may differ per module)."""
     return {name: module.scaling[ADAPTER] for name, module in model.named_modules() if hasattr(module, "lora_A") and ADAPTER in getattr(module, "scaling", {})}
