@@ -331,6 +331,7 @@ class CriticModelConfig:
     lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (the value head then trains whole beside the adapters)
     lora_alpha: int = 16  # LoRA scaling numerator
     target_modules: Any = "all-linear"  # LoRA target modules
+    lora_adapter_path: Optional[str] = None  # rlcore addition: start from this saved peft adapter
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
 
 
@@ -372,6 +373,7 @@ class RewardModelFSDPConfig:
     reshard_after_forward: bool = True  # free gathered params after forward
     fsdp_size: int = -1  # ranks per shard group; -1 = all
     forward_prefetch: bool = False  # prefetch the next unit's all-gather during forward
+    offload_policy: bool = False  # rlcore addition: FSDP2 CPUOffloadPolicy (params on CPU, streamed per block)
     dtype: str = "bfloat16"  # rlcore addition: compute dtype (float32 on CPU)
 
 

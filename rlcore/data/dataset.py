@@ -76,7 +76,7 @@ class RLHFDataset(torch.utils.data.Dataset):
 
         files = [data_files] if isinstance(data_files, str) else list(data_files)
         files = [os.path.expanduser(f) for f in files]
-        rows, origins = self._read_rows(files)
+        rows, origins = read_rows(files)
         if max_samples > 0:
             rows, origins = rows[:max_samples], origins[:max_samples]
 
@@ -106,21 +106,6 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.rows = rows
         self.prompt_ids = [truncate_ids(x, max_prompt_length, truncation) for x in ids]
         self.row_positions = [pos for _, pos in origins]
-
-    @staticmethod
-    def _read_rows(files: list[str]) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
-        """All rows as plain Python dicts/lists, plus (file, row-in-file) for error messages."""
-        rows: list[dict[str, Any]] = []
-        origins: list[tuple[str, int]] = []
-        for path in files:
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"data file {path} does not exist (check data.train_files / data.val_files)")
-            # to_pylist, not pandas: pandas turns list<struct> into numpy arrays of dicts.
-            table: pa.Table = pq.read_table(path)
-            file_rows = table.to_pylist()
-            rows.extend(file_rows)
-            origins.extend((path, i) for i in range(len(file_rows)))
-        return rows, origins
 
     def _render(self, row: dict[str, Any], origin: tuple[str, int]) -> str:
         messages = row.get(self.prompt_key)
@@ -172,3 +157,18 @@ def collate_fn(items: list[dict[str, Any]]) -> dict[str, Any]:
                 column[j] = value
             out[key] = column
     return out
+
+
+def read_rows(files: list[str]) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
+    """All rows of the parquet `files` as plain Python dicts/lists, plus (file, row-in-file) for error messages."""
+    rows: list[dict[str, Any]] = []
+    origins: list[tuple[str, int]] = []
+    for path in files:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"data file {path} does not exist (check data.train_files / data.val_files)")
+        # to_pylist, not pandas: pandas turns list<struct> into numpy arrays of dicts.
+        table: pa.Table = pq.read_table(path)
+        file_rows = table.to_pylist()
+        rows.extend(file_rows)
+        origins.extend((path, i) for i in range(len(file_rows)))
+    return rows, origins

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import pyarrow.parquet as pq
 import torch
 
+from rlcore.data.dataset import read_rows
 from rlcore.protocol import DataProto
 from rlcore.reward.rm_inputs import chat_sequences, right_aligned
 
@@ -35,14 +35,8 @@ class PairData:
 
 def read_pairs(files: list[str], tokenizer, prompt_key: str, chosen_key: str, rejected_key: str, margin_key: str | None,
                max_length: int, truncation: str) -> PairData:
-    rows, where = [], []
-    for path in files:
-        path = os.path.abspath(os.path.expanduser(path))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"preference data file {path} does not exist (check data.train_files / data.val_files)")
-        file_rows = pq.read_table(path).to_pylist()
-        rows.extend(file_rows)
-        where.extend(f"{path} row {i}" for i in range(len(file_rows)))
+    rows, origins = read_rows([os.path.abspath(os.path.expanduser(f)) for f in files])
+    where = [f"{path} row {i}" for path, i in origins]
     if not rows:
         raise ValueError(f"no preference pairs in {files}")
     for key in (prompt_key, chosen_key, rejected_key) + ((margin_key,) if margin_key else ()):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import pyarrow.parquet as pq
 import torch
 
+from rlcore.data.dataset import read_rows
 from rlcore.protocol import DataProto, position_ids_from_mask
 
 TRUNCATIONS = ("error", "left", "right")
@@ -51,22 +51,19 @@ def _truncate(prompt: list[int], response: list[int], max_length: int, truncatio
 
 def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, max_length: int, truncation: str) -> SFTData:
     prompts, responses = [], []
-    for path in files:
-        path = os.path.abspath(os.path.expanduser(path))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"SFT data file {path} does not exist (check data.train_files / data.val_files)")
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
-            where = f"{path} row {i}"
-            if prompt_key not in row or response_key not in row:
-                raise ValueError(f"{where}: no column {prompt_key if prompt_key not in row else response_key!r} (columns: {sorted(row)}); "
-                                 "set data.prompt_key / data.response_key")
-            messages = row[prompt_key] if isinstance(row[prompt_key], list) else [{"role": "user", "content": str(row[prompt_key])}]
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-            response = tokenizer.encode(str(row[response_key]), add_special_tokens=False) + [tokenizer.eos_token_id]
-            prompt, response = _truncate(prompt, response, max_length, truncation, where)
-            prompts.append(prompt)
-            responses.append(response)
+    rows, origins = read_rows([os.path.abspath(os.path.expanduser(f)) for f in files])
+    for row, (path, i) in zip(rows, origins):
+        where = f"{path} row {i}"
+        if prompt_key not in row or response_key not in row:
+            raise ValueError(f"{where}: no column {prompt_key if prompt_key not in row else response_key!r} (columns: {sorted(row)}); "
+                             "set data.prompt_key / data.response_key")
+        messages = row[prompt_key] if isinstance(row[prompt_key], list) else [{"role": "user", "content": str(row[prompt_key])}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        response = tokenizer.encode(str(row[response_key]), add_special_tokens=False) + [tokenizer.eos_token_id]
+        prompt, response = _truncate(prompt, response, max_length, truncation, where)
+        prompts.append(prompt)
+        responses.append(response)
     if not prompts:
         raise ValueError(f"no SFT rows in {files}")
     return SFTData(prompts, responses)

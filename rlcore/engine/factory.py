@@ -32,7 +32,8 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         kind=kind,
         override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
         trainable=optim_cfg is not None,
-        gradient_checkpointing=model_cfg.get("enable_gradient_checkpointing", False),
+        # Only a trained model recomputes activations (a frozen reward model's section has no such key).
+        gradient_checkpointing=optim_cfg is not None and model_cfg.enable_gradient_checkpointing,
         use_remove_padding=model_cfg.use_remove_padding,
     )
     if strategy == "megatron":
@@ -42,10 +43,10 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.param_dtype = megatron.dtype
         spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
     else:
-        # A frozen model's section (reward_model.model.fsdp_config) has no optimizer or master-weight keys.
         spec.param_dtype, spec.param_offload, spec.reshard_after_forward = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
-        spec.optimizer_offload, spec.offload_policy = fsdp_cfg.get("optimizer_offload", False), fsdp_cfg.get("offload_policy", False)
-        spec.model_dtype = fsdp_cfg.get("model_dtype", "fp32")
+        spec.offload_policy = fsdp_cfg.offload_policy
+        if optim_cfg is not None:  # optimizer and master-weight keys: a frozen reward model's section has none
+            spec.optimizer_offload, spec.model_dtype = fsdp_cfg.optimizer_offload, fsdp_cfg.model_dtype
     if optim_cfg is not None:
         warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
         spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay
@@ -55,7 +56,7 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         if model_cfg.lora_rank > 0:  # a frozen role (the reference) is the base model: LoRA runs disable the adapters
             targets = model_cfg.target_modules
             spec.lora = LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, targets if isinstance(targets, str) else tuple(targets),
-                                 model_cfg.get("lora_adapter_path"))
+                                 model_cfg.lora_adapter_path)
     else:
         spec.optimizer_offload = spec.grad_offload = False  # nothing to move
     return spec

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from typing import Iterator
@@ -21,7 +20,7 @@ from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
-from rlcore.models.hf_export import save_safetensors_stream
+from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
 
@@ -46,17 +45,6 @@ def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, param
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
-
-
-def hf_head_config(config, kind: str):
-    """The config to export: a scalar-head model names the HF class that loads it as trained (a reward model:
-    `*ForSequenceClassification`, read at the last token; a critic: `*ForTokenClassification`)."""
-    if kind == "causal_lm":
-        return config
-    config = copy.deepcopy(config)
-    family = (config.architectures or [type(config).__name__.removesuffix("Config")])[0].split("For")[0]
-    config.architectures = [f"{family}For{'Sequence' if kind == 'reward' else 'Token'}Classification"]
-    return config
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -88,8 +76,8 @@ class FSDP2Engine(TrainEngine):
         self.optimizer = None
         self.scheduler = None
         if spec.trainable:
-            trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
-            self.optimizer = torch.optim.AdamW(trained, lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
+            self.trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
+            self.optimizer = torch.optim.AdamW(self.trained, lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
             self.scheduler = warmup_schedule(self.optimizer, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)
         else:
             self.model.requires_grad_(False)
@@ -141,8 +129,7 @@ class FSDP2Engine(TrainEngine):
         return metrics
 
     def optimizer_step(self) -> dict[str, float]:
-        trained = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = _full(torch.nn.utils.clip_grad_norm_(trained, self.spec.grad_clip))
+        grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.trained, self.spec.grad_clip))
         lr = self.scheduler.get_last_lr()[0]
         finite = bool(torch.isfinite(grad_norm))
         if finite:
@@ -233,7 +220,7 @@ class FSDP2Engine(TrainEngine):
         stream = ((name, t) for name, t in self.rollout_weights() if not (tied and name == "lm_head.weight"))
         save_safetensors_stream(hf_dir, stream, write=dist.get_rank() == 0)
         if dist.get_rank() == 0:
-            hf_head_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
+            head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
 
     def load(self, path: str) -> None:
         state = self._state()

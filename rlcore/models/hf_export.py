@@ -52,3 +52,16 @@ def save_safetensors_stream(hf_dir: str, named_tensors: Iterable[tuple[str, torc
         weight_map.update(dict.fromkeys(names, final))
     with open(os.path.join(hf_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": sum(b for *_, b in written)}, "weight_map": weight_map}, f, indent=2)
+
+
+def head_model_config(config, kind: str):
+    """The config an engine exports with its weights: a causal LM's own; a scalar-head model names the HF class
+    that loads it as trained, with one label (a critic: `*ForTokenClassification`, read at every token, what
+    `critic.model.path` loads; a reward model: `*ForSequenceClassification`, read at the last token)."""
+    if kind == "causal_lm":
+        return config
+    out = type(config).from_dict(config.to_dict())
+    out.num_labels = 1
+    family = (config.architectures or [type(config).__name__.removesuffix("Config")])[0].split("For")[0]
+    out.architectures = [f"{family}For{'Sequence' if kind == 'reward' else 'Token'}Classification"]
+    return out

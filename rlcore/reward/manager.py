@@ -12,6 +12,12 @@ from rlcore.protocol import DataProto
 from rlcore.reward.scorers import default_compute_score
 
 
+def decode_responses(tokenizer, data: DataProto) -> list[str]:
+    """Each response's text: its valid tokens (up to the stop token) without special tokens."""
+    lengths = data.batch["response_mask"].sum(-1).tolist()
+    return tokenizer.batch_decode([r[: int(n)] for r, n in zip(data.batch["responses"], lengths)], skip_special_tokens=True)
+
+
 class RewardManager:
     """verl's "naive" reward manager: one `compute_score` call per sample, on the controller."""
 
@@ -21,8 +27,7 @@ class RewardManager:
         self.reward_fn_key = reward_fn_key
 
     def decode_responses(self, data: DataProto) -> list[str]:
-        lengths = data.batch["response_mask"].sum(-1).tolist()
-        return self.tokenizer.batch_decode([r[: int(n)] for r, n in zip(data.batch["responses"], lengths)], skip_special_tokens=True)
+        return decode_responses(self.tokenizer, data)
 
     def samples(self, data: DataProto, scores: torch.Tensor, limit: int) -> list[tuple[str, str, float]]:
         """(prompt, response, score) of the first `limit` rows, decoded for a human to read."""

@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
+from rlcore.reward.manager import decode_responses
 from rlcore.reward.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
 from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, offload, onload, run_forward
 
@@ -32,8 +33,7 @@ class RewardModelWorker(RoleWorker):
     def _sequences(self, data: DataProto) -> list[list[int]]:
         if not self.retokenize:
             return policy_sequences(data.batch["input_ids"], data.batch["attention_mask"])
-        lengths = data.batch["response_mask"].sum(-1).tolist()
-        texts = self.input_tokenizer.batch_decode([r[: int(n)] for r, n in zip(data.batch["responses"], lengths)], skip_special_tokens=True)
+        texts = decode_responses(self.input_tokenizer, data)
         return chat_sequences(self.tokenizer, list(data.non_tensor_batch["raw_prompt"]), texts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="reward_model")

@@ -21,7 +21,7 @@ VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
 RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native",  # verl: ??? (mandatory); native is embedded
                    "reward_model.use_reward_loop": False}  # verl: True; rlcore runs the reward model as a worker group
 RLCORE_ADDITIONS = {
-    "reward_model.model.fsdp_config.dtype",
+    "reward_model.model.fsdp_config.dtype", "reward_model.model.fsdp_config.offload_policy", "critic.model.lora_adapter_path",
     "actor_rollout_ref.rollout.engine_kwargs.native",
     "trainer.seed", "trainer.max_worker_restarts", "ray_kwargs.ray_init.address",
     "critic.enable_resource_pool", "critic.nnodes", "critic.n_gpus_per_node", "custom_algorithms.path",

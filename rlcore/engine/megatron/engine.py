@@ -24,7 +24,7 @@ from rlcore.engine.megatron.offload import move_state
 from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
 from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
-from rlcore.models.hf_export import SHARD_BYTES, save_safetensors_stream
+from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import token_log_probs
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
@@ -290,14 +290,5 @@ class MegatronEngine(TrainEngine):
         writing = dist.get_rank() == 0
         save_safetensors_stream(hf_dir, self.rollout_weights(), writing, max_shard_bytes)
         if writing:
-            config = _value_model_config(self.hf_config) if self.spec.kind == "value" else self.hf_config
-            config.save_pretrained(hf_dir)
+            head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
         dist.barrier()
-
-
-def _value_model_config(config):
-    """A critic exports as HF `*ForTokenClassification` with one label: what `critic.model.path` loads back."""
-    out = type(config).from_dict(config.to_dict())
-    out.num_labels = 1
-    out.architectures = [config.architectures[0].replace("ForCausalLM", "ForTokenClassification")] if config.architectures else None
-    return out
