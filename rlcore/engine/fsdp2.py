@@ -20,6 +20,7 @@ from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
+from rlcore.models.logits import TOKEN_CHANNELS, channel_names
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
@@ -84,7 +85,8 @@ class FSDP2Engine(TrainEngine):
 
     # ------------------------------------------------------------------------------------------- compute
     def _outputs(self, mb: DataProto, request: TokenRequest) -> dict[str, torch.Tensor]:
-        """Per-token outputs for the response tokens: `[batch, response_len]` log-probs (+ entropy) or values.
+        """Per-token outputs for the response tokens: `[batch, response_len]` log-probs (+ entropy, + the top token's
+        log-prob) or values.
 
         Padded: the whole `[batch, seq]` rows, and only the response_len states before the response tokens reach
         the head. Packed (use_remove_padding): valid tokens only, and only the states that predict a response
@@ -105,14 +107,14 @@ class FSDP2Engine(TrainEngine):
             if self.spec.kind == "reward":  # a reward model's score is read AT each token, not before it
                 index = index + 1
             out = self.model(**kwargs).logits[:, index]
-            names = ("scores",) if self.spec.kind == "reward" else ("values",)
+            channels = {"scores" if self.spec.kind == "reward" else "values": 0}
         else:
             with self.head.computing(tokens, request.temperature, request.entropy):
                 out = self.model(**kwargs, logits_to_keep=index).logits
-            names = ("log_probs", "entropy") if request.entropy else ("log_probs",)
+            channels = {name: TOKEN_CHANNELS.index(name) for name in channel_names(request.entropy)}
         if self.spec.use_remove_padding:
             out = unpack_responses(out[0], packed.response_valid)
-        return {name: out[..., i].float() for i, name in enumerate(names)}
+        return {name: out[..., i].float() for name, i in channels.items()}
 
     def forward(self, micro_batches: list[DataProto], fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
         self.model.eval()

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, PretrainedConfig
 
-from rlcore.models.logits import token_log_probs
+from rlcore.models.logits import stack_channels, token_log_probs
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -90,7 +90,7 @@ class TokenHead:
     """Makes an HF causal LM's `lm_head` compute per-token log-probs (and entropy) of given tokens instead of
     logits, inside the model's own forward (so FSDP2 has the head's weight gathered exactly when it is used).
 
-    Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, 2]`: log-prob and entropy of
+    Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, 3]` (TOKEN_CHANNELS) of
     `tokens` `[batch, k]` at the positions selected by `logits_to_keep`; outside it the head is a plain linear.
     """
 
@@ -114,8 +114,6 @@ class TokenHead:
         if self._pending is None:
             return torch.nn.functional.linear(hidden, self.linear.weight)
         tokens, temperature, entropy = self._pending
-        lp, ent = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), temperature, entropy,
-                                  vocab_size=self.vocab_size)
-        shape = hidden.shape[:-1]
-        # Stacked, not viewed: FSDP2 hooks the model's output, and an output that is a view defeats the hook.
-        return torch.stack([lp.view(shape), (ent if ent is not None else torch.zeros_like(lp)).view(shape)], -1)
+        lp, ent, top = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), temperature,
+                                       entropy, vocab_size=self.vocab_size)
+        return stack_channels(lp, ent, top, hidden.shape[:-1])

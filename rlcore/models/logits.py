@@ -73,13 +73,13 @@ class _VocabShard:
         return local.clamp(0, self.local - 1), owned
 
 
-def _softmax_stats(z: torch.Tensor, shard: _VocabShard, with_expected: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(logsumexp, softmax, E_p[z] if asked) of rows of z whose columns are spread over the shard group."""
+def _softmax_stats(z: torch.Tensor, shard: _VocabShard, with_expected: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(max, logsumexp, softmax, E_p[z] if asked) of rows of z whose columns are spread over the shard group."""
     m = shard.all_reduce(z.max(-1).values, dist.ReduceOp.MAX)
     lse = m + shard.all_reduce(torch.exp(z - m[:, None]).sum(-1)).log()
     p = torch.exp(z - lse[:, None])
     expected_z = shard.all_reduce((p * z.nan_to_num(neginf=0.0)).sum(-1)) if with_expected else None
-    return lse, p, expected_z
+    return m, lse, p, expected_z
 
 
 class _TokenLogProbs(torch.autograd.Function):
@@ -88,24 +88,29 @@ class _TokenLogProbs(torch.autograd.Function):
         num_tokens = hidden.shape[0]
         log_probs = hidden.new_empty(num_tokens, dtype=torch.float32)
         lse = hidden.new_empty(num_tokens, dtype=torch.float32)
+        top_log_probs = hidden.new_empty(num_tokens, dtype=torch.float32)
         expected_z = hidden.new_zeros(num_tokens, dtype=torch.float32)
         step = chunk_tokens(shard.local)
         for s in range(0, num_tokens, step):
             z = shard.scaled_logits(hidden[s : s + step], weight, temperature)
-            lse[s : s + step], _, ez = _softmax_stats(z, shard, with_entropy)
+            m, lse[s : s + step], _, ez = _softmax_stats(z, shard, with_entropy)
             col, owned = shard.target(tokens[s : s + step])
             target_z = shard.all_reduce(z.gather(-1, col[:, None]).squeeze(-1) * owned)
             log_probs[s : s + step] = target_z - lse[s : s + step]
+            # The most likely token's log-prob: the target is the greedy choice exactly when its z is the max, and
+            # subtracting the same lse keeps that equality, so `log_probs >= top_log_probs` is a greedy match.
+            top_log_probs[s : s + step] = m - lse[s : s + step]
             if with_entropy:
                 expected_z[s : s + step] = ez
         # Backward recomputes each chunk's logits from these (no [tokens, vocab] tensor is kept alive).
         ctx.save_for_backward(hidden, weight, tokens, lse, expected_z)
         ctx.temperature, ctx.shard, ctx.with_entropy, ctx.reduce_hidden_grad = temperature, shard, with_entropy, reduce_hidden_grad
         entropy = lse - expected_z if with_entropy else torch.zeros_like(lse)
-        return log_probs, entropy
+        ctx.mark_non_differentiable(top_log_probs)
+        return log_probs, entropy, top_log_probs
 
     @staticmethod
-    def backward(ctx, grad_log_probs, grad_entropy):
+    def backward(ctx, grad_log_probs, grad_entropy, _grad_top):
         hidden, weight, tokens, lse, expected_z = ctx.saved_tensors
         shard, temperature = ctx.shard, ctx.temperature
         with_entropy = ctx.with_entropy and grad_entropy is not None
@@ -139,15 +144,31 @@ class _TokenLogProbs(torch.autograd.Function):
 
 def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                     with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
-                    group=None, reduce_hidden_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(hidden @ weight.T / temperature)[token] and (optionally) the entropy of that distribution.
+                    group=None, reduce_hidden_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """log softmax(hidden @ weight.T / temperature)[token], (optionally) the entropy of that distribution, and the
+    log-prob of its most likely token (no gradient; `log_probs >= top` marks tokens greedy decoding would pick).
 
     hidden `[tokens, hidden]`, weight `[vocab_per_rank, hidden]` (this rank's rows `vocab_start ...` of the
     vocabulary projection; the whole of it when `group` is None), tokens `[tokens]` global ids. Columns at or past
-    `vocab_size` (TP padding) are excluded. Returns float32 `[tokens]` log-probs and entropy (None if not asked).
+    `vocab_size` (TP padding) are excluded. Returns float32 `[tokens]` log-probs, entropy (None if not asked), top.
     Collective over `group` (every rank of the tensor-parallel group calls it with the same hidden and tokens).
     `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial sum.
     """
     shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group)
-    log_probs, entropy = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy, shard, reduce_hidden_grad)
-    return log_probs, (entropy if with_entropy else None)
+    log_probs, entropy, top = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy, shard, reduce_hidden_grad)
+    return log_probs, (entropy if with_entropy else None), top
+
+
+# The channels a causal-LM head stacks along the last dim, in this order (entropy is zeros unless requested).
+TOKEN_CHANNELS = ("log_probs", "entropy", "top_log_probs")
+
+
+def stack_channels(log_probs: torch.Tensor, entropy: torch.Tensor | None, top: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """`[*shape, 3]` in TOKEN_CHANNELS order. Stacked, not viewed: FSDP2 hooks the model's output, and an output
+    that is a view defeats the hook."""
+    return torch.stack([log_probs.view(shape), (entropy if entropy is not None else torch.zeros_like(log_probs)).view(shape), top.view(shape)], -1)
+
+
+def channel_names(with_entropy: bool) -> tuple[str, ...]:
+    """The channels handed to losses: entropy only when it was computed."""
+    return tuple(name for name in TOKEN_CHANNELS if with_entropy or name != "entropy")

@@ -29,7 +29,7 @@ def problem(seed=0, tokens=37, hidden=16, vocab=50):
 
 def grads_of(fn, h, w, g_lp, g_ent):
     h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
-    lp, ent = fn(h, w)
+    lp, ent = fn(h, w)[:2]
     (lp.double() * g_lp).sum().add((ent.double() * g_ent).sum()).backward()
     return lp.detach(), ent.detach(), h.grad, w.grad
 
@@ -48,10 +48,21 @@ def test_chunked_head_equals_full_log_softmax_in_value_and_gradient(monkeypatch,
 def test_padding_columns_are_excluded(monkeypatch):
     h, w, t, g_lp, _ = problem()
     padded = torch.cat([w, torch.randn(6, w.shape[1], dtype=w.dtype)])  # 6 rows of TP padding past vocab 50
-    lp, ent = token_log_probs(h, padded, t, with_entropy=True, vocab_size=50)
+    lp, ent, _ = token_log_probs(h, padded, t, with_entropy=True, vocab_size=50)
     want_lp, want_ent = reference(h, w, t, 1.0)
     torch.testing.assert_close(lp.double(), want_lp.double(), **TOL)
     torch.testing.assert_close(ent.double(), want_ent.double(), **TOL)
+
+
+def test_top_log_prob_marks_exactly_the_greedy_tokens(monkeypatch):
+    monkeypatch.setattr(logits_mod, "LOGITS_CHUNK_BYTES", 4 * 50 * 7)
+    h, w, t, _, _ = problem()
+    z = (h @ w.t()).float()
+    t = torch.where(torch.arange(len(t)) % 2 == 0, z.argmax(-1), t)  # half the targets are the greedy token
+    lp, _, top = token_log_probs(h, w, t)
+    torch.testing.assert_close(top.double(), z.log_softmax(-1).max(-1).values.double(), **TOL)
+    assert torch.equal(lp >= top, t == z.argmax(-1))  # exact: the same float z, minus the same logsumexp
+    assert (t == z.argmax(-1)).sum() >= 19
 
 
 def _shard_main(rank, world, port, out):
@@ -63,7 +74,8 @@ def _shard_main(rank, world, port, out):
     local[: len(rows)] = rows
     lp, ent, gh, gw = grads_of(lambda h, w_: token_log_probs(h, w_, t, 0.7, True, vocab_start=rank * per_rank, vocab_size=45,
                                                              group=torch.distributed.group.WORLD), h, local, g_lp, g_ent)
-    torch.save({"lp": lp, "ent": ent, "gh": gh, "gw": gw[: len(rows)]}, f"{out}.{rank}")
+    top = token_log_probs(h, local, t, vocab_start=rank * per_rank, vocab_size=45, group=torch.distributed.group.WORLD)[2]
+    torch.save({"lp": lp, "ent": ent, "gh": gh, "gw": gw[: len(rows)], "top": top}, f"{out}.{rank}")
     close_gloo()
 
 
@@ -77,4 +89,5 @@ def test_vocab_parallel_over_two_ranks_equals_full(tmp_path):
         torch.testing.assert_close(p["lp"].double(), want_lp.double(), **TOL)
         torch.testing.assert_close(p["ent"].double(), want_ent.double(), **TOL)
         torch.testing.assert_close(p["gh"], want_gh, **TOL)  # summed over both vocabulary shards
+        torch.testing.assert_close(p["top"].double(), (h @ w.t()).float().log_softmax(-1).max(-1).values.double(), **TOL)
     torch.testing.assert_close(torch.cat([p["gw"] for p in parts]), want_gw, **TOL)

@@ -25,7 +25,7 @@ from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
 from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
-from rlcore.models.logits import token_log_probs
+from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
     """megatron-core's process groups for this layout (once per process; every engine of a process shares them,
@@ -123,11 +123,10 @@ class MegatronEngine(TrainEngine):
             w = weight if weight is not None else layer.weight
             if value:
                 return states @ w.t(), None
-            lp, ent = token_log_probs(states.reshape(-1, states.shape[-1]), w, inputs.head_tokens.reshape(-1), request.temperature,
-                                      request.entropy, vocab_start=vocab_start, vocab_size=self.vocab_size, group=tp_group,
-                                      reduce_hidden_grad=not self.layout.sp)
-            shape = states.shape[:-1]
-            return torch.stack([lp.view(shape), (ent if ent is not None else torch.zeros_like(lp)).view(shape)], -1), None
+            lp, ent, top = token_log_probs(states.reshape(-1, states.shape[-1]), w, inputs.head_tokens.reshape(-1), request.temperature,
+                                           request.entropy, vocab_start=vocab_start, vocab_size=self.vocab_size, group=tp_group,
+                                           reduce_hidden_grad=not self.layout.sp)
+            return stack_channels(lp, ent, top, states.shape[:-1]), None
 
         return forward
 
@@ -141,7 +140,7 @@ class MegatronEngine(TrainEngine):
         self._request = request
         micro_batches = self._fit_interleaving(micro_batches)
         num = len(micro_batches)
-        names = ("values",) if self.spec.kind == "value" else (("log_probs", "entropy") if request.entropy else ("log_probs",))
+        channels = {"values": 0} if self.spec.kind == "value" else {name: TOKEN_CHANNELS.index(name) for name in channel_names(request.entropy)}
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
@@ -152,7 +151,7 @@ class MegatronEngine(TrainEngine):
 
             def loss_func(output_tensor):
                 per_token = inputs.unpack(output_tensor)
-                outputs = {name: per_token[..., i].float() for i, name in enumerate(names)}
+                outputs = {name: per_token[..., i].float() for name, i in channels.items()}
                 loss, result = on_output(outputs, mb)
                 # The schedule divides each micro-batch's loss by their number; rlcore's losses are already each
                 # micro-batch's share of the mini-batch loss (rlcore.algos.agg), so undo it.
