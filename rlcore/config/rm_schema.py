@@ -69,6 +69,15 @@ class RMTrainerSection:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
     export_dir: Optional[str] = None  # also copy the final HF reward model here (a stable reward_model.model.path)
     seed: int = 1  # init and shuffle seed
+    resume_mode: str = "auto"  # auto (the latest checkpoint in default_local_dir) | disable | resume_path
+    resume_from_path: Optional[str] = None  # a global_step_N folder, for resume_mode=resume_path
+    max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoint steps; None = all
+    # rlcore addition (Lightning's EarlyStopping stopping_threshold): end training at the first validation (every
+    # test_freq steps) where stop_metric reaches stop_threshold, e.g. val/exact_match (SFT) or val/accuracy (RM);
+    # the final checkpoint is that step's. None = never.
+    stop_metric: Optional[str] = None
+    stop_threshold: float = 0.0
+    stop_mode: str = "max"  # max: stop once the metric is >= stop_threshold; min: once it is <=
 
 
 @dataclass
@@ -87,6 +96,14 @@ def rm_config_errors(cfg) -> list[str]:
         errors.insert(int(cfg.model.strategy not in ("fsdp", "fsdp2")), f"data.truncation={cfg.data.truncation}: a reward model reads its score at the last token, so only error or "
                          "left (keep the last max_length tokens) make sense; use data.truncation=left")
     return errors
+
+
+def stop_rule_met(trainer_cfg, metrics: dict[str, float]) -> bool:
+    """trainer.stop_metric has reached trainer.stop_threshold in these (validation) metrics."""
+    if trainer_cfg.stop_metric is None or trainer_cfg.stop_metric not in metrics:
+        return False
+    value = metrics[trainer_cfg.stop_metric]
+    return value >= trainer_cfg.stop_threshold if trainer_cfg.stop_mode == "max" else value <= trainer_cfg.stop_threshold
 
 
 def supervised_config_errors(cfg, unit: str, what: str, sequences_per_row: int = 1) -> list[str]:
@@ -108,4 +125,15 @@ def supervised_config_errors(cfg, unit: str, what: str, sequences_per_row: int =
                       f"tokens; use data.max_token_len_per_gpu={need}")
     if cfg.model.lora_rank < 0 or cfg.model.lora_rank > 0 and cfg.model.lora_alpha <= 0:
         errors.append(f"model.lora_rank={cfg.model.lora_rank} / lora_alpha={cfg.model.lora_alpha}: rank must be >= 0 and alpha > 0")
+    if cfg.trainer.resume_mode not in ("auto", "disable", "resume_path"):
+        errors.append(f"trainer.resume_mode={cfg.trainer.resume_mode} is not one of auto, disable, resume_path")
+    elif cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (a folder such as "
+                      "<trainer.default_local_dir>/global_step_100); set it or use trainer.resume_mode=auto")
+    t = cfg.trainer
+    if t.stop_mode not in ("max", "min"):
+        errors.append(f"trainer.stop_mode={t.stop_mode} is not max (stop once the metric is >= trainer.stop_threshold) or min (<=)")
+    if t.stop_metric is not None and (not t.stop_metric.startswith("val/") or not d.val_files or t.test_freq <= 0):
+        errors.append(f"trainer.stop_metric={t.stop_metric} is checked at validation: it needs a val/ metric, data.val_files and "
+                      "trainer.test_freq > 0 (how often to validate)")
     return errors

@@ -1,6 +1,11 @@
 """The controller side of supervised training (reward models on pairs, SFT on prompt/response rows): shuffled
-batches to a worker group, validation, checkpoints and the HF export; `run_supervised` is a whole run (config
-checks and tokenisation before Ray starts, Ray cleaned up on any exit)."""
+batches to a worker group, validation, checkpoints, resume and the HF export; `run_supervised` is a whole run
+(config checks and tokenisation before Ray starts, Ray cleaned up on any exit).
+
+A checkpoint step holds `{role}/` (each rank's sharded engine state and RNG), `{role}/huggingface/` and
+`trainer_state.json` (the step, the stop rule (trainer.stop_metric) that ended the run there if one did, its metrics). The batch order is a function of the
+seed alone, so a resumed run replays the permutations up to its step and then trains exactly the batches the
+uninterrupted run would have."""
 
 from __future__ import annotations
 
@@ -12,16 +17,19 @@ from typing import Callable
 import numpy as np
 
 from rlcore.config import ConfigError
+from rlcore.config.rm_schema import stop_rule_met
 from rlcore.trainer import checkpoint
+
+STATE_FILE = "trainer_state.json"
 
 
 class SupervisedTrainer:
     """`train` / `val`: datasets with `len()` and `batch(index, pad_token_id, max_length) -> DataProto`; the group
     has `train_batch`, `evaluate` (metric means) and `save_checkpoint`. `role` names the checkpoint folder."""
 
-    def __init__(self, cfg, group, train, val, pad_token_id: int, tracker, total_steps: int, role: str) -> None:
+    def __init__(self, cfg, group, train, val, pad_token_id: int, tracker, total_steps: int, role: str, resume_from: str | None = None) -> None:
         self.cfg, self.group, self.train, self.val, self.pad, self.tracker = cfg, group, train, val, pad_token_id, tracker
-        self.total_steps, self.role = total_steps, role
+        self.total_steps, self.role, self.resume_from = total_steps, role, resume_from
         self.world = group.world_size
         self.rng = np.random.default_rng(cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed)
 
@@ -34,18 +42,50 @@ class SupervisedTrainer:
                 yield order[start : start + size].tolist()
 
     def fit(self) -> dict[str, float]:
+        """Trains to total_steps, or to the first validation where trainer.stop_metric reaches stop_threshold; returns the last
+        step's metrics with `step` and `checkpoint` (that step's HF export)."""
+        t = self.cfg.trainer
         metrics: dict[str, float] = {}
         batches = self.batches()
-        for step in range(1, self.total_steps + 1):
+        start, finished = self.resume(batches)
+        if finished is not None:
+            return finished
+        for step in range(start + 1, self.total_steps + 1):
             metrics = self.group.train_batch(self.train.batch(next(batches), self.pad, self.cfg.data.max_length))
             last = step == self.total_steps
-            if self.val is not None and (last or self.cfg.trainer.test_freq > 0 and step % self.cfg.trainer.test_freq == 0):
+            if self.val is not None and (last or t.test_freq > 0 and step % t.test_freq == 0):
                 metrics.update(self.validate())
-            if last or self.cfg.trainer.save_freq > 0 and step % self.cfg.trainer.save_freq == 0:
-                metrics["checkpoint"] = self.save(step)
+                if not last and stop_rule_met(t, metrics):
+                    print(f"{self.role}: {t.stop_metric}={metrics[t.stop_metric]:.4f} reached trainer.stop_threshold={t.stop_threshold} "
+                          f"at step {step}; stopping", flush=True)
+                    last = True
+            if last or t.save_freq > 0 and step % t.save_freq == 0:
+                metrics["checkpoint"] = self.save(step, metrics, stopped_by=self.stop_rule() if last and step < self.total_steps else None)
             self.tracker.log({k: v for k, v in metrics.items() if k != "checkpoint"}, step=step)
             self.tracker.advance()
-        return metrics
+            if last:
+                break
+        return dict(metrics, step=step)
+
+    def stop_rule(self) -> str | None:
+        t = self.cfg.trainer
+        return None if t.stop_metric is None else f"{t.stop_metric} {'>=' if t.stop_mode == 'max' else '<='} {t.stop_threshold}"
+
+    def resume(self, batches) -> tuple[int, dict | None]:
+        """Loads `resume_from` (if any) and advances `batches` past its steps: (steps done, the final metrics if
+        that run had already finished). A finished run is one at total_steps, or one that its stop rule ended
+        (a longer run, or one with another stop rule, continues from it instead)."""
+        if self.resume_from is None:
+            return 0, None
+        state = json.load(open(os.path.join(self.resume_from, STATE_FILE)))
+        if state["step"] >= self.total_steps or state["stopped_by"] is not None and state["stopped_by"] == self.stop_rule():
+            print(f"{self.role}: the run in {self.resume_from} has finished; nothing to train", flush=True)
+            return state["step"], dict(state["metrics"], step=state["step"], checkpoint=os.path.join(self.resume_from, self.role, "huggingface"))
+        self.group.load_checkpoint(os.path.join(self.resume_from, self.role))
+        for _ in range(state["step"]):
+            next(batches)
+        print(f"{self.role}: resumed from {self.resume_from} at step {state['step']}", flush=True)
+        return state["step"], None
 
     def validate(self) -> dict[str, float]:
         """The group's validation metrics over the held-out rows (at most data.val_max_rows), averaged by rows."""
@@ -61,16 +101,34 @@ class SupervisedTrainer:
         metrics["val/rows"] = usable
         return metrics
 
-    def save(self, step: int) -> str:
+    def save(self, step: int, metrics: dict[str, float], stopped_by: str | None) -> str:
         """global_step_N/{role}/ (sharded state) + {role}/huggingface/ (the HF model: for a reward model an
-        *ForSequenceClassification with one label, for SFT the causal LM)."""
+        *ForSequenceClassification with one label, for SFT the causal LM) + trainer_state.json."""
         root = os.path.abspath(self.cfg.trainer.default_local_dir)
         tmp = checkpoint.begin(root, step, role=self.role)
         hf_dir = os.path.join(tmp, self.role, "huggingface")
         self.group.save_checkpoint(os.path.join(tmp, self.role), hf_dir)
         with open(os.path.join(hf_dir, "rlcore_training.json"), "w") as f:
             json.dump({"step": step, "role": self.role, "base_model": self.cfg.model.path}, f)
-        return os.path.join(checkpoint.publish(root, step, tmp, None), self.role, "huggingface")
+        with open(os.path.join(tmp, STATE_FILE), "w") as f:
+            json.dump({"step": step, "stopped_by": stopped_by, "metrics": {k: v for k, v in metrics.items() if k != "checkpoint"}}, f)
+        return os.path.join(checkpoint.publish(root, step, tmp, self.cfg.trainer.max_ckpt_to_keep), self.role, "huggingface")
+
+
+def resume_point(trainer_cfg) -> tuple[str | None, int]:
+    """(checkpoint folder to resume from or None, its step) under trainer.resume_mode: auto (the latest in
+    default_local_dir, if any), disable, or resume_path (trainer.resume_from_path)."""
+    mode, root = trainer_cfg.resume_mode, os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
+    if mode == "disable":
+        return None, 0
+    if mode == "resume_path":
+        path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+        if not os.path.isfile(os.path.join(path, STATE_FILE)):
+            raise ConfigError([f"trainer.resume_from_path={path} is not a checkpoint step folder (no {STATE_FILE}); point it at "
+                               f"<trainer.default_local_dir>/global_step_N"])
+        return path, json.load(open(os.path.join(path, STATE_FILE)))["step"]
+    step = checkpoint.latest_step(root)
+    return (None, 0) if step is None else (checkpoint.step_dir(root, step), step)
 
 
 def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Callable, errors: list[str], console_keys: tuple[str, ...]) -> dict:
@@ -104,7 +162,8 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     from rlcore.trainer.tracking import Tracker
 
     torch.set_num_threads(1)  # the controller only reshapes small batches; the workers compute
-    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, console_keys=console_keys)
+    resume_from, start_step = resume_point(cfg.trainer)
+    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, start_step=start_step, console_keys=console_keys)
     started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
     pool, group = None, None
     try:
@@ -114,7 +173,7 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
         group = RayWorkerGroup(worker_cls, pool, config=OmegaConf.to_container(cfg, resolve=True))
         group.init_model(total_steps)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role).fit()
+        final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role, resume_from).fit()
         tokenizer.save_pretrained(final["checkpoint"])
         if cfg.trainer.export_dir:
             export = os.path.abspath(os.path.expanduser(cfg.trainer.export_dir))

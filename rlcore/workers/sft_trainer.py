@@ -55,6 +55,19 @@ class SFTTrainerWorker(SupervisedWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, mesh="sft")
     def evaluate(self, data: DataProto) -> dict[str, float]:
+        """val/loss (token-mean NLL), val/token_accuracy (response tokens that are the model's most likely next
+        token, TRL's mean_token_accuracy) and val/exact_match (responses all of whose tokens are: exactly the rows
+        greedy decoding reproduces), each exact over ranks and micro-batches."""
         share = self._nll(data)
-        outputs = self.engine.forward(make_micro_batches(data, self._micro())[0], lambda out, mb: {"nll": share(out, mb)[None]})
-        return {"val/loss": float(sum(o["nll"].sum() for o in outputs))} if outputs else {}
+        tokens, rows = mini_batch_counts(data.batch["response_mask"], self.engine)
+        dp = self.engine.dp_size
+
+        def fn(out, mb):
+            mask = mb.batch["response_mask"].to(out["log_probs"].device)
+            hits = (out["log_probs"] >= out["top_log_probs"]).float() * mask
+            exact = (hits.sum(-1) == mask.sum(-1)).float()
+            return {"nll": share(out, mb)[None], "hits": (hits.sum() / tokens * dp)[None], "exact": (exact.sum() / rows * dp)[None]}
+
+        outputs = self.engine.forward(make_micro_batches(data, self._micro())[0], fn)
+        total = lambda key: float(sum(o[key].sum() for o in outputs))  # noqa: E731
+        return {"val/loss": total("nll"), "val/token_accuracy": total("hits"), "val/exact_match": total("exact")} if outputs else {}

@@ -27,3 +27,22 @@ def test_sft_through_ray_lowers_the_loss_and_exports_the_model(tiny_model_dir, t
     assert not torch.equal(model.model.layers[0].mlp.down_proj.weight, base.model.layers[0].mlp.down_proj.weight)
     assert torch.equal(model.model.embed_tokens.weight, base.model.embed_tokens.weight)  # not adapted: frozen
     assert (tmp_path / "ckpt" / "global_step_12" / "sft" / "lora_adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_sft_resumes_exactly_where_it_stopped(tiny_model_dir, tiny_task_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    def sft(out, steps):
+        cfg = compose_sft([f"model.partial_pretrain={tiny_model_dir}", f"data.train_files=[{tiny_task_dir}/sft.parquet]", "data.val_files=[]",
+                           "data.max_length=16", "data.train_batch_size=16", "data.micro_batch_size_per_gpu=4", "optim.lr=3e-3",
+                           f"trainer.total_training_steps={steps}", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+                           "model.fsdp_config.dtype=float32", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}/ckpt"])
+        return run(cfg, str(out / "run"))
+
+    straight = sft(tmp_path / "a", 4)
+    sft(tmp_path / "b", 2)
+    resumed = sft(tmp_path / "b", 4)  # an interrupted run, started again with the full length: picks up at step 2
+    rows = [json.loads(line) for line in open(tmp_path / "b" / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and resumed["train/loss"] == straight["train/loss"]
+    a, b = (load_file(f"{d}/model.safetensors") for d in (straight["checkpoint"], resumed["checkpoint"]))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical weights

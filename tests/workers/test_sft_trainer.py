@@ -51,3 +51,39 @@ def test_sft_loss_is_response_nll_by_hand_for_any_micro_batching(tiny_model_dir,
         assert run[0] == pytest.approx(expected.item(), abs=1e-5) and run[-1] < 0.7 * run[0]  # measured 4.75 -> 2.82
     # the same updates whatever the micro-batching and packing (float noise only)
     assert losses[1][-1] == pytest.approx(losses[0][-1], rel=1e-3) and losses[2][-1] == pytest.approx(losses[0][-1], rel=1e-3)
+
+
+def greedy_tokens(model, prompt: list[int], steps: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def test_token_accuracy_and_exact_match_are_greedy_decoding_by_hand(tiny_model_dir, tmp_path):
+    # Half the rows' responses are what greedy decoding generates (exact match 1 by construction), half the task's
+    # answers; the worker's metrics must equal argmax of the full logits, over 2 micro-batches of 3 rows.
+    from rlcore.data.sft_rows import SFTData
+
+    tok = build_char_tokenizer()
+    rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]} for r in make_addition_rows(6, 1, 2, seed=4)]
+    task = read_sft([write_parquet(rows, str(tmp_path / "s.parquet"))], tok, "prompt", "response", 32, "error")
+    model = load_causal_lm(tiny_model_dir).eval()
+    responses = [greedy_tokens(model, p, 2 + i) if i < 3 else r for i, (p, r) in enumerate(zip(task.prompts, task.responses))]
+    batch = SFTData(task.prompts, responses).batch(list(range(6)), tok.pad_token_id)
+    b = batch.batch
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+    r = b["responses"].shape[-1]
+    hits = (logits[:, -r - 1 : -1].argmax(-1) == b["responses"]) & b["response_mask"].bool()
+    exact = (hits.sum(-1) == b["response_mask"].sum(-1)).float()
+    assert exact[:3].tolist() == [1.0, 1.0, 1.0]
+    init_gloo(0, 1, free_port())
+    try:
+        for packed in (False, True):
+            metrics = worker_for(tiny_model_dir, "data.micro_batch_size_per_gpu=3", f"model.use_remove_padding={packed}").evaluate(batch)
+            assert metrics["val/token_accuracy"] == pytest.approx((hits.sum() / b["response_mask"].sum()).item(), abs=1e-6)
+            assert metrics["val/exact_match"] == pytest.approx(exact.mean().item(), abs=1e-6)
+    finally:
+        close_gloo()
