@@ -217,6 +217,17 @@ class Estimator:
                      c(f"{ARR}.model.enable_gradient_checkpointing"), f"{ARR}.model.enable_gradient_checkpointing",
                      trainable, self._megatron(section, world))
 
+    def reward_role(self, name: str, arch: Arch, world: int) -> _Role:
+        """The frozen reward model's forward (reward_model.*): a scalar head, no optimizer."""
+        c, r = self.c, self.c("reward_model")
+        max_len = r.max_length or self.max_len
+        if r.use_dynamic_bsz:
+            tokens, key = r.forward_max_token_len_per_gpu, "reward_model.forward_max_token_len_per_gpu"
+        else:
+            tokens, key = (r.micro_batch_size_per_gpu or 1) * max_len, "reward_model.micro_batch_size_per_gpu"
+        fsdp = c("reward_model.model.fsdp_config")
+        return _Role(name, arch, "reward_model.model", fsdp, self._shards(fsdp, world), 0, True, tokens, 0, key, False, "", False)
+
     def _megatron(self, section: str, world: int) -> Optional[dict]:
         """TP/PP/DP of a strategy=megatron role (None for FSDP2)."""
         if self.c(f"{section}.strategy") != "megatron":
@@ -241,7 +252,7 @@ class Estimator:
         keep = 0.0 if off.param_offload else s["weights"]
         if role.megatron and not off.grad_offload:
             keep += s["grads"]  # megatron keeps its contiguous gradient buffer allocated
-        return keep + (0.0 if off.optimizer_offload else s["optim"])
+        return keep + (0.0 if not role.trainable or off.optimizer_offload else s["optim"])
 
     def train_items(self, role: _Role) -> tuple[list, list]:
         if role.megatron:
@@ -250,7 +261,7 @@ class Estimator:
         compute = _BYTES[role.fsdp.dtype]
         act, logits = _activations(role.arch, role.tokens, role.response_tokens, compute, role.ckpt, role.trainable,
                                    role.value_head)
-        what = "LoRA base + adapters" if role.lora_rank else "fp32 master weights"
+        what = "LoRA base + adapters" if role.lora_rank else ("fp32 master weights" if role.trainable else "fp32 weights (frozen)")
         items = [(f"{what} / {role.shards}", s["weights"])]
         if role.trainable:
             items += [(f"gradients / {role.shards}", s["grads"]), (f"AdamW moments / {role.shards}", s["optim"])]
@@ -341,61 +352,75 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
 
     c, t = _Cfg(cfg), cfg.trainer
     world, errors, notes = t.nnodes * t.n_gpus_per_node, [], []
-    critic = uses_critic(cfg)
-    colocated = critic and not c("critic.enable_resource_pool")
-    procs = 2 if colocated else 1  # rlcore runs the critic as a second process on the actor's devices
-    capacity, source = device_capacity(cfg, t.n_gpus_per_node * procs)
+    critic, reward = uses_critic(cfg), bool(c("reward_model.enable"))
+    # Device pools (as rlcore.train.placement): 0 = the actor's; the critic shares it unless it has its own; the
+    # reward model shares the critic's (the actor's without a critic) unless it has its own.
+    pool_of = {"actor": 0}
+    if critic:
+        pool_of["critic"] = 1 if c("critic.enable_resource_pool") else 0
+    if reward:
+        pool_of["reward"] = 2 if c("reward_model.enable_resource_pool") else pool_of.get("critic", 0)
+    procs = {pool: sum(p == pool for p in pool_of.values()) for pool in set(pool_of.values())}  # processes per device
+    capacity, source = device_capacity(cfg, t.n_gpus_per_node * procs[0])
     est = Estimator(cfg, plan, capacity, t.device)
     archs = {}
-    for role, key in ((f"{ARR}.model", "policy"), ("critic.model", "critic")):
-        if key == "critic" and not critic:
+    for role, key in ((f"{ARR}.model", "policy"), ("critic.model", "critic"), ("reward_model.model", "reward model")):
+        if key == "critic" and not critic or key == "reward model" and not reward:
             continue
         arch, where = resolve_arch(c(f"{role}.path"))
         archs[key] = arch
         if arch is None:
             notes.append(f"{key}: not estimated: {where}; set {role}.path to a directory with config.json")
             continue
-        value = key == "critic"
+        value = key != "policy"
         count = arch.params(value)
         size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
         notes.append(f"{key}: {size} params, {arch.layers} layers, hidden {arch.hidden}, "
                      f"vocab {arch.vocab} ({where})")
-        if arch.max_positions and est.max_len > arch.max_positions:
+        if key == "policy" and arch.max_positions and est.max_len > arch.max_positions:
             errors.append(f"data.max_prompt_length + data.max_response_length = {est.max_len} exceeds {role}.path's "
                           f"max_position_embeddings {arch.max_positions}; use data.max_response_length="
                           f"{max(1, arch.max_positions - c('data.max_prompt_length'))} or a shorter prompt length")
-    runtime = ("runtime" + (" x 2 processes (critic colocated)" if procs == 2 else ""), RUNTIME_GIB[t.device] * procs)
-    roles, phases = [], []
+
+    def runtime(pool: int) -> tuple[str, float]:
+        n = procs[pool]
+        return "runtime" + (f" x {n} processes (colocated worker groups)" if n > 1 else ""), RUNTIME_GIB[t.device] * n
+
+    roles, phases = [], []  # phases: (name, role, pool)
     if archs["policy"] is not None:
-        phases.append(("actor update", est.training_role("actor update", archs["policy"], "actor", world)))
+        phases.append(("actor update", est.training_role("actor update", archs["policy"], "actor", world), 0))
         use_ref = plan.use_reference_policy if plan else bool(c(f"{ARR}.actor.use_kl_loss"))
         if use_ref and not c(f"{ARR}.model.lora_rank"):  # with LoRA the reference is the base without adapters
-            phases.append(("reference log-probs", est.training_role("reference log-probs", archs["policy"], "ref", world)))
+            phases.append(("reference log-probs", est.training_role("reference log-probs", archs["policy"], "ref", world), 0))
+    pool_world = {0: world, 1: (c("critic.nnodes") or 0) * (c("critic.n_gpus_per_node") or 0),
+                  2: c("reward_model.nnodes") * c("reward_model.n_gpus_per_node")}
     if critic and archs["critic"] is not None:
-        critic_world = c("critic.nnodes") * c("critic.n_gpus_per_node") if not colocated else world
-        phases.append(("critic update", est.training_role("critic update", archs["critic"], "critic", critic_world)))
-    resident = {name: est.resident(role) for name, role in phases}
+        pool = pool_of["critic"]
+        phases.append(("critic update", est.training_role("critic update", archs["critic"], "critic", pool_world[pool]), pool))
+    if reward and archs["reward model"] is not None:
+        pool = pool_of["reward"]
+        phases.append(("reward model scores", est.reward_role("reward model scores", archs["reward model"], pool_world[pool]), pool))
+    resident = {name: (est.resident(role), pool) for name, role, pool in phases}
     rollout_items, rollout_note, rollout_levers, rollout_asleep = ([], "", [], 0.0)
     if archs["policy"] is not None:
         rollout_items, rollout_note, rollout_levers, rollout_asleep = est.rollout(archs["policy"], world)
 
-    def others(me: str, with_rollout: bool) -> list:
-        shared = [(f"{name.split()[0]} state kept between phases", gib) for name, gib in resident.items()
-                  if name != me and gib > 0 and (colocated or (name == "critic update") == (me == "critic update"))]
-        return shared + ([("rollout engine asleep", rollout_asleep)] if with_rollout and rollout_asleep else [])
+    def others(me: str, pool: int) -> list:
+        shared = [(f"{name.split()[0] if name != 'reward model scores' else 'reward model'} state kept between phases", gib)
+                  for name, (gib, where) in resident.items() if name != me and gib > 0 and where == pool]
+        return shared + ([("rollout engine asleep", rollout_asleep)] if pool == 0 and me != "rollout" and rollout_asleep else [])
 
     if archs["policy"] is not None:
-        role = RoleMemory("rollout", f"{world} devices", rollout_items + others("rollout", False) + [runtime],
+        role = RoleMemory("rollout", f"{world} devices", rollout_items + others("rollout", 0) + [runtime(0)],
                           capacity, rollout_note, rollout_levers)
         fit = capacity * FIT - (role.peak - rollout_items[0][1]) if c(f"{ARR}.rollout.name") == "vllm" else None
         if fit is not None and role.peak > capacity * FIT and fit > 0:
             role.levers.append((f"{ARR}.rollout.gpu_memory_utilization={fit / capacity:.2f}", role.peak - capacity * FIT))
         roles.append(role)
-    for name, spec in phases:
+    for name, spec, pool in phases:
         items, levers = est.train_items(spec)
-        on_actor_pool = name != "critic update" or colocated
-        where = f"{spec.shards if not spec.megatron else world} devices" + (", shared with the rollout" if on_actor_pool else ", own pool")
-        roles.append(RoleMemory(name, where, items + others(name, on_actor_pool) + [runtime], capacity, "", levers))
+        where = f"{spec.shards if not spec.megatron else world} devices" + (", shared with the rollout" if pool == 0 else ", own pool")
+        roles.append(RoleMemory(name, where, items + others(name, pool) + [runtime(pool)], capacity, "", levers))
     for role in roles:
         role.levers.sort(key=lambda lever: -lever[1])
     return MemoryPlan(capacity, source, notes, roles, errors)
