@@ -12,8 +12,7 @@ from omegaconf import DictConfig
 
 from rlcore.config import CONFIG_DIR, compose, run_cli, schema_registrar
 from rlcore.config.rm_schema import supervised_config_errors
-from rlcore.config.sft_schema import SFTTrainerConfig
-from rlcore.data.sft_rows import TRUNCATIONS
+from rlcore.config.sft_schema import TRUNCATIONS, SFTTrainerConfig
 
 SCHEMA_NAME = "rlcore_sft_schema"
 CONSOLE_KEYS = ("train/loss", "train/grad_norm", "train/lr", "val/loss")

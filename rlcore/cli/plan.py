@@ -1,7 +1,8 @@
 """`rlcore-plan [--config-name NAME] key=value ...`: the config doctor.
 
 Composes the config exactly as `rlcore-train` would (same overrides, recipes, `+key=value`), then prints every
-violation at once with its fix, the batch plan and the per-device memory plan with a verdict per role. Nothing
+violation at once with its fix, the batch plan and the per-device memory plan with a verdict per role. A config
+named rm_* or sft_* is composed as `rlcore-rm` / `rlcore-sft` would, and planned as that one training role. Nothing
 is loaded and neither torch nor ray is imported (unless trainer.device=cuda asks to measure the local GPU), so it
 answers in about a second for any model in the built-in table, on any machine. Exit status: 0 when the config is
 valid and every role fits or is tight, 1 otherwise.
@@ -13,9 +14,9 @@ import sys
 
 from rlcore.config import compose, format_plan
 from rlcore.config.validate import diagnose
-from rlcore.plan import format_memory, memory_plan
+from rlcore.plan import format_memory, memory_plan, supervised_memory_plan
 
-USAGE = "usage: rlcore-plan [--config-name ppo_trainer|ppo_megatron_trainer] [recipe=NAME] [key=value ...]"
+USAGE = "usage: rlcore-plan [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [recipe=NAME] [key=value ...]"
 
 
 def parse_args(argv: list[str]) -> tuple[str, list[str]]:
@@ -46,17 +47,42 @@ def doctor(cfg) -> tuple[str, bool]:
     return "\n".join(lines), not errors and mem.ok
 
 
+def supervised_doctor(cfg, pairs: bool) -> tuple[str, bool]:
+    """The report of an rlcore-rm (`pairs`) or rlcore-sft config: its rule violations and its memory plan."""
+    from rlcore.config.rm_schema import rm_config_errors
+    from rlcore.train_sft import sft_config_errors
+
+    mem = supervised_memory_plan(cfg, pairs)
+    errors = (rm_config_errors(cfg) if pairs else sft_config_errors(cfg)) + mem.errors
+    lines = [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
+    lines.append(format_memory(mem))
+    return "\n".join(lines), not errors and mem.ok
+
+
+def compose_any(config_name: str, overrides: list[str]):
+    """(config, its doctor): rm_* and sft_* names are composed with their trainers' schemas."""
+    if config_name.startswith("rm_"):
+        from rlcore.train_rm import compose_rm
+
+        return compose_rm(overrides, config_name), lambda cfg: supervised_doctor(cfg, pairs=True)
+    if config_name.startswith("sft_"):
+        from rlcore.train_sft import compose_sft
+
+        return compose_sft(overrides, config_name), lambda cfg: supervised_doctor(cfg, pairs=False)
+    return compose(overrides, config_name=config_name), doctor
+
+
 def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     config_name, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = compose(overrides, config_name=config_name)
+        cfg, check = compose_any(config_name, overrides)
     except (HydraException, OmegaConfBaseException) as err:
         print(f"rlcore-plan: the config does not compose: {err}", file=sys.stderr)
         return 1
-    report, ok = doctor(cfg)
+    report, ok = check(cfg)
     print(report)
     return 0 if ok else 1
 

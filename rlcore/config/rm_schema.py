@@ -64,6 +64,7 @@ class RMTrainerSection:
     nnodes: int = 1  # machines
     n_gpus_per_node: int = 8  # ranks per machine (also with device=cpu)
     device: str = "cuda"  # cuda | cpu (gloo)
+    device_memory_gb: Optional[float] = None  # rlcore-plan: GiB per device to plan for (None: the local GPU, or 80)
     test_freq: int = -1  # validate every N steps (and after the last); -1 = only after the last
     save_freq: int = -1  # checkpoint every N steps; -1 = only the final HF export
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs

@@ -13,6 +13,8 @@ from omegaconf import II
 from rlcore.config.rm_schema import RMModelConfig, RMTrainerSection
 from rlcore.config.schema import OptimConfig, RayKwargsConfig
 
+TRUNCATIONS = ("error", "left", "right")  # data.truncation of SFT rows
+
 
 @dataclass
 class SFTDataConfig:

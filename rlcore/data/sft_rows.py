@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rlcore.config.sft_schema import TRUNCATIONS
 from rlcore.data.dataset import read_rows
 from rlcore.protocol import DataProto, position_ids_from_mask
 
-TRUNCATIONS = ("error", "left", "right")
 
 
 @dataclass
@@ -49,6 +49,13 @@ def _truncate(prompt: list[int], response: list[int], max_length: int, truncatio
                      + "; raise data.max_length or set data.truncation=left (drop the prompt's start) or right (the response's end)")
 
 
+def chat_prompt_ids(tokenizer, prompt) -> list[int]:
+    """The prompt (chat messages, or a string taken as one user turn) in the chat template, ready for the answer."""
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, max_length: int, truncation: str) -> SFTData:
     prompts, responses = [], []
     rows, origins = read_rows([os.path.abspath(os.path.expanduser(f)) for f in files])
@@ -57,9 +64,7 @@ def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, ma
         if prompt_key not in row or response_key not in row:
             raise ValueError(f"{where}: no column {prompt_key if prompt_key not in row else response_key!r} (columns: {sorted(row)}); "
                              "set data.prompt_key / data.response_key")
-        messages = row[prompt_key] if isinstance(row[prompt_key], list) else [{"role": "user", "content": str(row[prompt_key])}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        prompt = chat_prompt_ids(tokenizer, row[prompt_key])
         response = tokenizer.encode(str(row[response_key]), add_special_tokens=False) + [tokenizer.eos_token_id]
         prompt, response = _truncate(prompt, response, max_length, truncation, where)
         prompts.append(prompt)

@@ -187,8 +187,8 @@ def _micro_tokens(c: _Cfg, dynamic_key: str, budget_key: str, micro: Optional[in
 class Estimator:
     def __init__(self, cfg: DictConfig, plan, capacity: float, device: str):
         self.c, self.plan, self.capacity, self.device = _Cfg(cfg), plan, capacity, device
-        self.max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-        self.resp = cfg.data.max_response_length
+        self.resp = self.c("data.max_response_length") or 0  # PPO's lengths (absent from rlcore-rm / rlcore-sft configs)
+        self.max_len = (self.c("data.max_prompt_length") or 0) + self.resp
 
     def _shards(self, fsdp, pool_world: int) -> int:
         return fsdp.fsdp_size if fsdp.fsdp_size and fsdp.fsdp_size > 0 else pool_world
@@ -283,7 +283,7 @@ class Estimator:
                            s["weights"] + s["grads"] + s["optim"]))
         if role.trainable and not role.lora_rank:
             lora = _training_state(role.arch, role.fsdp, role.shards, 64, role.value_head, True)
-            model = "critic.model" if role.value_head else f"{ARR}.model"
+            model = role.ckpt_key.rsplit(".", 1)[0]  # the section holding lora_rank: critic.model, ...model, model
             levers.append((f"{model}.lora_rank=64 {model}.lora_alpha=64 (LoRA; the reference becomes the base with adapters off)",
                            s["weights"] + s["grads"] + s["optim"] - lora["weights"] - lora["grads"] - lora["optim"]))
         return items, levers
@@ -424,6 +424,36 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     for role in roles:
         role.levers.sort(key=lambda lever: -lever[1])
     return MemoryPlan(capacity, source, notes, roles, errors)
+
+
+def supervised_memory_plan(cfg: DictConfig, pairs: bool) -> MemoryPlan:
+    """The one role of an rlcore-rm (`pairs`: both sequences of a pair in each micro-batch, a scalar head) or an
+    rlcore-sft run: the FSDP2 update of `model.*` on every device, micro-batches of data.micro_batch_size_per_gpu
+    rows x data.max_length tokens (or data.max_token_len_per_gpu)."""
+    t, d, m = cfg.trainer, cfg.data, cfg.model
+    world = t.nnodes * t.n_gpus_per_node
+    capacity, source = device_capacity(cfg, t.n_gpus_per_node)
+    arch, where = resolve_arch(m.path)
+    if arch is None:
+        return MemoryPlan(capacity, source, [f"model: not estimated: {where}; set model.path to a directory with config.json"], [], [])
+    name = "reward model update" if pairs else "SFT update"
+    notes = [f"model: {arch.params(pairs) / 1e9:.2f}B params, {arch.layers} layers, hidden {arch.hidden}, vocab {arch.vocab} ({where})"]
+    errors = []
+    if arch.max_positions and d.max_length > arch.max_positions:
+        errors.append(f"data.max_length={d.max_length} exceeds model.path's max_position_embeddings {arch.max_positions}; "
+                      f"use data.max_length={arch.max_positions}")
+    if d.use_dynamic_bsz:
+        tokens, key = d.max_token_len_per_gpu, "data.max_token_len_per_gpu"
+    else:
+        tokens, key = d.micro_batch_size_per_gpu * d.max_length * (2 if pairs else 1), "data.micro_batch_size_per_gpu"
+    fsdp = m.fsdp_config
+    shards = fsdp.fsdp_size if fsdp.fsdp_size and fsdp.fsdp_size > 0 else world
+    role = _Role(name, arch, "model", fsdp, shards, m.lora_rank, pairs, tokens, 0 if pairs else tokens, key,
+                 m.enable_gradient_checkpointing, "model.enable_gradient_checkpointing", True)
+    items, levers = Estimator(cfg, None, capacity, t.device).train_items(role)
+    levers.sort(key=lambda lever: -lever[1])
+    memory = RoleMemory(name, f"{shards} devices", items + [("runtime", RUNTIME_GIB[t.device])], capacity, "", levers)
+    return MemoryPlan(capacity, source, notes, [memory], errors)
 
 
 def format_memory(mem: MemoryPlan) -> str:

@@ -46,6 +46,21 @@ def test_runs_as_a_script_without_torch_or_ray():
     assert "70.55B params" in done.stdout
 
 
+def test_reward_model_and_sft_configs_are_planned_as_their_one_training_role():
+    code = ("import sys; from rlcore.cli.plan import main; rc = main(sys.argv[1:]); "
+            "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad; sys.exit(rc)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = lambda *args: subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)  # noqa: E731
+    fits = run("--config-name", "rm_llama3_8b_lora")
+    assert fits.returncode == 0, fits.stderr
+    assert "memory plan: reward model update " in fits.stdout and " fits" in fits.stdout
+    oom = run("--config-name=rm_llama3_8b_lora", "data.max_length=8192", "model.lora_rank=0", "data.train_batch_size=50")
+    assert oom.returncode == 1 and oom.stdout.startswith("1 config error(s):") and "OOM; largest lever:" in oom.stdout
+    sft = run("--config-name", "sft_trainer", "data.max_length=2048", "data.micro_batch_size_per_gpu=2", "trainer.device_memory_gb=80",
+              "model.partial_pretrain=/models/Qwen2.5-7B-Instruct")
+    assert sft.returncode == 0 and "memory plan: SFT update " in sft.stdout, sft.stdout + sft.stderr
+
+
 def test_bad_key_is_a_clear_message_not_a_traceback(capsys):
     assert main(["actor_rollout_ref.actor.ppo_mini_batchsize=4"]) == 1
     err = capsys.readouterr().err

@@ -7,7 +7,7 @@ from rlcore.config.rm_schema import rm_config_errors
 from rlcore.train_rm import compose_rm
 
 
-@pytest.mark.parametrize("name", ["rm_trainer", "rm_tiny_cpu", "rm_tiny_cpu_round2"])
+@pytest.mark.parametrize("name", ["rm_trainer", "rm_tiny_cpu", "rm_tiny_cpu_round2", "rm_llama3_8b_lora"])
 def test_shipped_rm_configs_compose_and_validate(name):
     cfg = compose_rm(config_name=name)
     assert rm_config_errors(cfg) == []
@@ -29,6 +29,13 @@ def test_batch_rules():
     assert rm_config_errors(cfg) == ["data.max_token_len_per_gpu=100 cannot hold one pair of data.max_length=64 tokens; use "
                                      "data.max_token_len_per_gpu=128",
                                      "model.lora_rank=-1 / lora_alpha=16: rank must be >= 0 and alpha > 0"]
+
+
+def test_the_demo_sft_config_composes_and_validates():
+    from rlcore.train_sft import compose_sft, sft_config_errors
+
+    cfg = compose_sft(config_name="sft_tiny_cpu")
+    assert sft_config_errors(cfg) == [] and cfg.trainer.stop_metric == "val/exact_match" and cfg.data.val_files
 
 
 def test_sft_config_has_verls_keys_and_the_shared_rules():

@@ -130,6 +130,26 @@ def test_seed_reward_model_colocated_with_the_critic():
     assert _role(own, "reward model scores").where == "2 devices, own pool" and _role(own, "critic update").verdict == "fits"
 
 
+def test_seed_reward_model_training_plan_through_rlcore_rm_config():
+    from rlcore.plan import supervised_memory_plan
+    from rlcore.train_rm import compose_rm
+
+    fits = supervised_memory_plan(compose_rm(config_name="rm_llama3_8b_lora"), pairs=True)
+    (role,) = fits.roles
+    assert fits.ok and role.role == "reward model update" and role.verdict == "fits" and role.capacity == 24
+    assert dict(role.items)["activations, 8192 tokens, checkpointed"] > 0  # a pair: 2 x 4096 tokens per micro-batch
+    seed = ["data.max_length=8192", "model.lora_rank=0", "model.fsdp_config.reshard_after_forward=True", "model.fsdp_config.model_dtype=fp32"]
+    (oom,) = supervised_memory_plan(compose_rm(seed, config_name="rm_llama3_8b_lora"), pairs=True).roles
+    assert oom.verdict == "OOM"
+    state = dict(oom.items)
+    assert state["fp32 master weights / 6"] + state["gradients / 6"] + state["AdamW moments / 6"] == pytest.approx(
+        16 * BUILTIN["llama3-8b"].params(value_head=True) / 6 / GIB)
+    lora = next(saving for lever, saving in oom.levers if lever.startswith("model.lora_rank=64 model.lora_alpha=64"))
+    assert lora > oom.peak - oom.capacity  # LoRA alone is enough
+    sft = supervised_memory_plan(compose_rm(config_name="rm_llama3_8b_lora"), pairs=False).roles[0]
+    assert sft.role == "SFT update" and "log-prob head" in " ".join(what for what, _ in sft.items)
+
+
 def test_qwen2_7b_grpo_fits_on_8x80gb():
     mem = _plan(recipe="qwen2_7b_grpo")
     assert mem.capacity == 80 and mem.ok
