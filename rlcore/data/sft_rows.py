@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.config.sft_schema import TRUNCATIONS
 from rlcore.data.dataset import read_rows
 from rlcore.protocol import DataProto, position_ids_from_mask
 
