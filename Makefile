@@ -17,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,megatron]'
 	touch $(STAMP)
 
-# Builds the tiny task, tokenizer and SFT warm-started model (cached), then runs GRPO on it.
+# Builds the tiny task, tokenizer and model, warm-starts it with rlcore-sft (cached), then runs GRPO on it.
 train: $(STAMP)
 	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
 	$(PY) -m rlcore.train recipe=tiny_cpu $(ARGS)

@@ -3,9 +3,10 @@
     python -m rlcore.cli.prepare_tiny_rm --out_dir .cache/tiny_cpu                      # pairs + rm_base
     python -m rlcore.cli.prepare_tiny_rm --out_dir .cache/tiny_cpu --mine RM_DIR        # round-2 pairs
 
-- {out_dir}/rm_base: the reward model's starting point, the SFT model trained further on the training problems
-  (98.5% greedy accuracy on them, against the policy's 25%). In RLHF the reward model usually starts from a
-  stronger model than the policy; here it must check sums digit by digit, which the policy's own trunk cannot.
+- {out_dir}/rm_base: the reward model's starting point, the SFT model trained further on the training problems by
+  two rlcore-sft runs (98.5% greedy accuracy on them with the earlier warm-start, against the policy's 25%). In RLHF
+  the reward model usually starts from a stronger model than the policy; here it must check sums digit by digit,
+  which the policy's own trunk cannot.
 - {out_dir}/data/rm_train.parquet (training problems) and rm_test.parquet (the held-out ones): the right answer
   chosen over (a) wrong answers the SFT policy itself samples (train only: the mistakes RL will meet) and (b)
   made-up ones (one digit changed, near misses, random sums; rlcore.data.synthetic.preference_pairs).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -29,24 +31,23 @@ import torch
 from rlcore.data.synthetic import preference_pairs, write_parquet
 
 SETTINGS = dict(samples_per_prompt=4, temperature=1.0, seed=0, made_up_per_prompt=2,
-                rm_base_phases=[[800, 1e-3], [1600, 5e-4]], rm_base_batch_size=64)
+                rm_base_phases=[[800, 1e-3], [1600, 5e-4]])  # (steps, lr) of rlcore-sft runs; batch size: sft_tiny_cpu.yaml
 
 
 def policy_mistakes(model_dir: str, rows: list[dict], samples: int, temperature: float, seed: int) -> list[list[str]]:
     """The distinct wrong answers among `samples` sampled responses of the model to each row's prompt."""
     from transformers import AutoTokenizer
 
+    from rlcore.data.sft_rows import SFTData, chat_prompt_ids
     from rlcore.models.hf import load_causal_lm
     from rlcore.rollout.base import SamplingParams
     from rlcore.rollout.native import NativeRollout
-    from rlcore.trainer.sft import tokenize_sft
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = load_causal_lm(model_dir).eval()
-    prompt_len = max(len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)) for r in rows)
-    data = tokenize_sft([dict(r, response="") for r in rows], tokenizer, prompt_len, 1)
-    ids, mask = data["input_ids"][:, :prompt_len], data["attention_mask"][:, :prompt_len]
+    prompts = SFTData([chat_prompt_ids(tokenizer, r["prompt"]) for r in rows], [[] for _ in rows]).batch(range(len(rows)), tokenizer.pad_token_id)
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     rollout = NativeRollout(None, tokenizer.pad_token_id, torch.device("cpu"), model=model, seed=seed)
     out = rollout.generate(ids.repeat_interleave(samples, 0), mask.repeat_interleave(samples, 0),
                            SamplingParams(max_tokens=8, temperature=temperature, stop_token_ids=[tokenizer.eos_token_id]))
@@ -64,23 +65,23 @@ def pairs_for(rows: list[dict], model_dir: str, s: dict, seed: int) -> list[dict
 
 
 def build_rm_base(out_dir: str, s: dict) -> str:
-    """The SFT model trained further on the training problems (constant lr phases)."""
-    from transformers import AutoTokenizer
+    """The SFT model trained further on the training problems by rlcore-sft (config/sft_tiny_cpu.yaml without its
+    stop rule), in phases of constant lr, each starting from the last one's export."""
+    from rlcore.cli.prepare_tiny import sft_config
+    from rlcore.train_sft import run
 
-    from rlcore.models.hf import load_causal_lm
-    from rlcore.trainer.sft import greedy_accuracy, read_sft_rows, tokenize_sft, train_sft
-
-    path = os.path.join(out_dir, "rm_base")
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(out_dir, "sft_model"), local_files_only=True)
-    model = load_causal_lm(os.path.join(out_dir, "sft_model"))
-    rows = read_sft_rows(os.path.join(out_dir, "data", "sft.parquet"))
-    data = tokenize_sft(rows, tokenizer, 8, 5)
-    for steps, lr in s["rm_base_phases"]:
-        train_sft(model, data, steps, s["rm_base_batch_size"], lr, seed=s["seed"] + 1, warmup_steps=1, log_every=400)
-    print(f"rm_base: greedy accuracy {greedy_accuracy(model, tokenizer, rows[-200:], 8, 5):.3f} on training problems")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    model = os.path.abspath(os.path.join(out_dir, "sft_model"))
+    for phase, (steps, lr) in enumerate(s["rm_base_phases"]):
+        run_dir = os.path.abspath(os.path.join(out_dir, f"rm_base_run{phase}"))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        last = phase == len(s["rm_base_phases"]) - 1
+        export = os.path.abspath(os.path.join(out_dir, "rm_base")) if last else os.path.join(run_dir, "model")
+        final = run(sft_config(out_dir, f"model.partial_pretrain={model}", f"trainer.total_training_steps={steps}", f"optim.lr={lr}",
+                               "optim.lr_warmup_steps=0", "trainer.stop_metric=null", "trainer.test_freq=-1", f"trainer.seed={s['seed'] + 1}",
+                               f"trainer.default_local_dir={run_dir}/checkpoints", f"trainer.export_dir={export}"), run_dir)
+        model = export
+    print(f"rm_base: greedy accuracy {final['val/exact_match']:.3f} on {final['val/rows']} training problems")
+    return model
 
 
 def prepare_pairs(out_dir: str, settings: dict = SETTINGS) -> dict[str, str]:
