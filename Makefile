@@ -34,7 +34,7 @@ train-rm: $(STAMP)
 	$(PY) -m rlcore.train recipe=tiny_cpu_rm $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q --durations=15 tests $(ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests $(ARGS)

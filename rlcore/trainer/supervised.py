@@ -3,9 +3,9 @@ batches to a worker group, validation, checkpoints, resume and the HF export; `r
 (config checks and tokenisation before Ray starts, Ray cleaned up on any exit).
 
 A checkpoint step holds `{role}/` (each rank's sharded engine state and RNG), `{role}/huggingface/` and
-`trainer_state.json` (the step, the stop rule (trainer.stop_metric) that ended the run there if one did, its metrics). The batch order is a function of the
-seed alone, so a resumed run replays the permutations up to its step and then trains exactly the batches the
-uninterrupted run would have."""
+`trainer_state.json` (the step, its metrics, and the stop rule that ended the run there if one did). The batch
+order is a function of the seed alone, so a resumed run replays the permutations up to its step and then trains
+exactly the batches the uninterrupted run would have."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ class SupervisedTrainer:
                 yield order[start : start + size].tolist()
 
     def fit(self) -> dict[str, float]:
-        """Trains to total_steps, or to the first validation where trainer.stop_metric reaches stop_threshold; returns the last
-        step's metrics with `step` and `checkpoint` (that step's HF export)."""
+        """Trains to total_steps, or to the first validation where trainer.stop_metric reaches stop_threshold;
+        returns the last step's metrics with `step` and `checkpoint` (that step's HF export)."""
         t = self.cfg.trainer
         metrics: dict[str, float] = {}
         batches = self.batches()
