@@ -1,1 +1,1 @@
-"""The controller-side loops (PPO/GRPO fit, SFT warm-start), checkpointing and metric tracking."""
+"""The controller-side loops (PPO/GRPO fit, reward-model and SFT training), checkpointing and metric tracking."""

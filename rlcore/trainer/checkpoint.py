@@ -3,22 +3,30 @@
     {default_local_dir}/global_step_{N}/actor/          sharded model + optimizer (DCP), scheduler, per-rank RNG
     {default_local_dir}/global_step_{N}/actor/huggingface/   HF-loadable safetensors + config + tokenizer
     {default_local_dir}/global_step_{N}/data.pt         dataloader position, controller RNG, KL controller
+    {default_local_dir}/global_step_{N}/manifest.json   every file's size and CRC-32, written last
     {default_local_dir}/latest_checkpointed_iteration.txt    N, written last (verl's file name)
 
 A step is written into `global_step_{N}.tmp` and renamed once complete, and the "latest" file is replaced
-atomically afterwards, so a crash mid-save never leaves a half-written checkpoint that resume would pick.
+atomically afterwards, so a crash mid-save never leaves a half-written checkpoint that resume would pick. What
+happens to a checkpoint afterwards (a truncated copy, a full disk, bit rot) is caught by the manifest: resume
+verifies it, names the damaged file and falls back to the newest step that verifies. Nothing in a checkpoint is
+unpickled: RNG and controller state are tensors, lists and numbers read with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import random
 import shutil
+import zlib
 
-import numpy as np
 import torch
 
+from rlcore.utils.rng import rng_state, set_rng_state
+
 LATEST = "latest_checkpointed_iteration.txt"
+MANIFEST = "manifest.json"
+_CHUNK = 16 * 2**20
 
 
 def step_dir(root: str, step: int) -> str:
@@ -40,7 +48,99 @@ def begin(root: str, step: int, role: str = "actor") -> str:
     return tmp
 
 
+def _crc32(path: str) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def _files(folder: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, name), folder) for d, _, names in os.walk(folder) for name in names
+                  if not (d == folder and name == MANIFEST))
+
+
+def write_manifest(folder: str) -> None:
+    """Every file's size and CRC-32 (zlib: ~1 GB/s), written last: a step without one was never completed."""
+    entries = {rel: {"size": os.path.getsize(os.path.join(folder, rel)), "crc32": _crc32(os.path.join(folder, rel))} for rel in _files(folder)}
+    with open(os.path.join(folder, MANIFEST + ".tmp"), "w") as f:
+        json.dump({"files": entries}, f, indent=1)
+    os.replace(os.path.join(folder, MANIFEST + ".tmp"), os.path.join(folder, MANIFEST))
+
+
+def damage(folder: str) -> str | None:
+    """What is wrong with a published step (the first damaged file), or None when it verifies."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        return f"{folder} has no {MANIFEST} (its save never completed)"
+    try:
+        entries = json.load(open(path))["files"]
+    except (ValueError, KeyError) as err:
+        return f"{path} is unreadable ({err})"
+    for rel, want in entries.items():
+        file = os.path.join(folder, rel)
+        if not os.path.isfile(file):
+            return f"{file} is missing"
+        if os.path.getsize(file) != want["size"]:
+            return f"{file} is {os.path.getsize(file)} bytes, the manifest says {want['size']} (truncated or overwritten)"
+        if _crc32(file) != want["crc32"]:
+            return f"{file} does not match its checksum (corrupted)"
+    return None
+
+
+def resume_candidate(root: str) -> tuple[str | None, list[str]]:
+    """The newest complete, verified step under `root` (None if there is none) and warnings about the damaged
+    newer ones it passed over, each naming the file and the step resumed instead."""
+    latest = latest_step(root)
+    if latest is None:
+        return None, []
+    steps = sorted((int(d.rsplit("_", 1)[1]) for d in os.listdir(root) if d.startswith("global_step_") and d[12:].isdigit()), reverse=True)
+    warnings, skipped = [], []
+    for step in [s for s in steps if s <= latest]:
+        problem = damage(step_dir(root, step))
+        if problem is None:
+            warnings += [f"checkpoint {bad} is damaged: {why}; resuming from {step_dir(root, step)} instead" for bad, why in skipped]
+            return step_dir(root, step), warnings
+        skipped.append((step_dir(root, step), problem))
+    return None, [f"checkpoint {bad} is damaged: {why}" for bad, why in skipped] + [f"no complete checkpoint under {root}: starting from scratch"]
+
+
+def resume_from(trainer_cfg) -> str | None:
+    """The step folder to resume from under trainer.resume_mode: auto (the newest verified step in
+    default_local_dir, warning about damaged newer ones), disable (None), or resume_path (trainer.resume_from_path,
+    which must verify: a damaged one stops the run, naming the file and the newest good step to use instead)."""
+    from rlcore.config import ConfigError
+
+    mode, root = trainer_cfg.resume_mode, os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+        problem = damage(path)
+        if problem is not None:
+            parent = os.path.dirname(path)
+            good, _ = resume_candidate(parent) if os.path.isfile(os.path.join(parent, LATEST)) else (None, [])
+            hint = f"use trainer.resume_from_path={good}" if good and good != path else "point trainer.resume_from_path at a complete global_step_N folder"
+            raise ConfigError([f"trainer.resume_from_path: {problem}; {hint}"])
+        return path
+    path, warnings = resume_candidate(root)
+    for warning in warnings:
+        print(f"WARNING: {warning}", flush=True)
+    return path
+
+
+def checkpoint_load(path: str):
+    """torch.load of checkpoint state without unpickling code; a file that needs pickle is refused by name."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001: torch raises UnpicklingError or RuntimeError depending on the damage
+        raise ValueError(f"{path} cannot be read as checkpoint state (tensors, lists and numbers only; nothing in a checkpoint "
+                         f"is unpickled): {str(err).splitlines()[0]}") from err
+
+
 def publish(root: str, step: int, tmp: str, max_to_keep: int | None) -> str:
+    write_manifest(tmp)
     final = step_dir(root, step)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -56,10 +156,8 @@ def publish(root: str, step: int, tmp: str, max_to_keep: int | None) -> str:
 
 
 def controller_state(loader_state: dict, extra: dict) -> dict:
-    return {"loader": loader_state, "python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), **extra}
+    return {"loader": loader_state, "rng": rng_state(), **extra}
 
 
 def restore_controller_rng(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    set_rng_state(state["rng"])

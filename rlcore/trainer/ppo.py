@@ -252,23 +252,15 @@ class PPOTrainer:
         return self.last_checkpoint
 
     def maybe_resume(self) -> None:
-        mode, root = self.cfg.trainer.resume_mode, os.path.abspath(self.cfg.trainer.default_local_dir)
-        if mode == "disable":
-            return
-        if mode == "resume_path":
-            path = os.path.abspath(self.cfg.trainer.resume_from_path)
-        else:
-            step = checkpoint.latest_step(root)
-            if step is None:
-                return
-            path = checkpoint.step_dir(root, step)
-        self.load_checkpoint(path)
+        path = checkpoint.resume_from(self.cfg.trainer)
+        if path is not None:
+            self.load_checkpoint(path)
 
     def load_checkpoint(self, path: str) -> None:
         self.actor_rollout.load_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.load_checkpoint(os.path.join(path, "critic"))
-        state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
+        state = checkpoint.checkpoint_load(os.path.join(path, "data.pt"))
         self.train_loader.load_state_dict(state["loader"])
         checkpoint.restore_controller_rng(state)
         self.kl_ctrl.value = state["kl_coef"]

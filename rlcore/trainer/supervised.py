@@ -116,19 +116,9 @@ class SupervisedTrainer:
 
 
 def resume_point(trainer_cfg) -> tuple[str | None, int]:
-    """(checkpoint folder to resume from or None, its step) under trainer.resume_mode: auto (the latest in
-    default_local_dir, if any), disable, or resume_path (trainer.resume_from_path)."""
-    mode, root = trainer_cfg.resume_mode, os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
-    if mode == "disable":
-        return None, 0
-    if mode == "resume_path":
-        path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
-        if not os.path.isfile(os.path.join(path, STATE_FILE)):
-            raise ConfigError([f"trainer.resume_from_path={path} is not a checkpoint step folder (no {STATE_FILE}); point it at "
-                               f"<trainer.default_local_dir>/global_step_N"])
-        return path, json.load(open(os.path.join(path, STATE_FILE)))["step"]
-    step = checkpoint.latest_step(root)
-    return (None, 0) if step is None else (checkpoint.step_dir(root, step), step)
+    """(checkpoint folder to resume from or None, its step) under trainer.resume_mode (checkpoint.resume_from)."""
+    path = checkpoint.resume_from(trainer_cfg)
+    return (None, 0) if path is None else (path, json.load(open(os.path.join(path, STATE_FILE)))["step"])
 
 
 def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Callable, errors: list[str], console_keys: tuple[str, ...]) -> dict:

@@ -4,7 +4,6 @@ offload around phases, and RNG state in checkpoints."""
 from __future__ import annotations
 
 import os
-import random
 from collections import defaultdict
 from typing import Callable
 
@@ -20,6 +19,8 @@ from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_re
 from rlcore.engine.base import ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
+from rlcore.trainer.checkpoint import checkpoint_load
+from rlcore.utils.rng import rng_state, set_rng_state
 
 
 class RoleWorker(Worker):
@@ -124,14 +125,12 @@ def rng_state_path(path: str, rank: int) -> str:
 
 
 def save_rng_state(path: str, rank: int, extra: dict | None = None) -> None:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(), **(extra or {})}
-    torch.save(state, rng_state_path(path, rank))
+    """This rank's RNGs (+ `extra`: tensors, lists and numbers only, read back without pickle)."""
+    torch.save({**rng_state(), **(extra or {})}, rng_state_path(path, rank))
 
 
 def load_rng_state(path: str, rank: int) -> dict:
     """Restores the process RNGs; returns the whole saved dict (with any extra state)."""
-    state = torch.load(rng_state_path(path, rank), weights_only=False)
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    state = checkpoint_load(rng_state_path(path, rank))
+    set_rng_state(state)
     return state
