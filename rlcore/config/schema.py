@@ -48,6 +48,7 @@ class DataConfig:
     seed: Optional[int] = None  # shuffle seed; None = trainer.seed
     dataloader_num_workers: int = 8  # DataLoader worker processes
     filter_overlong_prompts: bool = False  # drop prompts longer than max_prompt_length at load time
+    skip_bad_rows: bool = False  # rlcore addition: drop rows that fail the load-time checks (counted) instead of stopping
     filter_overlong_prompts_workers: int = 1  # processes used for that filtering
     truncation: str = "error"  # overlong prompt handling: error | left | right | middle
     trust_remote_code: bool = False  # allow custom tokenizer code

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from rlcore.data.row_checks import RowCheck, bad_rows_report, find_bad_rows, prompt_problem
 from rlcore.protocol import position_ids_from_mask
 
 TruncationMode = Literal["error", "left", "right", "middle"]
@@ -48,6 +49,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         truncation: what to do with prompts longer than L when not filtered.
         max_samples: keep only the first max_samples rows (before filtering); -1 keeps all.
         return_raw_chat: also return the messages as `raw_prompt`.
+        row_checks: extra checks of each row (rlcore.data.row_checks); the prompt's shape is always checked.
+        skip_bad_rows: drop rows a check rejects (counted on stdout) instead of refusing the whole dataset.
     """
 
     def __init__(
@@ -61,6 +64,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         truncation: TruncationMode,
         max_samples: int,
         return_raw_chat: bool,
+        row_checks: list[RowCheck] = (),
+        skip_bad_rows: bool = False,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {TRUNCATION_MODES}")
@@ -79,8 +84,15 @@ class RLHFDataset(torch.utils.data.Dataset):
         rows, origins = read_rows(files)
         if max_samples > 0:
             rows, origins = rows[:max_samples], origins[:max_samples]
+        bad = find_bad_rows(rows, [lambda row: prompt_problem(row, prompt_key), *row_checks])
+        if bad:
+            report = bad_rows_report(bad, origins, len(rows))
+            if not skip_bad_rows:
+                raise ValueError(f"{report}\nFix the data, or set data.skip_bad_rows=True to train without these rows")
+            print(f"RLHFDataset: dropped {report} (data.skip_bad_rows=True)", flush=True)
+            rows, origins = [r for i, r in enumerate(rows) if i not in bad], [o for i, o in enumerate(origins) if i not in bad]
 
-        texts = [self._render(row, origin) for row, origin in zip(rows, origins)]
+        texts = [self._render(row) for row in rows]
         # Batch tokenization; the chat template already contains every special token we want.
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
@@ -107,14 +119,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.prompt_ids = [truncate_ids(x, max_prompt_length, truncation) for x in ids]
         self.row_positions = [pos for _, pos in origins]
 
-    def _render(self, row: dict[str, Any], origin: tuple[str, int]) -> str:
-        messages = row.get(self.prompt_key)
-        if not isinstance(messages, list):
-            raise ValueError(
-                f"{origin[0]} row {origin[1]}: column data.prompt_key={self.prompt_key!r} must hold a list of chat "
-                f"messages, got {type(messages).__name__}; columns are {sorted(row)}"
-            )
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    def _render(self, row: dict[str, Any]) -> str:
+        return self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=False)
 
     def __len__(self) -> int:
         return len(self.rows)

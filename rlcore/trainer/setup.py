@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
+from rlcore.data.row_checks import rule_score_problem
 from rlcore.reward.custom import load_custom_reward_fn
 from rlcore.reward.manager import RewardManager, build_reward_manager
+from rlcore.reward.scorers import registered_data_sources
 
 
 def _files(value) -> list[str]:
@@ -19,21 +23,25 @@ def build_data(cfg: DictConfig):
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path, local_files_only=True)
     data = cfg.data
+    # Rule scorers need a scorer per data source and a ground truth: checked on every row at load. A custom
+    # compute_score decides for itself; a reward model scores training rows (validation stays rule-scored).
+    rule = [] if cfg.custom_reward_function.path else [partial(rule_score_problem, source_key=data.reward_fn_key,
+                                                                scored_sources=registered_data_sources())]
 
-    def dataset(files, max_samples):
+    def dataset(files, max_samples, checks):
         return RLHFDataset(
             _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
             filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
-            max_samples=max_samples, return_raw_chat=data.return_raw_chat,
+            max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
         )
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed
     # Prompts are drawn a generation batch at a time (= train_batch_size unless DAPO's dynamic sampling is on).
-    train = PromptLoader(dataset(data.train_files, data.train_max_samples), data.gen_batch_size, shuffle=data.shuffle, seed=seed,
+    train = PromptLoader(dataset(data.train_files, data.train_max_samples, [] if cfg.reward_model.enable else rule), data.gen_batch_size, shuffle=data.shuffle, seed=seed,
                          batch_key="data.gen_batch_size" if cfg.algorithm.filter_groups.enable else "data.train_batch_size")
     val = None
     if data.val_files:
-        val_set = dataset(data.val_files, data.val_max_samples)
+        val_set = dataset(data.val_files, data.val_max_samples, rule)
         val = PromptLoader(val_set, data.val_batch_size or len(val_set), shuffle=False, seed=seed, drop_last=False)
     return tokenizer, train, val
 

@@ -107,8 +107,35 @@ def test_bad_settings_and_prompt_key(tmp_path):
     path = write_parquet([row("a", 0)], str(tmp_path / "d.parquet"))
     with pytest.raises(ValueError, match="data.truncation='cut'"):
         make_dataset(path, max_prompt_length=4, truncation="cut")
-    with pytest.raises(ValueError, match="data.prompt_key='question'"):
+    with pytest.raises(ValueError, match=r"1 x column 'question' \(data.prompt_key\) is not a list of chat messages \(at .*d.parquet:0\)"):
         make_dataset(path, max_prompt_length=4, prompt_key="question")
+
+
+def test_bad_rows_are_reported_with_counts_and_locations_or_skipped(tmp_path, capsys):
+    from functools import partial
+
+    from rlcore.data.row_checks import rule_score_problem
+
+    rows = [row("1+2=", i) for i in range(10)]
+    rows[1]["prompt"] = []                                   # an empty conversation
+    rows[2]["reward_model"] = {"style": "rule"}              # no ground truth
+    rows[5]["reward_model"] = {"style": "rule"}
+    rows[6]["reward_model"] = {"style": "rule"}
+    rows[8]["reward_model"] = {"style": "rule"}
+    rows[9]["data_source"] = "gsm9k"                         # no scorer for it
+    path = write_parquet(rows, str(tmp_path / "d.parquet"))
+    checks = [partial(rule_score_problem, source_key="data_source", scored_sources=["tiny_add"])]
+    with pytest.raises(ValueError) as info:
+        make_dataset(path, max_prompt_length=16, row_checks=checks)
+    assert str(info.value).splitlines() == [
+        "6 of 10 rows are unusable:",
+        f"  4 x reward_model.ground_truth is missing (the rule scorer compares the response with it) (at {path}:2, {path}:5, {path}:6, ...)",
+        f"  1 x column 'prompt' (data.prompt_key) is an empty conversation (at {path}:1)",
+        f"  1 x data_source='gsm9k' has no rule scorer (registered: tiny_add; register one, or set custom_reward_function.path) (at {path}:9)",
+        "Fix the data, or set data.skip_bad_rows=True to train without these rows"]
+    ds = make_dataset(path, max_prompt_length=16, row_checks=checks, skip_bad_rows=True)
+    assert [ds[i]["index"] for i in range(len(ds))] == [0, 3, 4, 7]
+    assert "dropped 6 of 10 rows are unusable:" in capsys.readouterr().out
 
 
 def test_collate_fn_stacks_tensors_and_keeps_objects(tmp_path):
