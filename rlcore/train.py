@@ -130,6 +130,7 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
             cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
     finally:
         tracker.close()
+        reward_fn.close()
         if started_ray:
             ray.shutdown()
 

@@ -459,6 +459,11 @@ class RewardModelConfig:
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # verl DAPO recipe's form
     launch_reward_fn_async: bool = False  # score on the controller while the actor computes log-probs
+    # rlcore additions: rule/custom scorers run isolated (rlcore.reward.isolation)
+    score_workers: int = 2  # processes running compute_score; 0 = in the controller (no timeout; for debugging a scorer)
+    score_timeout_s: float = 60.0  # per sample: a call still running then scores error_score
+    error_score: float = 0.0  # the score of a sample whose compute_score raised or timed out
+    max_error_rate: float = 0.1  # stop the run when more than this fraction of a step's samples fail
 
 
 @dataclass

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from rlcore.protocol import DataProto
+from rlcore.reward.isolation import IsolatedScorer, ScoreFailure
 from rlcore.reward.scorers import default_compute_score
 
 
@@ -18,13 +21,32 @@ def decode_responses(tokenizer, data: DataProto) -> list[str]:
     return tokenizer.batch_decode([r[: int(n)] for r, n in zip(data.batch["responses"], lengths)], skip_special_tokens=True)
 
 
-class RewardManager:
-    """verl's "naive" reward manager: one `compute_score` call per sample, on the controller."""
+@dataclass
+class ScoreGuard:
+    """What a failed score costs (reward_model.error_score) and how many failures a step tolerates
+    (reward_model.max_error_rate: the fraction of its samples) before the run stops."""
 
-    def __init__(self, tokenizer, compute_score: Callable[..., Any] | None = None, reward_fn_key: str = "data_source") -> None:
+    error_score: float = 0.0
+    max_error_rate: float = 0.1
+
+
+class RewardManager:
+    """verl's "naive" reward manager: one `compute_score` call per sample, each isolated (rlcore.reward.isolation):
+    a sample whose scorer raises or times out gets `guard.error_score`, counted in reward/errors and
+    reward/timeouts; the first message is printed once."""
+
+    def __init__(self, tokenizer, compute_score: Callable[..., Any] | None = None, reward_fn_key: str = "data_source",
+                 scorer: IsolatedScorer | None = None, guard: ScoreGuard | None = None) -> None:
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
+        self.scorer = scorer or IsolatedScorer(self.compute_score, None, "compute_score", workers=0, timeout_s=math.inf)
+        self.guard = guard or ScoreGuard()
+        self.health: dict[str, float] = {}
+        self.reported = False
+
+    def close(self) -> None:
+        self.scorer.close()
 
     def decode_responses(self, data: DataProto) -> list[str]:
         return decode_responses(self.tokenizer, data)
@@ -51,11 +73,10 @@ class RewardManager:
         texts = self.decode_responses(data)
         sources = data.non_tensor_batch[self.reward_fn_key]
         extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
-        for i, text in enumerate(texts):
-            result = self.compute_score(
-                data_source=sources[i], solution_str=text,
-                ground_truth=data.non_tensor_batch["reward_model"][i]["ground_truth"], extra_info=extra_info[i],
-            )
+        results = self.scorer.score_all([dict(data_source=sources[i], solution_str=text, ground_truth=data.non_tensor_batch["reward_model"][i]["ground_truth"],
+                                              extra_info=extra_info[i]) for i, text in enumerate(texts)])
+        results = self.check_failures(results)
+        for i, result in enumerate(results):
             sample_extras = {}
             if isinstance(result, dict):
                 sample_extras = {key: float(value) for key, value in result.items() if key != "score"}
@@ -72,6 +93,25 @@ class RewardManager:
         """A manager's adjustment of one sample's score (may add logged extras); naive: none."""
         return score
 
+    def check_failures(self, results: list[Any]) -> list[Any]:
+        """Failed samples score guard.error_score; sets `health` (reward/errors, reward/timeouts) and stops the run
+        when a step's failures pass guard.max_error_rate."""
+        failures = [r for r in results if isinstance(r, ScoreFailure)]
+        errors = sum(f.kind == "error" for f in failures)
+        self.health = {"reward/errors": float(errors), "reward/timeouts": float(len(failures) - errors)}
+        if not failures:
+            return results
+        first = failures[0]
+        if len(failures) > self.guard.max_error_rate * len(results):
+            raise RuntimeError(f"{errors} scorer errors and {len(failures) - errors} timeouts in {len(results)} samples: more than "
+                               f"reward_model.max_error_rate={self.guard.max_error_rate:g} of the step. First: {first.message}. Fix "
+                               "compute_score, or raise reward_model.max_error_rate / reward_model.score_timeout_s")
+        if not self.reported:
+            print(f"WARNING: compute_score failed ({first.kind}): {first.message}; the sample scores reward_model.error_score="
+                  f"{self.guard.error_score:g}, and later failures are only counted (reward/errors, reward/timeouts)", flush=True)
+            self.reported = True
+        return [self.guard.error_score if isinstance(r, ScoreFailure) else r for r in results]
+
 
 class DapoRewardManager(RewardManager):
     """verl's "dapo" manager: the naive score plus DAPO's soft overlong punishment (`reward_model.reward_kwargs`).
@@ -82,8 +122,9 @@ class DapoRewardManager(RewardManager):
     """
 
     def __init__(self, tokenizer, compute_score: Callable[..., Any] | None = None, reward_fn_key: str = "data_source",
+                 scorer: IsolatedScorer | None = None, guard: ScoreGuard | None = None,
                  max_resp_len: int | None = None, overlong_buffer_cfg: dict[str, Any] | None = None) -> None:
-        super().__init__(tokenizer, compute_score, reward_fn_key)
+        super().__init__(tokenizer, compute_score, reward_fn_key, scorer, guard)
         self.max_resp_len = max_resp_len
         self.overlong = dict(overlong_buffer_cfg or {})
 
@@ -102,6 +143,7 @@ class DapoRewardManager(RewardManager):
 REWARD_MANAGERS = {"naive": RewardManager, "dapo": DapoRewardManager}  # reward_model.reward_manager
 
 
-def build_reward_manager(name: str, tokenizer, compute_score, reward_fn_key: str, reward_kwargs: dict[str, Any]) -> RewardManager:
+def build_reward_manager(name: str, tokenizer, compute_score, reward_fn_key: str, reward_kwargs: dict[str, Any],
+                         scorer: IsolatedScorer | None = None, guard: ScoreGuard | None = None) -> RewardManager:
     """`reward_model.reward_manager` by name (the validator has checked the name and the kwargs)."""
-    return REWARD_MANAGERS[name](tokenizer, compute_score, reward_fn_key, **reward_kwargs)
+    return REWARD_MANAGERS[name](tokenizer, compute_score, reward_fn_key, scorer, guard, **reward_kwargs)

@@ -169,6 +169,7 @@ class PPOTrainer:
         with timer("reward", metrics):
             scores, extras = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
+        metrics.update(self.reward_fn.health)
         return batch, extras
 
     def generate(self, batch: DataProto, validate: bool = False, greedy: bool = False, metrics: dict | None = None) -> DataProto:

@@ -11,8 +11,9 @@ from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
 from rlcore.data.row_checks import rule_score_problem
 from rlcore.reward.custom import load_custom_reward_fn
-from rlcore.reward.manager import RewardManager, build_reward_manager
-from rlcore.reward.scorers import registered_data_sources
+from rlcore.reward.isolation import IsolatedScorer
+from rlcore.reward.manager import RewardManager, ScoreGuard, build_reward_manager
+from rlcore.reward.scorers import default_compute_score, registered_data_sources
 
 
 def _files(value) -> list[str]:
@@ -53,7 +54,10 @@ def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardM
     if overlong.enable:  # verl's DAPO-recipe form of the same punishment
         kwargs = {"max_resp_len": cfg.data.max_response_length,
                   "overlong_buffer_cfg": {"enable": True, "len": overlong.len, "penalty_factor": overlong.penalty_factor, "log": overlong.log}}
-    manager = build_reward_manager(cfg.reward_model.reward_manager, tokenizer, custom, cfg.data.reward_fn_key, kwargs)
+    r, fn = cfg.reward_model, cfg.custom_reward_function
+    scorer = IsolatedScorer(custom or default_compute_score, fn.path, fn.name, r.score_workers, r.score_timeout_s)
+    manager = build_reward_manager(r.reward_manager, tokenizer, custom, cfg.data.reward_fn_key, kwargs, scorer,
+                                   ScoreGuard(r.error_score, r.max_error_rate))
     return manager, manager
 
 

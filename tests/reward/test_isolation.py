@@ -1,0 +1,84 @@
+"""Reward isolation: a scorer that raises, hangs or kills its process costs its sample a default score (counted),
+never the run, until too many samples of a step fail; the pool it ran in is replaced and nothing is left behind."""
+
+import time
+
+import pytest
+import torch
+
+from rlcore.data.tokenizer import build_char_tokenizer
+from rlcore.protocol import DataProto
+from rlcore.reward.isolation import IsolatedScorer
+from rlcore.reward.manager import RewardManager, ScoreGuard
+
+TOK = build_char_tokenizer()
+SCORER = '''
+import os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "13":
+        raise ValueError("cannot parse 13")
+    if solution_str == "99":
+        time.sleep(3600)  # a stuck sandbox
+    if solution_str == "66":
+        os._exit(3)  # a scorer that kills its process
+    return 1.0 if solution_str == ground_truth else 0.0
+'''
+
+
+def batch(answers, truths):
+    ids = [TOK.convert_tokens_to_ids(list(a)) + [TOK.eos_token_id] for a in answers]
+    width = max(map(len, ids))
+    responses = torch.tensor([x + [TOK.pad_token_id] * (width - len(x)) for x in ids])
+    mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+    return DataProto.from_dict({"responses": responses, "response_mask": mask},
+                               {"data_source": ["custom"] * len(ids), "reward_model": [{"ground_truth": t} for t in truths]})
+
+
+def manager(tmp_path, workers=2, timeout_s=2.0, **guard):
+    path = tmp_path / "scorer.py"
+    path.write_text(SCORER)
+    return RewardManager(TOK, None, "data_source", IsolatedScorer(None, str(path), "compute_score", workers, timeout_s), ScoreGuard(**guard))
+
+
+def children():
+    import psutil
+
+    # multiprocessing's resource tracker lives as long as the interpreter: not a scorer
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def test_an_error_scores_the_default_and_is_counted_and_printed_once(tmp_path, capsys):
+    reward = manager(tmp_path, error_score=-1.0, max_error_rate=0.5)
+    try:
+        scores, _ = reward(batch(["4", "13", "5", "7"], ["4", "13", "6", "7"]))
+        assert scores.sum(-1).tolist() == [1.0, -1.0, 0.0, 1.0] and reward.health == {"reward/errors": 1.0, "reward/timeouts": 0.0}
+        reward(batch(["13"] * 2 + ["1"] * 2, ["1"] * 4))
+        assert reward.health["reward/errors"] == 2.0
+        out = capsys.readouterr().out
+        assert out.count("WARNING: compute_score failed (error): ValueError: cannot parse 13") == 1
+        with pytest.raises(RuntimeError, match=r"3 scorer errors and 0 timeouts in 4 samples: more than reward_model.max_error_rate=0.5 "
+                                               r"of the step. First: ValueError: cannot parse 13"):
+            reward(batch(["13"] * 3 + ["1"], ["1"] * 4))
+    finally:
+        reward.close()
+    assert children() == []
+
+
+def test_a_hung_or_dying_scorer_costs_its_sample_not_the_run(tmp_path):
+    reward = manager(tmp_path, workers=2, timeout_s=2.0, max_error_rate=0.5)
+    try:
+        start = time.monotonic()
+        scores, _ = reward(batch(["99", "4", "5", "8"], ["99", "4", "5", "9"]))
+        took = time.monotonic() - start
+        assert scores.sum(-1).tolist() == [0.0, 1.0, 1.0, 0.0] and reward.health == {"reward/errors": 0.0, "reward/timeouts": 1.0}
+        assert took < 2.0 * 2 + 5 + 5  # the bound: timeout x calls per worker + 5 s, and the spawn of the pool
+        assert reward.scorer.pool is None  # the pool with the stuck call was killed ...
+        scores, _ = reward(batch(["66", "3", "4"], ["66", "3", "4"]))  # the dying call breaks its pool: the others are rescored
+        assert reward.health["reward/errors"] == 1.0 and scores.sum(-1).tolist() == [0.0, 1.0, 1.0]
+        scores, _ = reward(batch(["3"], ["3"]))  # ... and the pool is replaced again
+        assert scores.sum().item() == 1.0 and reward.health == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+    finally:
+        reward.close()
+    assert children() == []
