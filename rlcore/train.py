@@ -113,9 +113,7 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     # intra-op threads there just contend with the workers for cores (measured: 8 ms vs 20 us per index op).
     torch.set_num_threads(1)
 
-    import ray
-
-    from rlcore.controller.ray_group import init_ray
+    from rlcore.controller.ray_session import ray_cluster
     from rlcore.trainer.ppo import PPOTrainer
     from rlcore.trainer.setup import build_data, build_reward_fns, total_training_steps
     from rlcore.trainer.tracking import Tracker
@@ -124,15 +122,13 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
     total_steps = total_training_steps(cfg, train_loader)
     tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps)
-    started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
     try:
-        return train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
-            cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
+        with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
+            return train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
+                cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
     finally:
         tracker.close()
         reward_fn.close()
-        if started_ray:
-            ray.shutdown()
 
 
 def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:

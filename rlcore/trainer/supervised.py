@@ -148,35 +148,36 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     import torch
     from omegaconf import OmegaConf
 
-    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool, init_ray
+    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
+    from rlcore.controller.ray_session import ray_cluster
     from rlcore.trainer.tracking import Tracker
 
     torch.set_num_threads(1)  # the controller only reshapes small batches; the workers compute
     resume_from, start_step = resume_point(cfg.trainer)
     tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, start_step=start_step, console_keys=console_keys)
-    started_ray = init_ray(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus)
     pool, group = None, None
     try:
-        t = cfg.trainer
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // (t.nnodes * t.n_gpus_per_node)) if t.device == "cpu" else 1
-        pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, cpus_per_rank=cpus)
-        group = RayWorkerGroup(worker_cls, pool, config=OmegaConf.to_container(cfg, resolve=True))
-        group.init_model(total_steps)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role, resume_from).fit()
-        tokenizer.save_pretrained(final["checkpoint"])
-        if cfg.trainer.export_dir:
-            export = os.path.abspath(os.path.expanduser(cfg.trainer.export_dir))
-            shutil.rmtree(export, ignore_errors=True)
-            shutil.copytree(final["checkpoint"], export)
-            final["checkpoint"] = export
-        print(f"{role} model saved to {final['checkpoint']}", flush=True)
-        return final
+        with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
+            try:
+                t = cfg.trainer
+                cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // (t.nnodes * t.n_gpus_per_node)) if t.device == "cpu" else 1
+                pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, cpus_per_rank=cpus)
+                group = RayWorkerGroup(worker_cls, pool, config=OmegaConf.to_container(cfg, resolve=True))
+                group.init_model(total_steps)
+                pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+                final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role, resume_from).fit()
+            finally:
+                if group is not None:
+                    group.kill(graceful=True)
+                if pool is not None:
+                    pool.release()
     finally:
         tracker.close()
-        if group is not None:
-            group.kill(graceful=True)
-        if pool is not None:
-            pool.release()
-        if started_ray:
-            ray.shutdown()
+    tokenizer.save_pretrained(final["checkpoint"])
+    if cfg.trainer.export_dir:
+        export = os.path.abspath(os.path.expanduser(cfg.trainer.export_dir))
+        shutil.rmtree(export, ignore_errors=True)
+        shutil.copytree(final["checkpoint"], export)
+        final["checkpoint"] = export
+    print(f"{role} model saved to {final['checkpoint']}", flush=True)
+    return final
