@@ -166,7 +166,7 @@ def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     groups = {}
     try:
         for role, pool in where.items():
-            groups[role] = RayWorkerGroup(classes[role], pools[pool], config=config)
+            groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=cfg.trainer.hang_timeout_s, config=config)
     except BaseException:
         teardown(groups, pools, graceful=True)
         raise
@@ -185,6 +185,8 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
     last checkpoint, up to trainer.max_worker_restarts times (default 0: fail at once, like verl)."""
     from ray.exceptions import RayActorError
 
+    from rlcore.controller.ray_group import WorkerHang
+
     restarts_left, restart, restart_from, val_history = cfg.trainer.max_worker_restarts, False, None, None
     while True:
         groups, pools = build_worker_groups(cfg)
@@ -195,6 +197,10 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
             metrics = trainer.fit()
             trainer.report_validation()
             return metrics
+        except WorkerHang as err:
+            crashed = True
+            where = f"Rerun the same command to resume from {trainer.last_checkpoint}" if trainer.last_checkpoint else "No checkpoint was written yet"
+            raise SystemExit(f"rlcore: workers stopped answering at global step {trainer.global_step}:\n{err}\n{where}.") from err
         except RayActorError as err:
             crashed = True
             where = trainer.last_checkpoint or "no checkpoint yet (trainer.save_freq)"

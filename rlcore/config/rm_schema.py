@@ -73,6 +73,7 @@ class RMTrainerSection:
     resume_mode: str = "auto"  # auto (the latest checkpoint in default_local_dir) | disable | resume_path
     resume_from_path: Optional[str] = None  # a global_step_N folder, for resume_mode=resume_path
     max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoint steps; None = all
+    hang_timeout_s: float = 300.0  # a call slower than this + 2 x its slowest earlier call names the stuck ranks
     # rlcore addition (Lightning's EarlyStopping stopping_threshold): end training at the first validation (every
     # test_freq steps) where stop_metric reaches stop_threshold, e.g. val/exact_match (SFT) or val/accuracy (RM);
     # the final checkpoint is that step's. None = never.

@@ -549,6 +549,9 @@ class TrainerConfig:
     device_memory_gb: Optional[float] = None  # rlcore addition: memory per device (GiB) that the memory plan
     # checks against; None = measured (CUDA: the visible device; CPU: host RAM / ranks)
     max_worker_restarts: int = 0  # rlcore addition: if a worker process dies, rebuild the workers and resume
+    # rlcore addition: a worker-group call that takes longer than this + 2 x its slowest earlier call (3 x this for
+    # its first call) ends the run, naming the ranks that stopped answering
+    hang_timeout_s: float = 300.0
     # from this run's last checkpoint (save_freq) up to N times; 0 = fail at once like verl
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import inspect
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlcore.controller.decorator import DISPATCH_ATTR, MESH_ATTR, DataLayout, dispatch_and_collect
+from rlcore.controller.worker import node_ip
 
 
 @dataclass
@@ -71,9 +74,11 @@ class RayWorkerGroup:
     the process and the device; a second role (e.g. a critic) is another group on the same pool (or its own).
     """
 
-    def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", **init_kwargs: Any) -> None:
+    def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", hang_timeout_s: float = 300.0, **init_kwargs: Any) -> None:
         self.pool = pool
         self.world_size = pool.world_size
+        self.name = worker_cls.__name__ if name == "worker" else name
+        self.hang_timeout_s, self.slowest = hang_timeout_s, {}
         pg = pool.placement_group()
         share = pool.share()
         remote_cls = ray.remote(worker_cls)
@@ -94,6 +99,7 @@ class RayWorkerGroup:
         self._layouts: dict[str | None, list[DataLayout]] = {None: [DataLayout(r, self.world_size) for r in range(self.world_size)]}
         master_addr, master_port = ray.get(self.workers[0].get_master_addr_port.remote())
         ray.get([w.init_process_group.remote(master_addr, master_port) for w in self.workers])
+        self.processes = ray.get([w.process_info.remote() for w in self.workers])
         self._bind_registered_methods(worker_cls)
 
     def _bind_registered_methods(self, worker_cls: type) -> None:
@@ -114,13 +120,44 @@ class RayWorkerGroup:
     def _group_method(self, name: str, mode, mesh: str | None):
         def call(per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list[Any]:
             refs = [getattr(w, name).remote(*a, **k) for w, a, k in zip(self.workers, per_rank_args, per_rank_kwargs)]
-            return ray.get(refs)
+            return self.wait_all(name, refs)
 
         def group_method(*args: Any, **kwargs: Any) -> Any:
             return dispatch_and_collect(mode, self.layouts(mesh), call, args, kwargs)
 
         group_method.__name__ = name
         return group_method
+
+    def hang_bound(self, method: str) -> float:
+        """Seconds a call may take before the group counts as hung: trainer.hang_timeout_s + twice the slowest
+        call of this method so far (3 x hang_timeout_s for its first call: model loading, first compilations)."""
+        slowest = self.slowest.get(method)
+        return 3 * self.hang_timeout_s if slowest is None else self.hang_timeout_s + 2 * slowest
+
+    def wait_all(self, method: str, refs: list) -> list[Any]:
+        """Every rank's result; a rank that died raises RayActorError (the restart path), ranks that stop
+        answering raise WorkerHang naming them, after `hang_bound(method)` seconds."""
+        start, bound = time.monotonic(), self.hang_bound(method)
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=bound)
+        if pending:
+            raise WorkerHang(self.describe_hang(method, [refs.index(ref) for ref in pending], bound))
+        self.slowest[method] = max(self.slowest.get(method, 0.0), time.monotonic() - start)
+        return ray.get(refs)
+
+    def describe_hang(self, method: str, ranks: list[int], bound: float) -> str:
+        """Which ranks did not answer and what their processes are doing (when they run on this machine)."""
+        here, logs = node_ip(), _session_logs_dir()
+        lines = [f"{self.name}.{method}: {len(ranks)} of {self.world_size} ranks did not answer within {bound:.0f} s "
+                 f"(trainer.hang_timeout_s={self.hang_timeout_s:g} + 2 x the slowest earlier call)"]
+        for rank in ranks:
+            ip, pid = self.processes[rank]
+            state = "on another node"
+            if ip == here:
+                state = _process_state(pid)
+            log = next(iter(sorted(glob.glob(os.path.join(logs, f"worker-*-{pid}.err")))), None) if logs else None
+            lines.append(f"  rank {rank}: pid {pid} on {ip}, {state}" + (f"; log {log}" if log else ""))
+        lines.append("A stopped or stuck rank leaves the others waiting in a collective with it.")
+        return "\n".join(lines)
 
     def kill(self, graceful: bool = True) -> None:
         """Tears the group down: destroys the process group (if graceful) and kills the actors. The pool's
@@ -132,6 +169,27 @@ class RayWorkerGroup:
                 pass  # a dead actor cannot tear down its process group; killing it is what matters
         for w in self.workers:
             ray.kill(w)
+
+
+class WorkerHang(RuntimeError):
+    """Ranks of a worker group stopped answering (stopped, deadlocked, or waiting on one that is)."""
+
+
+def _session_logs_dir() -> str | None:
+    node = getattr(ray._private.worker, "_global_node", None)
+    return node.get_logs_dir_path() if node is not None else None
+
+
+def _process_state(pid: int) -> str:
+    try:
+        import psutil
+
+        status = psutil.Process(pid).status()
+    except Exception:  # noqa: BLE001: gone, or psutil cannot see it
+        return "no longer running"
+    if status == "stopped":
+        return "STOPPED (SIGSTOP or a debugger): this is the rank holding the others"
+    return f"{status} (waiting in a collective, or stuck in its own code)"
 
 
 def init_ray(address: str | None, num_cpus: int | None) -> bool:

@@ -53,6 +53,10 @@ class Worker:
     def get_master_addr_port(self) -> tuple[str, int]:
         return node_ip(), free_port()
 
+    def process_info(self) -> tuple[str, int]:
+        """(node IP, pid): where the driver looks when this rank stops answering."""
+        return node_ip(), os.getpid()
+
     def init_process_group(self, master_addr: str, master_port: int, timeout_s: int = 600) -> None:
         """Joins the group of all ranks: gloo on CPU, nccl on CUDA, same code otherwise."""
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")

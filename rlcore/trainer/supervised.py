@@ -162,7 +162,7 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
                 t = cfg.trainer
                 cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // (t.nnodes * t.n_gpus_per_node)) if t.device == "cpu" else 1
                 pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, cpus_per_rank=cpus)
-                group = RayWorkerGroup(worker_cls, pool, config=OmegaConf.to_container(cfg, resolve=True))
+                group = RayWorkerGroup(worker_cls, pool, hang_timeout_s=t.hang_timeout_s, config=OmegaConf.to_container(cfg, resolve=True))
                 group.init_model(total_steps)
                 pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
                 final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role, resume_from).fit()

@@ -32,7 +32,7 @@ def test_killed_worker_is_replaced_and_training_resumes_from_checkpoint(tiny_mod
     reward_file.write_text(KILLER.format(count_file=str(tmp_path / "count"), kill_at=kill_at))
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=4", "trainer.save_freq=2",
                    "trainer.test_freq=-1", "data.val_max_samples=8", "trainer.max_worker_restarts=1",
-                   f"custom_reward_function.path={reward_file}")
+                   f"custom_reward_function.path={reward_file}", "reward_model.score_workers=0")  # one process counts the calls
     final = run(cfg, str(tmp_path / "run"))
     out = capsys.readouterr().out
     assert "a worker process died at global step 3" in out and "restarting the workers from" in out
