@@ -3,39 +3,42 @@ time limit, and an exception or a timeout costs that sample a default score inst
 samples of a step fail, which stops the run with the first error).
 
 A hung scorer (a stuck sandbox, an HTTP call without a timeout) can only be stopped from outside its process, so
-the scorers run in a pool of `reward_model.score_workers` spawned processes; a pool with a hung call is killed and
-replaced. The pool also keeps a slow scorer from serialising the step on the controller. score_workers=0 calls the
-scorer in the controller (no timeout: for debugging a scorer).
+the scorers run in `reward_model.score_workers` spawned processes, one call at a time each: a call still running
+`score_timeout_s` after it started has its process killed and replaced, while the other processes go on with the
+rest of the batch. The processes also keep a slow scorer from serialising the step on the controller.
+score_workers=0 calls the scorer in the controller (no timeout: for debugging a scorer).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import math
 import multiprocessing
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
-_WORKER_FN: Callable[..., Any] | None = None
-_BROKEN = object()  # a call lost with its pool
+
+def _call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    """(True, the scorer's result) or (False, the exception's last traceback line)."""
+    try:
+        return True, fn(**kwargs)
+    except Exception as err:  # noqa: BLE001: any scorer failure becomes a per-sample error
+        return False, traceback.format_exception_only(type(err), err)[-1].strip()
 
 
-def _init_worker(custom_path: str | None, custom_name: str) -> None:
-    global _WORKER_FN
+def _serve(conn: Connection, custom_path: str | None, custom_name: str) -> None:
+    """A scoring process: loads the scorer once, then answers one request at a time until the pipe closes."""
     from rlcore.reward.custom import load_custom_reward_fn
     from rlcore.reward.scorers import default_compute_score
 
-    _WORKER_FN = load_custom_reward_fn(custom_path, custom_name) or default_compute_score
-
-
-def _call(fn: Callable[..., Any] | None, kwargs: dict[str, Any]) -> tuple[bool, Any]:
-    """(True, the scorer's result) or (False, the exception's last traceback line)."""
-    try:
-        return True, (fn or _WORKER_FN)(**kwargs)
-    except Exception as err:  # noqa: BLE001: any scorer failure becomes a per-sample error
-        return False, traceback.format_exception_only(type(err), err)[-1].strip()
+    fn = load_custom_reward_fn(custom_path, custom_name) or default_compute_score
+    while True:
+        try:
+            kwargs = conn.recv()
+        except EOFError:
+            return
+        conn.send(_call(fn, kwargs))
 
 
 @dataclass
@@ -44,55 +47,70 @@ class ScoreFailure:
     message: str
 
 
+class _Proc:
+    def __init__(self, ctx, custom: tuple[str | None, str]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, *custom), daemon=True)
+        self.process.start()
+        child.close()
+        self.job: int | None = None  # index of the request it is scoring
+        self.started = 0.0
+
+    def stop(self) -> None:
+        self.conn.close()
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+
+
 class IsolatedScorer:
     """`score_all(requests)`: one result (or ScoreFailure) per request dict of compute_score keywords."""
 
     def __init__(self, compute_score: Callable[..., Any], custom_path: str | None, custom_name: str, workers: int, timeout_s: float) -> None:
         self.compute_score, self.custom = compute_score, (custom_path, custom_name)
         self.workers, self.timeout_s = workers, timeout_s
-        self.pool: cf.ProcessPoolExecutor | None = None
-
-    def _pool(self) -> cf.ProcessPoolExecutor:
-        if self.pool is None:
-            # spawn: the controller runs Ray's threads and torch; forking it is not safe.
-            self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_init_worker, initargs=self.custom)
-        return self.pool
+        self.procs: list[_Proc] = []
+        self.ctx = multiprocessing.get_context("spawn")  # the controller runs Ray's threads and torch: never fork it
 
     def score_all(self, requests: list[dict[str, Any]]) -> list[Any]:
         if self.workers == 0:
             return [result if ok else ScoreFailure("error", result) for ok, result in (_call(self.compute_score, r) for r in requests)]
-        results = self._run(requests)
-        # A scorer that kills its process breaks the whole pool and every call still in it: score those again one
-        # by one in fresh pools, so only the culprit fails.
-        for i in [i for i, r in enumerate(results) if r is _BROKEN]:
-            (results[i],) = self._run([requests[i]])
-        return [ScoreFailure("error", "the scoring process died (os._exit, a signal or a crash in compute_score)") if r is _BROKEN else r
-                for r in results]
-
-    def _run(self, requests: list[dict[str, Any]]) -> list[Any]:
-        futures = [self._pool().submit(_call, None, r) for r in requests]
-        # Each call gets timeout_s; calls queue behind each other on `workers` processes.
-        deadline = time.monotonic() + self.timeout_s * math.ceil(len(requests) / self.workers) + 5.0
-        done, _ = cf.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
-        results: list[Any] = []
-        for future in futures:
-            if future not in done:
-                results.append(ScoreFailure("timeout", f"no score within reward_model.score_timeout_s={self.timeout_s:g}s"))
-            elif isinstance(future.exception(), cf.process.BrokenProcessPool):
-                results.append(_BROKEN)
-            else:
-                ok, result = future.result()
-                results.append(result if ok else ScoreFailure("error", result))
-        if len(done) < len(futures) or _BROKEN in results:
-            self.close(kill=True)  # a hung or broken pool is replaced on the next call
+        while len(self.procs) < self.workers:
+            self.procs.append(_Proc(self.ctx, self.custom))
+        results: list[Any] = [None] * len(requests)
+        queue, left = list(range(len(requests))), len(requests)
+        while left:
+            for i, proc in enumerate(self.procs):
+                if proc.job is None and queue:
+                    if not proc.process.is_alive():  # died between batches
+                        proc.stop()
+                        proc = self.procs[i] = _Proc(self.ctx, self.custom)
+                    proc.job, proc.started = queue.pop(0), time.monotonic()
+                    proc.conn.send(requests[proc.job])
+            busy = [p for p in self.procs if p.job is not None]
+            timeout = max(0.0, min(p.started for p in busy) + self.timeout_s - time.monotonic())
+            ready = wait([p.conn for p in busy], timeout=timeout)
+            for i, proc in enumerate(list(self.procs)):
+                if proc.job is None:
+                    continue
+                if proc.conn in ready:
+                    try:
+                        ok, result = proc.conn.recv()
+                        results[proc.job] = result if ok else ScoreFailure("error", result)
+                        proc.job, left = None, left - 1
+                        continue
+                    except (EOFError, OSError):  # the scorer took its process down (os._exit, a signal, a crash)
+                        results[proc.job] = ScoreFailure("error", "the scoring process died (os._exit, a signal or a crash in compute_score)")
+                elif time.monotonic() - proc.started >= self.timeout_s:
+                    results[proc.job] = ScoreFailure("timeout", f"no score within reward_model.score_timeout_s={self.timeout_s:g}s")
+                else:
+                    continue
+                left -= 1
+                proc.stop()
+                self.procs[i] = _Proc(self.ctx, self.custom)  # a fresh process for the rest of the batch
         return results
 
-    def close(self, kill: bool = False) -> None:
-        if self.pool is None:
-            return
-        if kill:
-            for process in list(getattr(self.pool, "_processes", {}).values()):
-                process.kill()
-        self.pool.shutdown(wait=not kill, cancel_futures=True)
-        self.pool = None
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+        self.procs = []

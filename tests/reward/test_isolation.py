@@ -73,11 +73,12 @@ def test_a_hung_or_dying_scorer_costs_its_sample_not_the_run(tmp_path):
         scores, _ = reward(batch(["99", "4", "5", "8"], ["99", "4", "5", "9"]))
         took = time.monotonic() - start
         assert scores.sum(-1).tolist() == [0.0, 1.0, 1.0, 0.0] and reward.health == {"reward/errors": 0.0, "reward/timeouts": 1.0}
-        assert took < 2.0 * 2 + 5 + 5  # the bound: timeout x calls per worker + 5 s, and the spawn of the pool
-        assert reward.scorer.pool is None  # the pool with the stuck call was killed ...
-        scores, _ = reward(batch(["66", "3", "4"], ["66", "3", "4"]))  # the dying call breaks its pool: the others are rescored
+        assert took < 2.0 + 5  # the hung call's own 2 s (the others ran beside it), and spawning the processes
+        pids = [p.process.pid for p in reward.scorer.procs]
+        scores, _ = reward(batch(["66", "3", "4"], ["66", "3", "4"]))  # a call that kills its process
         assert reward.health["reward/errors"] == 1.0 and scores.sum(-1).tolist() == [0.0, 1.0, 1.0]
-        scores, _ = reward(batch(["3"], ["3"]))  # ... and the pool is replaced again
+        assert len(set(pids) & {p.process.pid for p in reward.scorer.procs}) == 1  # that process was replaced
+        scores, _ = reward(batch(["3"], ["3"]))
         assert scores.sum().item() == 1.0 and reward.health == {"reward/errors": 0.0, "reward/timeouts": 0.0}
     finally:
         reward.close()
