@@ -4,7 +4,7 @@
     python -m rlcore.cli.prepare_tiny_rm --out_dir .cache/tiny_cpu --mine RM_DIR        # round-2 pairs
 
 - {out_dir}/rm_base: the reward model's starting point, the SFT model trained further on the training problems by
-  two rlcore-sft runs (100% greedy accuracy on 200 of them, against the policy's 29.5%). In RLHF
+  rlcore-sft (98.5% greedy accuracy on 200 of them, against the policy's 29.5%). In RLHF
   the reward model usually starts from a stronger model than the policy; here it must check sums digit by digit,
   which the policy's own trunk cannot.
 - {out_dir}/data/rm_train.parquet (training problems) and rm_test.parquet (the held-out ones): the right answer
@@ -32,7 +32,10 @@ import torch
 from rlcore.data.synthetic import preference_pairs, write_parquet
 
 SETTINGS = dict(samples_per_prompt=4, temperature=1.0, seed=0, made_up_per_prompt=2,
-                rm_base_phases=[[800, 1e-3], [1600, 5e-4]])  # (steps, lr) of rlcore-sft runs; batch size: sft_tiny_cpu.yaml
+                # (steps, lr) of rlcore-sft runs (batch size: sft_tiny_cpu.yaml). One 800-step run (98.5% greedy accuracy)
+                # gave a better reward model than 800 + 1,600 more at 5e-4 (100%): held-out pair accuracy 0.998 vs 0.964
+                # after round 1, and PPO on it 0.276 -> 0.374 vs 0.308 by step 100.
+                rm_base_phases=[[800, 1e-3]])
 
 
 def policy_mistakes(model_dir: str, rows: list[dict], samples: int, temperature: float, seed: int) -> list[list[str]]:
