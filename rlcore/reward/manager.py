@@ -73,9 +73,9 @@ class RewardManager:
         texts = self.decode_responses(data)
         sources = data.non_tensor_batch[self.reward_fn_key]
         extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
-        results = self.scorer.score_all([dict(data_source=sources[i], solution_str=text, ground_truth=data.non_tensor_batch["reward_model"][i]["ground_truth"],
-                                              extra_info=extra_info[i]) for i, text in enumerate(texts)])
-        results = self.check_failures(results)
+        truths = [row["ground_truth"] for row in data.non_tensor_batch["reward_model"]]
+        results = self.check_failures(self.scorer.score_all([
+            dict(data_source=sources[i], solution_str=text, ground_truth=truths[i], extra_info=extra_info[i]) for i, text in enumerate(texts)]))
         for i, result in enumerate(results):
             sample_extras = {}
             if isinstance(result, dict):
