@@ -4,7 +4,7 @@
   so the cleanup runs), then stops any process of its session that outlived `ray.shutdown()`.
 - SIGKILL of the driver runs no cleanup; Ray's own fate-sharing takes the session's processes (GCS, raylet,
   dashboard and runtime-env agents, workers) down with it: measured gone 0.2 s after the kill with Ray 2.x here,
-  and tests/controller/test_ray_session.py asserts it within 30 s.
+  and tests/reliability/test_ray_session.py asserts it within 30 s.
 A cluster joined through trainer/RAY_ADDRESS is never touched.
 """
 

@@ -1,8 +1,9 @@
 """What real runs hit, on the tiny recipe through Ray: failing and hung scorers, bad rows, a damaged latest
 checkpoint, a disk that fills up mid-save. Each test asserts what is kept (no completed step lost beyond the last
-checkpoint). Also in this suite: test_hang.py (a SIGSTOPped worker); elsewhere: a malicious pickle in a checkpoint
-(tests/trainer/test_checkpoint.py), a SIGKILLed worker (tests/e2e/test_worker_restart.py), a SIGTERMed/SIGKILLed
-driver (tests/controller/test_ray_session.py), a NaN gradient (tests/engine/test_fsdp2_features.py)."""
+checkpoint, and the resumed run's metrics equal an uninterrupted run's). Also in this suite: test_hang.py (a
+SIGSTOPped worker), test_worker_restart.py (a SIGKILLed worker), test_ray_session.py (a SIGTERMed / SIGKILLed
+driver). Unit-level: a malicious pickle in a checkpoint (tests/trainer/test_checkpoint.py), a NaN gradient
+skipped (tests/engine/test_fsdp2_features.py), scorer isolation (tests/reward/test_isolation.py)."""
 
 import errno
 import json
@@ -91,5 +92,9 @@ def test_a_disk_full_mid_save_keeps_the_previous_checkpoint(tiny_model_dir, tiny
         run(cfg(3), str(tmp_path / "first"))
     monkeypatch.setattr(torch, "save", real_save)
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "1"
-    run(cfg(3), str(tmp_path / "second"))
+    resumed = run(cfg(3), str(tmp_path / "second"))
     assert [r["step"] for r in rows_of(tmp_path / "second" / "metrics.jsonl")] == [2, 3]
+    straight = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "straight", "trainer.total_training_steps=3", "trainer.save_freq=-1",
+                            "trainer.test_freq=-1", "trainer.val_before_train=False"), str(tmp_path / "straight" / "run"))
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/score/mean", "response_length/mean"):
+        assert resumed[key] == pytest.approx(straight[key], rel=1e-4, abs=1e-6), key  # as if nothing had happened
