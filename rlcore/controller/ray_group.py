@@ -142,7 +142,17 @@ class RayWorkerGroup:
         if pending:
             raise WorkerHang(self.describe_hang(method, [refs.index(ref) for ref in pending], bound))
         self.slowest[method] = max(self.slowest.get(method, 0.0), time.monotonic() - start)
-        return ray.get(refs)
+        results, errors = [], []
+        for ref in refs:
+            try:
+                results.append(ray.get(ref))
+            except Exception as err:  # noqa: BLE001: sorted below
+                errors.append(err)
+        # A dead rank fails its peers' collectives too: its RayActorError (what the restart path handles) is the
+        # cause, whichever rank's error comes first in rank order.
+        if errors:
+            raise next((e for e in errors if isinstance(e, ray.exceptions.RayActorError)), errors[0])
+        return results
 
     def describe_hang(self, method: str, ranks: list[int], bound: float) -> str:
         """Which ranks did not answer and what their processes are doing (when they run on this machine)."""

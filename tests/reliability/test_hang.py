@@ -6,7 +6,6 @@ import time
 import pytest
 
 from e2e_utils import tiny_cfg
-from rlcore.controller import ray_session
 from rlcore.train import run
 
 STOPPER = """
@@ -26,8 +25,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.mark.slow
-def test_a_stopped_worker_ends_the_run_naming_it(tiny_model_dir, tiny_task_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(ray_session, "REGISTRY", str(tmp_path / "sessions"))
+def test_a_stopped_worker_ends_the_run_naming_it(tiny_model_dir, tiny_task_dir, tmp_path):
     scorer = tmp_path / "stopper.py"
     scorer.write_text(STOPPER.format(count_file=str(tmp_path / "count"), stop_at=2 * 8 * 4 + 1, pid_file=str(tmp_path / "pid")))
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=6", "trainer.test_freq=-1", "trainer.save_freq=2",

@@ -47,6 +47,7 @@ def test_without_restarts_a_dead_worker_stops_with_a_resume_hint(tiny_model_dir,
     reward_file = tmp_path / "killer.py"
     reward_file.write_text(KILLER.format(count_file=str(tmp_path / "count"), kill_at=1))
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.val_before_train=False",
-                   "trainer.test_freq=-1", "trainer.max_worker_restarts=0", f"custom_reward_function.path={reward_file}")
+                   "trainer.test_freq=-1", "trainer.max_worker_restarts=0", f"custom_reward_function.path={reward_file}",
+                   "reward_model.score_workers=0")  # one process counts the calls
     with pytest.raises(SystemExit, match=r"(?s)worker process died at global step 1.*No checkpoint was written yet.*max_worker_restarts"):
         run(cfg, str(tmp_path / "run"))
