@@ -14,7 +14,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,megatron]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,megatron,tracking,plots]'
 	touch $(STAMP)
 
 # Builds the tiny task, tokenizer and model, warm-starts it with rlcore-sft (cached), then runs GRPO on it.
