@@ -152,7 +152,8 @@ def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     of its pool (see `placement`)."""
     import ray
 
-    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
+    from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
+    from rlcore.controller.ray_group import RayWorkerGroup
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
     from rlcore.workers.critic import CriticWorker
     from rlcore.workers.reward_model import RewardModelWorker
@@ -161,12 +162,16 @@ def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     shapes, where = placement(cfg)
     # CPU ranks split the cluster's cores evenly (one rank on 2 cores computes with 2 threads).
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // sum(n * g for n, g in shapes)) if device == "cpu" else 1
-    pools = [ResourcePool(n, g, device, max_colocate_count=list(where.values()).count(i), cpus_per_rank=cpus) for i, (n, g) in enumerate(shapes)]
+    pools = [ResourcePool(n, g, device, max_colocate_count=list(where.values()).count(i), cpus_per_rank=cpus,
+                          timeout_s=cfg.trainer.placement_timeout_s) for i, (n, g) in enumerate(shapes)]
     classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker}
     groups = {}
     try:
         for role, pool in where.items():
             groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=cfg.trainer.hang_timeout_s, config=config)
+        print(placement_map(groups), flush=True)
+        if cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode != "disable":
+            check_shared_dir(groups, cfg.trainer.default_local_dir)
     except BaseException:
         teardown(groups, pools, graceful=True)
         raise

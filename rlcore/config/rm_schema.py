@@ -74,6 +74,7 @@ class RMTrainerSection:
     resume_from_path: Optional[str] = None  # a global_step_N folder, for resume_mode=resume_path
     max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoint steps; None = all
     hang_timeout_s: float = 300.0  # a call slower than this + 2 x its slowest earlier call names the stuck ranks
+    placement_timeout_s: float = 120.0  # seconds Ray may take to place every node's ranks before the run stops
     # rlcore addition (Lightning's EarlyStopping stopping_threshold): end training at the first validation (every
     # test_freq steps) where stop_metric reaches stop_threshold, e.g. val/exact_match (SFT) or val/accuracy (RM);
     # the final checkpoint is that step's. None = never.

@@ -552,6 +552,9 @@ class TrainerConfig:
     # rlcore addition: a worker-group call that takes longer than this + 2 x its slowest earlier call (3 x this for
     # its first call) ends the run, naming the ranks that stopped answering
     hang_timeout_s: float = 300.0
+    # rlcore addition: how long Ray may take to find room for every node's ranks (one placement group per node)
+    # before the run stops, naming the nodes it has and what they lack
+    placement_timeout_s: float = 120.0
     # from this run's last checkpoint (save_freq) up to N times; 0 = fail at once like verl
 
 

@@ -357,9 +357,9 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
     if not ok or n < 1 or epochs < 1:  # n and ppo_epochs are reported by _check_ranges
         return None
     world = nodes * per_node
-    _check_rollout_tp(c, world, per_node)
+    _check_rollout_tp(c, per_node)
     if c.get(f"{actor}.strategy") == "megatron":
-        sp = _megatron_model_parallel(c, f"{actor}.megatron", world)
+        sp = _megatron_model_parallel(c, f"{actor}.megatron", world, per_node)
         if sp is None:
             return None
     elif world % sp:
@@ -477,7 +477,8 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
             return None
         world = c.get("critic.nnodes") * c.get("critic.n_gpus_per_node")
     if c.get("critic.strategy") == "megatron":
-        model_parallel = _megatron_model_parallel(c, "critic.megatron", world)
+        per_node = c.get("critic.n_gpus_per_node") if c.get("critic.enable_resource_pool") else c.get("trainer.n_gpus_per_node")
+        model_parallel = _megatron_model_parallel(c, "critic.megatron", world, per_node)
         if model_parallel is None:
             return None
         world //= model_parallel  # from here on: the critic's data-parallel ranks
@@ -497,30 +498,35 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
     return _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")[3]
 
 
-def _megatron_model_parallel(c: _Checker, section: str, world: int) -> Optional[int]:
+def _megatron_model_parallel(c: _Checker, section: str, world: int, per_node: int) -> Optional[int]:
     """Megatron's layout: world = TP x PP x CP x DP. Returns TP x PP x CP (devices per model replica)."""
     keys = [f"{section}.{name}_parallel_size" for name in ("tensor_model", "pipeline_model", "context")]
     if not all([c.at_least(key, 1) for key in keys]):
         return None
     tp, pp, cp = (c.get(key) for key in keys)
-    if world % (tp * pp * cp) == 0:
-        return tp * pp * cp
-    fixes = _nearest(pp, lambda v: world % (tp * v * cp) == 0, 1, world)
-    c.error(f"{keys[0]}={tp} x {keys[1]}={pp} x {keys[2]}={cp} = {tp * pp * cp} devices per model replica does not "
-            f"divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node; world = TP x PP x CP x DP); "
-            + (_use(keys[1], fixes) or _use(keys[0], _nearest(tp, lambda v: world % v == 0, 1, world))))
-    return None
+    if world % (tp * pp * cp):
+        fixes = _nearest(pp, lambda v: world % (tp * v * cp) == 0, 1, world)
+        c.error(f"{keys[0]}={tp} x {keys[1]}={pp} x {keys[2]}={cp} = {tp * pp * cp} devices per model replica does not "
+                f"divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node; world = TP x PP x CP x DP); "
+                + (_use(keys[1], fixes) or _use(keys[0], _nearest(tp, lambda v: world % v == 0, 1, world))))
+        return None
+    if per_node % tp:
+        c.error(f"{keys[0]}={tp} must divide the ranks per node ({per_node}): a TP group is contiguous ranks, and ranks are "
+                "placed node by node, so it would straddle two nodes (TP's collectives run every layer); "
+                + _use(keys[0], _nearest(tp, lambda v: per_node % v == 0, 1, per_node)))
+        return None
+    return tp * pp * cp
 
 
-def _check_rollout_tp(c: _Checker, world: int, per_node: int) -> None:
+def _check_rollout_tp(c: _Checker, per_node: int) -> None:
     key = f"{ARR}.rollout.tensor_model_parallel_size"
     tp = c.get(key)
     if not c.at_least(key, 1):
         return
-    if world % tp or tp > per_node:
-        fixes = _nearest(tp, lambda v: world % v == 0 and v <= per_node, 1, per_node)
-        c.error(f"{key}={tp} must divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node) and be "
-                f"<= trainer.n_gpus_per_node={per_node} (a rollout replica stays on one node); " + _use(key, fixes))
+    if per_node % tp:
+        fixes = _nearest(tp, lambda v: per_node % v == 0, 1, per_node)
+        c.error(f"{key}={tp} must divide trainer.n_gpus_per_node={per_node}: ranks are placed node by node, and a rollout "
+                "replica's TP group (contiguous ranks) must not straddle two nodes; " + _use(key, fixes))
 
 
 # ----------------------------------------------------------------------------------------- public

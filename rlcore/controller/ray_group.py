@@ -1,4 +1,4 @@
-"""Worker groups on Ray: one actor per rank, placed by a placement group, called through dispatch modes."""
+"""Worker groups on Ray: one actor per rank, placed in a ResourcePool's bundles, called through dispatch modes."""
 
 from __future__ import annotations
 
@@ -6,65 +6,14 @@ import glob
 import inspect
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlcore.controller.decorator import DISPATCH_ATTR, MESH_ATTR, DataLayout, dispatch_and_collect
+from rlcore.controller.placement import ResourcePool
 from rlcore.controller.worker import node_ip
-
-
-@dataclass
-class ResourcePool:
-    """`nnodes x n_gpus_per_node` ranks; on CPU one bundle of `cpus_per_rank` CPUs per rank (each rank runs that
-    many torch threads), on CUDA one GPU (+1 CPU) per rank.
-
-    `max_colocate_count` worker groups may share the pool: each rank of each group takes that fraction of its
-    bundle, so e.g. the actor group and the critic group run one process each on every device (their phases
-    alternate, and offload frees the device for the other). The placement group lives until `release()`.
-    """
-
-    nnodes: int
-    n_gpus_per_node: int
-    device: str = "cpu"
-    max_colocate_count: int = 1
-    cpus_per_rank: int = 1
-    _pg: object = field(default=None, repr=False)
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.n_gpus_per_node
-
-    def bundle(self) -> dict[str, float]:
-        return {"CPU": 1, "GPU": 1} if self.device == "cuda" else {"CPU": self.cpus_per_rank}
-
-    def share(self) -> dict[str, float]:
-        """What one rank of one colocated group asks of its bundle."""
-        return {k: v / self.max_colocate_count for k, v in self.bundle().items()}
-
-    def placement_group(self, timeout_s: float = 120.0):
-        if self._pg is None:
-            self._pg = self._create_placement_group(timeout_s)
-        return self._pg
-
-    def release(self) -> None:
-        if self._pg is not None:
-            remove_placement_group(self._pg)
-            self._pg = None
-
-    def _create_placement_group(self, timeout_s: float):
-        pg = placement_group([self.bundle() for _ in range(self.world_size)], strategy="PACK" if self.nnodes == 1 else "SPREAD")
-        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-        if not ready:
-            have = ray.cluster_resources()
-            raise RuntimeError(
-                f"Ray could not place {self.world_size} ranks of {self.bundle()} within {timeout_s:.0f}s; cluster has {have}. "
-                "Lower trainer.n_gpus_per_node / trainer.nnodes or add resources (ray_kwargs.ray_init.num_cpus)."
-            )
-        return pg
 
 
 class RayWorkerGroup:
@@ -79,7 +28,6 @@ class RayWorkerGroup:
         self.world_size = pool.world_size
         self.name = worker_cls.__name__ if name == "worker" else name
         self.hang_timeout_s, self.slowest = hang_timeout_s, {}
-        pg = pool.placement_group()
         share = pool.share()
         remote_cls = ray.remote(worker_cls)
         # On CPU a rank computes with the cores of its bundle (Ray would otherwise pin it to one thread per
@@ -91,7 +39,7 @@ class RayWorkerGroup:
                 name=None,
                 num_cpus=share["CPU"],
                 num_gpus=share.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(*pool.rank_bundle(rank)),
                 runtime_env={"env_vars": env} if env else None,
             ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
             for rank in range(self.world_size)
@@ -160,7 +108,7 @@ class RayWorkerGroup:
         lines = [f"{self.name}.{method}: {len(ranks)} of {self.world_size} ranks did not answer within {bound:.0f} s "
                  f"(trainer.hang_timeout_s={self.hang_timeout_s:g} + 2 x the slowest earlier call)"]
         for rank in ranks:
-            ip, pid = self.processes[rank]
+            ip, pid, _ = self.processes[rank]
             state = "on another node"
             if ip == here:
                 state = _process_state(pid)

@@ -53,9 +53,19 @@ class Worker:
     def get_master_addr_port(self) -> tuple[str, int]:
         return node_ip(), free_port()
 
-    def process_info(self) -> tuple[str, int]:
-        """(node IP, pid): where the driver looks when this rank stops answering."""
-        return node_ip(), os.getpid()
+    def process_info(self) -> tuple[str, int, str]:
+        """(node IP, pid, Ray node id): the placement map, and where the driver looks when this rank stops answering."""
+        import ray
+
+        return node_ip(), os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def read_marker(self, path: str) -> str | None:
+        """The text of `path` as this rank's node sees it (None if it cannot): is a directory shared?"""
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return None
 
     def init_process_group(self, master_addr: str, master_port: int, timeout_s: int = 600) -> None:
         """Joins the group of all ranks: gloo on CPU, nccl on CUDA, same code otherwise."""

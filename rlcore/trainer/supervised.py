@@ -148,7 +148,8 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     import torch
     from omegaconf import OmegaConf
 
-    from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
+    from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
+    from rlcore.controller.ray_group import RayWorkerGroup
     from rlcore.controller.ray_session import ray_cluster
     from rlcore.trainer.tracking import Tracker
 
@@ -161,8 +162,10 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
             try:
                 t = cfg.trainer
                 cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // (t.nnodes * t.n_gpus_per_node)) if t.device == "cpu" else 1
-                pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, cpus_per_rank=cpus)
+                pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, cpus_per_rank=cpus, timeout_s=t.placement_timeout_s)
                 group = RayWorkerGroup(worker_cls, pool, hang_timeout_s=t.hang_timeout_s, config=OmegaConf.to_container(cfg, resolve=True))
+                print(placement_map({role: group}), flush=True)
+                check_shared_dir({role: group}, t.default_local_dir)
                 group.init_model(total_steps)
                 pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
                 final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role, resume_from).fit()

@@ -334,3 +334,18 @@ def test_reward_model_keys_of_verl_compose_and_what_is_not_implemented_is_refuse
     assert budget == ["reward_model.forward_max_token_len_per_gpu=10 is smaller than the longest scored sequence (13 tokens: "
                       "reward_model.max_length or data.max_prompt_length + data.max_response_length); use "
                       "reward_model.forward_max_token_len_per_gpu=13"]
+
+
+def test_tp_groups_never_straddle_two_nodes():
+    """Ranks are placed node by node; a TP group (contiguous ranks) must divide the ranks per node even where it
+    divides the world: 2 nodes x 6 ranks with TP 4 would put ranks 4-7 across both nodes."""
+    nodes = ["trainer.nnodes=2", "trainer.n_gpus_per_node=6", "data.train_batch_size=48", f"{ARR}.actor.ppo_mini_batch_size=48",
+             f"{ARR}.actor.ppo_micro_batch_size_per_gpu=32"]
+    messages = _errors(nodes + [f"{ARR}.rollout.tensor_model_parallel_size=4"], recipe="tiny_cpu")
+    assert any(m.startswith(f"{ARR}.rollout.tensor_model_parallel_size=4 must divide trainer.n_gpus_per_node=6") and
+               "straddle two nodes" in m and f"use {ARR}.rollout.tensor_model_parallel_size=3" in m for m in messages), messages
+    megatron = [f"{ARR}.actor.strategy=megatron", f"{ARR}.ref.strategy=megatron", f"{ARR}.actor.megatron.tensor_model_parallel_size=4",
+                f"{ARR}.ref.megatron.tensor_model_parallel_size=4"]
+    messages = _errors(nodes + megatron, recipe="tiny_cpu")
+    assert any(m.startswith(f"{ARR}.actor.megatron.tensor_model_parallel_size=4 must divide the ranks per node (6)") for m in messages), messages
+    validate_config(_cfg(nodes + [f"{ARR}.rollout.tensor_model_parallel_size=2"], recipe="tiny_cpu"))  # 3 replicas per node

@@ -81,7 +81,7 @@ def test_two_groups_colocate_on_one_pool(local_ray):
 
 def test_placement_group_too_large_says_how_to_fix(local_ray):
     with pytest.raises(RuntimeError, match="n_gpus_per_node"):
-        ResourcePool(nnodes=1, n_gpus_per_node=8, device="cpu").placement_group(timeout_s=3)
+        ResourcePool(nnodes=1, n_gpus_per_node=8, device="cpu", timeout_s=3).placement_groups()
 
 
 @pytest.mark.parametrize("ranks, cpus_per_rank", [(1, 2), (2, 1)])
