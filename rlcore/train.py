@@ -121,7 +121,8 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     tokenizer, train_loader, val_loader = build_data(cfg)
     reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
     total_steps = total_training_steps(cfg, train_loader)
-    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps)
+    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, project_name=cfg.trainer.project_name,
+                      experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True))
     try:
         with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
             return train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(

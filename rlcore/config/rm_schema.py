@@ -60,7 +60,7 @@ class RMTrainerSection:
     total_training_steps: Optional[int] = None  # optimizer steps; None = total_epochs x steps per epoch
     project_name: str = "rlcore_rm"  # tracker project
     experiment_name: str = "reward_model"  # tracker run name
-    logger: List[str] = field(default_factory=lambda: ["console"])  # trackers: console, jsonl
+    logger: List[str] = field(default_factory=lambda: ["console"])  # trackers: console|file|jsonl|tensorboard|wandb|mlflow
     nnodes: int = 1  # machines
     n_gpus_per_node: int = 8  # ranks per machine (also with device=cpu)
     device: str = "cuda"  # cuda | cpu (gloo)

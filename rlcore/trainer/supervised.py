@@ -155,7 +155,9 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
 
     torch.set_num_threads(1)  # the controller only reshapes small batches; the workers compute
     resume_from, start_step = resume_point(cfg.trainer)
-    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, start_step=start_step, console_keys=console_keys)
+    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, start_step=start_step, console_keys=console_keys,
+                      project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
+                      config=OmegaConf.to_container(cfg, resolve=True))
     pool, group = None, None
     try:
         with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
