@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -12,7 +11,7 @@ import torch
 
 from rlcore.protocol import DataProto
 from rlcore.reward.isolation import IsolatedScorer, ScoreFailure
-from rlcore.reward.scorers import default_compute_score
+from rlcore.reward.scorers import answer_extractor, default_compute_score
 
 
 def decode_responses(tokenizer, data: DataProto) -> list[str]:
@@ -28,6 +27,11 @@ class ScoreGuard:
 
     error_score: float = 0.0
     max_error_rate: float = 0.1
+
+
+def _extra_value(value: Any) -> Any:
+    """A scorer's extra as the manager returns it: a number as a float, anything else unchanged."""
+    return float(value) if isinstance(value, (bool, int, float, np.number)) else value
 
 
 class RewardManager:
@@ -58,10 +62,13 @@ class RewardManager:
         pad = self.tokenizer.pad_token or ""
         return [(p.replace(pad, ""), r, float(s)) for p, r, s in zip(prompts, self.decode_responses(rows), scores.sum(-1).tolist())]
 
-    def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[float]]]:
-        """Returns `token_level_scores` `[batch, response_len]` and any extra per-sample values the scorer returned.
+    def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        """Returns `token_level_scores` `[batch, response_len]` and the extra per-sample values, one list per key.
 
-        A scorer may return a float or a dict with a "score" key plus extras (logged as `reward_extra/<key>`).
+        A scorer may return a float or a dict with a "score" key plus extras (logged as `reward_extra/<key>`):
+        numbers become floats, anything else (the extracted answer "pred", a label) passes through as it is. Without
+        a "pred" from the scorer, the answer extractor registered for the sample's data_source supplies it. A key
+        some samples lack (a failed score, an extractor for one source only) is None for them.
         With a reward model (`rm_scores` in the batch) its scores are the scores, as in verl's naive manager: the
         rule scorer is not called (validation batches carry no rm_scores and are scored by the rules).
         """
@@ -69,27 +76,30 @@ class RewardManager:
             return data.batch["rm_scores"].clone(), {}
         mask = data.batch["response_mask"]
         scores = torch.zeros(mask.shape, dtype=torch.float32)
-        extras: dict[str, list[float]] = defaultdict(list)
         texts = self.decode_responses(data)
         sources = data.non_tensor_batch[self.reward_fn_key]
         extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
         truths = [row["ground_truth"] for row in data.non_tensor_batch["reward_model"]]
         results = self.check_failures(self.scorer.score_all([
             dict(data_source=sources[i], solution_str=text, ground_truth=truths[i], extra_info=extra_info[i]) for i, text in enumerate(texts)]))
+        per_sample: list[dict[str, Any]] = []
         for i, result in enumerate(results):
             sample_extras = {}
             if isinstance(result, dict):
-                sample_extras = {key: float(value) for key, value in result.items() if key != "score"}
+                sample_extras = {key: _extra_value(value) for key, value in result.items() if key != "score"}
                 result = result["score"]
+            extract = answer_extractor(sources[i])
+            if "pred" not in sample_extras and extract is not None:
+                sample_extras["pred"] = extract(texts[i])
             length = int(mask[i].sum())
             score = self.shape_score(float(result), length, sample_extras)
-            for key, value in sample_extras.items():
-                extras[key].append(value)
+            per_sample.append(sample_extras)
             if length > 0:  # an empty response has no token to carry the score
                 scores[i, length - 1] = score
-        return scores, dict(extras)
+        keys = dict.fromkeys(key for sample_extras in per_sample for key in sample_extras)  # first-seen order
+        return scores, {key: [sample_extras.get(key) for sample_extras in per_sample] for key in keys}
 
-    def shape_score(self, score: float, response_length: int, extras: dict[str, float]) -> float:
+    def shape_score(self, score: float, response_length: int, extras: dict[str, Any]) -> float:
         """A manager's adjustment of one sample's score (may add logged extras); naive: none."""
         return score
 
@@ -128,7 +138,7 @@ class DapoRewardManager(RewardManager):
         self.max_resp_len = max_resp_len
         self.overlong = dict(overlong_buffer_cfg or {})
 
-    def shape_score(self, score: float, response_length: int, extras: dict[str, float]) -> float:
+    def shape_score(self, score: float, response_length: int, extras: dict[str, Any]) -> float:
         if not self.overlong.get("enable", False):
             return score
         buffer = self.overlong["len"]

@@ -2,6 +2,10 @@
 
 A scorer maps (solution_str, ground_truth, extra_info) to a float reward. `default_compute_score` is what the
 reward manager calls when no custom_reward_function.path is configured.
+
+An answer extractor, registered per data_source next to its scorer, maps a response to its final answer (a str,
+None if it gave none). The reward manager adds it to the scorer's extras as "pred" when the scorer returned none,
+and validation takes the majority vote over it (`maj@k`, rlcore.trainer.val_metrics).
 """
 
 from __future__ import annotations
@@ -11,29 +15,45 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 Scorer = Callable[..., float]
+AnswerExtractor = Callable[[str], str | None]
 _SCORERS: dict[str, Scorer] = {}
+_EXTRACTORS: dict[str, AnswerExtractor] = {}
 
 # Must equal rlcore.data.synthetic.TASK_NAME (a test checks it); not imported so that scorers stay importable
 # without pyarrow / torch, e.g. in light reward-worker processes.
 TINY_ADD = "tiny_add"
 
 
-def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
-    """Decorator: `@register_scorer("gsm8k", "openai/gsm8k")` makes fn the scorer for those data sources."""
+def _register(table: dict[str, Callable], kind: str, data_sources: tuple[str, ...], override: str) -> Callable[[Callable], Callable]:
     if not data_sources:
-        raise ValueError("register_scorer needs at least one data_source name")
+        raise ValueError(f"register_{kind} needs at least one data_source name")
 
-    def decorator(fn: Scorer) -> Scorer:
+    def decorator(fn: Callable) -> Callable:
         for name in data_sources:
-            if name in _SCORERS and _SCORERS[name] is not fn:
+            if name in table and table[name] is not fn:
                 raise ValueError(
-                    f"data_source {name!r} already has scorer {_SCORERS[name].__qualname__}; "
-                    f"override it with custom_reward_function.path instead"
+                    f"data_source {name!r} already has {kind} {table[name].__qualname__}; override it with {override} instead"
                 )
-            _SCORERS[name] = fn
+            table[name] = fn
         return fn
 
     return decorator
+
+
+def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
+    """Decorator: `@register_scorer("gsm8k", "openai/gsm8k")` makes fn the scorer for those data sources."""
+    return _register(_SCORERS, "scorer", data_sources, "custom_reward_function.path")
+
+
+def register_answer_extractor(*data_sources: str) -> Callable[[AnswerExtractor], AnswerExtractor]:
+    """Decorator: `@register_answer_extractor("gsm8k")` makes fn(solution_str) -> answer | None the data sources'
+    answer extractor (what majority voting compares)."""
+    return _register(_EXTRACTORS, "answer_extractor", data_sources, 'a compute_score that returns {"score": ..., "pred": ...}')
+
+
+def answer_extractor(data_source: str) -> AnswerExtractor | None:
+    """The data source's registered answer extractor; None if it has none (then validation has no maj@k for it)."""
+    return _EXTRACTORS.get(data_source)
 
 
 def registered_data_sources() -> list[str]:
@@ -60,6 +80,12 @@ def tiny_add_score(solution_str: str, ground_truth: str, extra_info: dict[str, A
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
+@register_answer_extractor(TINY_ADD)
+def tiny_add_answer(solution_str: str) -> str:
+    """The whole response, whitespace stripped: what tiny_add_score compares."""
+    return solution_str.strip()
+
+
 # verl's strict format: "#### " then the number (minus sign, digits, dots, commas).
 _GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 # Any number with at least one digit; "," or "." alone (sentence punctuation) never counts.
@@ -80,6 +106,12 @@ def extract_gsm8k_answer(solution_str: str, method: Literal["strict", "flexible"
     else:
         raise ValueError(f"gsm8k method={method!r} is not one of ('strict', 'flexible')")
     return _normalize_number(found[-1]) if found else None
+
+
+@register_answer_extractor("openai/gsm8k", "gsm8k")
+def gsm8k_answer(solution_str: str) -> str | None:
+    """The strict-format answer gsm8k_score compares by default (normalised), None without a `#### <number>`."""
+    return extract_gsm8k_answer(solution_str, "strict")
 
 
 @register_scorer("openai/gsm8k", "gsm8k")

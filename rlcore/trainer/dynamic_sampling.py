@@ -25,6 +25,10 @@ def sample_metric(batch: DataProto, metric: str, extras: dict[str, list[float]])
         raise ValueError(f"algorithm.filter_groups.metric={metric} is not a value the reward function returned (it returned "
                          f"{', '.join(sorted(extras)) or 'only a score'}); use one of {', '.join(SEQUENCE_METRICS)} or a key of "
                          "the dict your compute_score returns")
+    text = next((v for v in extras[metric] if not isinstance(v, (int, float))), None)
+    if text is not None:
+        raise ValueError(f"algorithm.filter_groups.metric={metric} is not a number per sample (the reward function returned "
+                         f"{text!r}); use one of {', '.join(SEQUENCE_METRICS)} or a numeric key of the dict compute_score returns")
     return np.asarray(extras[metric], dtype=np.float64)
 
 

@@ -15,7 +15,9 @@ from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.protocol import DataProto
 from rlcore.trainer import checkpoint
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
+from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
+from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)
@@ -170,6 +172,8 @@ class PPOTrainer:
             scores, extras = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
         metrics.update(self.reward_fn.health)
+        if self.cfg.trainer.rollout_data_dir:
+            dump_generations(self.cfg.trainer.rollout_data_dir, self.global_step, self.reward_fn, batch, scores, extras)
         return batch, extras
 
     def generate(self, batch: DataProto, validate: bool = False, greedy: bool = False, metrics: dict | None = None) -> DataProto:
@@ -215,22 +219,28 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Greedy (val_kwargs) generation over the whole validation set; mean score per data source."""
-        n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
-        scores_by_source: dict[str, list[float]] = {}
+        """val_kwargs.n generations (greedy by default) per validation prompt, scored by val_reward_fn; verl's metrics
+        per data source (rlcore.trainer.val_metrics), and the generations in trainer.validation_data_dir if set."""
+        n, trainer = self.cfg.actor_rollout_ref.rollout.val_kwargs.n, self.cfg.trainer
+        sources, prompt_ids, columns = [], [], []
         samples: list[tuple[str, str, float]] = []
         for raw in self.val_loader:
-            batch = self.generate(to_proto(raw).repeat(n, interleave=True), validate=True)
-            scores, _ = self.val_reward_fn(batch)
-            for source, score in zip(batch.non_tensor_batch[self.cfg.data.reward_fn_key], scores.sum(-1).tolist()):
-                scores_by_source.setdefault(source, []).append(score)
-            if len(samples) < self.cfg.trainer.log_val_generations:
-                samples.extend(self.val_reward_fn.samples(batch, scores, self.cfg.trainer.log_val_generations - len(samples)))
+            prompts = to_proto(raw)
+            batch = self.generate(prompts.repeat(n, interleave=True), validate=True)
+            scores, extras = self.val_reward_fn(batch)
+            sources.extend(batch.non_tensor_batch[self.cfg.data.reward_fn_key])
+            prompt_ids.extend(np.repeat(np.arange(len(prompts)) + len(prompt_ids) // n, n))  # interleaved: a prompt's n are adjacent
+            columns.append({"reward": scores.sum(-1).tolist(), **{k: v for k, v in extras.items() if k != "reward"}})
+            if trainer.validation_data_dir:
+                dump_generations(trainer.validation_data_dir, self.global_step, self.val_reward_fn, batch, scores, extras,
+                                 fresh=len(columns) == 1)
+            if len(samples) < trainer.log_val_generations:
+                samples.extend(self.val_reward_fn.samples(batch, scores, trainer.log_val_generations - len(samples)))
         if samples:
             self.tracker.log_generations(samples, step=self.global_step)
-        metrics = {f"val-core/{source}/reward/mean@{n}": float(np.mean(s)) for source, s in scores_by_source.items()}
-        self.val_history.append((self.global_step, float(np.mean(list(metrics.values())))))
-        return metrics
+        by_source = process_validation_metrics(sources, prompt_ids, concat_columns(columns))
+        self.val_history.append((self.global_step, float(np.mean([v["reward"][f"mean@{n}"] for v in by_source.values()]))))
+        return sectioned_metrics(by_source)
 
     def report_validation(self) -> None:
         """The two figures a run is judged by: held-out score before the first RL step and after the last."""

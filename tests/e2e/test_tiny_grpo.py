@@ -14,9 +14,13 @@ from rlcore.plan import memory_plan
 from rlcore.train import run
 
 
-def read_jsonl(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+def read_jsonl_file(path):
+    with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def read_jsonl(run_dir):
+    return read_jsonl_file(os.path.join(run_dir, "metrics.jsonl"))
 
 
 def read_metrics(run_dir):
@@ -36,6 +40,7 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
                    "trainer.test_freq=2", "data.val_max_samples=16",
                    f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_score",
                    "trainer.log_val_generations=2",
+                   f"trainer.rollout_data_dir={tmp_path}/rollouts", f"trainer.validation_data_dir={tmp_path}/val_generations",
                    # exercise the between-phase offload path of actor (params + optimizer) and reference
                    "actor_rollout_ref.actor.fsdp_config.param_offload=True", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
                    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
@@ -57,6 +62,14 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     # The user's reward function scored every sample (train and validation), not the built-in scorer.
     assert final["critic/score/mean"] == 0.25 and final["val-core/tiny_add/reward/mean@1"] == 0.25
     assert final["actor/lr"] > 0
+    # verl's generation dumps: every training sample of a step (8 prompts x rollout.n=4), every validation sample
+    rollouts = read_jsonl_file(tmp_path / "rollouts" / "2.jsonl")
+    assert len(rollouts) == 32 and {r["score"] for r in rollouts} == {0.25} and {r["step"] for r in rollouts} == {2}
+    assert sorted(os.listdir(tmp_path / "rollouts")) == ["1.jsonl", "2.jsonl"]
+    val = read_jsonl_file(tmp_path / "val_generations" / "0.jsonl")
+    assert len(val) == 16 and sorted(os.listdir(tmp_path / "val_generations")) == ["0.jsonl", "2.jsonl"]
+    assert set(val[0]) == {"input", "output", "gts", "score", "step", "pred"} and val[0]["pred"] == val[0]["output"].strip()
+    assert val[0]["input"] == prompt and int(val[0]["gts"]) == sum(map(int, prompt[len("<|user|>"):-len("=<|assistant|>")].split("+")))
     # rlcore-plan's estimate for this run against the measured peak RSS of the busiest rank (CPU: the process)
     plan, _ = diagnose(cfg)
     estimate = max(role.peak for role in memory_plan(cfg, plan).roles)

@@ -1,5 +1,6 @@
 """Reward managers: the score on each response's last token, and DAPO's soft overlong punishment by hand."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,12 +10,12 @@ from rlcore.protocol import DataProto
 from rlcore.reward.manager import REWARD_MANAGERS, build_reward_manager
 
 
-def batch(lengths, response_len=10):
+def batch(lengths, response_len=10, sources=None):
     mask = (torch.arange(response_len)[None] < torch.tensor(lengths)[:, None]).long()
     n = len(lengths)
     return DataProto.from_dict(
         {"responses": torch.full((n, response_len), 7) * mask, "response_mask": mask},
-        {"data_source": ["any"] * n, "reward_model": [{"ground_truth": "x"}] * n},
+        {"data_source": sources or ["any"] * n, "reward_model": [{"ground_truth": "x"}] * n},
     )
 
 
@@ -28,6 +29,31 @@ def test_naive_puts_the_score_on_the_last_response_token():
     assert scores[0, 2] == 1.0 and scores[0].sum() == 1.0
     assert scores[1].sum() == 0.0  # an empty response has no token to carry the score
     assert scores[2, 9] == 1.0 and extras == {}
+
+
+def scored_with_extras(data_source, solution_str, ground_truth, extra_info=None):
+    if len(solution_str) == 1:
+        return 0.5  # no extras for this one
+    return {"score": 1.0, "acc": len(solution_str) == 3, "pred": solution_str[:2], "hits": np.int64(len(solution_str))}
+
+
+def test_text_extras_pass_through_numbers_become_floats_and_a_missing_key_is_none():
+    manager = build_reward_manager("naive", build_char_tokenizer(), scored_with_extras, "data_source", {})
+    scores, extras = manager(batch([3, 1, 4]))  # token 7 is the character "1"
+    assert scores.sum(-1).tolist() == [1.0, 0.5, 1.0]
+    assert extras == {"acc": [1.0, None, 0.0], "pred": ["11", None, "11"], "hits": [3.0, None, 4.0]}
+    assert type(extras["acc"][0]) is float and type(extras["hits"][0]) is float
+
+
+def test_the_registered_extractor_supplies_pred_when_the_scorer_gives_none():
+    manager = build_reward_manager("naive", build_char_tokenizer(), always_one, "data_source", {})
+    _, extras = manager(batch([2, 3, 0], sources=["tiny_add", "any", "tiny_add"]))
+    assert extras == {"pred": ["11", None, ""]}  # tiny_add: the stripped response; "any" has no extractor
+    manager = build_reward_manager("naive", build_char_tokenizer(), scored_with_extras, "data_source", {})
+    _, extras = manager(batch([2], sources=["tiny_add"]))
+    assert extras["pred"] == ["11"]  # the scorer's own pred wins (here the same text)
+    _, extras = manager(batch([4], sources=["gsm8k"]))
+    assert extras["pred"] == ["11"]  # the scorer's, not the gsm8k extractor's None
 
 
 def test_dapo_overlong_penalty_by_hand():

@@ -1,13 +1,15 @@
-"""Rule scorers: registry dispatch, tiny_add, gsm8k strict / flexible."""
+"""Rule scorers: registry dispatch, tiny_add, gsm8k strict / flexible, and the answer extractors beside them."""
 
 import pytest
 
 from rlcore.data.synthetic import TASK_NAME
 from rlcore.reward.scorers import (
     TINY_ADD,
+    answer_extractor,
     default_compute_score,
     extract_gsm8k_answer,
     gsm8k_score,
+    register_answer_extractor,
     register_scorer,
     registered_data_sources,
 )
@@ -74,3 +76,24 @@ def test_register_scorer():
     assert default_compute_score("test_always_half", "", "", {"k": 1}) == 0.5
     with pytest.raises(ValueError, match="already has scorer"):
         register_scorer("tiny_add")(half)
+
+
+def test_answer_extractors_give_what_the_scorer_compares():
+    assert answer_extractor("tiny_add")(" 82\n") == "82"
+    for source in ("gsm8k", "openai/gsm8k"):
+        extract = answer_extractor(source)
+        assert extract("so 1000 in all\n#### 1,000.") == "1000" and extract("#### 3\n#### -4") == "-4"
+        assert extract("the answer is 7") is None  # strict format, as gsm8k_score: no `#### `, no answer
+    assert answer_extractor("math_dapo") is None  # no extractor: validation has no maj@k for it
+
+
+def test_register_answer_extractor():
+    @register_answer_extractor("test_first_word")
+    def first_word(solution_str):
+        return solution_str.split()[0] if solution_str.split() else None
+
+    assert answer_extractor("test_first_word")("yes, sure") == "yes,"
+    with pytest.raises(ValueError, match=r"already has answer_extractor tiny_add_answer; override it with a compute_score that returns"):
+        register_answer_extractor("tiny_add")(first_word)
+    with pytest.raises(ValueError, match="at least one data_source"):
+        register_answer_extractor()

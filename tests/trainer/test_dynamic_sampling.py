@@ -28,6 +28,8 @@ def test_scorer_extras_as_the_metric_and_a_missing_one_named():
     assert sample_metric(batch, "acc", {"acc": [1.0, 1.0]}).tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match=r"metric=acc is not a value the reward function returned \(it returned pred\)"):
         sample_metric(batch, "acc", {"pred": [3.0, 4.0]})
+    with pytest.raises(ValueError, match=r"metric=pred is not a number per sample \(the reward function returned '7'\)"):
+        sample_metric(batch, "pred", {"pred": ["7", "8"]})  # the extracted answers every rule scorer now returns
 
 
 def test_collector_fills_the_step_with_whole_groups_from_several_batches():
