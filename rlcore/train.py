@@ -115,6 +115,7 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
 
     from rlcore.controller.ray_session import ray_cluster
     from rlcore.trainer.ppo import PPOTrainer
+    from rlcore.trainer.report import finish_run
     from rlcore.trainer.setup import build_data, build_reward_fns, total_training_steps
     from rlcore.trainer.tracking import Tracker
 
@@ -125,11 +126,13 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
                       experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True))
     try:
         with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
-            return train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
+            final = train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
                 cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
     finally:
         tracker.close()
         reward_fn.close()
+    finish_run(run_dir)  # the utilisation report and plots.png
+    return final
 
 
 def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:

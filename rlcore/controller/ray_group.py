@@ -6,6 +6,7 @@ import glob
 import inspect
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -14,6 +15,17 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlcore.controller.decorator import DISPATCH_ATTR, MESH_ATTR, DataLayout, dispatch_and_collect
 from rlcore.controller.placement import ResourcePool
 from rlcore.controller.worker import node_ip
+
+
+@dataclass
+class GroupCall:
+    """One group call: its round trip as the controller saw it (split, dispatch, every rank's work, transfer back,
+    gather), each rank's seconds inside the method, and how long after the send each rank started it."""
+
+    method: str
+    span_s: float
+    busy_s: list[float]
+    start_s: list[float]
 
 
 class RayWorkerGroup:
@@ -28,6 +40,8 @@ class RayWorkerGroup:
         self.world_size = pool.world_size
         self.name = worker_cls.__name__ if name == "worker" else name
         self.hang_timeout_s, self.slowest = hang_timeout_s, {}
+        # With record_calls (rlcore.trainer.perf turns it on), every group call since the last drain_calls().
+        self.record_calls, self.calls = False, []
         share = pool.share()
         remote_cls = ray.remote(worker_cls)
         # On CPU a rank computes with the cores of its bundle (Ray would otherwise pin it to one thread per
@@ -66,15 +80,30 @@ class RayWorkerGroup:
         return self.layouts(mesh)[0].dp_size
 
     def _group_method(self, name: str, mode, mesh: str | None):
+        ranks: list[tuple] = []  # (wall-clock start, seconds) of each rank in the last call
+
         def call(per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list[Any]:
-            refs = [getattr(w, name).remote(*a, **k) for w, a, k in zip(self.workers, per_rank_args, per_rank_kwargs)]
-            return self.wait_all(name, refs)
+            refs = [w.timed_call.remote(name, *a, **k) for w, a, k in zip(self.workers, per_rank_args, per_rank_kwargs)]
+            results = self.wait_all(name, refs)
+            ranks[:] = [timing for _, *timing in results]
+            return [result for result, *_ in results]
 
         def group_method(*args: Any, **kwargs: Any) -> Any:
-            return dispatch_and_collect(mode, self.layouts(mesh), call, args, kwargs)
+            sent, start = time.time(), time.perf_counter()
+            out = dispatch_and_collect(mode, self.layouts(mesh), call, args, kwargs)
+            span = time.perf_counter() - start
+            if not self.record_calls:
+                return out
+            # Another node's clock may be off by a little: a start before the send counts as no delay.
+            self.calls.append(GroupCall(name, span, [b for _, b in ranks], [min(max(s - sent, 0.0), span) for s, _ in ranks]))
+            return out
 
         group_method.__name__ = name
         return group_method
+
+    def drain_calls(self) -> list[GroupCall]:
+        calls, self.calls = self.calls, []
+        return calls
 
     def hang_bound(self, method: str) -> float:
         """Seconds a call may take before the group counts as hung: trainer.hang_timeout_s + twice the slowest

@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import socket
+import time
 from datetime import timedelta
 
 import torch
@@ -58,6 +59,28 @@ class Worker:
         import ray
 
         return node_ip(), os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def timed_call(self, method: str, *args, **kwargs):
+        """A registered method's result, when it started on this rank (wall clock) and the seconds it took: the group
+        compares its ranks (who started late, who waited for the slowest) and its own round trip with them."""
+        started, start = time.time(), time.perf_counter()
+        result = getattr(self, method)(*args, **kwargs)
+        return result, started, time.perf_counter() - start
+
+    def peak_flops(self) -> tuple[float, str]:
+        """This rank's peak matmul FLOP/s and where the figure comes from. CUDA: the nominal dense bf16 peak of a
+        known device (rlcore.trainer.perf.NOMINAL_BF16_TFLOPS), else a measured bf16 GEMM; CPU: a measured fp32
+        GEMM with this rank's threads (what the CPU recipes train in)."""
+        from rlcore.trainer.perf import measure_gemm_flops, nominal_peak_flops
+
+        if self.device_type == "cuda":
+            name = torch.cuda.get_device_name()
+            nominal = nominal_peak_flops(name)
+            if nominal:
+                return nominal, f"nominal dense bf16 peak of {name}"
+            return measure_gemm_flops(self.device, torch.bfloat16, 8192), f"measured bf16 GEMM on {name}"
+        threads = torch.get_num_threads()
+        return measure_gemm_flops(self.device, torch.float32, 1024), f"measured fp32 GEMM on rank {self.rank} ({threads} thread{'s' if threads > 1 else ''})"
 
     def read_marker(self, path: str) -> str | None:
         """The text of `path` as this rank's node sees it (None if it cannot): is a directory shared?"""

@@ -17,6 +17,7 @@ from rlcore.trainer import checkpoint
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
+from rlcore.trainer.perf import StepPerf, start_step_perf
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -45,6 +46,7 @@ class PPOTrainer:
         `restart`: this run's workers died and were replaced. Continue from `restart_from` (a checkpoint this run
         wrote; None: it died before the first save, so start over) and never from another run's checkpoint."""
         self.cfg = cfg
+        self.groups = groups
         self.actor_rollout = groups["actor_rollout"]
         self.critic = groups.get("critic")
         self.reward_model = groups.get("reward_model")
@@ -65,6 +67,7 @@ class PPOTrainer:
         self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
         self.restart, self.restart_from = restart, restart_from
         self.last_checkpoint: str | None = None  # written by this run: where a restart resumes
+        self.perf = StepPerf(groups, None, None, None, {})  # fit() measures the device and writes perf.json
         self._batches = iter(())
 
     def fit(self) -> dict[str, float]:
@@ -73,6 +76,7 @@ class PPOTrainer:
             self.load_checkpoint(self.restart_from)
         elif not self.restart:
             self.maybe_resume()
+        self.perf = start_step_perf(self.cfg, self.groups, os.path.dirname(self.tracker.jsonl_path))
         metrics: dict[str, float] = {}
         if not self.restart and (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_loader is not None:
             self.tracker.log(self.validate(), step=self.global_step)
@@ -83,11 +87,12 @@ class PPOTrainer:
             metrics = self.train_step()
             last = self.global_step == self.total_steps
             if self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None:
-                with timer("testing", metrics):
+                with self.perf.phase("testing", metrics):
                     metrics.update(self.validate())
             if self._due(self.cfg.trainer.save_freq, last):
-                with timer("save_checkpoint", metrics):
+                with self.perf.phase("save_checkpoint", metrics):
                     self.save_checkpoint()
+            metrics.update(self.perf.end_step(self.global_step, metrics))
             self.tracker.log(metrics, step=self.global_step)
             self.tracker.advance()
         return metrics
@@ -113,26 +118,27 @@ class PPOTrainer:
                 batch = self.balance_batch(batch, metrics)
             updates_actor = self.global_step > self.cfg.trainer.critic_warmup
             if not (self.on_policy and updates_actor):
-                with timer("old_log_prob", metrics):
+                with self.perf.phase("old_log_prob", metrics):
                     old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
                     entropy = old.pop(["entropys"]).batch["entropys"]
                     metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
                     batch.union(old)
             if self.use_ref:
-                with timer("ref", metrics):
+                with self.perf.phase("ref", metrics):
                     batch.union(self.actor_rollout.compute_ref_log_prob(batch.select(FORWARD_KEYS)))
             if self.critic is not None:
-                with timer("values", metrics):
+                with self.perf.phase("values", metrics):
                     batch.union(self.critic.compute_values(batch.select(FORWARD_KEYS + ["response_mask"])))
-            with timer("adv", metrics):
+            with self.perf.phase("adv", metrics):
                 metrics.update(self.compute_advantage(batch))
             if self.critic is not None:
-                with timer("update_critic", metrics):
+                with self.perf.phase("update_critic", metrics):
                     metrics.update(self.critic.update_critic(batch.select(CRITIC_KEYS)))
             if updates_actor:
-                with timer("update_actor", metrics):
+                with self.perf.phase("update_actor", metrics):
                     keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else []) + (["old_log_probs"] if "old_log_probs" in batch.batch.keys() else [])
                     metrics.update(self.actor_rollout.update_actor(batch.select(keys)))
+        self.perf.count_tokens(batch)
         metrics.update(data_metrics(batch))
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
         return metrics
@@ -157,18 +163,18 @@ class PPOTrainer:
         """rollout.n samples per prompt (one uid per prompt's group), with token_level_scores; and the scorer's extras."""
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         if self.cfg.algorithm.adv_estimator == "remax":
-            with timer("gen_max", metrics):
+            with self.perf.phase("gen_max", metrics):
                 batch.batch["reward_baselines"] = self.greedy_baseline(batch)
         batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
-        with timer("gen", metrics):
+        with self.perf.phase("gen", metrics):
             batch = self.generate(batch, metrics=metrics)
         if self.reward_model is not None:
-            with timer("reward_model", metrics):
+            with self.perf.phase("reward_model", metrics):
                 raw = [k for k in ("raw_prompt",) if k in batch.non_tensor_batch]  # re-rendered if the RM's template differs
                 rm = self.reward_model.compute_rm_score(batch.select(FORWARD_KEYS + ["response_mask"], raw, meta_keys=[]))
                 metrics.update(rm.meta_info.pop("timing", {}))
                 batch.union(rm)
-        with timer("reward", metrics):
+        with self.perf.phase("reward", metrics):
             scores, extras = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
         metrics.update(self.reward_fn.health)

@@ -151,6 +151,7 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
     from rlcore.controller.ray_group import RayWorkerGroup
     from rlcore.controller.ray_session import ray_cluster
+    from rlcore.trainer.report import finish_run
     from rlcore.trainer.tracking import Tracker
 
     torch.set_num_threads(1)  # the controller only reshapes small batches; the workers compute
@@ -185,4 +186,5 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
         shutil.copytree(final["checkpoint"], export)
         final["checkpoint"] = export
     print(f"{role} model saved to {final['checkpoint']}", flush=True)
+    finish_run(run_dir)  # plots.png
     return final

@@ -57,6 +57,13 @@ def test_worker_group_dispatch_over_gloo(local_ray):
         assert out["rank"].tolist() == [0, 0, 0, 1, 1]
         assert group.sum_of_ranks() == [3.0, 3.0]
         assert group.backend_and_rank() == ("gloo", 0)
+        assert group.drain_calls() == []  # not recording unless asked (rlcore.trainer.perf asks)
+        group.record_calls = True
+        group.scale_rows(DataProto.from_dict({"x": torch.arange(5)}))
+        (call,) = group.drain_calls()
+        assert call.method == "scale_rows" and len(call.busy_s) == len(call.start_s) == 2 and group.drain_calls() == []
+        # Each rank started after the send and finished before the results were back.
+        assert all(0 <= start and start + busy <= call.span_s for start, busy in zip(call.start_s, call.busy_s))
     finally:
         group.kill()
         pool.release()

@@ -77,6 +77,18 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     hf_dir = tmp_path / "ckpt" / "global_step_2" / "actor" / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True)
     assert model.config.num_hidden_layers == 2
+    # The utilisation report: its per-step inputs, the per-rank detail, and what the end of the run wrote.
+    run_dir = tmp_path / "run"
+    assert {"perf.json", "ranks.jsonl", "report.txt", "plots.png"} <= set(os.listdir(run_dir))
+    ranks = read_jsonl_file(run_dir / "ranks.jsonl")
+    assert [r["step"] for r in ranks] == [1, 2]
+    assert set(ranks[1]["phases"]) == {"gen", "old_log_prob", "ref", "update_actor", "testing", "save_checkpoint"}
+    assert all(len(p["busy_s"]) == 2 and min(p["busy_s"]) > 0 for p in ranks[1]["phases"].values())
+    shares = [final[f"perf/{k}_share"] for k in ("device_busy", "wait_slowest", "dispatch", "controller")]
+    assert all(0 <= x <= 1 for x in shares) and sum(shares) == pytest.approx(1.0) and final["perf/device_busy_share"] > 0.3
+    assert 0 < final["perf/mfu/update_actor"] < 1 and 0 < final["perf/mfu/gen"] < 1
+    report = (run_dir / "report.txt").read_text()
+    assert report.startswith(f"utilisation report: {run_dir} (steps 1-2") and "update actor" in report and "rank 1" in report
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "ckpt").iterdir())
 

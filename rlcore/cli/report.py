@@ -1,0 +1,43 @@
+"""`rlcore-report RUN_DIR`: a finished (or running) run's utilisation report, and its plots.png.
+
+`rlcore-report --peaks` lists the nominal dense bf16 peaks that MFU is measured against on CUDA devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlcore.trainer.perf import NOMINAL_BF16_TFLOPS
+from rlcore.trainer.plots import write_plots
+from rlcore.trainer.report import format_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlcore-report", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", nargs="?", help="a run directory (the one holding metrics.jsonl)")
+    parser.add_argument("--peaks", action="store_true", help="print the nominal bf16 peak table and exit")
+    parser.add_argument("--no-plots", action="store_true", help="do not (re)draw RUN_DIR/plots.png")
+    args = parser.parse_args(argv)
+    if args.peaks:
+        for name, tflops in sorted(NOMINAL_BF16_TFLOPS.items(), key=lambda item: -item[1]):
+            print(f"{name:<12}{tflops:>8.1f} TFLOP/s")
+        return 0
+    if not args.run_dir:
+        parser.error("RUN_DIR is required (or --peaks)")
+    try:
+        report = format_report(args.run_dir)
+    except FileNotFoundError as err:
+        print(f"rlcore-report: {args.run_dir} is not a run directory: {err}", file=sys.stderr)
+        return 2
+    if report is None:
+        print(f"rlcore-report: {args.run_dir}/metrics.jsonl has no training step yet", file=sys.stderr)
+        return 1
+    print(report)
+    if not args.no_plots:
+        print(f"plots: {write_plots(args.run_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

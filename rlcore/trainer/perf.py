@@ -1,0 +1,213 @@
+"""Where a step's time goes, measured as it runs: each phase's seconds, each rank's busy time inside the worker
+methods, the time ranks wait for the slowest one, the round trips' dispatch and transfer, and achieved FLOP/s.
+
+Every worker-group call returns when each rank started the method and its seconds inside it (`Worker.timed_call`);
+the controller times the whole round trip from its send. For one call, rank r is
+- late by `start_r` (dispatch: splitting the batch, Ray, transfer, deserialisation, or the rank still busy),
+- busy for `busy_r`,
+- waiting for the slowest rank for `end - (start_r + busy_r)`, where `end` is the last rank's finish,
+and the call's results take `span - end` to come back (return). The rest of a step's wall time the devices wait on
+the controller (rewards, advantages, batch balancing) or on groups of another pool.
+
+Waiting inside a method (a rank blocked in a collective on a slower peer mid-update) counts as busy here: FSDP and
+TP ranks meet at every layer, so their imbalance shows up in the method's length, and the token balance levers
+(trainer.balance_batch, use_dynamic_bsz) are what shorten it. Generation has no collectives between replicas, so
+there the whole wait is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+
+import torch
+
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets: the MFU denominator on CUDA.
+# Matched by substring of torch.cuda.get_device_name(), longest name first ("H100 PCIe" before "H100").
+NOMINAL_BF16_TFLOPS = {
+    "B200": 2250.0, "H200": 989.4, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H800": 989.4, "H20": 148.0,
+    "A100": 312.0, "A800": 312.0, "L40S": 362.1, "L40": 181.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0,
+    "RTX 4090": 165.2, "MI300X": 1307.4, "MI250X": 383.0,
+}
+
+# Group methods that do model FLOPs, as multiples of one forward pass over the batch's valid tokens. Generation
+# runs each token through the model once (the KV cache holds the rest), like a log-prob pass.
+FORWARD_PASSES = {"gen": 1, "old_log_prob": 1, "ref": 1, "values": 1, "reward_model": 1}
+TRAIN_PHASES = ("update_actor", "update_critic")  # forward + backward = 3 forward passes per epoch (+1 recomputed)
+
+
+def nominal_peak_flops(device_name: str) -> float | None:
+    for name in sorted(NOMINAL_BF16_TFLOPS, key=len, reverse=True):
+        if name.lower() in device_name.lower():
+            return NOMINAL_BF16_TFLOPS[name] * 1e12
+    return None
+
+
+def measure_gemm_flops(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5) -> float:
+    """FLOP/s of an n x n x n matmul, the best of `reps` after a warm-up: the device's practical peak."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for i in range(reps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first is the warm-up
+            best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def forward_flops(params: int, layers: int, attn_width: int, seq_lens: list[int]) -> float:
+    """One forward pass over sequences of these lengths: 2 FLOPs per weight per token (the matmuls, embedding
+    lookups excluded), plus causal attention's QK^T and AV, 2 x 2 x L^2/2 x width per layer."""
+    tokens = sum(seq_lens)
+    return 2.0 * params * tokens + 2.0 * layers * attn_width * sum(n * n for n in seq_lens)
+
+
+class StepPerf:
+    """Per-phase, per-rank accounting for PPOTrainer: `with perf.phase("gen", metrics):` around each phase, then
+    `end_step()` returns the step's perf/* metrics and appends the per-rank detail to ranks.jsonl."""
+
+    def __init__(self, groups: dict, run_dir: str | None, model_flops: dict | None, peak_flops: float | None,
+                 update_passes: dict[str, float]) -> None:
+        self.groups = {role: g for role, g in groups.items() if hasattr(g, "drain_calls")}  # (test doubles have none)
+        for group in self.groups.values():
+            group.record_calls = True
+        self.main_pool = getattr(groups["actor_rollout"], "pool", None)
+        self.ranks_path = os.path.join(run_dir, "ranks.jsonl") if run_dir else None
+        self.model_flops, self.peak = model_flops, peak_flops  # model_flops: params, layers, attn_width per role
+        self.update_passes = update_passes  # forward-pass equivalents of one update, by phase
+        self.phases: dict[str, dict] = {}
+        self.seq_lens: list[int] = []
+
+    @contextmanager
+    def phase(self, name: str, metrics: dict[str, float]):
+        """Times the block into metrics["timing_s/<name>"] (summed over repeats) and files the group calls made in it."""
+        self._drain(None)  # calls made outside any phase (validation before training, model loading) are no step's
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            metrics[f"timing_s/{name}"] = metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+            self._drain(name)
+
+    def count_tokens(self, batch) -> None:
+        """The step's sequences (valid prompt + response tokens): what the FLOP counts are over."""
+        self.seq_lens = batch.batch["attention_mask"].sum(-1).tolist()
+
+    def _drain(self, phase: str | None) -> None:
+        """Files the group calls made since the last drain under `phase` (None: drops them)."""
+        for role, group in self.groups.items():
+            calls = group.drain_calls()
+            if phase is None or group.pool is not self.main_pool:  # another pool has its own devices
+                continue
+            for call in calls:
+                world = len(call.busy_s)
+                entry = self.phases.setdefault(phase, {"busy_s": [0.0] * world, "late_s": [0.0] * world, "wait_s": [0.0] * world,
+                                                       "return_s": 0.0, "roles": []})
+                if len(entry["busy_s"]) != world:  # a colocated group of another size: not per-device
+                    continue
+                finish = [start + busy for start, busy in zip(call.start_s, call.busy_s)]
+                end = max(finish)
+                for r in range(world):
+                    entry["busy_s"][r] += call.busy_s[r]
+                    entry["late_s"][r] += call.start_s[r]
+                    entry["wait_s"][r] += end - finish[r]
+                entry["return_s"] += max(call.span_s - end, 0.0)
+                if role not in entry["roles"]:
+                    entry["roles"].append(role)
+
+    def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """The step's perf/* metrics: device shares of the step's wall time, and achieved FLOP/s per phase."""
+        self._drain(None)
+        wall = sum(metrics.get(f"timing_s/{name}", 0.0) for name in ("step", "testing", "save_checkpoint"))
+        phases, self.phases = self.phases, {}
+        out: dict[str, float] = {}
+        if phases and wall > 0:
+            world = len(next(iter(phases.values()))["busy_s"])
+            mean = lambda key: sum(sum(p[key]) for p in phases.values()) / world  # noqa: E731: over ranks, summed over phases
+            dispatch = mean("late_s") + sum(p["return_s"] for p in phases.values())
+            out = {"perf/device_busy_share": mean("busy_s") / wall, "perf/wait_slowest_share": mean("wait_s") / wall,
+                   "perf/dispatch_share": dispatch / wall}
+            out["perf/controller_share"] = max(1.0 - out["perf/device_busy_share"] - out["perf/wait_slowest_share"] - out["perf/dispatch_share"], 0.0)
+            out.update(self._flops(metrics, world))
+            if self.ranks_path:
+                with open(self.ranks_path, "a") as f:
+                    f.write(json.dumps({"step": step, "wall_s": wall, "phases": phases}) + "\n")
+        return out
+
+    def _flops(self, metrics: dict[str, float], world: int) -> dict[str, float]:
+        """perf/gflops_per_device/<phase> and perf/mfu/<phase>: the phase's model FLOPs over its seconds and devices
+        (generation without the weight sync it starts with)."""
+        out = {}
+        if not self.model_flops or not self.seq_lens:
+            return out
+        for phase in (*FORWARD_PASSES, *TRAIN_PHASES):
+            seconds = metrics.get(f"timing_s/{phase}", 0.0) - (metrics.get("timing_s/update_weights", 0.0) if phase == "gen" else 0.0)
+            role = "critic" if phase in ("values", "update_critic") else "reward_model" if phase == "reward_model" else "actor"
+            shape = self.model_flops.get(role)
+            if seconds <= 0 or shape is None:
+                continue
+            passes = FORWARD_PASSES.get(phase) or self.update_passes.get(phase, 3.0)
+            achieved = passes * forward_flops(shape["params"], shape["layers"], shape["attn_width"], self.seq_lens) / seconds / world
+            out[f"perf/gflops_per_device/{phase}"] = achieved / 1e9
+            if self.peak:
+                out[f"perf/mfu/{phase}"] = achieved / self.peak
+        return out
+
+
+def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
+    """What the FLOP count needs of each role's model (from its config.json): matmul weights (blocks and the
+    output head: the vocabulary, or a 1-wide value head), layers, and attention width."""
+    from rlcore.plan.arch import resolve_arch
+
+    paths = {"actor": (cfg.actor_rollout_ref.model.path, False), "critic": (cfg.critic.model.path, True),
+             "reward_model": (cfg.reward_model.model.path, True)}
+    shapes = {}
+    for role in roles:
+        arch, _ = resolve_arch(paths[role][0])
+        if arch is not None:
+            head = arch.hidden if paths[role][1] else arch.vocab * arch.hidden
+            shapes[role] = {"params": arch.layers * arch.layer_params() + head, "layers": arch.layers, "attn_width": arch.heads * arch.dim}
+    return shapes
+
+
+def run_facts(cfg, world_size: int, peak: tuple[float, str], shapes: dict) -> dict:
+    """What rlcore-report needs besides the per-step metrics: the device's peak and the settings its levers name."""
+    arr = cfg.actor_rollout_ref
+    return {
+        "peak_flops": peak[0], "peak_source": peak[1], "device": cfg.trainer.device, "world_size": world_size, "model": shapes,
+        "settings": {
+            "data.train_batch_size": cfg.data.train_batch_size, "actor_rollout_ref.rollout.n": arr.rollout.n,
+            "actor_rollout_ref.rollout.name": arr.rollout.name,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": arr.rollout.tensor_model_parallel_size,
+            "actor_rollout_ref.rollout.gpu_memory_utilization": arr.rollout.gpu_memory_utilization,
+            "actor_rollout_ref.rollout.max_num_seqs": arr.rollout.max_num_seqs,
+            "trainer.balance_batch": cfg.trainer.balance_batch, "actor_rollout_ref.actor.use_dynamic_bsz": arr.actor.use_dynamic_bsz,
+            "trainer.test_freq": cfg.trainer.test_freq, "trainer.save_freq": cfg.trainer.save_freq,
+            "reward_model.score_workers": cfg.reward_model.score_workers,
+        },
+    }
+
+
+def start_step_perf(cfg, groups: dict, run_dir: str | None) -> StepPerf:
+    """Measures the device's peak on actor rank 0, writes {run_dir}/perf.json (for rlcore-report) and returns the
+    step accounting."""
+    import ray
+
+    actor = groups["actor_rollout"]
+    peak = ray.get(actor.workers[0].peak_flops.remote())
+    roles = ["actor"] + [role for role in ("critic", "reward_model") if role in groups]
+    shapes = model_shapes(cfg, roles)
+    if run_dir:
+        with open(os.path.join(run_dir, "perf.json"), "w") as f:
+            json.dump(run_facts(cfg, actor.world_size, peak, shapes), f, indent=1)
+    passes = {}
+    for phase, section, model in (("update_actor", cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model),
+                                  ("update_critic", cfg.critic, cfg.critic.model)):
+        passes[phase] = (3 + model.enable_gradient_checkpointing) * section.ppo_epochs  # fwd + bwd (2x) + recompute
+    return StepPerf(groups, run_dir, shapes, peak[0], passes)
