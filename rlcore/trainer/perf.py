@@ -61,11 +61,27 @@ def measure_gemm_flops(device: torch.device, dtype: torch.dtype, n: int, reps: i
     return 2 * n**3 / best
 
 
-def forward_flops(params: int, layers: int, attn_width: int, seq_lens: list[int]) -> float:
-    """One forward pass over sequences of these lengths: 2 FLOPs per weight per token (the matmuls, embedding
-    lookups excluded), plus causal attention's QK^T and AV, 2 x 2 x L^2/2 x width per layer."""
-    tokens = sum(seq_lens)
-    return 2.0 * params * tokens + 2.0 * layers * attn_width * sum(n * n for n in seq_lens)
+def forward_flops(shape: dict[str, int], seq_lens: list[int], logit_tokens: int) -> float:
+    """One forward pass over sequences of these lengths: 2 FLOPs per block weight per token, 2 per output-head
+    weight per token that gets logits (the response's: log-probs and sampling need no others; a value head is
+    `hidden` wide), and causal attention's QK^T and AV, 2 x 2 x L^2/2 x width per layer. Embedding lookups are free."""
+    return (2.0 * shape["body"] * sum(seq_lens) + 2.0 * shape["head"] * logit_tokens
+            + 2.0 * shape["layers"] * shape["attn_width"] * sum(n * n for n in seq_lens))
+
+
+def dispatch_s(entry: dict | None) -> float:
+    """A phase's dispatch + transfer seconds in one step (a ranks.jsonl phase entry): the ranks' mean lateness
+    plus the results' way back."""
+    if not entry:
+        return 0.0
+    return sum(entry["late_s"]) / len(entry["late_s"]) + entry["return_s"]
+
+
+def compute_s(metrics: dict[str, float], phase: str, entry: dict | None) -> float:
+    """The seconds a phase computed in a step: its timer without its dispatch and transfer, and generation without
+    the weight sync it starts with."""
+    sync = metrics.get("timing_s/update_weights", 0.0) if phase == "gen" else 0.0
+    return metrics.get(f"timing_s/{phase}", 0.0) - sync - dispatch_s(entry)
 
 
 class StepPerf:
@@ -79,10 +95,11 @@ class StepPerf:
             group.record_calls = True
         self.main_pool = getattr(groups["actor_rollout"], "pool", None)
         self.ranks_path = os.path.join(run_dir, "ranks.jsonl") if run_dir else None
-        self.model_flops, self.peak = model_flops, peak_flops  # model_flops: params, layers, attn_width per role
+        self.model_flops, self.peak = model_flops, peak_flops  # model_flops: model_shapes() by role
         self.update_passes = update_passes  # forward-pass equivalents of one update, by phase
         self.phases: dict[str, dict] = {}
         self.seq_lens: list[int] = []
+        self.response_tokens = 0
 
     @contextmanager
     def phase(self, name: str, metrics: dict[str, float]):
@@ -98,6 +115,7 @@ class StepPerf:
     def count_tokens(self, batch) -> None:
         """The step's sequences (valid prompt + response tokens): what the FLOP counts are over."""
         self.seq_lens = batch.batch["attention_mask"].sum(-1).tolist()
+        self.response_tokens = int(batch.batch["response_mask"].sum())
 
     def _drain(self, phase: str | None) -> None:
         """Files the group calls made since the last drain under `phase` (None: drops them)."""
@@ -134,26 +152,28 @@ class StepPerf:
             out = {"perf/device_busy_share": mean("busy_s") / wall, "perf/wait_slowest_share": mean("wait_s") / wall,
                    "perf/dispatch_share": dispatch / wall}
             out["perf/controller_share"] = max(1.0 - out["perf/device_busy_share"] - out["perf/wait_slowest_share"] - out["perf/dispatch_share"], 0.0)
-            out.update(self._flops(metrics, world))
+            out.update(self._flops(metrics, world, phases))
             if self.ranks_path:
                 with open(self.ranks_path, "a") as f:
                     f.write(json.dumps({"step": step, "wall_s": wall, "phases": phases}) + "\n")
         return out
 
-    def _flops(self, metrics: dict[str, float], world: int) -> dict[str, float]:
-        """perf/gflops_per_device/<phase> and perf/mfu/<phase>: the phase's model FLOPs over its seconds and devices
-        (generation without the weight sync it starts with)."""
+    def _flops(self, metrics: dict[str, float], world: int, phases: dict[str, dict]) -> dict[str, float]:
+        """perf/gflops_per_device/<phase> and perf/mfu/<phase>: the phase's model FLOPs over its compute seconds
+        (`compute_s`) and devices."""
         out = {}
         if not self.model_flops or not self.seq_lens:
             return out
         for phase in (*FORWARD_PASSES, *TRAIN_PHASES):
-            seconds = metrics.get(f"timing_s/{phase}", 0.0) - (metrics.get("timing_s/update_weights", 0.0) if phase == "gen" else 0.0)
+            seconds = compute_s(metrics, phase, phases.get(phase))
             role = "critic" if phase in ("values", "update_critic") else "reward_model" if phase == "reward_model" else "actor"
             shape = self.model_flops.get(role)
             if seconds <= 0 or shape is None:
                 continue
             passes = FORWARD_PASSES.get(phase) or self.update_passes.get(phase, 3.0)
-            achieved = passes * forward_flops(shape["params"], shape["layers"], shape["attn_width"], self.seq_lens) / seconds / world
+            # A reward model scores each sequence from its last token: one row of its (1-wide) head per sample.
+            logit_tokens = len(self.seq_lens) if role == "reward_model" else self.response_tokens
+            achieved = passes * forward_flops(shape, self.seq_lens, logit_tokens) / seconds / world
             out[f"perf/gflops_per_device/{phase}"] = achieved / 1e9
             if self.peak:
                 out[f"perf/mfu/{phase}"] = achieved / self.peak
@@ -161,8 +181,8 @@ class StepPerf:
 
 
 def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
-    """What the FLOP count needs of each role's model (from its config.json): matmul weights (blocks and the
-    output head: the vocabulary, or a 1-wide value head), layers, and attention width."""
+    """What the FLOP count needs of each role's model (from its config.json): block weights, output-head weights
+    (the vocabulary's, or a 1-wide value head's), layers, and attention width."""
     from rlcore.plan.arch import resolve_arch
 
     paths = {"actor": (cfg.actor_rollout_ref.model.path, False), "critic": (cfg.critic.model.path, True),
@@ -172,7 +192,7 @@ def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
         arch, _ = resolve_arch(paths[role][0])
         if arch is not None:
             head = arch.hidden if paths[role][1] else arch.vocab * arch.hidden
-            shapes[role] = {"params": arch.layers * arch.layer_params() + head, "layers": arch.layers, "attn_width": arch.heads * arch.dim}
+            shapes[role] = {"body": arch.layers * arch.layer_params(), "head": head, "layers": arch.layers, "attn_width": arch.heads * arch.dim}
     return shapes
 
 

@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from rlcore.trainer.perf import compute_s, dispatch_s
 from rlcore.trainer.plots import read_metrics
 
 # Report rows in the order a step runs them: (row, timing_s key or None for a derived row, what it is)
@@ -73,7 +74,7 @@ def summarise(rows: list[dict], ranks: dict[int, dict]) -> Summary | None:
     dispatch: dict[str, float] = {}
     for row in steps:
         for phase, entry in ranks.get(row["step"], {}).get("phases", {}).items():
-            dispatch[phase] = dispatch.get(phase, 0.0) + _dispatch_s(entry) / n
+            dispatch[phase] = dispatch.get(phase, 0.0) + dispatch_s(entry) / n
     seconds = {name: mean(f"timing_s/{key}") - dispatch.get(key, 0.0) for name, key, _ in PHASES if key}
     seconds["weight sync"] = mean("timing_s/update_weights")  # rank 0's, inside its generation call
     seconds["gen"] -= seconds["weight sync"]
@@ -83,7 +84,7 @@ def summarise(rows: list[dict], ranks: dict[int, dict]) -> Summary | None:
     seconds = {name: v for name, v in seconds.items() if v > 0}
     flops = {}
     for name, phase in MFU_PHASE.items():
-        series = [(row[f"perf/gflops_per_device/{phase}"], row.get(f"timing_s/{phase}", 0.0) - (row.get("timing_s/update_weights", 0.0) if phase == "gen" else 0.0))
+        series = [(row[f"perf/gflops_per_device/{phase}"], compute_s(row, phase, ranks.get(row["step"], {}).get("phases", {}).get(phase)))
                   for row in steps if f"perf/gflops_per_device/{phase}" in row]
         total_s = sum(s for _, s in series)
         if total_s > 0:  # FLOP-weighted: total FLOPs over total seconds
@@ -92,13 +93,6 @@ def summarise(rows: list[dict], ranks: dict[int, dict]) -> Summary | None:
     return Summary([row["step"] for row in steps], wall, {k: v / wall for k, v in seconds.items()}, seconds, flops,
                    _rank_shares([ranks[row["step"]] for row in steps if row["step"] in ranks]), rollout,
                    sum("timing_s/save_checkpoint" in row for row in steps))
-
-
-def _dispatch_s(entry: dict | None) -> float:
-    """A phase's dispatch + transfer seconds: the ranks' mean lateness plus the results' way back."""
-    if not entry:
-        return 0.0
-    return sum(entry["late_s"]) / len(entry["late_s"]) + entry["return_s"]
 
 
 def _rank_shares(rows: list[dict]) -> list[dict[str, float]]:

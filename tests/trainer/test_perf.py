@@ -22,7 +22,12 @@ class FakeGroup:
         return calls
 
 
-SHAPE = {"params": 1000, "layers": 2, "attn_width": 8}
+SHAPE = {"body": 1000, "head": 100, "layers": 2, "attn_width": 8}
+
+
+# Two sequences of 3 and 5 valid tokens, of which 2 and 3 are the response's.
+BATCH = DataProto.from_dict({"attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
+                             "response_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])})
 
 
 def make_perf(tmp_path, **groups):
@@ -42,7 +47,7 @@ def test_a_call_splits_into_busy_late_waiting_and_return(tmp_path):
         elsewhere.calls.append(GroupCall("compute_rm_score", 5.0, [5.0], [0.0]))  # its own devices: not counted
     assert metrics["timing_s/gen"] >= 0
     metrics.update({"timing_s/step": 2.0, "timing_s/gen": 0.5, "timing_s/update_weights": 0.1})
-    perf.count_tokens(DataProto.from_dict({"attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])}))
+    perf.count_tokens(BATCH)
     out = perf.end_step(7, metrics)
     # busy: mean(0.5, 0.8) = 0.65 of 2 s; waiting: rank 0 finished at 0.6, the slowest at 0.8 -> mean 0.1;
     # dispatch: mean lateness 0.05 + 0.2 s back = 0.25; the controller the rest.
@@ -55,12 +60,13 @@ def test_a_call_splits_into_busy_late_waiting_and_return(tmp_path):
     gen = row["phases"]["gen"]
     assert gen["busy_s"] == [0.5, 0.8] and gen["late_s"] == [0.1, 0.0] and gen["roles"] == ["actor_rollout"]
     assert gen["wait_s"] == pytest.approx([0.2, 0.0]) and gen["return_s"] == pytest.approx(0.2)
-    # Generation's FLOPs: sequences of 3 and 5 tokens through 1000 weights and 2 layers of width 8, over the
-    # 0.4 s of generation after the weight sync, on 2 devices.
-    flops = 2 * 1000 * 8 + 2 * 2 * 8 * (3 * 3 + 5 * 5)
-    assert forward_flops(1000, 2, 8, [3, 5]) == flops == 17088
-    assert out["perf/gflops_per_device/gen"] == pytest.approx(flops / 0.4 / 2 / 1e9)
-    assert out["perf/mfu/gen"] == pytest.approx(flops / 0.4 / 2 / 1e9)
+    # Generation's FLOPs: sequences of 3 and 5 tokens through 1000 block weights and 2 layers of width 8, the 100
+    # head weights for the 5 response tokens only, over generation's 0.15 s of compute (0.5 s, minus the 0.1 s
+    # weight sync, minus the 0.25 s dispatch and transfer), on 2 devices.
+    flops = 2 * 1000 * 8 + 2 * 100 * 5 + 2 * 2 * 8 * (3 * 3 + 5 * 5)
+    assert forward_flops(SHAPE, [3, 5], 5) == flops == 18088
+    assert out["perf/gflops_per_device/gen"] == pytest.approx(flops / 0.15 / 2 / 1e9)
+    assert out["perf/mfu/gen"] == pytest.approx(flops / 0.15 / 2 / 1e9)  # peak 1 GFLOP/s
     assert perf.end_step(8, {"timing_s/step": 1.0}) == {}  # nothing recorded: nothing claimed
 
 
@@ -70,10 +76,10 @@ def test_an_update_counts_its_forward_pass_equivalents(tmp_path):
     metrics = {}
     with perf.phase("update_actor", metrics):
         actor.calls.append(GroupCall("update_actor", 1.0, [1.0, 1.0], [0.0, 0.0]))
-    perf.count_tokens(DataProto.from_dict({"attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])}))
+    perf.count_tokens(BATCH)
     metrics.update({"timing_s/step": 1.0, "timing_s/update_actor": 1.0})
     out = perf.end_step(1, metrics)
-    assert out["perf/gflops_per_device/update_actor"] == pytest.approx(4 * 17088 / 1.0 / 2 / 1e9)  # fwd + bwd + recompute
+    assert out["perf/gflops_per_device/update_actor"] == pytest.approx(4 * 18088 / 1.0 / 2 / 1e9)  # fwd + bwd + recompute
     assert out["perf/device_busy_share"] == 1.0 and out["perf/controller_share"] == 0.0
 
 
