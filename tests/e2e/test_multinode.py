@@ -67,3 +67,26 @@ def test_a_missing_node_is_named_within_the_placement_timeout(two_nodes):
     assert "The cluster has 2 live node(s), 2 with room for one" in message and "Start 1 more node(s) (ray start --address=...)" in message
     # Nothing is held after the failure: both nodes' CPUs are free again.
     ray.get([ray.remote(num_cpus=1)(lambda: True).options(scheduling_strategy="SPREAD").remote() for _ in range(2)], timeout=60)
+
+
+def test_colocated_groups_share_each_ranks_node(two_nodes):
+    """A critic-like second group on the same two-node pool: rank r of both groups runs on the same node (the same
+    bundle), and the two ranks of each group on different nodes."""
+    from rlcore.controller.placement import placement_map
+    from rlcore.controller.ray_group import RayWorkerGroup
+    from rlcore.controller.worker import Worker
+
+    if not ray.is_initialized():
+        ray.init(address=two_nodes.address)
+    pool = ResourcePool(nnodes=2, n_gpus_per_node=1, device="cpu", max_colocate_count=2, timeout_s=60)
+    actor = RayWorkerGroup(Worker, pool, name="actor_rollout")
+    critic = RayWorkerGroup(Worker, pool, name="critic")
+    try:
+        nodes = [node for _, _, node in actor.processes]
+        assert [node for _, _, node in critic.processes] == nodes and len(set(nodes)) == 2
+        lines = placement_map({"actor_rollout": actor, "critic": critic}).splitlines()
+        assert [line.split(": ", 1)[1] for line in lines[1:]] == ["actor_rollout ranks 0; critic ranks 0", "actor_rollout ranks 1; critic ranks 1"]
+    finally:
+        actor.kill()
+        critic.kill()
+        pool.release()
