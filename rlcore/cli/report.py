@@ -30,12 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"rlcore-report: {args.run_dir} is not a run directory: {err}", file=sys.stderr)
         return 2
-    if report is None:
+    plots = None if args.no_plots else write_plots(args.run_dir)
+    if report is None and plots is None:
         print(f"rlcore-report: {args.run_dir}/metrics.jsonl has no training step yet", file=sys.stderr)
         return 1
-    print(report)
-    if not args.no_plots:
-        print(f"plots: {write_plots(args.run_dir)}")
+    print(report or f"{args.run_dir}: no PPO step timings (an rlcore-sft or rlcore-rm run has no phases to report)")
+    if plots:
+        print(f"plots: {plots}")
     return 0
 
 

@@ -85,5 +85,7 @@ def test_the_report_and_the_cli(run_dir, capsys):
     assert out.startswith("utilisation report:") and f"plots: {run_dir}/plots.png" in out and (run_dir / "plots.png").stat().st_size > 10_000
     assert report_main(["--peaks"]) == 0 and "H100 PCIe      756.0 TFLOP/s" in capsys.readouterr().out
     assert report_main([str(run_dir / "missing")]) == 2
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 0.5}) + "\n")  # an rlcore-sft run
+    assert report_main([str(run_dir)]) == 0 and "no PPO step timings" in capsys.readouterr().out
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val-core/x/reward/mean@1": 0.5}) + "\n")
     assert report_main([str(run_dir)]) == 1 and "no training step yet" in capsys.readouterr().err
