@@ -28,7 +28,7 @@ def test_every_violation_at_once_and_failing_status(capsys):
     out = capsys.readouterr().out
     assert out.startswith("3 config error(s):")  # TP, and the mini-batch against the batch and against 8 ranks
     assert "ppo_mini_batch_size=300 does not divide data.train_batch_size=1024" in out
-    assert "tensor_model_parallel_size=3 must divide the world size 8" in out
+    assert "rollout.tensor_model_parallel_size=3 must divide trainer.n_gpus_per_node=8" in out
     assert "OOM; largest lever:" in out  # the memory plan still runs on the 24 GB variant
 
 
