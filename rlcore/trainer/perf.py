@@ -38,6 +38,15 @@ FORWARD_PASSES = {"gen": 1, "old_log_prob": 1, "ref": 1, "values": 1, "reward_mo
 TRAIN_PHASES = ("update_actor", "update_critic")  # forward + backward = 3 forward passes per epoch (+1 recomputed)
 
 
+@contextmanager
+def timer(name: str, metrics: dict[str, float]):
+    """Adds the block's seconds to metrics["timing_s/<name>"]: summed, as with dynamic sampling a step generates and
+    scores several batches."""
+    start = time.perf_counter()
+    yield
+    metrics[f"timing_s/{name}"] = metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+
+
 def nominal_peak_flops(device_name: str) -> float | None:
     for name in sorted(NOMINAL_BF16_TFLOPS, key=len, reverse=True):
         if name.lower() in device_name.lower():
@@ -103,13 +112,12 @@ class StepPerf:
 
     @contextmanager
     def phase(self, name: str, metrics: dict[str, float]):
-        """Times the block into metrics["timing_s/<name>"] (summed over repeats) and files the group calls made in it."""
+        """`timer(name, metrics)` that also files the group calls made in the block under the phase."""
         self._drain(None)  # calls made outside any phase (validation before training, model loading) are no step's
-        start = time.perf_counter()
         try:
-            yield
+            with timer(name, metrics):
+                yield
         finally:
-            metrics[f"timing_s/{name}"] = metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
             self._drain(name)
 
     def count_tokens(self, batch) -> None:

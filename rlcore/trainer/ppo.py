@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -17,21 +15,13 @@ from rlcore.trainer import checkpoint
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
-from rlcore.trainer.perf import StepPerf, start_step_perf
+from rlcore.trainer.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)
 UPDATE_KEYS = FORWARD_KEYS + ["response_mask", "advantages"]  # + old_log_probs unless the step is exactly on-policy
 CRITIC_KEYS = FORWARD_KEYS + ["response_mask", "values", "returns"]
-
-
-@contextmanager
-def timer(name: str, metrics: dict[str, float]):
-    start = time.perf_counter()
-    yield
-    # Summed: with dynamic sampling a step generates and scores several batches.
-    metrics[f"timing_s/{name}"] = metrics.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
 def to_proto(batch: dict) -> DataProto:
