@@ -45,15 +45,9 @@ class Summary:
 def load_run(run_dir: str) -> tuple[list[dict], dict[int, dict], dict]:
     """(metric rows, ranks.jsonl rows by step, perf.json); the last two are empty for runs without them."""
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-    ranks, facts = {}, {}
-    if os.path.exists(os.path.join(run_dir, "ranks.jsonl")):
-        with open(os.path.join(run_dir, "ranks.jsonl")) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:  # a killed run's last line
-                    continue
-                ranks[row["step"]] = row
+    ranks_path, facts = os.path.join(run_dir, "ranks.jsonl"), {}
+    # The same tolerant reader: a killed run's last line may be cut short.
+    ranks = {row["step"]: row for row in read_metrics(ranks_path)} if os.path.exists(ranks_path) else {}
     if os.path.exists(os.path.join(run_dir, "perf.json")):
         with open(os.path.join(run_dir, "perf.json")) as f:
             facts = json.load(f)
