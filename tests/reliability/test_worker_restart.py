@@ -4,32 +4,14 @@ import json
 
 import pytest
 
-from e2e_utils import tiny_cfg
+from e2e_utils import signalling_scorer, tiny_cfg
 from rlcore.train import run
-
-# Kills one worker process (SIGKILL: no cleanup, like a segfault or the OOM killer) while scoring step 3.
-KILLER = """
-import os, signal, psutil
-COUNT = {count_file!r}
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    n = int(open(COUNT).read()) + 1 if os.path.exists(COUNT) else 1
-    open(COUNT, "w").write(str(n))
-    if n == {kill_at}:
-        for p in psutil.process_iter(["cmdline"]):
-            if any("ActorRolloutRefWorker" in part for part in (p.info["cmdline"] or [])):
-                os.kill(p.pid, signal.SIGKILL)
-                break
-    return 0.0
-"""
-
 
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_training_resumes_from_checkpoint(tiny_model_dir, tiny_task_dir, tmp_path, capsys):
     samples_per_step, val_samples = 8 * 4, 8  # train_batch_size x rollout.n in tiny_cfg; data.val_max_samples
-    reward_file = tmp_path / "killer.py"
-    kill_at = val_samples + 2 * samples_per_step + 1  # the first sample scored in step 3
-    reward_file.write_text(KILLER.format(count_file=str(tmp_path / "count"), kill_at=kill_at))
+    # SIGKILL, no cleanup (like a segfault or the OOM killer), at the first sample scored in step 3.
+    reward_file = signalling_scorer(tmp_path, "killer.py", at=val_samples + 2 * samples_per_step + 1, sig="SIGKILL")
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=4", "trainer.save_freq=2",
                    "trainer.test_freq=-1", "data.val_max_samples=8", "trainer.max_worker_restarts=1",
                    f"custom_reward_function.path={reward_file}", "reward_model.score_workers=0")  # one process counts the calls
@@ -44,8 +26,7 @@ def test_killed_worker_is_replaced_and_training_resumes_from_checkpoint(tiny_mod
 
 
 def test_without_restarts_a_dead_worker_stops_with_a_resume_hint(tiny_model_dir, tiny_task_dir, tmp_path):
-    reward_file = tmp_path / "killer.py"
-    reward_file.write_text(KILLER.format(count_file=str(tmp_path / "count"), kill_at=1))
+    reward_file = signalling_scorer(tmp_path, "killer.py", at=1, sig="SIGKILL")
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.val_before_train=False",
                    "trainer.test_freq=-1", "trainer.max_worker_restarts=0", f"custom_reward_function.path={reward_file}",
                    "reward_model.score_workers=0")  # one process counts the calls
