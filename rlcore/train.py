@@ -27,6 +27,7 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
 
     from rlcore.algos import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
     from rlcore.algos.custom import load_custom_algorithms
+    from rlcore.models.families import check_model_dir
     from rlcore.models.hf import resolve_model_path
     from rlcore.trainer.tracking import logger_errors
 
@@ -43,6 +44,10 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
             resolve_model_path(path, key)
         except FileNotFoundError as err:
             errors.append(str(err))
+    # An architecture rlcore cannot train (or the chosen engine cannot build) is named now, not inside a worker.
+    errors += check_model_dir(cfg.actor_rollout_ref.model.path, actor.strategy, "actor_rollout_ref.model.path")
+    if uses_critic(cfg):
+        errors += check_model_dir(cfg.critic.model.path, cfg.critic.strategy, "critic.model.path")
     for registry, value in (
         (ADV_ESTIMATORS, cfg.algorithm.adv_estimator), (POLICY_LOSSES, actor.policy_loss.loss_mode),
         (KL_ESTIMATORS, actor.kl_loss_type), (KL_ESTIMATORS, cfg.algorithm.kl_penalty), (LOSS_AGGREGATIONS, actor.loss_agg_mode),

@@ -50,6 +50,26 @@ def test_a_missing_critic_model_is_reported_before_ray_starts(tmp_path):
         check_config(cfg)
 
 
+@pytest.mark.parametrize("edit, strategy, message", [
+    ({"model_type": "qwen2_moe", "num_experts": 8}, "fsdp", "is a mixture of experts"),
+    ({"model_type": "gemma2"}, "fsdp", "model_type='gemma2' is not a family rlcore has run"),
+    ({"use_sliding_window": True}, "fsdp", "use_sliding_window=true"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "megatron", "has no megatron-core equivalent"),
+])
+def test_a_family_rlcore_cannot_run_is_refused_before_ray_starts(tiny_model_dir, tmp_path, edit, strategy, message):
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **edit}))
+    config_name = "ppo_megatron_trainer" if strategy == "megatron" else "ppo_trainer"
+    with pytest.raises(ConfigError) as err:
+        check_config(compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={model}"], config_name=config_name))
+    assert f"actor_rollout_ref.model.path={model}: " in str(err.value) and message in str(err.value)
+
+
 @pytest.mark.parametrize("overrides, pools, where", [
     ([], [(1, 2)], {"actor_rollout": 0}),
     (["reward_model.enable=True"], [(1, 2)], {"actor_rollout": 0, "reward_model": 0}),

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from rlcore.data.seqlen_balancing import budget_partitions
 from rlcore.protocol import DataProto
+from rlcore.utils.dist import ReduceOp, all_reduce_values
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,8 @@ def _agree_on_count(count: int) -> tuple[int, int]:
     """(max, min) of `count` over the data-parallel ranks."""
     if not dist.is_initialized():
         return count, count
-    t = torch.tensor([count, -count], dtype=torch.long)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t[0]), int(-t[1])
+    most, neg_fewest = all_reduce_values([count, -count], op=ReduceOp.MAX)
+    return int(most), int(-neg_fewest)
 
 
 def token_budget_partitions(lengths: list[int], max_tokens: int, packed: bool) -> list[list[int]]:

@@ -19,7 +19,7 @@ from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
-from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, to_torch_dtype
+from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
@@ -154,7 +154,9 @@ class FSDP2Engine(TrainEngine):
             if self._exchange is None:  # collective, once: are all ranks on this host (and more than one)?
                 self._exchange = SharedMemoryExchange.for_group(self.mesh.get_group()) or Exchange()
             exchange = self._exchange
-        named = self.model.state_dict().items()
+        # A tied head is the embedding: sent once (under the embedding's name), as HF checkpoints store it.
+        tied = tied_weight_names(self.model)
+        named = [(n, t) for n, t in self.model.state_dict().items() if n not in tied]
         if self.spec.lora is None:
             return gather_full_tensors(named, bucket_bytes, self.device, exchange)
         # Filtered before gathering (the same names on every rank), so unchanged tensors cost no collective.
@@ -217,10 +219,8 @@ class FSDP2Engine(TrainEngine):
     def save_hf(self, hf_dir: str) -> None:
         """HF-loadable safetensors + config.json, written shard by shard as the parameters are gathered one at a
         time (collective; rank 0 writes)."""
-        tied = getattr(self.hf_config, "tie_word_embeddings", False)
-        # safetensors refuses shared storage; HF re-ties lm_head to the embedding on load.
-        stream = ((name, t) for name, t in self.rollout_weights() if not (tied and name == "lm_head.weight"))
-        save_safetensors_stream(hf_dir, stream, write=dist.get_rank() == 0)
+        # rollout_weights() leaves a tied head out (safetensors refuses shared storage; HF re-ties it on load).
+        save_safetensors_stream(hf_dir, self.rollout_weights(), write=dist.get_rank() == 0)
         if dist.get_rank() == 0:
             head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
 

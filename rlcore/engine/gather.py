@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-# torch 2.13 renamed all_gather_into_tensor (a deprecation warning per call); older torch has only the old name.
-all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+from rlcore.utils.dist import all_gather_flat
+
 
 
 def _row_sharded(t: torch.Tensor) -> bool:

@@ -86,6 +86,18 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     raise ValueError(f"don't know where the decoder blocks of {type(model).__name__} are; add its path to rlcore.models.hf.decoder_layers")
 
 
+def tied_weight_names(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that are another parameter under a second name (a tied `lm_head.weight` is the
+    embedding): streamed once, under the first name, by every weight sync and export. HF (and vLLM) re-tie on load."""
+    seen: set[int] = set()
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return tied
+
+
 class TokenHead:
     """Makes an HF causal LM's `lm_head` compute per-token log-probs (and entropy) of given tokens instead of
     logits, inside the model's own forward (so FSDP2 has the head's weight gathered exactly when it is used).

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.utils.dist import all_reduce
 
 
 def response_logits(logits: torch.Tensor, response_len: int, temperature: float = 1.0) -> torch.Tensor:
@@ -54,7 +55,7 @@ class _VocabShard:
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         if self.group is not None:
-            dist.all_reduce(tensor, op=op, group=self.group)
+            all_reduce(tensor, op=op, group=self.group)
         return tensor
 
     def scaled_logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:

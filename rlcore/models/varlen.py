@@ -1,17 +1,22 @@
 """Packed sequences (`use_remove_padding`): a micro-batch's valid tokens in one row `[1, total_tokens]`, position
 ids restarting at 0 for every sequence, and attention confined to each sequence (varlen).
 
-The attention kernel is chosen once, when the model is loaded (`attention_implementation`):
-- CUDA with flash-attn installed and bf16/fp16 compute: HF's `flash_attention_2`, whose varlen kernel takes the
-  `cu_seq_lens_*` kwargs.
-- everywhere else: `rlcore_varlen` below, exact causal SDPA per sequence. It costs sum(len^2) attention work
-  rather than total_tokens^2 of one block-diagonal mask, and needs no compiler (flex attention on CPU does).
-The model call passes the same kwargs in both cases; HF forwards them from the model to every attention layer.
+HF models get `rlcore_varlen` (below) as their attention implementation, megatron-core its THD path; both call
+`packed_causal_attention`, which picks the kernel per call (`packed_kernel`):
+- CUDA, bf16/fp16: flash-attn's varlen kernel when installed, else torch's own (`torch.nn.attention.varlen`,
+  torch >= 2.10), else one padded SDPA call over the sequences laid out `[n, heads, max_len, dim]`.
+  The GPU never runs the per-sequence loop: on an H100 that loop made the packed update 43x slower than padding.
+- CUDA in fp32 or with attention dropout: the padded SDPA call (the flash kernels take neither).
+- CPU: exact causal SDPA per group of equal-length sequences (`segment_causal_attention`). It costs sum(len^2)
+  attention work rather than total_tokens^2 of one block-diagonal mask, and needs no compiler.
+The model call passes the same `cu_seq_lens_*` kwargs whatever the kernel; HF forwards them to every attention layer.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +41,75 @@ def segment_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     return out
 
 
+def padded_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int,
+                            scale: float | None = None, dropout: float = 0.0) -> torch.Tensor:
+    """The same function as `segment_causal_attention` as ONE SDPA call: each sequence scattered into a row of
+    `[n, heads, max_len, dim]`, right-padded. Causal masking alone keeps every real query off the padding keys
+    (they come after it); the padded queries' outputs are never gathered back."""
+    starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
+    columns = torch.arange(max_len, device=query.device)
+    valid = columns < lengths[:, None]                                     # [n, max_len]
+    index = (starts[:, None] + columns).clamp(max=query.shape[1] - 1)      # token of each (row, column)
+    q, k, v = (t[:, index].transpose(0, 1) for t in (query, key, value))   # [n, heads, max_len, dim]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(1, 2)[valid]                                      # [total, heads, dim]
+
+
+@functools.cache
+def _flash_attn_varlen():
+    if importlib.util.find_spec("flash_attn") is None:
+        return None
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func
+
+
+@functools.cache
+def _torch_varlen():
+    """torch's varlen flash kernel and whether it takes GQA itself (torch 2.11's does not: K/V are repeated)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, False
+    return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
+def packed_kernel(device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> str:
+    """Which kernel `packed_causal_attention` runs: flash_attn | torch_varlen | padded_sdpa | segments."""
+    if device.type != "cuda":
+        return "segments"
+    if dtype in (torch.bfloat16, torch.float16):
+        if _flash_attn_varlen() is not None:
+            return "flash_attn"
+        if dropout == 0.0 and _torch_varlen()[0] is not None:
+            return "torch_varlen"
+    return "padded_sdpa"
+
+
+def packed_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int,
+                            scale: float | None = None, dropout: float = 0.0, kernel: str | None = None) -> torch.Tensor:
+    """Causal attention inside each packed sequence: query `[heads, total, dim]`, key/value `[kv_heads, total, dim]`,
+    `cu_seq_lens` `[num_seqs + 1]` int32 -> `[total, heads, dim]`, on the fastest kernel the device has
+    (`kernel` forces one, for tests)."""
+    kernel = kernel or packed_kernel(query.device, query.dtype, dropout)
+    if kernel == "segments":
+        return segment_causal_attention(query, key, value, cu_seq_lens, scale, dropout)
+    if kernel == "padded_sdpa":
+        return padded_causal_attention(query, key, value, cu_seq_lens, max_len, scale, dropout)
+    q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [total, heads, dim], as the varlen kernels take them
+    cu = cu_seq_lens.to(torch.int32)
+    if kernel == "flash_attn":
+        return _flash_attn_varlen()(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True)
+    varlen_attn, takes_gqa = _torch_varlen()
+    gqa = {}
+    if q.shape[1] != k.shape[1]:
+        if takes_gqa:
+            gqa = {"enable_gqa": True}
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(-1, 0), **gqa)
+
+
 def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0, **kwargs):
     """HF attention-interface function: query `[1, heads, total, dim]`, key/value `[1, kv_heads, total, dim]`
@@ -50,7 +124,8 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise NotImplementedError(f"{type(module).__name__} uses sliding-window attention ({window} tokens), which the "
                                   "per-sequence SDPA path does not implement for longer sequences; set use_remove_padding="
                                   "False (or run on CUDA in bf16 with flash-attn installed)")
-    return segment_causal_attention(query[0], key[0], value[0], cu_seq_lens, scaling, dropout)[None], None
+    max_len = kwargs.get("max_length_q") or int(cu_seq_lens.diff().max())
+    return packed_causal_attention(query[0], key[0], value[0], cu_seq_lens, max_len, scaling, dropout)[None], None
 
 
 def _segment_mask(**kwargs):
@@ -62,13 +137,10 @@ def _segment_mask(**kwargs):
 
 
 def attention_implementation(packed: bool, device: torch.device, compute_dtype: torch.dtype = torch.float32) -> str:
-    """The HF `attn_implementation` for a training model: sdpa for padded batches, a varlen kernel for packed
-    (flash-attn's where it can run: CUDA, installed, and a 16-bit compute dtype)."""
+    """The HF `attn_implementation` for a training model: sdpa for padded batches, `rlcore_varlen` for packed
+    (whose kernel `packed_causal_attention` picks per call: flash-attn's, torch's varlen, padded SDPA, segments)."""
     if not packed:
         return "sdpa"
-    half = compute_dtype in (torch.bfloat16, torch.float16)
-    if device.type == "cuda" and half and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

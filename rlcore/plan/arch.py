@@ -1,6 +1,7 @@
 """Model architectures for the memory plan: read from a model directory's config.json, or a built-in table.
 
-Only the shapes that decide memory are kept (dense decoder-only transformers: Qwen2/2.5, Llama 3, DeepSeek-LLM).
+Only the shapes that decide memory are kept (dense decoder-only transformers: Qwen2/2.5, Qwen3, Llama 3/3.1/3.2,
+DeepSeek-LLM).
 The table lets `rlcore-plan` size a 72B run on a laptop that has no weights: `model.path=~/models/Qwen2.5-72B`
 resolves by name when the directory does not exist. Imports neither torch nor ray.
 """
@@ -27,6 +28,7 @@ class Arch:
     tied_embeddings: bool
     qkv_bias: bool = False
     head_dim: Optional[int] = None  # None = hidden / heads
+    qk_norm: bool = False  # Qwen3: an RMSNorm weight over one head's channels for q and for k, per layer
 
     @property
     def dim(self) -> int:
@@ -40,7 +42,8 @@ class Arch:
 
     def layer_params(self) -> int:
         bias = (self.heads + 2 * self.kv_heads) * self.dim if self.qkv_bias else 0
-        return sum(i * o for i, o in self.linear_shapes()) + bias + 2 * self.hidden  # + two RMSNorm weights
+        qk_norm = 2 * self.dim if self.qk_norm else 0
+        return sum(i * o for i, o in self.linear_shapes()) + bias + qk_norm + 2 * self.hidden  # + two RMSNorm weights
 
     def params(self, value_head: bool = False) -> int:
         """All parameters: embeddings, blocks, final norm and the output head (a 1-wide head for a value model)."""
@@ -65,8 +68,12 @@ def _qwen(name, hidden, layers, heads, kv, inter, tied, vocab=152064):
     return Arch(name, hidden, layers, heads, kv, inter, vocab, 32768, tied, qkv_bias=True)
 
 
-def _llama(name, hidden, layers, heads, kv, inter):
-    return Arch(name, hidden, layers, heads, kv, inter, 128256, 8192, False)
+def _qwen3(name, hidden, layers, heads, inter, tied):
+    return Arch(name, hidden, layers, heads, 8, inter, 151936, 40960, tied, head_dim=128, qk_norm=True)
+
+
+def _llama(name, hidden, layers, heads, kv, inter, tied=False, max_positions=8192):
+    return Arch(name, hidden, layers, heads, kv, inter, 128256, max_positions, tied)
 
 
 # Shapes from each model's published config.json. Qwen2 and Qwen2.5 share shapes at a given size.
@@ -78,8 +85,19 @@ BUILTIN: dict[str, Arch] = {a.name: a for a in [
     _qwen("qwen2.5-14b", 5120, 48, 40, 8, 13824, False),
     _qwen("qwen2.5-32b", 5120, 64, 40, 8, 27648, False),
     _qwen("qwen2.5-72b", 8192, 80, 64, 8, 29568, False),
+    _qwen3("qwen3-0.6b", 1024, 28, 16, 3072, True),
+    _qwen3("qwen3-1.7b", 2048, 28, 16, 6144, True),
+    _qwen3("qwen3-4b", 2560, 36, 32, 9728, True),
+    _qwen3("qwen3-8b", 4096, 36, 32, 12288, False),
+    _qwen3("qwen3-14b", 5120, 40, 40, 17408, False),
+    _qwen3("qwen3-32b", 5120, 64, 64, 25600, False),
     _llama("llama3-8b", 4096, 32, 32, 8, 14336),
     _llama("llama3-70b", 8192, 80, 64, 8, 28672),
+    # Llama 3.1 has Llama 3's shapes with a 128K context; 3.2's 1B and 3B tie their embeddings.
+    _llama("llama3.1-8b", 4096, 32, 32, 8, 14336, max_positions=131072),
+    _llama("llama3.1-70b", 8192, 80, 64, 8, 28672, max_positions=131072),
+    _llama("llama3.2-1b", 2048, 16, 32, 8, 8192, tied=True, max_positions=131072),
+    _llama("llama3.2-3b", 3072, 28, 24, 8, 8192, tied=True, max_positions=131072),
     Arch("deepseek-llm-7b", 4096, 30, 32, 32, 11008, 102400, 4096, False),
 ]}
 _QWEN2_SIZES = ("0.5b", "1.5b", "7b", "72b")  # Qwen2 came in these sizes; 2.5 added 3b, 14b, 32b
@@ -89,6 +107,7 @@ def builtin_arch(name: str) -> Optional[Arch]:
     """Matches a model name or path like `Qwen/Qwen2-7B-Instruct`, `~/models/Meta-Llama-3.1-70B` or
     `deepseek-llm-7b-chat` to the table; None when nothing matches."""
     base = os.path.basename(os.path.normpath(os.path.expanduser(name))).lower()
+    minor = re.search(r"llama-?3\.(\d)", base)
     base = re.sub(r"llama-?3(\.\d)?", "llama3", base)
     size = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)b(?![a-z])", base)
     if not size:
@@ -96,8 +115,11 @@ def builtin_arch(name: str) -> Optional[Arch]:
     size = size.group(1) + "b"
     if "qwen2" in base and ("qwen2.5" in base or size in _QWEN2_SIZES):
         return BUILTIN.get(f"qwen2.5-{size}")
+    if "qwen3" in base:
+        return BUILTIN.get(f"qwen3-{size}")
     if "llama3" in base:
-        return BUILTIN.get(f"llama3-{size}")
+        version = f"llama3.{minor.group(1)}" if minor else "llama3"
+        return BUILTIN.get(f"{version}-{size}") or BUILTIN.get(f"llama3-{size}")
     if "deepseek" in base:
         return BUILTIN.get(f"deepseek-llm-{size}")
     return None
@@ -114,7 +136,8 @@ def arch_from_hf_config(config: dict, name: str) -> Arch:
         kv_heads=text.get("num_key_value_heads") or heads, intermediate=text["intermediate_size"],
         vocab=text["vocab_size"], max_positions=text.get("max_position_embeddings", 0),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=bool(text.get("attention_bias", text.get("model_type") == "qwen2")), head_dim=text.get("head_dim"))
+        qkv_bias=bool(text.get("attention_bias", text.get("model_type") == "qwen2")), head_dim=text.get("head_dim"),
+        qk_norm=text.get("model_type") == "qwen3")
 
 
 def resolve_arch(path: str) -> tuple[Optional[Arch], str]:

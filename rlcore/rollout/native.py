@@ -76,7 +76,9 @@ class NativeRollout(RolloutEngine):
             # Its own copy: the projections can be re-laid out for decoding (a model passed in keeps its layout).
             self.decoder = FusedDecoder(model) if fusable(model) else None
         self.model = model
-        self._params = dict(self.model.named_parameters())
+        # Every name of every parameter: a tied head answers to `lm_head.weight` as well as to the embedding's name,
+        # so a stream that carries it (or leaves it out, as rlcore's engines do) loads either way.
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
         self._params.update(dict(self.model.named_buffers()))
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens

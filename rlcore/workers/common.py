@@ -20,6 +20,7 @@ from rlcore.engine.base import ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
 from rlcore.trainer.checkpoint import checkpoint_load
+from rlcore.utils.dist import all_reduce_values
 from rlcore.utils.rng import rng_state, set_rng_state
 
 
@@ -92,10 +93,8 @@ def mini_batch_counts(mask: torch.Tensor, engine: TrainEngine) -> tuple[float, f
     """(valid tokens, sequences) of a mini-batch summed over every data-parallel rank's share of it: the
     normalisers that make the sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg). Summed over
     the data-parallel group only: TP/PP peers hold the same share."""
-    t = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=engine.device)
-    if dist.is_initialized():
-        dist.all_reduce(t, group=engine.dp_group)
-    return tuple(t.tolist())
+    counts = [float(mask.sum()), float(mask.shape[0])]
+    return tuple(all_reduce_values(counts, group=engine.dp_group) if dist.is_initialized() else counts)
 
 
 def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batch_rows: int, micro: MicroBatchSpec,

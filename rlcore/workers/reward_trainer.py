@@ -17,6 +17,7 @@ from rlcore.data.micro_batches import MicroBatchSpec, token_budget_partitions, t
 from rlcore.engine.base import TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
+from rlcore.utils.dist import all_reduce_values
 from rlcore.workers.common import SupervisedWorker, layout_of
 
 
@@ -32,10 +33,8 @@ def pair_micro_batches(data: DataProto, spec: MicroBatchSpec) -> list[DataProto]
 
 def global_pairs(data: DataProto, engine: TrainEngine) -> float:
     """Pairs in this batch over every data-parallel rank: the normaliser that makes summed shares exact."""
-    t = torch.tensor([len(data) / 2], dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t, group=engine.dp_group)
-    return float(t)
+    pairs = len(data) / 2
+    return all_reduce_values([pairs], group=engine.dp_group)[0] if dist.is_initialized() else pairs
 
 
 def pair_scores(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

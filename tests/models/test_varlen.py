@@ -5,7 +5,9 @@ import torch
 from dist_utils import make_rollout_batch
 
 from rlcore.models.hf import load_causal_lm
-from rlcore.models.varlen import VARLEN_ATTENTION, attention_implementation, pack_sequences, unpack_responses
+from rlcore.models import varlen
+from rlcore.models.varlen import (VARLEN_ATTENTION, attention_implementation, pack_sequences, packed_causal_attention, packed_kernel,
+                                  unpack_responses)
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
 
@@ -27,11 +29,40 @@ def test_pack_sequences_layout_by_hand():
     assert out[..., 0].tolist() == [[1.0, 0.0], [2.0, 3.0]]
 
 
-def test_attention_implementation_is_chosen_by_padding_mode_device_and_dtype():
+def test_attention_implementation_is_chosen_by_padding_mode():
     assert attention_implementation(False, torch.device("cpu")) == "sdpa"
     assert attention_implementation(True, torch.device("cpu")) == VARLEN_ATTENTION
-    # flash-attn needs CUDA and 16-bit compute; fp32 on CUDA keeps the exact per-sequence path
-    assert attention_implementation(True, torch.device("cuda"), torch.float32) == VARLEN_ATTENTION
+    assert attention_implementation(True, torch.device("cuda"), torch.bfloat16) == VARLEN_ATTENTION
+
+
+def test_the_gpu_never_gets_the_per_sequence_loop(monkeypatch):
+    """flash-attn when installed, else torch's varlen kernel, else one padded SDPA call; fp32 or dropout (which the
+    flash kernels do not take) go to padded SDPA; only the CPU runs the exact per-sequence path."""
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    monkeypatch.setattr(varlen, "_flash_attn_varlen", lambda: object())
+    assert packed_kernel(cuda, bf16) == "flash_attn" and packed_kernel(cuda, torch.float16, dropout=0.1) == "flash_attn"
+    monkeypatch.setattr(varlen, "_flash_attn_varlen", lambda: None)
+    monkeypatch.setattr(varlen, "_torch_varlen", lambda: (object(), True))
+    assert packed_kernel(cuda, bf16) == "torch_varlen"
+    assert packed_kernel(cuda, bf16, dropout=0.1) == "padded_sdpa" and packed_kernel(cuda, torch.float32) == "padded_sdpa"
+    monkeypatch.setattr(varlen, "_torch_varlen", lambda: (None, False))
+    assert packed_kernel(cuda, bf16) == "padded_sdpa"
+    assert packed_kernel(torch.device("cpu"), bf16) == packed_kernel(torch.device("cpu"), torch.float32) == "segments"
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_padded_sdpa_kernel_equals_the_per_sequence_path(kv_heads):
+    """The GPU's fallback, checked on CPU: one SDPA over right-padded rows gives every token of every sequence the
+    per-sequence result (GQA too), with sequences of very different lengths (one of a single token)."""
+    torch.manual_seed(0)
+    lengths = [7, 1, 12, 3, 12]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(4, sum(lengths), 16)
+    k, v = torch.randn(2, kv_heads, sum(lengths), 16).unbind(0)
+    exact = packed_causal_attention(q, k, v, cu, max(lengths), scale=0.3, kernel="segments")
+    padded = packed_causal_attention(q, k, v, cu, max(lengths), scale=0.3, kernel="padded_sdpa")
+    assert padded.shape == exact.shape == (sum(lengths), 4, 16)
+    torch.testing.assert_close(padded, exact, atol=1e-6, rtol=1e-5)
 
 
 def test_packed_forward_equals_padded_forward_on_every_valid_token(tiny_model_dir):

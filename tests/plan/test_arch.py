@@ -19,7 +19,8 @@ def test_builtin_parameter_counts_match_the_published_models(name, billions):
 
 @pytest.mark.parametrize("path, name", [
     ("Qwen/Qwen2-7B-Instruct", "qwen2.5-7b"), ("~/models/Qwen2.5-32B-Instruct", "qwen2.5-32b"),
-    ("/data/Qwen2-72B", "qwen2.5-72b"), ("Meta-Llama-3.1-70B-Instruct", "llama3-70b"),
+    ("/data/Qwen2-72B", "qwen2.5-72b"), ("Meta-Llama-3.1-70B-Instruct", "llama3.1-70b"),
+    ("meta-llama/Llama-3.2-1B-Instruct", "llama3.2-1b"), ("Qwen/Qwen3-4B", "qwen3-4b"), ("~/models/Qwen3-0.6B-Base", "qwen3-0.6b"),
     ("~/models/Meta-Llama-3-8B-Instruct/", "llama3-8b"), ("deepseek-ai/deepseek-llm-7b-chat", "deepseek-llm-7b"),
 ])
 def test_names_resolve_to_the_table(path, name):
@@ -48,3 +49,29 @@ def test_hf_config_of_a_real_qwen2_shape_matches_the_table(tmp_path):
     arch = arch_from_hf_config(json.loads((tmp_path / "config.json").read_text()), "qwen2-7b")
     assert arch.params() == BUILTIN["qwen2.5-7b"].params() and arch.qkv_bias
     assert arch.kv_bytes_per_token(2, tp=2) == 2 * 28 * 2 * 128 * 2  # K and V, 28 layers, 2 of 4 KV heads, bf16
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b"])
+def test_builtin_counts_equal_the_hf_model_of_the_same_shape(name):
+    """The table's count is what HF builds for that config (meta device: no memory): q/k norms, explicit head_dim
+    and tied heads included."""
+    import torch
+
+    a = BUILTIN[name]
+    model_type = "qwen3" if a.qk_norm else ("qwen2" if a.qkv_bias else "llama")
+    config = AutoConfig.for_model(model_type, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                  num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate, vocab_size=a.vocab,
+                                  tie_word_embeddings=a.tied_embeddings, head_dim=a.dim)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert a.params() == sum(p.numel() for p in model.parameters())
+
+
+def test_config_json_of_every_tiny_family_counts_exactly(tmp_path):
+    from rlcore.models.random_init import TINY_FAMILIES, build_model_dir
+
+    for family in TINY_FAMILIES:
+        path = build_model_dir(str(tmp_path / family), family)
+        arch, _ = resolve_arch(path)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        assert arch.params() == sum(p.numel() for p in model.parameters()), family

@@ -1,8 +1,8 @@
 """megatron-core's core-attention slot on torch SDPA, for padded rows and packed (THD) sequences alike.
 
 megatron-core's own local `DotProductAttention` refuses packed sequences and its fused alternatives need
-Transformer Engine (CUDA). This module needs neither: SDPA picks flash / memory-efficient kernels on CUDA and
-runs everywhere else.
+Transformer Engine (CUDA). This module needs neither: padded rows go to SDPA (flash / memory-efficient kernels on
+CUDA), packed ones to rlcore.models.varlen.packed_causal_attention (varlen flash kernels on CUDA).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
-from rlcore.models.varlen import segment_causal_attention
+from rlcore.models.varlen import packed_causal_attention
 
 
 class SDPACoreAttention(MegatronModule):
@@ -29,7 +29,7 @@ class SDPACoreAttention(MegatronModule):
         dropout = self.dropout if self.training else 0.0
         if packed_seq_params is not None:
             q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [heads, t, dim]
-            out = segment_causal_attention(q, k, v, packed_seq_params.cu_seqlens_q, self.softmax_scale, dropout)
+            out = packed_causal_attention(q, k, v, packed_seq_params.cu_seqlens_q, packed_seq_params.max_seqlen_q, self.softmax_scale, dropout)
             return out.reshape(out.shape[0], -1)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, dropout_p=dropout,

@@ -26,6 +26,7 @@ from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
+from rlcore.utils.dist import ReduceOp, all_reduce_values
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
     """megatron-core's process groups for this layout (once per process; every engine of a process shares them,
@@ -208,9 +209,8 @@ class MegatronEngine(TrainEngine):
                 group["lr"] = lr
         # A non-finite gradient anywhere (fp overflow, a bad batch) must not poison the weights: every rank agrees
         # to skip the step. (megatron's own check raises instead; its clipping would pass NaN through.)
-        bad = torch.tensor([float(not all(torch.isfinite(b.grad_data).all() for c in self.model for b in c.buffers))], device=self.device)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        finite = not bool(bad.item())
+        bad = float(not all(torch.isfinite(b.grad_data).all() for c in self.model for b in c.buffers))
+        finite = not all_reduce_values([bad], op=ReduceOp.MAX)[0]
         grad_norm = float("nan")
         if finite:
             _, grad_norm, _ = self.optimizer.step()  # megatron: grad norm over TP/PP/DP, clip, Adam, param all-gather

@@ -1,4 +1,4 @@
-"""A megatron-core `GPTModel` for an HF Qwen2 / Llama checkpoint: the TransformerConfig the HF config implies,
+"""A megatron-core `GPTModel` for an HF Qwen2 / Qwen3 / Llama checkpoint: the TransformerConfig the HF config implies,
 the layer spec (megatron-core's local modules + SDPA core attention), and one model chunk per virtual stage."""
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from rlcore.engine.megatron.attention import SDPACoreAttention
+from rlcore.models.families import FAMILIES, family_problems, megatron_rope
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # verl's override_transformer_config defaults name a flash backend; rlcore picks its attention itself.
 _IGNORED_OVERRIDES = ("attention_backend",)
-# megatron-core's built-in Llama 3.1 RoPE scaling (GPTModel(rope_scaling=True)) has these fixed parameters.
-_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
 @dataclass(frozen=True)
@@ -43,14 +42,7 @@ class Layout:
 
 def rope(hf_config) -> tuple[float, dict[str, Any]]:
     """(theta, GPTModel RoPE-scaling kwargs) of an HF config; refuses scalings megatron-core cannot express."""
-    params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    kind = params.get("rope_type", "default")
-    if kind == "default":
-        return theta, {}
-    if kind == "llama3" and all(params.get(k) == v for k, v in _LLAMA3_ROPE.items()):
-        return theta, {"rope_scaling": True, "rope_scaling_factor": params["factor"]}
-    raise ValueError(f"{hf_config.model_type} RoPE scaling {params} has no megatron-core equivalent; use strategy=fsdp2 for this model")
+    return megatron_rope(hf_config.to_dict())
 
 
 def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: torch.device, recompute: bool,
@@ -59,11 +51,9 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
     (verl's meaning: recompute_granularity / recompute_method / recompute_num_layers apply as given; with
     model.enable_gradient_checkpointing and none of them given, every layer is recomputed)."""
     model_type = hf_config.model_type
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"the megatron engine builds {', '.join(SUPPORTED_MODEL_TYPES)} architectures, not {model_type!r}; "
-                         "use strategy=fsdp2 for this model")
-    if getattr(hf_config, "use_sliding_window", False) or getattr(hf_config, "mlp_bias", False):
-        raise ValueError(f"{model_type} with sliding-window attention or MLP biases is not supported by the megatron engine; use strategy=fsdp2")
+    problems = family_problems(hf_config.to_dict(), "megatron")  # the driver checked too; this is for direct callers
+    if problems:
+        raise ValueError("; ".join(problems))
     cfg = dict(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -77,6 +67,7 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qk_layernorm=model_type == "qwen3",  # Qwen3's per-head RMSNorm of q and k, before RoPE (HF's q_norm / k_norm)
         hidden_dropout=0.0,
         attention_dropout=getattr(hf_config, "attention_dropout", 0.0),
         # No fused kernels: they need apex / Transformer Engine, and RL's exactness tests compare plain maths.
@@ -131,8 +122,11 @@ class RMSNorm(torch.nn.RMSNorm):
 def block_spec(config: TransformerConfig, vp_stage: int | None) -> TransformerBlockSubmodules:
     """megatron-core's local layer (column/row-parallel linears, SwiGLU MLP) with SDPA core attention and the
     RMSNorm above, for the layers of this pipeline (virtual) stage."""
-    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
-    layer.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
+    attention = layer.submodules.self_attention.submodules
+    attention.core_attention = SDPACoreAttention
+    if config.qk_layernorm:  # over one head's channels; replicated on TP ranks, whose grads megatron-core sums by name
+        attention.q_layernorm = attention.k_layernorm = RMSNorm
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage), layer_norm=RMSNorm)

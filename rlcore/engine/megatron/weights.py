@@ -1,4 +1,4 @@
-"""HF <-> megatron-core weights for Qwen2 / Llama: load a checkpoint directory into this rank's TP/PP pieces
+"""HF <-> megatron-core weights for Qwen2 / Qwen3 / Llama: load a checkpoint directory into this rank's TP/PP pieces
 (reading only its slices), and stream full HF-named tensors back out (TP shards gathered, PP stages broadcast).
 
 Layouts (megatron-core local spec, TP rank r of tp, ng query groups of qpg query heads each, head dim d):
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from safetensors import safe_open
 
-from rlcore.engine.gather import all_gather_flat
+from rlcore.utils.dist import all_gather_flat, broadcast
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _LAYER_MAP = {  # megatron-core name inside a layer -> (kind, HF names inside model.layers.{i})
@@ -30,6 +30,8 @@ _LAYER_MAP = {  # megatron-core name inside a layer -> (kind, HF names inside mo
     "self_attention.linear_qkv.weight": ("qkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
     "self_attention.linear_qkv.bias": ("qkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
     "self_attention.linear_proj.weight": ("split1", ("self_attn.o_proj.weight",)),
+    "self_attention.q_layernorm.weight": ("copy", ("self_attn.q_norm.weight",)),  # Qwen3
+    "self_attention.k_layernorm.weight": ("copy", ("self_attn.k_norm.weight",)),
     "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("split1", ("mlp.down_proj.weight",)),
@@ -262,7 +264,7 @@ def _broadcast_from_stage(tensors, bucket: list[_Manifest], owner: int, config, 
     else:
         flat = torch.empty(numel, dtype=bucket[0].dtype, device=device)
     src = mpu.get_pipeline_model_parallel_group()
-    dist.broadcast(flat, src=dist.get_global_rank(src, owner), group=src)
+    broadcast(flat, src=dist.get_global_rank(src, owner), group=src)
     out, offset = [], 0
     for name, shape in shapes:
         n = torch.Size(shape).numel()

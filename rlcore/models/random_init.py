@@ -1,0 +1,63 @@
+"""Random-initialised models of the families users start RL from, saved as real HF directories (no hub).
+
+`tiny-*` shapes are for the CPU suite: each keeps what distinguishes its family (Qwen2's q/k/v biases, tied
+embeddings, Qwen3's q/k RMSNorm and explicit head_dim, Llama 3.1/3.2's llama3 RoPE scaling). The published shapes
+(`qwen2.5-0.5b`, `qwen3-0.6b`) are for GPU throughput runs (bench/gpu_step.py), over any tokenizer's vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+# Llama 3.1 / 3.2's RoPE scaling (factor 8 at 8B/70B, 32 at 1B/3B), as in their config.json.
+_LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+# name -> (model_type, config kwargs)
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "tiny-qwen2": ("qwen2", dict(_TINY, tie_word_embeddings=False, max_position_embeddings=64)),
+    "tiny-qwen2.5-tied": ("qwen2", dict(_TINY, tie_word_embeddings=True, max_position_embeddings=64)),
+    # head_dim 32 != hidden / heads: Qwen3's q projection is wider than the hidden size, as in the real 0.6B-4B.
+    "tiny-qwen3": ("qwen3", dict(_TINY, head_dim=32, tie_word_embeddings=True, max_position_embeddings=64)),
+    "tiny-llama3.2": ("llama", dict(_TINY, tie_word_embeddings=True, max_position_embeddings=131072,
+                                    rope_parameters=dict(_LLAMA3_ROPE, factor=32.0))),
+    "tiny-llama3.1": ("llama", dict(_TINY, tie_word_embeddings=False, max_position_embeddings=131072,
+                                    rope_parameters=dict(_LLAMA3_ROPE, factor=8.0))),
+    # Published shapes (their config.json on the hub), vocabulary from the tokenizer given.
+    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                   num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=32768,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+}
+TINY_FAMILIES = [name for name in SHAPES if name.startswith("tiny-")]
+
+
+def build_config(shape: str, tokenizer):
+    from transformers import AutoConfig
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; valid: {', '.join(SHAPES)}")
+    model_type, kwargs = SHAPES[shape]
+    return AutoConfig.for_model(model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **kwargs)
+
+
+def build_model_dir(path: str, shape: str, tokenizer=None, seed: int = 0) -> str:
+    """Writes a random-initialised `shape` model and its tokenizer (the tiny task's character tokenizer unless
+    one is given) to `path`; returns `path`."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.data.tokenizer import build_char_tokenizer
+
+    tokenizer = tokenizer or build_char_tokenizer()
+    config = build_config(shape, tokenizer)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return os.path.abspath(path)

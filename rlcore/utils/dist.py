@@ -1,0 +1,73 @@
+"""Tensor collectives that put their tensor where the process group's backend can take it.
+
+NCCL refuses CPU tensors ("No backend type associated with device type cpu"), and the CPU suite, on gloo, never
+notices a counter built with `torch.tensor([...])` on the host: that is how `use_dynamic_bsz=True` first crashed on a
+GPU. Every tensor collective in rlcore therefore goes through this module, which moves a tensor to the group's
+device when it is elsewhere (and the result back), and `tests/utils/test_dist.py` fails on a direct `dist.<op>(...)`
+call anywhere else in the package. Object collectives (`all_gather_object`, ...) place their own buffers and stay
+direct calls.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+ReduceOp = dist.ReduceOp
+
+
+def group_device(group=None) -> torch.device:
+    """The device a tensor must be on for a collective over `group`: the current CUDA device for an NCCL group
+    (or a mixed "cpu:gloo,cuda:nccl" one, when CUDA is there), else the CPU."""
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _on_group_device(tensor: torch.Tensor, group) -> tuple[torch.Tensor, bool]:
+    device = group_device(group)
+    if tensor.device.type == device.type:
+        return tensor, False
+    return tensor.to(device), True
+
+
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> torch.Tensor:
+    """In-place all-reduce of `tensor` wherever it lives; returns it."""
+    moved, copied = _on_group_device(tensor, group)
+    dist.all_reduce(moved, op=op, group=group)
+    if copied:
+        tensor.copy_(moved)
+    return tensor
+
+
+def all_reduce_values(values: Sequence[float], op=ReduceOp.SUM, group=None, dtype: torch.dtype = torch.float64) -> list[float]:
+    """Python numbers reduced over the group (the counts and flags that decide control flow on every rank).
+    float64 holds every integer count below 2**53 exactly."""
+    t = torch.tensor(list(values), dtype=dtype, device=group_device(group))
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+def all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, group=None) -> None:
+    """`output` (1-D, world x numel) <- every rank's 1-D `tensor`, rank-major."""
+    moved_out, out_copied = _on_group_device(output, group)
+    moved_in, _ = _on_group_device(tensor, group)
+    _ALL_GATHER_SINGLE(moved_out, moved_in, group=group)
+    if out_copied:
+        output.copy_(moved_out)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
+    """In-place broadcast from global rank `src`; returns `tensor`."""
+    moved, copied = _on_group_device(tensor, group)
+    dist.broadcast(moved, src=src, group=group)
+    if copied:
+        tensor.copy_(moved)
+    return tensor
+
+
+# torch 2.13 renamed all_gather_into_tensor (a deprecation warning per call); older torch has only the old name.
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
