@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 
-.PHONY: env train train-rm test test-fast test-numerics test-numerics-other bench bench-full clean
+.PHONY: env train train-rm test test-fast test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 env: $(STAMP)
 
@@ -67,6 +67,15 @@ bench: $(STAMP)
 
 bench-full:
 	$(MAKE) bench BENCH_QUICK=
+
+# On a CUDA machine: GRPO steps with verl's GPU defaults on Qwen2.5-0.5B- and Qwen3-0.6B-shaped models (FSDP2 and
+# Megatron, padded and packed), and the tests only a GPU can run. (On a machine without the venv, run the scripts
+# with its own python: `python bench/gpu_step.py`, `python -m pytest -m gpu tests/gpu`.)
+bench-gpu: $(STAMP)
+	$(PY) bench/gpu_step.py $(ARGS)
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests/gpu $(ARGS)
 
 clean:
 	rm -rf .cache outputs

@@ -62,3 +62,16 @@ def test_rollout_benchmark_prints_both_length_cases_against_hf_generate():
     rows = re.findall(r"^(skewed|uniform)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+([\d.]+)x$", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["skewed", "uniform"] and float(rows[1][1]) == 16.0, out  # uniform: every row to the limit
     assert float(rows[0][1]) < 16.0, out  # skewed: most rows stop early
+
+
+@pytest.mark.slow
+def test_gpu_step_benchmark_runs_a_family_through_every_mode_on_cpu(tmp_path):
+    """bench/gpu_step.py is for GPUs; on CPU with a tiny Qwen3 it must still compose verl's GPU defaults, train, and
+    print a row per run plus the packed/padded update ratio (its figures are not asserted)."""
+    script = BENCH.parent / "gpu_step.py"
+    args = ["--device", "cpu", "--dtype", "float32", "--models", "tiny-qwen3", "--engines", "fsdp2", "--modes", "padded,packed",
+            "--steps", "2", "--prompts", "4", "--n", "2", "--response-length", "8", "--out", str(tmp_path)]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = re.findall(r"^tiny-qwen3 fsdp2 (padded|packed)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["padded", "packed"] and all(float(r[5]) > 0 for r in rows), out
+    assert re.search(r"^tiny-qwen3 fsdp2: packed/padded update time [\d.]+x$", out, re.MULTILINE), out

@@ -1,0 +1,161 @@
+"""GRPO steps with verl's GPU defaults on realistic shapes: the check anyone with a GPU can run (`make bench-gpu`).
+
+Builds random-initialised Qwen2.5-0.5B-shaped (tied) and Qwen3-0.6B-shaped models over the tiny task's character
+tokenizer (no hub), then runs a few GRPO steps through the real trainer (Ray, controller, workers) with verl's
+GPU defaults: bf16, `use_dynamic_bsz=True`, gradient checkpointing, 64 prompts x 8 samples x up to 256 response
+tokens, on FSDP2 and on Megatron (TP1 on one GPU, TP2 when two are visible), padded and packed
+(`use_remove_padding`). Per run it prints each phase's seconds (median over the steps after the first), MFU
+against the device's bf16 peak (rlcore's perf metrics), the peak memory against `rlcore-plan`'s estimate, and
+the rollout's generated tokens/s against HF `generate` on the same model and batch (same sampling, same
+max_new_tokens, stopping at EOS like the engine).
+
+    python bench/gpu_step.py                       # on a CUDA machine, ~10 min on one H100
+    python bench/gpu_step.py --models qwen3-0.6b --engines fsdp2 --modes packed --steps 2
+The CPU suite runs it on a tiny model (`--device cpu --models tiny-qwen3 ...`) so it keeps working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+PHASES = ("gen", "old_log_prob", "ref", "update_actor", "step")
+
+
+def engine_overrides(engine: str, gpus: int) -> tuple[str, list[str]]:
+    """(config name, overrides) of one training backend; Megatron runs TP over every visible GPU (1 or 2)."""
+    if engine == "megatron":
+        return "ppo_megatron_trainer", [f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={min(gpus, 2)}"]
+    return "ppo_trainer", ["actor_rollout_ref.actor.strategy=fsdp2"]
+
+
+def compose_run(args, model_dir: str, data_dir: str, out_dir: str, engine: str, packed: bool):
+    from rlcore.config import compose
+
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 1
+    config_name, overrides = engine_overrides(engine, gpus)
+    dtype = [f"actor_rollout_ref.{role}.{section}.dtype={args.dtype}" for role in ("actor", "ref") for section in ("fsdp_config", "megatron")]
+    return compose([
+        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+        f"data.train_batch_size={args.prompts}", "data.max_prompt_length=16", f"data.max_response_length={args.response_length}",
+        "data.dataloader_num_workers=0", "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        f"actor_rollout_ref.model.use_remove_padding={packed}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.prompts // 4)}", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001", *dtype,
+        "actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", f"actor_rollout_ref.rollout.n={args.n}", f"actor_rollout_ref.rollout.dtype={args.dtype}",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        f"trainer.device={args.device}", f"trainer.n_gpus_per_node={gpus}", "trainer.logger=[console,jsonl]",
+        f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=False", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", f"trainer.default_local_dir={out_dir}/ckpt", "trainer.max_worker_restarts=0",
+        *overrides,
+    ], config_name=config_name)
+
+
+def run_one(args, model_dir: str, data_dir: str, out_dir: str, engine: str, packed: bool) -> dict:
+    from rlcore.config.validate import diagnose
+    from rlcore.plan import memory_plan
+    from rlcore.train import run
+
+    cfg = compose_run(args, model_dir, data_dir, out_dir, engine, packed)
+    plan, _ = diagnose(cfg)
+    estimate = max(role.peak for role in memory_plan(cfg, plan).roles)
+    run(cfg, out_dir)
+    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+    rows = [r for r in rows if "timing_s/step" in r]
+    timed = rows[1:] or rows  # the first step pays warm-up (allocator, kernels)
+    med = lambda key: statistics.median(r.get(key, float("nan")) for r in timed)  # noqa: E731
+    samples = args.prompts * args.n
+    return {
+        **{p: med(f"timing_s/{p}") for p in PHASES},
+        "mfu_update": med("perf/mfu/update_actor"), "mfu_ref": med("perf/mfu/ref"),
+        "peak_gib": max(r.get("perf/max_memory_allocated_gb", float("nan")) for r in rows), "plan_gib": estimate,
+        "gen_tokens_per_s": med("response_length/mean") * samples / med("timing_s/gen"),
+    }
+
+
+def hf_generate_tokens_per_s(args, model_dir: str, data_dir: str) -> float:
+    """HF `generate` on the trainer's first batch of prompts, each repeated n times, the same sampling and limit."""
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = pq.read_table(f"{data_dir}/train.parquet").to_pylist()[: args.prompts]
+    texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    tokenizer.padding_side = "left"
+    enc = tokenizer([t for t in texts for _ in range(args.n)], return_tensors="pt", padding=True).to(device)
+    dtype = torch.bfloat16 if args.dtype in ("bfloat16", "bf16") else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    kwargs = dict(max_new_tokens=args.response_length, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        model.generate(**enc, **dict(kwargs, max_new_tokens=4))  # warm-up
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        out = model.generate(**enc, **kwargs)[:, enc["input_ids"].shape[1]:]
+        sync()
+        seconds = time.perf_counter() - start
+    ended = (out == tokenizer.eos_token_id).int().cumsum(-1)
+    generated = int(((ended == 0) | ((ended == 1) & (out == tokenizer.eos_token_id))).sum())  # up to and incl. EOS
+    return generated / seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="qwen2.5-0.5b,qwen3-0.6b", help="rlcore.models.random_init.SHAPES names")
+    p.add_argument("--engines", default="fsdp2,megatron")
+    p.add_argument("--modes", default="padded,packed")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--response-length", type=int, default=256)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", default=None, help="where models, data and runs go (default: a temporary directory)")
+    args = p.parse_args(argv)
+
+    from rlcore.data.synthetic import write_task
+    from rlcore.models.random_init import build_model_dir
+
+    out = args.out or tempfile.mkdtemp(prefix="rlcore_gpu_step_")
+    data_dir = os.path.join(out, "data")
+    write_task(data_dir, num_train=max(512, args.prompts * args.steps), num_test=64, min_digits=1, max_digits=2, seed=0)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    results = []
+    for model in args.models.split(","):
+        model_dir = build_model_dir(os.path.join(out, "models", model), model)
+        hf = hf_generate_tokens_per_s(args, model_dir, data_dir)
+        for engine in args.engines.split(","):
+            for mode in args.modes.split(","):
+                name = f"{model} {engine} {mode}"
+                r = run_one(args, model_dir, data_dir, os.path.join(out, "runs", name.replace(" ", "_")), engine, mode == "packed")
+                results.append((name, r, hf))
+                print(f"\n{name}: {json.dumps(r)}", flush=True)
+    print(f"\n{device_name}, torch {torch.__version__}, {args.prompts} prompts x {args.n} samples x <= {args.response_length} tokens, "
+          f"{args.dtype}, median of steps 2..{args.steps} (seconds)")
+    header = f"{'run':34} {'gen':>6} {'old_lp':>6} {'ref':>6} {'update':>7} {'step':>7} {'MFU upd':>7} {'MFU ref':>7} {'peak/plan GiB':>14} {'gen tok/s':>9} {'HF tok/s':>9} {'gen/HF':>6}"
+    print(header)
+    for name, r, hf in results:
+        print(f"{name:34} {r['gen']:6.2f} {r['old_log_prob']:6.2f} {r['ref']:6.2f} {r['update_actor']:7.2f} {r['step']:7.2f} "
+              f"{r['mfu_update']:7.1%} {r['mfu_ref']:7.1%} {r['peak_gib']:6.1f}/{r['plan_gib']:<7.1f} {r['gen_tokens_per_s']:9.0f} "
+              f"{hf:9.0f} {r['gen_tokens_per_s'] / hf:5.2f}x")
+    for model in args.models.split(","):  # the packed-vs-padded target: packed update no slower than padded
+        for engine in args.engines.split(","):
+            by_mode = {mode: r for name, r, _ in results for mode in ("padded", "packed") if name == f"{model} {engine} {mode}"}
+            if len(by_mode) == 2:
+                ratio = by_mode["packed"]["update_actor"] / by_mode["padded"]["update_actor"]
+                print(f"{model} {engine}: packed/padded update time {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
