@@ -12,6 +12,7 @@ import torch
 from dist_utils import close_gloo, free_port, init_gloo, spawn_ranks
 from e2e_utils import tiny_cfg
 from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
 
 from rlcore.algos import compute_advantage
 from rlcore.models.families import family_problems
@@ -106,6 +107,36 @@ def test_a_grpo_step_on_fsdp2_and_the_native_rollout(family, family_dirs, tiny_t
     after = greedy_matches_training(worker, prompts)  # the second sync carries the updated weights (tied head too)
     moved = (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max()
     assert moved > 1e-3, f"{family}: the rollout did not follow the update"
+
+    # Checkpoint and HF export of the trained weights: HF loads them (re-tying the head), and a fresh worker that
+    # resumes from the checkpoint decodes exactly what this one does.
+    worker.save_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
+    assert (hf.get_output_embeddings().weight is hf.get_input_embeddings().weight) == tied
+    trained = dict(worker.actor.rollout_weights())
+    for name, tensor in hf.state_dict().items():
+        torch.testing.assert_close(tensor, trained[name if name in trained else "model.embed_tokens.weight"], atol=0, rtol=0)
+    resumed = ActorRolloutRefWorker(family_cfg(family_dirs[family], tiny_task_dir, tmp_path / "resumed"), 0, 1, "cpu")
+    resumed.init_model(total_steps=2)
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    again = greedy_matches_training(resumed, prompts)
+    torch.testing.assert_close(again.batch["rollout_log_probs"], after.batch["rollout_log_probs"], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["tiny-qwen3", "tiny-llama3.2"])
+def test_lora_on_a_tied_model_syncs_merged_weights(family, family_dirs, tiny_task_dir, tmp_path):
+    """LoRA on every linear of a tied model: the sync sends merged weights (the tied head once, frozen), and after
+    an update the rollout follows the adapters."""
+    init_gloo(0, 1, free_port())
+    cfg = family_cfg(family_dirs[family], tiny_task_dir, tmp_path, "actor_rollout_ref.model.lora_rank=8",
+                     "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=5e-2")
+    worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
+    worker.init_model(total_steps=2)
+    prompts = prompts_batch(worker.actor.hf_config.vocab_size)
+    before = greedy_matches_training(worker, prompts)
+    worker.update_actor(grpo_batch(worker.generate_sequences(prompts), worker))
+    after = greedy_matches_training(worker, prompts)
+    assert (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max() > 1e-3
 
 
 def _megatron_families(rank, port, dirs, task_dir, out_dir):
