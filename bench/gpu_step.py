@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     from rlcore.data.synthetic import write_task
+    from rlcore.data.tokenizer import build_char_tokenizer
     from rlcore.models.random_init import build_model_dir
 
     out = args.out or tempfile.mkdtemp(prefix="rlcore_gpu_step_")
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     results = []
     for model in args.models.split(","):
-        model_dir = build_model_dir(os.path.join(out, "models", model), model)
+        model_dir = build_model_dir(os.path.join(out, "models", model), model, build_char_tokenizer())
         hf = hf_generate_tokens_per_s(args, model_dir, data_dir)
         for engine in args.engines.split(","):
             for mode in args.modes.split(","):

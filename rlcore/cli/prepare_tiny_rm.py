@@ -118,7 +118,7 @@ def mine_hard_negatives(rm_dir: str, rows: list[dict], per_prompt: int, candidat
     accuracy into gaining it."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rlcore.reward.rm_inputs import chat_sequences, right_aligned
+    from rlcore.data.rm_inputs import chat_sequences, right_aligned
 
     tokenizer = AutoTokenizer.from_pretrained(rm_dir, local_files_only=True)
     model = AutoModelForSequenceClassification.from_pretrained(rm_dir, local_files_only=True).eval()

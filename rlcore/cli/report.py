@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlcore.trainer.perf import NOMINAL_BF16_TFLOPS
+from rlcore.utils.device import NOMINAL_BF16_TFLOPS
 from rlcore.trainer.plots import write_plots
 from rlcore.trainer.report import format_report
 

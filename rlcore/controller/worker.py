@@ -69,9 +69,9 @@ class Worker:
 
     def peak_flops(self) -> tuple[float, str]:
         """This rank's peak matmul FLOP/s and where the figure comes from. CUDA: the nominal dense bf16 peak of a
-        known device (rlcore.trainer.perf.NOMINAL_BF16_TFLOPS), else a measured bf16 GEMM; CPU: a measured fp32
+        known device (rlcore.utils.device.NOMINAL_BF16_TFLOPS), else a measured bf16 GEMM; CPU: a measured fp32
         GEMM with this rank's threads (what the CPU recipes train in)."""
-        from rlcore.trainer.perf import measure_gemm_flops, nominal_peak_flops
+        from rlcore.utils.device import measure_gemm_flops, nominal_peak_flops
 
         if self.device_type == "cuda":
             name = torch.cuda.get_device_name()

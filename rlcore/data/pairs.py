@@ -10,7 +10,7 @@ import torch
 
 from rlcore.data.dataset import read_rows
 from rlcore.protocol import DataProto
-from rlcore.reward.rm_inputs import chat_sequences, right_aligned
+from rlcore.data.rm_inputs import chat_sequences, right_aligned
 
 TRUNCATIONS = ("error", "left")  # left: keep the last max_length tokens (the score is read at the last one)
 

@@ -12,8 +12,7 @@ import torch
 
 from rlcore.models.lora import LoraSpec
 from rlcore.protocol import DataProto
-
-WEIGHT_BUCKET_BYTES = 2048 * 2**20  # verl: rollout.checkpoint_engine.update_weights_bucket_megabytes=2048
+from rlcore.rollout.base import WEIGHT_BUCKET_BYTES
 
 # An engine hands these functions per-token outputs for the response tokens of a micro-batch, `[batch, response_len]`
 # float32 (the next-token shift is done): a causal LM gives "log_probs" (of the response tokens, at the request's

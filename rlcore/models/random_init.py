@@ -2,7 +2,8 @@
 
 `tiny-*` shapes are for the CPU suite: each keeps what distinguishes its family (Qwen2's q/k/v biases, tied
 embeddings, Qwen3's q/k RMSNorm and explicit head_dim, Llama 3.1/3.2's llama3 RoPE scaling). The published shapes
-(`qwen2.5-0.5b`, `qwen3-0.6b`) are for GPU throughput runs (bench/gpu_step.py), over any tokenizer's vocabulary.
+(`qwen2.5-0.5b`, `qwen3-0.6b`) are for GPU throughput runs (bench/gpu_step.py). Either is built over the
+vocabulary of the tokenizer the caller passes (the tiny task's character tokenizer in rlcore's tests and benches).
 """
 
 from __future__ import annotations
@@ -48,14 +49,11 @@ def build_config(shape: str, tokenizer):
                                 eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **kwargs)
 
 
-def build_model_dir(path: str, shape: str, tokenizer=None, seed: int = 0) -> str:
-    """Writes a random-initialised `shape` model and its tokenizer (the tiny task's character tokenizer unless
-    one is given) to `path`; returns `path`."""
+def build_model_dir(path: str, shape: str, tokenizer, seed: int = 0) -> str:
+    """Writes a random-initialised `shape` model over `tokenizer`'s vocabulary, and the tokenizer, to `path`
+    (the tiny task's: rlcore.data.tokenizer.build_char_tokenizer()); returns `path`."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore.data.tokenizer import build_char_tokenizer
-
-    tokenizer = tokenizer or build_char_tokenizer()
     config = build_config(shape, tokenizer)
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)

@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator, Protocol
 
 import torch
 
 from rlcore.protocol import position_ids_from_mask
+
+
+WEIGHT_BUCKET_BYTES = 2048 * 2**20  # verl: rollout.checkpoint_engine.update_weights_bucket_megabytes=2048
+
+
+class WeightSource(Protocol):
+    """What the hybrid engine reads the training weights from (every TrainEngine is one): full tensors under HF
+    names, gathered `bucket_bytes` at a time; `transient`: a tensor may be overwritten once the next is yielded;
+    `adapted_only`: with LoRA, only the weights the adapters change (merged)."""
+
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
+                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 
 @dataclass

@@ -6,11 +6,10 @@ from typing import Iterator
 
 import torch
 
-from rlcore.engine.base import WEIGHT_BUCKET_BYTES, TrainEngine
-from rlcore.rollout.base import RolloutEngine
+from rlcore.rollout.base import WEIGHT_BUCKET_BYTES, RolloutEngine, WeightSource
 
 
-def sync_weights(engine: TrainEngine, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES, adapted_only: bool = False) -> int:
+def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES, adapted_only: bool = False) -> int:
     """Streams every training weight into the rollout engine; returns the number of tensors sent. With LoRA the
     adapted weights arrive merged, and `adapted_only` sends only those (the rollout already holds the frozen rest).
 

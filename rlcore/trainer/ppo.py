@@ -11,12 +11,13 @@ import torch
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.protocol import DataProto
-from rlcore.trainer import checkpoint
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
+from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
 from rlcore.trainer.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
+from rlcore.utils import checkpoint
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)
@@ -259,7 +260,7 @@ class PPOTrainer:
         return self.last_checkpoint
 
     def maybe_resume(self) -> None:
-        path = checkpoint.resume_from(self.cfg.trainer)
+        path = resume_from(self.cfg.trainer)
         if path is not None:
             self.load_checkpoint(path)
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from rlcore.config import ConfigError
 from rlcore.config.rm_schema import stop_rule_met
-from rlcore.trainer import checkpoint
+from rlcore.trainer.lifecycle import resume_from
+from rlcore.utils import checkpoint
 
 STATE_FILE = "trainer_state.json"
 
@@ -117,7 +118,7 @@ class SupervisedTrainer:
 
 def resume_point(trainer_cfg) -> tuple[str | None, int]:
     """(checkpoint folder to resume from or None, its step) under trainer.resume_mode (checkpoint.resume_from)."""
-    path = checkpoint.resume_from(trainer_cfg)
+    path = resume_from(trainer_cfg)
     return (None, 0) if path is None else (path, json.load(open(os.path.join(path, STATE_FILE)))["step"])
 
 

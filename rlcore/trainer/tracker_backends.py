@@ -13,11 +13,25 @@ import os
 import pathlib
 import re
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-if TYPE_CHECKING:
-    from rlcore.trainer.tracking import RunInfo
+CONSOLE_KEYS = (
+    "critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "response_length/mean",
+    "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
+)
+
+
+@dataclass
+class RunInfo:
+    """What a backend opens its run with."""
+
+    run_dir: str  # the run directory: metrics.jsonl, and wandb's files unless WANDB_DIR is set
+    project_name: str  # trainer.project_name: wandb project, mlflow experiment, tensorboard folder
+    experiment_name: str  # trainer.experiment_name: the run's name in every backend
+    config: dict = field(default_factory=dict)  # the resolved config: wandb config, mlflow params + config.json
+    console_keys: tuple[str, ...] = CONSOLE_KEYS  # metrics shown on each console line
+
 
 GENERATIONS_KEY = "val/generations"  # where the validation samples go (wandb table, tensorboard text), as in verl
 MLFLOW_PARAM_VALUE_MAX_CHARS = 6000  # mlflow's MAX_PARAM_VAL_LENGTH; longer values are cut (config.json has them whole)

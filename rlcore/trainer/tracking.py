@@ -11,29 +11,11 @@ import importlib.util
 import json
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from tqdm import tqdm
 
-from rlcore.trainer.tracker_backends import MlflowBackend, TensorboardBackend, WandbBackend
-
-CONSOLE_KEYS = (
-    "critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "response_length/mean",
-    "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
-)
-
-
-@dataclass
-class RunInfo:
-    """What a backend opens its run with."""
-
-    run_dir: str  # the run directory: metrics.jsonl, and wandb's files unless WANDB_DIR is set
-    project_name: str  # trainer.project_name: wandb project, mlflow experiment, tensorboard folder
-    experiment_name: str  # trainer.experiment_name: the run's name in every backend
-    config: dict = field(default_factory=dict)  # the resolved config: wandb config, mlflow params + config.json
-    console_keys: tuple[str, ...] = CONSOLE_KEYS  # metrics shown on each console line
-
+from rlcore.trainer.tracker_backends import CONSOLE_KEYS, MlflowBackend, RunInfo, TensorboardBackend, WandbBackend
 
 class Backend(Protocol):
     """One tracker: built from a RunInfo, it receives every log call until close()."""

@@ -19,7 +19,7 @@ from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_re
 from rlcore.engine.base import ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
-from rlcore.trainer.checkpoint import checkpoint_load
+from rlcore.utils.checkpoint import checkpoint_load
 from rlcore.utils.dist import all_reduce_values
 from rlcore.utils.rng import rng_state, set_rng_state
 

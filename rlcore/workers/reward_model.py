@@ -11,7 +11,7 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import decode_responses
-from rlcore.reward.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
+from rlcore.data.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
 from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, offload, onload, run_forward
 
 

@@ -47,7 +47,9 @@ def test_a_tied_model_syncs_into_the_native_rollout_on_cuda(nccl, tmp_path, fami
     from rlcore.rollout.native import NativeRollout
     from rlcore.rollout.weight_sync import sync_weights
 
-    path = build_model_dir(str(tmp_path / family), family)
+    from rlcore.data.tokenizer import build_char_tokenizer
+
+    path = build_model_dir(str(tmp_path / family), family, build_char_tokenizer())
     engine = FSDP2Engine(EngineSpec(model_path=path, param_dtype="bf16"), nccl)
     rollout = NativeRollout(path, pad_token_id=0, device=nccl, dtype="bfloat16")
     assert sync_weights(engine, rollout) > 0

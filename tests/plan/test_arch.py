@@ -68,10 +68,11 @@ def test_builtin_counts_equal_the_hf_model_of_the_same_shape(name):
 
 
 def test_config_json_of_every_tiny_family_counts_exactly(tmp_path):
+    from rlcore.data.tokenizer import build_char_tokenizer
     from rlcore.models.random_init import TINY_FAMILIES, build_model_dir
 
     for family in TINY_FAMILIES:
-        path = build_model_dir(str(tmp_path / family), family)
+        path = build_model_dir(str(tmp_path / family), family, build_char_tokenizer())
         arch, _ = resolve_arch(path)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         assert arch.params() == sum(p.numel() for p in model.parameters()), family

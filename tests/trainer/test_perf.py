@@ -8,7 +8,8 @@ import torch
 
 from rlcore.controller.ray_group import GroupCall
 from rlcore.protocol import DataProto
-from rlcore.trainer.perf import StepPerf, forward_flops, measure_gemm_flops, nominal_peak_flops
+from rlcore.trainer.perf import StepPerf, forward_flops
+from rlcore.utils.device import measure_gemm_flops, nominal_peak_flops
 
 
 class FakeGroup:

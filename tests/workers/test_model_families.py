@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from rlcore.algos import compute_advantage
+from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.families import family_problems
 from rlcore.models.random_init import TINY_FAMILIES, build_config, build_model_dir
 from rlcore.protocol import DataProto, position_ids_from_mask
@@ -27,7 +28,8 @@ N = 4  # samples per prompt
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    return {name: build_model_dir(str(root / name), name) for name in TINY_FAMILIES}
+    tokenizer = build_char_tokenizer()
+    return {name: build_model_dir(str(root / name), name, tokenizer) for name in TINY_FAMILIES}
 
 
 def prompts_batch(vocab: int, num_prompts: int = 3, length: int = 6, seed: int = 0) -> DataProto:
@@ -79,8 +81,6 @@ def grpo_batch(out: DataProto, worker) -> DataProto | None:
 
 
 def test_every_tiny_family_is_a_family_rlcore_accepts():
-    from rlcore.data.tokenizer import build_char_tokenizer
-
     tokenizer = build_char_tokenizer()
     for name in TINY_FAMILIES:
         assert family_problems(build_config(name, tokenizer).to_dict(), "megatron") == [], name

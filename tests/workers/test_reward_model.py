@@ -14,7 +14,7 @@ from rlcore.config import compose
 from rlcore.models.hf import load_config
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import RewardManager
-from rlcore.reward.rm_inputs import right_aligned, same_tokenization, token_level
+from rlcore.data.rm_inputs import right_aligned, same_tokenization, token_level
 from rlcore.rollout.base import RolloutOutput, assemble_sequences
 from rlcore.workers.reward_model import RewardModelWorker
 

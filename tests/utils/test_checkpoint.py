@@ -10,7 +10,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcore.config import ConfigError
-from rlcore.trainer import checkpoint
+from rlcore.trainer.lifecycle import resume_from
+from rlcore.utils import checkpoint
 from rlcore.utils.rng import rng_state, set_rng_state
 
 
@@ -28,12 +29,12 @@ def trainer_cfg(root, mode="auto", path=None):
 
 def test_a_truncated_shard_is_named_and_resume_falls_back_to_the_previous_step(tmp_path, capsys):
     good, bad = save_step(tmp_path, 1), save_step(tmp_path, 2)
-    assert checkpoint.damage(good) is None and checkpoint.resume_from(trainer_cfg(tmp_path)) == bad
+    assert checkpoint.damage(good) is None and resume_from(trainer_cfg(tmp_path)) == bad
     shard = os.path.join(bad, "actor", "__0_0.distcp")
     with open(shard, "r+b") as f:
         f.truncate(600)
     assert checkpoint.damage(bad) == f"{shard} is 600 bytes, the manifest says 1000 (truncated or overwritten)"
-    assert checkpoint.resume_from(trainer_cfg(tmp_path)) == good
+    assert resume_from(trainer_cfg(tmp_path)) == good
     warning = capsys.readouterr().out
     assert f"WARNING: checkpoint {bad} is damaged: {shard} is 600 bytes" in warning and f"resuming from {good} instead" in warning
     # the same size, other bytes: the checksum catches it
@@ -42,15 +43,15 @@ def test_a_truncated_shard_is_named_and_resume_falls_back_to_the_previous_step(t
     assert checkpoint.damage(bad) == f"{shard} does not match its checksum (corrupted)"
     # asked for explicitly, a damaged step stops the run and names the one to use
     with pytest.raises(ConfigError, match=f"does not match its checksum .*use trainer.resume_from_path={good}"):
-        checkpoint.resume_from(trainer_cfg(tmp_path, "resume_path", bad))
+        resume_from(trainer_cfg(tmp_path, "resume_path", bad))
 
 
 def test_an_unfinished_save_is_never_resumed(tmp_path, capsys):
     good = save_step(tmp_path, 1)
     os.remove(os.path.join(save_step(tmp_path, 2), checkpoint.MANIFEST))  # as if the process died before the manifest
-    assert checkpoint.resume_from(trainer_cfg(tmp_path)) == good and "has no manifest.json" in capsys.readouterr().out
+    assert resume_from(trainer_cfg(tmp_path)) == good and "has no manifest.json" in capsys.readouterr().out
     os.remove(os.path.join(good, checkpoint.MANIFEST))
-    assert checkpoint.resume_from(trainer_cfg(tmp_path)) is None
+    assert resume_from(trainer_cfg(tmp_path)) is None
     assert "no complete checkpoint" in capsys.readouterr().out
 
 

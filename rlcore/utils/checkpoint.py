@@ -106,30 +106,6 @@ def resume_candidate(root: str) -> tuple[str | None, list[str]]:
     return None, [f"checkpoint {bad} is damaged: {why}" for bad, why in skipped] + [f"no complete checkpoint under {root}: starting from scratch"]
 
 
-def resume_from(trainer_cfg) -> str | None:
-    """The step folder to resume from under trainer.resume_mode: auto (the newest verified step in
-    default_local_dir, warning about damaged newer ones), disable (None), or resume_path (trainer.resume_from_path,
-    which must verify: a damaged one stops the run, naming the file and the newest good step to use instead)."""
-    from rlcore.config import ConfigError
-
-    mode, root = trainer_cfg.resume_mode, os.path.abspath(os.path.expanduser(trainer_cfg.default_local_dir))
-    if mode == "disable":
-        return None
-    if mode == "resume_path":
-        path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
-        problem = damage(path)
-        if problem is not None:
-            parent = os.path.dirname(path)
-            good, _ = resume_candidate(parent) if os.path.isfile(os.path.join(parent, LATEST)) else (None, [])
-            hint = f"use trainer.resume_from_path={good}" if good and good != path else "point trainer.resume_from_path at a complete global_step_N folder"
-            raise ConfigError([f"trainer.resume_from_path: {problem}; {hint}"])
-        return path
-    path, warnings = resume_candidate(root)
-    for warning in warnings:
-        print(f"WARNING: {warning}", flush=True)
-    return path
-
-
 def checkpoint_load(path: str):
     """torch.load of checkpoint state without unpickling code; a file that needs pickle is refused by name."""
     try:
