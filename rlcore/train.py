@@ -29,7 +29,7 @@ def runtime_errors(cfg: DictConfig) -> list[str]:
     from rlcore.algos.custom import load_custom_algorithms
     from rlcore.models.families import check_model_dir
     from rlcore.models.hf import resolve_model_path
-    from rlcore.trainer.tracking import logger_errors
+    from rlcore.telemetry.tracking import logger_errors
 
     actor, errors = cfg.actor_rollout_ref.actor, []
     try:
@@ -112,32 +112,19 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     """Trains with a composed config; returns the final step's metrics. Cleans up Ray and workers on any exit."""
     print(check_config(cfg), flush=True)
     absolute_paths(cfg)
-    import torch
-
-    # The controller only does bookkeeping (batch reshaping, rewards, advantages) on small tensors; extra
-    # intra-op threads there just contend with the workers for cores (measured: 8 ms vs 20 us per index op).
-    torch.set_num_threads(1)
-
-    from rlcore.controller.ray_session import ray_cluster
+    from rlcore.trainer.lifecycle import run_session
     from rlcore.trainer.ppo import PPOTrainer
-    from rlcore.trainer.report import finish_run
     from rlcore.trainer.setup import build_data, build_reward_fns, total_training_steps
-    from rlcore.trainer.tracking import Tracker
 
     tokenizer, train_loader, val_loader = build_data(cfg)
     reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer)
     total_steps = total_training_steps(cfg, train_loader)
-    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, project_name=cfg.trainer.project_name,
-                      experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True))
     try:
-        with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
-            final = train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
+        with run_session(cfg, run_dir, total_steps) as tracker:
+            return train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
                 cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
     finally:
-        tracker.close()
         reward_fn.close()
-    finish_run(run_dir)  # the utilisation report and plots.png
-    return final
 
 
 def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:
@@ -159,39 +146,15 @@ def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:
 def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     """The actor/rollout/ref group and, when used, the critic and reward-model groups, each a process per device
     of its pool (see `placement`)."""
-    import ray
-
-    from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
-    from rlcore.controller.ray_group import RayWorkerGroup
+    from rlcore.trainer.lifecycle import build_groups
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
     from rlcore.workers.critic import CriticWorker
     from rlcore.workers.reward_model import RewardModelWorker
 
-    config, device = OmegaConf.to_container(cfg, resolve=True), cfg.trainer.device
     shapes, where = placement(cfg)
-    # CPU ranks split the cluster's cores evenly (one rank on 2 cores computes with 2 threads).
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // sum(n * g for n, g in shapes)) if device == "cpu" else 1
-    pools = [ResourcePool(n, g, device, max_colocate_count=list(where.values()).count(i), cpus_per_rank=cpus,
-                          timeout_s=cfg.trainer.placement_timeout_s) for i, (n, g) in enumerate(shapes)]
     classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker}
-    groups = {}
-    try:
-        for role, pool in where.items():
-            groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=cfg.trainer.hang_timeout_s, config=config)
-        print(placement_map(groups), flush=True)
-        if cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode != "disable":
-            check_shared_dir(groups, cfg.trainer.default_local_dir)
-    except BaseException:
-        teardown(groups, pools, graceful=True)
-        raise
-    return groups, pools
-
-
-def teardown(groups: dict, pools: list, graceful: bool) -> None:
-    for group in groups.values():
-        group.kill(graceful=graceful)
-    for pool in pools:
-        pool.release()
+    check_dir = cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode != "disable"
+    return build_groups(cfg.trainer, OmegaConf.to_container(cfg, resolve=True), shapes, where, classes, check_dir)
 
 
 def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict[str, float]:
@@ -200,6 +163,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
     from ray.exceptions import RayActorError
 
     from rlcore.controller.ray_group import WorkerHang
+    from rlcore.trainer.lifecycle import teardown
 
     restarts_left, restart, restart_from, val_history = cfg.trainer.max_worker_restarts, False, None, None
     while True:
@@ -239,7 +203,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
 def main(cfg: DictConfig) -> float:
     """One training job. Returns the final mean reward: the objective a Hydra sweeper (e.g. Optuna) maximises.
     Each job also leaves summary.json in its output directory for the multirun summary table."""
-    from rlcore.trainer.sweep import write_job_summary
+    from rlcore.cli.sweep import write_job_summary
 
     output_dir, start = HydraConfig.get().runtime.output_dir, time.perf_counter()
     try:

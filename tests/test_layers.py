@@ -15,6 +15,7 @@ import rlcore
 LAYERS = [  # top to bottom
     ("entry points", ("rlcore.train", "rlcore.train_rm", "rlcore.train_sft", "rlcore.cli")),
     ("trainer loops", ("rlcore.trainer",)),
+    ("telemetry", ("rlcore.telemetry",)),
     ("workers", ("rlcore.workers",)),
     ("training engines", ("rlcore.engine",)),
     ("rollout engines", ("rlcore.rollout",)),

@@ -9,8 +9,8 @@ import argparse
 import sys
 
 from rlcore.utils.device import NOMINAL_BF16_TFLOPS
-from rlcore.trainer.plots import write_plots
-from rlcore.trainer.report import format_report
+from rlcore.telemetry.plots import write_plots
+from rlcore.telemetry.report import format_report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ class RayWorkerGroup:
         self.world_size = pool.world_size
         self.name = worker_cls.__name__ if name == "worker" else name
         self.hang_timeout_s, self.slowest = hang_timeout_s, {}
-        # With record_calls (rlcore.trainer.perf turns it on), every group call since the last drain_calls().
+        # With record_calls (rlcore.telemetry.perf turns it on), every group call since the last drain_calls().
         self.record_calls, self.calls = False, []
         share = pool.share()
         remote_cls = ray.remote(worker_cls)

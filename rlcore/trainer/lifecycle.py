@@ -1,8 +1,11 @@
-"""What every trainer's run does around its loop, whatever the loop: where it resumes from."""
+"""What every trainer's run does around its loop, whatever the loop (PPO/GRPO in rlcore.train, SFT and reward
+models in rlcore.trainer.supervised): where it resumes from, its worker groups on their device pools, and the
+session around it (trackers, the Ray cluster, teardown, the closing report)."""
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from rlcore.config import ConfigError
 from rlcore.utils.checkpoint import LATEST, damage, resume_candidate
@@ -28,3 +31,68 @@ def resume_from(trainer_cfg) -> str | None:
     for warning in warnings:
         print(f"WARNING: {warning}", flush=True)
     return path
+
+
+def cpus_per_rank(device: str, ranks: int) -> int:
+    """CPU ranks split the cluster's cores evenly (one rank on 2 cores computes with 2 threads); a GPU rank takes 1."""
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)) // ranks) if device == "cpu" else 1
+
+
+def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where: dict[str, int], classes: dict[str, type],
+                 check_dir: bool) -> tuple[dict, list]:
+    """One Ray worker group per role, a process per device of its pool: pools `shapes` [(nnodes, n_gpus_per_node)],
+    `where[role]` the pool a role runs on (roles sharing a pool are colocated), `classes[role]` its worker class.
+    Prints the rank -> node map; `check_dir`: every rank must see trainer.default_local_dir. Torn down on failure."""
+    from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
+    from rlcore.controller.ray_group import RayWorkerGroup
+
+    t = trainer_cfg
+    cpus = cpus_per_rank(t.device, sum(n * g for n, g in shapes))
+    pools = [ResourcePool(n, g, t.device, max_colocate_count=list(where.values()).count(i), cpus_per_rank=cpus,
+                          timeout_s=t.placement_timeout_s) for i, (n, g) in enumerate(shapes)]
+    groups = {}
+    try:
+        for role, pool in where.items():
+            groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=t.hang_timeout_s, config=config)
+        print(placement_map(groups), flush=True)
+        if check_dir:
+            check_shared_dir(groups, t.default_local_dir)
+    except BaseException:
+        teardown(groups, pools, graceful=True)
+        raise
+    return groups, pools
+
+
+def teardown(groups: dict, pools: list, graceful: bool) -> None:
+    """Ends every worker (gracefully: each leaves its process group first) and frees the pools' devices."""
+    for group in groups.values():
+        group.kill(graceful=graceful)
+    for pool in pools:
+        pool.release()
+
+
+@contextmanager
+def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
+    """A run's outer shell, the same for every trainer: one controller thread, the trackers open for the run, a
+    Ray cluster (local unless ray_kwargs.ray_init.address / RAY_ADDRESS names one) that is shut down on any exit,
+    and, after a run that finished, the utilisation report and plots.png. Yields the Tracker."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from rlcore.controller.ray_session import ray_cluster
+    from rlcore.telemetry.report import finish_run
+    from rlcore.telemetry.tracking import Tracker
+
+    # The controller only does bookkeeping (batch reshaping, rewards, advantages) on small tensors; extra
+    # intra-op threads there just contend with the workers for cores (measured: 8 ms vs 20 us per index op).
+    torch.set_num_threads(1)
+    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, project_name=cfg.trainer.project_name,
+                      experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True), **tracker_kwargs)
+    try:
+        with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
+            yield tracker
+    finally:
+        tracker.close()
+    finish_run(run_dir)

@@ -15,7 +15,7 @@ from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples,
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.metrics import data_metrics, throughput_metrics
-from rlcore.trainer.perf import StepPerf, start_step_perf, timer
+from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 from rlcore.utils import checkpoint
 

@@ -145,41 +145,21 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     print(f"{role}: {len(train)} training rows, {len(val) if val else 0} validation rows, {total_steps} steps of "
           f"{cfg.data.train_batch_size}", flush=True)
 
-    import ray
-    import torch
     from omegaconf import OmegaConf
 
-    from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
-    from rlcore.controller.ray_group import RayWorkerGroup
-    from rlcore.controller.ray_session import ray_cluster
-    from rlcore.trainer.report import finish_run
-    from rlcore.trainer.tracking import Tracker
+    from rlcore.trainer.lifecycle import build_groups, run_session, teardown
 
-    torch.set_num_threads(1)  # the controller only reshapes small batches; the workers compute
     resume_from, start_step = resume_point(cfg.trainer)
-    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, start_step=start_step, console_keys=console_keys,
-                      project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
-                      config=OmegaConf.to_container(cfg, resolve=True))
-    pool, group = None, None
-    try:
-        with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
-            try:
-                t = cfg.trainer
-                cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // (t.nnodes * t.n_gpus_per_node)) if t.device == "cpu" else 1
-                pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, cpus_per_rank=cpus, timeout_s=t.placement_timeout_s)
-                group = RayWorkerGroup(worker_cls, pool, hang_timeout_s=t.hang_timeout_s, config=OmegaConf.to_container(cfg, resolve=True))
-                print(placement_map({role: group}), flush=True)
-                check_shared_dir({role: group}, t.default_local_dir)
-                group.init_model(total_steps)
-                pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-                final = SupervisedTrainer(cfg, group, train, val, pad, tracker, total_steps, role, resume_from).fit()
-            finally:
-                if group is not None:
-                    group.kill(graceful=True)
-                if pool is not None:
-                    pool.release()
-    finally:
-        tracker.close()
+    t = cfg.trainer
+    with run_session(cfg, run_dir, total_steps, start_step=start_step, console_keys=console_keys) as tracker:
+        groups, pools = build_groups(t, OmegaConf.to_container(cfg, resolve=True), [(t.nnodes, t.n_gpus_per_node)], {role: 0},
+                                     {role: worker_cls}, check_dir=True)
+        try:
+            groups[role].init_model(total_steps)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            final = SupervisedTrainer(cfg, groups[role], train, val, pad, tracker, total_steps, role, resume_from).fit()
+        finally:
+            teardown(groups, pools, graceful=True)
     tokenizer.save_pretrained(final["checkpoint"])
     if cfg.trainer.export_dir:
         export = os.path.abspath(os.path.expanduser(cfg.trainer.export_dir))
@@ -187,5 +167,4 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
         shutil.copytree(final["checkpoint"], export)
         final["checkpoint"] = export
     print(f"{role} model saved to {final['checkpoint']}", flush=True)
-    finish_run(run_dir)  # plots.png
     return final

@@ -57,7 +57,7 @@ def test_worker_group_dispatch_over_gloo(local_ray):
         assert out["rank"].tolist() == [0, 0, 0, 1, 1]
         assert group.sum_of_ranks() == [3.0, 3.0]
         assert group.backend_and_rank() == ("gloo", 0)
-        assert group.drain_calls() == []  # not recording unless asked (rlcore.trainer.perf asks)
+        assert group.drain_calls() == []  # not recording unless asked (rlcore.telemetry.perf asks)
         group.record_calls = True
         group.scale_rows(DataProto.from_dict({"x": torch.arange(5)}))
         (call,) = group.drain_calls()

@@ -9,7 +9,7 @@ import pytest
 from rlcore.config import ConfigError
 from rlcore.train_sft import compose_sft, sft_config_errors
 from rlcore.trainer.supervised import SupervisedTrainer, resume_point
-from rlcore.trainer.tracking import Tracker
+from rlcore.telemetry.tracking import Tracker
 
 
 class ScriptedGroup:

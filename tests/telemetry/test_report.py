@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rlcore.cli.report import main as report_main
-from rlcore.trainer.report import format_report, levers, load_run, summarise
+from rlcore.telemetry.report import format_report, levers, load_run, summarise
 
 SETTINGS = {"data.train_batch_size": 32, "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
             "actor_rollout_ref.rollout.gpu_memory_utilization": 0.3, "actor_rollout_ref.rollout.max_num_seqs": 16,
@@ -64,7 +64,7 @@ def test_levers_fire_on_their_figures_largest_first(run_dir):
 
 
 def test_a_small_rollout_batch_and_a_waiting_rank_are_named():
-    from rlcore.trainer.report import Summary
+    from rlcore.telemetry.report import Summary
 
     s = Summary([2], 1.0, {"gen": 0.71, "update actor": 0.29}, {}, ranks=[{"busy": 0.5, "late": 0.0, "wait": 0.38, "idle": 0.12}] * 2)
     facts = {"world_size": 8, "settings": {**SETTINGS, "actor_rollout_ref.rollout.tensor_model_parallel_size": 2, "trainer.balance_batch": False}}

@@ -7,13 +7,13 @@ import warnings
 
 import pytest
 
-from rlcore.trainer.plots import line_panels, main, phase_series, read_metrics, reward_series, series, write_plots
+from rlcore.telemetry.plots import line_panels, main, phase_series, read_metrics, reward_series, series, write_plots
 
 NUM_STEPS = 20
 
 
 class JsonlWriter:
-    """Writes rows the way rlcore.trainer.tracking.Tracker does: {"step": N, **metrics}, and val_generations rows."""
+    """Writes rows the way rlcore.telemetry.tracking.Tracker does: {"step": N, **metrics}, and val_generations rows."""
 
     def __init__(self, run_dir):
         self.file = open(run_dir / "metrics.jsonl", "a")

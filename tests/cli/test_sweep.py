@@ -10,7 +10,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from rlcore.trainer.sweep import SweepSummary, format_summary, write_job_summary
+from rlcore.cli.sweep import SweepSummary, format_summary, write_job_summary
 
 REPO = Path(__file__).resolve().parents[2]
 

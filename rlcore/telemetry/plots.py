@@ -1,5 +1,5 @@
 """plots.png: a run's metrics.jsonl as a grid of panels, each drawn only when its metrics exist: PPO/GRPO reward,
-response length, KL/entropy, seconds per phase; SFT/RM loss, validation, margin. `python -m rlcore.trainer.plots RUN_DIR`."""
+response length, KL/entropy, seconds per phase; SFT/RM loss, validation, margin. `python -m rlcore.telemetry.plots RUN_DIR`."""
 
 from __future__ import annotations
 

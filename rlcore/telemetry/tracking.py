@@ -15,7 +15,7 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from rlcore.trainer.tracker_backends import CONSOLE_KEYS, MlflowBackend, RunInfo, TensorboardBackend, WandbBackend
+from rlcore.telemetry.tracker_backends import CONSOLE_KEYS, MlflowBackend, RunInfo, TensorboardBackend, WandbBackend
 
 class Backend(Protocol):
     """One tracker: built from a RunInfo, it receives every log call until close()."""

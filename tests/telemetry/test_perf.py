@@ -1,4 +1,4 @@
-"""Per-phase, per-rank step accounting and the FLOP counts (rlcore.trainer.perf), on hand-made group calls."""
+"""Per-phase, per-rank step accounting and the FLOP counts (rlcore.telemetry.perf), on hand-made group calls."""
 
 import json
 from types import SimpleNamespace
@@ -8,7 +8,7 @@ import torch
 
 from rlcore.controller.ray_group import GroupCall
 from rlcore.protocol import DataProto
-from rlcore.trainer.perf import StepPerf, forward_flops
+from rlcore.telemetry.perf import StepPerf, forward_flops
 from rlcore.utils.device import measure_gemm_flops, nominal_peak_flops
 
 

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from rlcore.config.schema import TrainerConfig
-from rlcore.trainer import tracking
-from rlcore.trainer.tracking import Tracker, logger_errors
+from rlcore.telemetry import tracking
+from rlcore.telemetry.tracking import Tracker, logger_errors
 
 VAL_KEY = "val-core/tiny_add/reward/mean@4"
 # step -> metrics, as the PPO trainer logs them: validation before training, then train steps (one with validation)
@@ -195,7 +195,7 @@ def test_mlflow_defaults_to_a_file_store_in_the_working_directory(tmp_path, monk
 
 
 def test_mlflow_key_keeps_allowed_characters_and_spells_out_at():
-    from rlcore.trainer.tracker_backends import mlflow_key
+    from rlcore.telemetry.tracker_backends import mlflow_key
 
     assert mlflow_key("val-core/gsm8k/reward/mean@4") == "val-core/gsm8k/reward/mean_at_4"
     assert mlflow_key("perf/throughput (tok/s)") == "perf/throughput _tok/s_"

@@ -1,5 +1,5 @@
 """The utilisation report: where a run's time went and the largest lever, from the files it left in its directory
-(metrics.jsonl, ranks.jsonl and perf.json, written by rlcore.trainer.perf). Printed at the end of a run and by
+(metrics.jsonl, ranks.jsonl and perf.json, written by rlcore.telemetry.perf). Printed at the end of a run and by
 `rlcore-report RUN_DIR`.
 
 Shares are of the wall time of the steps summarised (each step plus its validation and checkpoint). The first step
@@ -13,8 +13,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from rlcore.trainer.perf import compute_s, dispatch_s
-from rlcore.trainer.plots import read_metrics
+from rlcore.telemetry.perf import compute_s, dispatch_s
+from rlcore.telemetry.plots import read_metrics
 
 # Report rows in the order a step runs them: (row, timing_s key or None for a derived row, what it is)
 PHASES = (
@@ -198,7 +198,7 @@ def _flops(value: float | None) -> str:
 def finish_run(run_dir: str) -> None:
     """The end of a run: the report printed and kept as report.txt, the metrics drawn into plots.png (without
     matplotlib, a note instead: the run itself succeeded)."""
-    from rlcore.trainer.plots import write_plots
+    from rlcore.telemetry.plots import write_plots
 
     report = format_report(run_dir)
     if report:
