@@ -30,3 +30,19 @@ def test_a_bf16_trainer_shows_a_mismatch_that_fp32_does_not(tiny_model_dir, tiny
     assert bf16["log_ratio_abs_max"] > 100 * fp32["log_ratio_abs_max"] and bf16["log_ppl_abs_diff"] > 100 * fp32["log_ppl_abs_diff"]
     # at a threshold of 1.001 the weights are truncated and whole sequences rejected: the corrected update ran
     assert bf16["rollout_is_ratio_fraction_high"] > 0 and bf16["rollout_is_max"] > 1.001 and bf16["rollout_rs_seq_masked_fraction"] > 0
+
+
+def test_without_an_old_log_prob_pass_the_actor_measures_it(tiny_model_dir, tiny_task_dir, tmp_path):
+    # One mini-batch per step (on-policy, the demo's setting) and bypass_mode: no old-log-prob pass to compare
+    # with, so the actor reports the token means from its own forward, the same figures the controller would.
+    base = (*STEP, "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16")
+    on_policy = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", *base, "actor_rollout_ref.actor.ppo_mini_batch_size=8"),
+                    str(tmp_path / "a" / "run"))
+    bypass = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", *base, f"{RC}.bypass_mode=True"), str(tmp_path / "b" / "run"))
+    print(f"on-policy: {corr(on_policy)}\nbypass: {corr(bypass)}")
+    for metrics in (on_policy, bypass):
+        assert "timing_s/old_log_prob" not in metrics
+        assert set(corr(metrics)) == {"kl", "k3_kl", "log_ratio_mean", "chi2_token", "ratio_fraction_high", "ratio_fraction_low"}
+    # the same samples and weights as the controller-side test above: k3 2.8e-7 there
+    assert corr(on_policy)["k3_kl"] == pytest.approx(2.8e-7, rel=0.2)
+    assert corr(bypass)["k3_kl"] > 1e-8
