@@ -183,3 +183,36 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
         mask, rs_metrics = rollout_rs_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
         metrics.update(rs_metrics)
     return weights, mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+
+def bypass_mode_loss(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+                     loss_type: str, rollout_is: Optional[str], rollout_is_threshold: float, rollout_rs: Optional[str],
+                     rollout_rs_threshold: Optional[float], **clip) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's bypass mode (old = rollout policy, no old-log-prob pass): (loss_mat, kept mask, per-token stats),
+    all `[batch, response_len]`, the loss already zero on rejected tokens.
+
+    The ratio rho = pi_theta / pi_rollout is this forward's (detached), so rejection (rollout_rs) and the IS weights
+    (rollout_is) follow the policy as the update moves it.
+    - ppo_clip: PPO's clipped surrogate (vanilla, dual clip; `clip` = clip_ratio_low/high/c) with r = rho: the
+      ratio already is the importance weight, so no IS weight is applied on top.
+    - reinforce: L = -A w log pi_theta with w = the truncated IS weight (detached; 1 with rollout_is=null), whose
+      gradient is -A w grad log pi: the IS-corrected policy gradient.
+    """
+    from rlcore.algos.policy_loss import vanilla_ppo_loss  # policy_loss does not import this module: no cycle
+
+    log_ratio = log_prob.detach() - rollout_log_prob
+    kept = response_mask
+    if rollout_rs is not None:
+        kept, _ = rollout_rs_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
+    if loss_type == "ppo_clip":
+        loss_mat, stats = vanilla_ppo_loss(rollout_log_prob, log_prob, advantages, kept, **clip)
+    elif loss_type == "reinforce":
+        weights = 1.0
+        if rollout_is is not None:
+            weights, _ = rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold)
+        loss_mat = -advantages * weights * log_prob
+        zeros = torch.zeros_like(log_prob)
+        stats = {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": -log_ratio}
+    else:
+        raise ValueError(f"unknown algorithm.rollout_correction.loss_type={loss_type!r}; valid: ppo_clip, reinforce")
+    return loss_mat * kept, kept, stats

@@ -497,7 +497,7 @@ class RolloutCorrectionConfig:
     rollout_rs: Optional[str] = None  # rejection sampling level: token | sequence | geometric; null = off
     rollout_rs_threshold: Optional[float] = None  # keep ratios in [1/threshold, threshold]; needed with rollout_rs
     bypass_mode: bool = False  # use the rollout's log-probs as the old log-probs (no old-log-prob pass)
-    loss_type: str = "ppo_clip"  # bypass_mode's loss: ppo_clip (the ratio to the rollout policy is clipped)
+    loss_type: str = "ppo_clip"  # bypass_mode loss: ppo_clip (PPO ratio to the rollout policy) | reinforce (-A w log pi)
     rollout_is_batch_normalize: bool = False  # divide the IS weights by their batch mean
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rlcore.algos.rollout_corr import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS, mismatch_metrics, rollout_correction, rollout_is_weights,
+from rlcore.algos.rollout_corr import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS, bypass_mode_loss, mismatch_metrics, rollout_correction, rollout_is_weights,
                                        rollout_rs_mask)
 
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
@@ -88,3 +88,29 @@ def test_levels_are_verls_and_unknown_ones_list_the_valid_ones():
     assert ROLLOUT_IS_LEVELS.names() == ["sequence", "token"] and ROLLOUT_RS_LEVELS.names() == ["geometric", "sequence", "token"]
     with pytest.raises(ValueError, match=r"algorithm.rollout_correction.rollout_is='seq'; valid: sequence, token"):
         rollout_is_weights(LOG_RATIO, MASK, "seq", 2.0)
+
+
+def bypass(loss_type, rollout_is=None, rollout_rs=None):
+    log_prob = (ROLLOUT + LOG_RATIO).clone().requires_grad_(True)  # this forward: rho as above against the rollout
+    loss_mat, kept, stats = bypass_mode_loss(ROLLOUT, log_prob, torch.ones(2, 3), MASK, loss_type, rollout_is, 2.0, rollout_rs, 2.0,
+                                             clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+    loss_mat.sum().backward()
+    return loss_mat.detach(), kept, stats, log_prob.grad
+
+
+def test_bypass_reinforce_weights_the_log_prob_gradient():
+    loss, kept, stats, grad = bypass("reinforce", rollout_is="token")
+    w = torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.25, 1.5]])  # truncated at 2, zero on padding
+    assert torch.allclose(loss, -w * OLD * MASK) and torch.allclose(grad, -w * MASK)  # L = -A w log pi: grad -A w
+    assert torch.allclose(stats["actor/ppo_kl"], -LOG_RATIO)
+    loss, kept, _, grad = bypass("reinforce", rollout_rs="token")  # no IS: w = 1, rho 3 and 1/4 rejected
+    assert kept.tolist() == [[0, 1, 0], [1, 0, 1]] and torch.allclose(grad, -kept.float())  # -A x 1 on kept tokens only
+
+
+def test_bypass_ppo_clip_clips_the_ratio_to_the_rollout_and_applies_no_weight_on_top():
+    # A = 1, eps = 0.2: L = max(-rho, -clip(rho, 0.8, 1.2)) per token; rho = 3, 1 | 1, 1/4, 3/2
+    loss, kept, stats, _ = bypass("ppo_clip", rollout_is="token")
+    assert torch.allclose(loss, torch.tensor([[-1.2, -1.0, 0.0], [-1.0, -0.25, -1.2]]))  # the IS weight (2 on rho = 3) is not applied
+    assert stats["actor/pg_clipfrac"].tolist() == [[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]  # padding: 5.0 log ratio, masked by agg
+    loss, kept, _, _ = bypass("ppo_clip", rollout_rs="token")
+    assert torch.allclose(loss, torch.tensor([[0.0, -1.0, 0.0], [-1.0, 0.0, -1.2]]))

@@ -38,11 +38,13 @@ def test_without_an_old_log_prob_pass_the_actor_measures_it(tiny_model_dir, tiny
     base = (*STEP, "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16")
     on_policy = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", *base, "actor_rollout_ref.actor.ppo_mini_batch_size=8"),
                     str(tmp_path / "a" / "run"))
-    bypass = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", *base, f"{RC}.bypass_mode=True"), str(tmp_path / "b" / "run"))
+    bypass = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", *base, f"{RC}.bypass_mode=True", f"{RC}.loss_type=reinforce",
+                          f"{RC}.rollout_is=token", f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=1.001"), str(tmp_path / "b" / "run"))
     print(f"on-policy: {corr(on_policy)}\nbypass: {corr(bypass)}")
-    for metrics in (on_policy, bypass):
-        assert "timing_s/old_log_prob" not in metrics
-        assert set(corr(metrics)) == {"kl", "k3_kl", "log_ratio_mean", "chi2_token", "ratio_fraction_high", "ratio_fraction_low"}
+    token_means = {"kl", "k3_kl", "log_ratio_mean", "chi2_token", "ratio_fraction_high", "ratio_fraction_low"}
+    assert set(corr(on_policy)) == token_means and set(corr(bypass)) == token_means | {"rollout_rs_masked_fraction"}
+    assert "timing_s/old_log_prob" not in on_policy and "timing_s/old_log_prob" not in bypass
+    assert 0 < corr(bypass)["rollout_rs_masked_fraction"] < 1  # bypass rejection ran in the actor, against its own forward
     # the same samples and weights as the controller-side test above: k3 2.8e-7 there
     assert corr(on_policy)["k3_kl"] == pytest.approx(2.8e-7, rel=0.2)
     assert corr(bypass)["k3_kl"] > 1e-8

@@ -21,7 +21,7 @@ def run(on_policy, **columns):
     batch = {"advantages": ADV, "response_mask": torch.ones(2, 2), **columns}
     if not on_policy:
         batch["old_log_probs"] = torch.tensor(LOG_PROB)  # ratio 1: each token's loss is -A
-    loss_fn = make_policy_loss_fn(ACTOR, (4.0, 2.0), 1, on_policy=on_policy, mismatch_threshold=2.0)
+    loss_fn = make_policy_loss_fn(ACTOR, (4.0, 2.0), 1, on_policy=on_policy)
     loss, metrics = loss_fn({"log_probs": log_prob, "entropy": torch.zeros(2, 2)}, DataProto.from_dict(batch))
     loss.backward()
     return loss.item(), log_prob.grad, metrics
