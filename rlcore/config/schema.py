@@ -488,6 +488,20 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Train-inference mismatch correction (`algorithm.rollout_correction.*`, rlcore/algos/rollout_corr.py). The
+    mismatch metrics (`rollout_corr/*`) are logged every step whatever these say."""
+
+    rollout_is: Optional[str] = None  # truncated importance sampling level: token | sequence; null = off
+    rollout_is_threshold: float = 2.0  # IS weights are truncated here; also the line for rollout_corr/ratio_fraction_*
+    rollout_rs: Optional[str] = None  # rejection sampling level: token | sequence | geometric; null = off
+    rollout_rs_threshold: Optional[float] = None  # keep ratios in [1/threshold, threshold]; needed with rollout_rs
+    bypass_mode: bool = False  # use the rollout's log-probs as the old log-probs (no old-log-prob pass)
+    loss_type: str = "ppo_clip"  # bypass_mode loss: ppo_clip (PPO ratio to the rollout policy) | reinforce (-A w log pi)
+    rollout_is_batch_normalize: bool = False  # divide the IS weights by their batch mean
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and in-reward KL (`algorithm.*`)."""
 
@@ -499,6 +513,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # KL estimator for the reward penalty; same choices as actor.kl_loss_type
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # coefficient schedule
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # train-inference mismatch
 
 
 @dataclass

@@ -22,6 +22,7 @@ from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import check_megatron, check_same_layout
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout
+from rlcore.config.validate_rollout_corr import check_rollout_correction
 
 ARR = "actor_rollout_ref"
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
@@ -173,6 +174,7 @@ def _check_choices(c: _Checker) -> None:
     _check_reward_manager(c)
     check_overlong_buffer(c)
     check_dynamic_sampling(c)
+    check_rollout_correction(c)
     check_native_rollout(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")

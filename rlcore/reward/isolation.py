@@ -7,6 +7,10 @@ the scorers run in `reward_model.score_workers` spawned processes, one call at a
 `score_timeout_s` after it started has its process killed and replaced, while the other processes go on with the
 rest of the batch. The processes also keep a slow scorer from serialising the step on the controller.
 score_workers=0 calls the scorer in the controller (no timeout: for debugging a scorer).
+
+A step's scoring is bounded: given `max_failures` (the step's tolerance, floor(max_error_rate x n)), scoring stops
+at the failure that passes it, killing the calls still running, so at most max_failures + 1 timeouts are ever
+waited for -- score_workers of them side by side -- instead of every hung sample queueing behind the workers.
 """
 
 from __future__ import annotations
@@ -72,14 +76,17 @@ class IsolatedScorer:
         self.procs: list[_Proc] = []
         self.ctx = multiprocessing.get_context("spawn")  # the controller runs Ray's threads and torch: never fork it
 
-    def score_all(self, requests: list[dict[str, Any]]) -> list[Any]:
+    def score_all(self, requests: list[dict[str, Any]], max_failures: int | None = None) -> list[Any]:
+        """One result or ScoreFailure per request. With `max_failures`, returns as soon as more than that many
+        requests have failed: the calls still running are killed and the requests not scored yet are None."""
+        limit = len(requests) if max_failures is None else max_failures
         if self.workers == 0:
-            return [result if ok else ScoreFailure("error", result) for ok, result in (_call(self.compute_score, r) for r in requests)]
+            return self._score_in_controller(requests, limit)
         while len(self.procs) < self.workers:
             self.procs.append(_Proc(self.ctx, self.custom))
         results: list[Any] = [None] * len(requests)
-        queue, left = list(range(len(requests))), len(requests)
-        while left:
+        queue, left, failed = list(range(len(requests))), len(requests), 0
+        while left and failed <= limit:
             for i, proc in enumerate(self.procs):
                 if proc.job is None and queue:
                     if not proc.process.is_alive():  # died between batches
@@ -91,13 +98,15 @@ class IsolatedScorer:
             timeout = max(0.0, min(p.started for p in busy) + self.timeout_s - time.monotonic())
             ready = wait([p.conn for p in busy], timeout=timeout)
             for i, proc in enumerate(list(self.procs)):
+                if failed > limit:  # the step has failed: the other calls that ended meanwhile change nothing
+                    break
                 if proc.job is None:
                     continue
                 if proc.conn in ready:
                     try:
                         ok, result = proc.conn.recv()
                         results[proc.job] = result if ok else ScoreFailure("error", result)
-                        proc.job, left = None, left - 1
+                        proc.job, left, failed = None, left - 1, failed + (not ok)
                         continue
                     except (EOFError, OSError):  # the scorer took its process down (os._exit, a signal, a crash)
                         results[proc.job] = ScoreFailure("error", "the scoring process died (os._exit, a signal or a crash in compute_score)")
@@ -105,9 +114,24 @@ class IsolatedScorer:
                     results[proc.job] = ScoreFailure("timeout", f"no score within reward_model.score_timeout_s={self.timeout_s:g}s")
                 else:
                     continue
-                left -= 1
+                left, failed = left - 1, failed + 1
                 proc.stop()
                 self.procs[i] = _Proc(self.ctx, self.custom)  # a fresh process for the rest of the batch
+        if left:  # stopped early: the step fails anyway, so the calls still running are not waited for
+            for proc in [p for p in self.procs if p.job is not None]:
+                proc.stop()
+                self.procs.remove(proc)  # the next batch starts fresh ones
+        return results
+
+    def _score_in_controller(self, requests: list[dict[str, Any]], limit: int) -> list[Any]:
+        results: list[Any] = [None] * len(requests)
+        failed = 0
+        for i, request in enumerate(requests):
+            ok, result = _call(self.compute_score, request)
+            results[i] = result if ok else ScoreFailure("error", result)
+            failed += not ok
+            if failed > limit:
+                break
         return results
 
     def close(self) -> None:

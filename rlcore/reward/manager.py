@@ -80,8 +80,10 @@ class RewardManager:
         sources = data.non_tensor_batch[self.reward_fn_key]
         extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
         truths = [row["ground_truth"] for row in data.non_tensor_batch["reward_model"]]
-        results = self.check_failures(self.scorer.score_all([
-            dict(data_source=sources[i], solution_str=text, ground_truth=truths[i], extra_info=extra_info[i]) for i, text in enumerate(texts)]))
+        requests = [dict(data_source=sources[i], solution_str=text, ground_truth=truths[i], extra_info=extra_info[i]) for i, text in enumerate(texts)]
+        # The step's tolerance goes to the scorer so that it stops at the failure that passes it: a hung scorer then
+        # costs at most max_failures + 1 timeouts, not one per sample queued behind score_workers processes.
+        results = self.check_failures(self.scorer.score_all(requests, self.max_failures(len(requests))))
         per_sample: list[dict[str, Any]] = []
         for i, result in enumerate(results):
             sample_extras = {}
@@ -103,19 +105,26 @@ class RewardManager:
         """A manager's adjustment of one sample's score (may add logged extras); naive: none."""
         return score
 
+    def max_failures(self, num_samples: int) -> int:
+        """The most failed samples a step of num_samples tolerates: failures > rate x n  <=>  failures > floor(rate x n)
+        (failures are whole); the small epsilon keeps 0.3 x 10 = 3.0000000000000004 from counting as 3.0...04."""
+        return math.floor(self.guard.max_error_rate * num_samples + 1e-9)
+
     def check_failures(self, results: list[Any]) -> list[Any]:
         """Failed samples score guard.error_score; sets `health` (reward/errors, reward/timeouts) and stops the run
-        when a step's failures pass guard.max_error_rate."""
+        when a step's failures pass guard.max_error_rate (the scorer stopped there, leaving later samples None)."""
         failures = [r for r in results if isinstance(r, ScoreFailure)]
         errors = sum(f.kind == "error" for f in failures)
         self.health = {"reward/errors": float(errors), "reward/timeouts": float(len(failures) - errors)}
         if not failures:
             return results
         first = failures[0]
-        if len(failures) > self.guard.max_error_rate * len(results):
+        if len(failures) > self.max_failures(len(results)):
+            unscored = sum(r is None for r in results)
+            stopped = f" (scoring stopped there; {unscored} samples were not scored)" if unscored else ""
             raise RuntimeError(f"{errors} scorer errors and {len(failures) - errors} timeouts in {len(results)} samples: more than "
-                               f"reward_model.max_error_rate={self.guard.max_error_rate:g} of the step. First: {first.message}. Fix "
-                               "compute_score, or raise reward_model.max_error_rate / reward_model.score_timeout_s")
+                               f"reward_model.max_error_rate={self.guard.max_error_rate:g} of the step{stopped}. First: {first.message}. "
+                               "Fix compute_score, or raise reward_model.max_error_rate / reward_model.score_timeout_s")
         if not self.reported:
             print(f"WARNING: compute_score failed ({first.kind}): {first.message}; the sample scores reward_model.error_score="
                   f"{self.guard.error_score:g}, and later failures are only counted (reward/errors, reward/timeouts)", flush=True)

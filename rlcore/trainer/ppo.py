@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import torch
 
-from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller
+from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.protocol import DataProto
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
@@ -51,8 +51,11 @@ class PPOTrainer:
         # once, on the whole batch. An old-log-prob pass would only recompute the update's own log-probs (ratio 1),
         # so it is skipped and the loss uses them detached (verl's actor does the same on-policy, after running the
         # pass anyway). Only a KL penalty in the reward needs them before the update.
+        # Rollout correction's IS weights and rejection come from that pass too, before the update.
+        rc = cfg.algorithm.rollout_correction
+        self.rollout_corr, self.bypass = rc, rc.bypass_mode
         self.on_policy = (cfg.data.train_batch_size == actor.ppo_mini_batch_size and actor.ppo_epochs == 1
-                          and not cfg.algorithm.use_kl_in_reward)
+                          and not cfg.algorithm.use_kl_in_reward and rc.rollout_is is None and rc.rollout_rs is None)
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.global_step = 0
         self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
@@ -108,7 +111,11 @@ class PPOTrainer:
             if self.cfg.trainer.balance_batch:
                 batch = self.balance_batch(batch, metrics)
             updates_actor = self.global_step > self.cfg.trainer.critic_warmup
-            if not (self.on_policy and updates_actor):
+            if self.bypass and "rollout_log_probs" in batch.batch.keys():
+                # verl's bypass mode: the rollout's own log-probs are the old policy, so the PPO ratio is taken
+                # against the policy that really sampled (no old-log-prob pass; the mismatch is measured by the actor).
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+            elif not (self.on_policy and updates_actor):
                 with self.perf.phase("old_log_prob", metrics):
                     old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
                     entropy = old.pop(["entropys"]).batch["entropys"]
@@ -122,13 +129,13 @@ class PPOTrainer:
                     batch.union(self.critic.compute_values(batch.select(FORWARD_KEYS + ["response_mask"])))
             with self.perf.phase("adv", metrics):
                 metrics.update(self.compute_advantage(batch))
+                metrics.update(self.correct_rollout(batch))
             if self.critic is not None:
                 with self.perf.phase("update_critic", metrics):
                     metrics.update(self.critic.update_critic(batch.select(CRITIC_KEYS)))
             if updates_actor:
                 with self.perf.phase("update_actor", metrics):
-                    keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else []) + (["old_log_probs"] if "old_log_probs" in batch.batch.keys() else [])
-                    metrics.update(self.actor_rollout.update_actor(batch.select(keys)))
+                    metrics.update(self.actor_rollout.update_actor(self.actor_batch(batch)))
         self.perf.count_tokens(batch)
         metrics.update(data_metrics(batch))
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
@@ -195,6 +202,35 @@ class PPOTrainer:
         prompts = batch.select(PROMPT_KEYS, batch.non_tensor_batch.keys())
         scores, _ = self.reward_fn(self.generate(prompts, greedy=True))
         return scores.sum(-1)
+
+    def correct_rollout(self, batch: DataProto) -> dict[str, float]:
+        """verl's decoupled rollout correction: with the trainer's old log-probs and the rollout's for the same
+        tokens, the `rollout_corr/*` mismatch metrics, and if configured the truncated IS weights
+        (`rollout_is_weights`) and the rejection mask (`rollout_rs_mask`, the update's response mask; the step's
+        data metrics keep counting every sampled token). Without the old-log-prob pass (on-policy, bypass_mode) the
+        actor measures the mismatch against the log-probs of its own forward instead."""
+        b, rc = batch.batch, self.rollout_corr
+        if self.bypass or "old_log_probs" not in b.keys() or "rollout_log_probs" not in b.keys():
+            return {}
+        weights, mask, metrics = rollout_correction(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], rc.rollout_is,
+                                                    rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_is_batch_normalize)
+        if weights is not None:
+            b["rollout_is_weights"] = weights
+        if rc.rollout_rs is not None:
+            b["rollout_rs_mask"] = mask
+        return metrics
+
+    def actor_batch(self, batch: DataProto) -> DataProto:
+        """The columns the actor update reads; the rejection mask, if any, as its response mask."""
+        present = batch.batch.keys()
+        keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else [])
+        keys += [k for k in ("old_log_probs", "rollout_is_weights") if k in present]
+        if "rollout_log_probs" in present and (self.bypass or "old_log_probs" not in present):
+            keys.append("rollout_log_probs")  # the actor measures the mismatch (see correct_rollout)
+        data = batch.select(keys)
+        if "rollout_rs_mask" in present:
+            data.batch["response_mask"] = batch.batch["rollout_rs_mask"]
+        return data
 
     def compute_advantage(self, batch: DataProto) -> dict[str, float]:
         """Token-level rewards (score, minus a KL penalty if use_kl_in_reward), then the configured estimator."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
+from rlcore.algos.rollout_corr import bypass_mode_loss, mismatch_token_terms
+from rlcore.config.schema import RolloutCorrectionConfig
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TokenRequest, TrainEngine
 from rlcore.protocol import DataProto
@@ -30,14 +32,21 @@ def policy_loss_params(actor_cfg) -> dict[str, float]:
     return params
 
 
-def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on_policy: bool = False) -> LossFn:
+def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on_policy: bool = False,
+                        rollout_corr: RolloutCorrectionConfig | None = None) -> LossFn:
     """The per-micro-batch loss: policy loss - entropy_coeff * entropy (+ kl_loss_coef * KL to the reference).
 
     `counts` = (valid tokens, sequences) of the whole mini-batch over all ranks: the normalisers that make the
     sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg). `on_policy`: the batch was sampled by
     exactly these weights and this is their only update, so the old log-probs are this forward's own (detached;
     ratio 1, the gradient of the log-probs) and actor/entropy, which no old-log-prob pass measured, is logged here.
+    Rollout correction (`rollout_corr`: algorithm.rollout_correction): `rollout_is_weights` in the batch scale each
+    token's policy loss (verl's truncated IS, computed by the controller); with bypass_mode the old log-probs are
+    the rollout's and the loss is rlcore.algos.rollout_corr.bypass_mode_loss; `rollout_log_probs` in the batch (no
+    old-log-prob pass ran: on-policy or bypass_mode) ask for the token-mean `rollout_corr/*` mismatch metrics
+    against this forward's log-probs.
     """
+    rc = rollout_corr or RolloutCorrectionConfig()
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
     loss_params = policy_loss_params(actor_cfg)
 
@@ -47,7 +56,16 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
         old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
-        pg_mat, stats = policy_loss(old_log_prob, log_prob, b["advantages"], mask, **loss_params)
+        extra = {}
+        if rc.bypass_mode:
+            pg_mat, kept, stats = bypass_mode_loss(old_log_prob, log_prob, b["advantages"], mask, rc.loss_type, rc.rollout_is,
+                                                   rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold, **loss_params)
+            if rc.rollout_rs is not None:
+                extra["rollout_corr/rollout_rs_masked_fraction"] = (mask - kept).float()
+        else:
+            pg_mat, stats = policy_loss(old_log_prob, log_prob, b["advantages"], mask, **loss_params)
+            if "rollout_is_weights" in b:  # detached weights, applied after clipping, as verl does for every loss mode
+                pg_mat = pg_mat * b["rollout_is_weights"]
         pg_loss = agg(pg_mat)
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}
@@ -63,12 +81,17 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
             loss = loss + actor_cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.item()
         metrics.update({k: agg(v).item() for k, v in stats.items()})
+        if "rollout_log_probs" in b:  # token means as shares of the mini-batch, exact after the usual sum and mean
+            terms = mismatch_token_terms(log_prob, b["rollout_log_probs"], rc.rollout_is_threshold)
+            for key, mat in {**{f"rollout_corr/{k}": v for k, v in terms.items()}, **extra}.items():
+                metrics[key] = agg_loss(mat, mask, "token-mean", counts[0], counts[1], dp_size).item()
         return loss, metrics
 
     return loss_fn
 
 
-def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float) -> dict[str, float]:
+def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float,
+                  rollout_corr: RolloutCorrectionConfig | None = None) -> dict[str, float]:
     """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
 
     `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows. Without
@@ -84,5 +107,5 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroB
     request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy)
     return run_ppo_updates(
         engine, data, actor_cfg.ppo_epochs, mini_batch_rows, micro,
-        lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy), "actor", request,
+        lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy, rollout_corr), "actor", request,
     )

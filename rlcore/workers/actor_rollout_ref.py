@@ -132,7 +132,8 @@ class ActorRolloutRefWorker(RoleWorker):
         cfg = self.config.actor_rollout_ref
         start = time.perf_counter()
         onload(self.actor)
-        metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature)
+        metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature,
+                                self.config.algorithm.rollout_correction)
         offload(self.actor)
         # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
         metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start

@@ -7,7 +7,9 @@ skipped (tests/engine/test_fsdp2_features.py), scorer isolation (tests/reward/te
 
 import errno
 import json
+import math
 import os
+import time
 
 import pytest
 import ray
@@ -47,6 +49,41 @@ def test_failing_and_hung_scorers_cost_their_samples_not_the_run(tiny_model_dir,
     assert len(steps) == 2 and all(r["reward/errors"] > 0 for r in steps)
     assert sum(r["reward/timeouts"] for r in steps) == 4  # the hung row's 4 samples, each after its 3 s
     assert "WARNING: compute_score failed (error): ConnectionError: judge service unavailable" in capsys.readouterr().out
+
+
+HANGING = """
+import os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if not os.path.exists({first!r}):
+        open({first!r}, "w").write(repr(time.time()))  # when scoring began (a float, wall clock: another process reads it)
+    if extra_info["index"] % 5 < 3:
+        time.sleep(3600)  # 60% of the rows: a sandbox that never answers
+    return 1.0 if solution_str.strip() == ground_truth else 0.0
+"""
+
+
+def test_a_hanging_scorer_fails_the_step_within_the_stated_bound(tiny_model_dir, tiny_task_dir, tmp_path):
+    # Defaults but a 5 s timeout: 8 prompts x 4 samples = 32 samples tolerate floor(0.1 x 32) = 3 failures, so the
+    # step fails at the 4th timeout; 2 score_workers wait for them side by side: ceil(4 / 2) x 5 s = 10 s of scoring.
+    # Before the bound, all ~20 hung samples queued behind the 2 workers: 20 x 5 s / 2 = 50 s.
+    scorer = tmp_path / "hanging.py"
+    scorer.write_text(HANGING.format(first=str(tmp_path / "first_call")))
+    timeout_s, workers, rate, n = 5.0, 2, 0.1, 8 * 4
+    bound_s = math.ceil((math.floor(rate * n) + 1) / workers) * timeout_s
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
+                   "trainer.val_before_train=False", f"custom_reward_function.path={scorer}", f"reward_model.score_timeout_s={timeout_s}",
+                   "data.shuffle=False")
+    assert (cfg.reward_model.score_workers, cfg.reward_model.max_error_rate) == (workers, rate)  # the defaults
+    start = time.time()
+    with pytest.raises(RuntimeError, match=r"^0 scorer errors and 4 timeouts in 32 samples: more than reward_model.max_error_rate=0.1 of the "
+                                           r"step \(scoring stopped there; \d+ samples were not scored\). First: no score within "
+                                           r"reward_model.score_timeout_s=5s"):
+        run(cfg, str(tmp_path / "run"))
+    end = time.time()
+    scoring_s = end - float((tmp_path / "first_call").read_text())
+    print(f"hanging scorer: scoring took {scoring_s:.1f} s (bound {bound_s:g} s + process starts), the run {end - start:.1f} s")
+    assert bound_s <= scoring_s < bound_s + 5  # 5 s: spawning the replacement processes and shutting the run down
 
 
 def test_bad_rows_stop_the_run_before_ray_starts_with_their_locations(tiny_model_dir, tmp_path):

@@ -59,7 +59,7 @@ def test_an_error_scores_the_default_and_is_counted_and_printed_once(tmp_path, c
         out = capsys.readouterr().out
         assert out.count("WARNING: compute_score failed (error): ValueError: cannot parse 13") == 1
         with pytest.raises(RuntimeError, match=r"3 scorer errors and 0 timeouts in 4 samples: more than reward_model.max_error_rate=0.5 "
-                                               r"of the step. First: ValueError: cannot parse 13"):
+                                               r"of the step( \(scoring stopped there; 1 samples were not scored\))?. First: ValueError: cannot parse 13"):
             reward(batch(["13"] * 3 + ["1"], ["1"] * 4))
     finally:
         reward.close()
@@ -83,3 +83,42 @@ def test_a_hung_or_dying_scorer_costs_its_sample_not_the_run(tmp_path):
     finally:
         reward.close()
     assert children() == []
+
+
+def test_hung_calls_past_the_error_rate_stop_the_step_after_a_bounded_wait(tmp_path):
+    # 20 samples that all hang, 2 processes, 1 s each, max_error_rate 0.2: the step tolerates floor(0.2 x 20) = 4
+    # failures, so it fails at the 5th timeout: ceil(5 / 2) = 3 rounds of 1 s side by side, not 20 / 2 = 10 rounds.
+    reward = manager(tmp_path, workers=2, timeout_s=1.0, max_error_rate=0.2)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^0 scorer errors and 5 timeouts in 20 samples: more than reward_model.max_error_rate=0.2 of the "
+                                               r"step \(scoring stopped there; 15 samples were not scored\). First: no score within "
+                                               r"reward_model.score_timeout_s=1s"):
+            reward(batch(["99"] * 20, ["99"] * 20))
+        took = time.monotonic() - start
+        print(f"5 timeouts of 1 s on 2 processes: the step failed after {took:.2f} s (bound 3 s + process starts)")
+        assert 3.0 <= took < 3.0 + 2.0
+        assert reward.health == {"reward/errors": 0.0, "reward/timeouts": 5.0}
+        scores, _ = reward(batch(["3", "4"], ["3", "4"]))  # the killed calls' processes are replaced for the next step
+        assert scores.sum(-1).tolist() == [1.0, 1.0]
+    finally:
+        reward.close()
+    assert children() == []
+
+
+def test_errors_past_the_error_rate_stop_scoring_in_the_controller_too(tmp_path):
+    calls = []
+
+    def score(data_source, solution_str, ground_truth, extra_info=None):
+        calls.append(solution_str)
+        if solution_str == "13":
+            raise ValueError("cannot parse 13")
+        return 1.0
+
+    reward = RewardManager(TOK, score, "data_source", IsolatedScorer(score, None, "compute_score", 0, float("inf")), ScoreGuard(max_error_rate=0.3))
+    # 10 samples x 0.3 tolerate 3 failures (not 2: 0.3 x 10 is 3.0000000000000004 in floats); the 4th stops scoring
+    with pytest.raises(RuntimeError, match=r"^4 scorer errors and 0 timeouts in 10 samples: .*; 5 samples were not scored\)"):
+        reward(batch(["1", "13", "13", "13", "13", "2", "3", "4", "5", "6"], ["1"] * 10))
+    assert calls == ["1", "13", "13", "13", "13"]
+    scores, _ = reward(batch(["13", "13", "13", "1", "2", "3", "4", "5", "6", "7"], ["1"] * 10))  # 3 of 10: tolerated
+    assert scores.sum(-1).tolist() == [0.0, 0.0, 0.0] + [1.0] * 7 and reward.health["reward/errors"] == 3.0

@@ -1,5 +1,7 @@
 """Controller-side math of PPOTrainer without workers: token rewards, KL-in-reward, advantages."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -89,3 +91,35 @@ def test_balance_batch_gives_each_rank_the_same_tokens_and_keeps_rows_whole():
     assert [int(c.batch["attention_mask"].sum()) for c in chunks] == [17, 17]
     assert [f"u{r}" for r in out.batch["row"].tolist()] == list(out.non_tensor_batch["uid"])  # rows stay aligned
     assert metrics["global_seqlen/minmax_diff"] == 26.0 and metrics["global_seqlen/balanced_max"] == 17.0
+
+
+RC = "algorithm.rollout_correction"
+
+
+def test_rollout_correction_adds_weights_and_a_rejection_mask_for_the_actor_only():
+    # ratios pi_train / pi_rollout: row 0 [3, 1 | pad], row 1 [1, 1/4, 1]
+    t = trainer(f"{RC}.rollout_is=token", f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=2.0")
+    assert not t.on_policy  # the tiny recipe's single update would skip the old-log-prob pass the weights come from
+    b = batch()
+    b.batch["advantages"] = torch.ones(2, 3)
+    b.batch.update({k: torch.zeros(2, 3, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids", "responses")})
+    b.batch["rollout_log_probs"] = b.batch["old_log_probs"] - torch.tensor([[math.log(3), 0.0, 0.0], [0.0, -math.log(4), 0.0]])
+    metrics = t.correct_rollout(b)
+    assert metrics["rollout_corr/kl"] == pytest.approx((math.log(4) - math.log(3)) / 5)
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.4)
+    data = t.actor_batch(b)
+    assert data.batch["rollout_is_weights"].tolist() == [[2.0, 1.0, 0.0], [1.0, 0.25, 1.0]]
+    assert data.batch["response_mask"].tolist() == [[0, 1, 0], [1, 0, 1]]  # rejected tokens leave the update
+    assert b.batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]  # ... not the step's data metrics
+    assert "rollout_log_probs" not in data.batch.keys()  # measured here, not again in the actor
+
+
+def test_measuring_only_and_on_policy_leaves_the_mismatch_to_the_actor():
+    t = trainer()
+    assert t.on_policy
+    b = batch()
+    b.batch["advantages"] = torch.ones(2, 3)
+    b.batch.update({k: torch.zeros(2, 3, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids", "responses")})
+    b.batch["rollout_log_probs"] = b.batch.pop("old_log_probs")  # on-policy: no old-log-prob pass ran
+    assert t.correct_rollout(b) == {}
+    assert "rollout_log_probs" in t.actor_batch(b).batch.keys()

@@ -1,0 +1,218 @@
+"""Train-inference mismatch: measure it, and correct for it (verl's `algorithm.rollout_correction.*`).
+
+The rollout engine samples with its own kernels and precision (vLLM, bf16, a KV cache), so its log-probs
+`rollout_log_prob` differ from the trainer's `old_log_prob` for the same tokens and weights. The samples then come
+from pi_rollout while the loss assumes pi_train: an off-policy gap that can grow until training collapses
+(verl #2996). With the per-token log-ratio
+
+    log_ratio = old_log_prob - rollout_log_prob = log(pi_train / pi_rollout)    [batch, response_len]
+
+this module gives (all masked by `response_mask`, all returned under the `rollout_corr/` metric prefix):
+
+- mismatch_metrics: the off-policy diagnostics, logged every step the rollout returns log-probs;
+- rollout_is_weights: truncated importance sampling (TIS), the per-token factor the actor multiplies each token's
+  policy loss by: w = min(rho, rollout_is_threshold), with rho per token (`token`) or the sequence's product
+  (`sequence`, one weight for every token of the sequence);
+- rollout_rs_mask: rejection sampling, a response mask without the tokens (`token`) or whole sequences
+  (`sequence`: the product of ratios, `geometric`: their geometric mean) whose ratio lies outside
+  [1 / rollout_rs_threshold, rollout_rs_threshold].
+
+Ratios are formed in log space and exponentiated only after clamping to +-SAFETY_BOUND: a sequence product
+of 100 tokens at ratio 2 would overflow float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from rlcore.algos.registry import Registry
+
+SAFETY_BOUND = 20.0  # |log ratio| cap before exp: e^20 ~ 4.9e8
+
+# A level turns the per-token log-ratio [batch, response_len] into the log of the weight each token gets, of the
+# same shape (a sequence level repeats one value over the sequence's tokens).
+ROLLOUT_IS_LEVELS = Registry("rollout IS level", "algorithm.rollout_correction.rollout_is")
+ROLLOUT_RS_LEVELS = Registry("rollout RS level", "algorithm.rollout_correction.rollout_rs")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+@ROLLOUT_IS_LEVELS.register("token")
+@ROLLOUT_RS_LEVELS.register("token")
+def token_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log rho_t: each token its own ratio (biased, low variance)."""
+    return log_ratio
+
+
+@ROLLOUT_IS_LEVELS.register("sequence")
+@ROLLOUT_RS_LEVELS.register("sequence")
+def sequence_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum_t log rho_t: the sequence's likelihood ratio prod_t rho_t on every token (unbiased, high variance)."""
+    return (log_ratio * mask).sum(-1, keepdim=True).expand_as(log_ratio)
+
+
+@ROLLOUT_RS_LEVELS.register("geometric")
+def geometric_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """mean_t log rho_t: the geometric mean of the sequence's ratios (length-independent)."""
+    return masked_mean(log_ratio, mask, -1).unsqueeze(-1).expand_as(log_ratio)
+
+
+def mismatch_token_terms(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, threshold: float) -> dict[str, torch.Tensor]:
+    """Per-token terms `[batch, response_len]` whose token mean is a mismatch metric (so the actor can aggregate
+    them over micro-batches and ranks exactly, as it does its loss):
+
+    kl = rollout - train (k1 estimate of KL(rollout || train)); k3_kl = rho - log rho - 1 (k3, >= 0);
+    log_ratio_mean = log rho; chi2_token = rho^2 - 1; ratio_fraction_high / _low = 1 where rho > threshold /
+    rho < 1 / threshold (the share of tokens a truncation or rejection at that threshold would touch).
+    """
+    log_ratio = (log_prob - rollout_log_prob).detach()
+    rho = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    log_threshold = math.log(threshold)
+    return {
+        "kl": -log_ratio,
+        "k3_kl": rho - log_ratio - 1,
+        "log_ratio_mean": log_ratio,
+        "chi2_token": rho.square() - 1,
+        "ratio_fraction_high": (log_ratio > log_threshold).float(),
+        "ratio_fraction_low": (log_ratio < -log_threshold).float(),
+    }
+
+
+def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                     threshold: float) -> dict[str, float]:
+    """verl's off-policy diagnostics of the whole batch plus rlcore's log-ratio extremes, keys without the prefix.
+
+    Token means: see mismatch_token_terms. Per sequence s with mean log-probs lp_train(s), lp_rollout(s):
+    training_ppl = mean_s exp(-lp_train(s)) (rollout_ppl alike, *_log_ppl without the exp);
+    log_ppl_diff = mean_s (lp_rollout(s) - lp_train(s)) (also abs / max / min over s); ppl_ratio =
+    mean_s exp(lp_rollout(s) - lp_train(s)); chi2_seq = mean_s exp(2 sum_t log rho) - 1;
+    log_ratio_abs_max = max_t |log rho| (the worst single token).
+    """
+    mask = response_mask.to(old_log_prob.dtype)
+    metrics = {k: masked_mean(v, mask).item() for k, v in mismatch_token_terms(old_log_prob, rollout_log_prob, threshold).items()}
+    log_ratio = old_log_prob - rollout_log_prob
+    rows = mask.sum(-1) > 0  # an empty response has no perplexity
+    train_lp, rollout_lp = masked_mean(old_log_prob, mask, -1)[rows], masked_mean(rollout_log_prob, mask, -1)[rows]
+    diff = rollout_lp - train_lp
+    seq_log_ratio = (log_ratio * mask).sum(-1)[rows].clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    metrics.update({
+        "training_ppl": (-train_lp).exp().mean().item(), "training_log_ppl": (-train_lp).mean().item(),
+        "rollout_ppl": (-rollout_lp).exp().mean().item(), "rollout_log_ppl": (-rollout_lp).mean().item(),
+        "log_ppl_diff": diff.mean().item(), "log_ppl_abs_diff": diff.abs().mean().item(),
+        "log_ppl_diff_max": diff.max().item(), "log_ppl_diff_min": diff.min().item(),
+        "ppl_ratio": diff.exp().mean().item(),
+        "chi2_seq": (2 * seq_log_ratio).exp().mean().item() - 1,
+        "log_ratio_abs_max": (log_ratio.abs() * mask).max().item(),
+    })
+    return metrics
+
+
+def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, threshold: float,
+                       batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated IS weights `[batch, response_len]` (0 on padding, detached): w = min(exp(log_w), threshold), log_w
+    from the level. Metrics describe the weights before truncation (verl's rollout_is_*): mean, max, min, the share
+    past threshold / below 1/threshold, and the effective sample size 1 / mean((v / mean v)^2) of v = w clamped
+    to [1/threshold, threshold]. batch_normalize divides by the batch's mean weight (over tokens for `token`, over
+    non-empty sequences for `sequence`) so the weights average 1; the factor is logged."""
+    mask = response_mask.to(log_ratio.dtype)
+    log_w = ROLLOUT_IS_LEVELS.get(level)(log_ratio.detach(), mask)
+    raw = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * mask
+    valid = mask.bool()
+    log_threshold = math.log(threshold)
+    clamped = raw.clamp(1 / threshold, threshold)
+    metrics = {
+        "rollout_is_mean": masked_mean(raw, mask).item(),
+        "rollout_is_max": raw[valid].max().item(), "rollout_is_min": raw[valid].min().item(),
+        "rollout_is_ratio_fraction_high": masked_mean((log_w > log_threshold).float(), mask).item(),
+        "rollout_is_ratio_fraction_low": masked_mean((log_w < -log_threshold).float(), mask).item(),
+        "rollout_is_eff_sample_size": 1 / masked_mean((clamped / masked_mean(clamped, mask)).square(), mask).item(),
+    }
+    weights = raw.clamp(max=threshold)
+    if batch_normalize:
+        if level == "token":
+            mean = masked_mean(weights, mask)
+        else:  # every token of a sequence has its weight: average one per non-empty sequence
+            rows = mask.sum(-1) > 0
+            mean = masked_mean(weights, mask, -1)[rows].mean()
+        metrics["rollout_is_batch_norm_factor"] = mean.item()
+        weights = weights / mean if mean > 1e-8 else weights
+    return weights, metrics
+
+
+def rollout_rs_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, threshold: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The response mask without the rejected tokens: a token stays where its level's ratio lies in
+    [1 / threshold, threshold]. Metrics: the share of tokens rejected (rollout_rs_masked_fraction), of sequences
+    that lost at least one token (rollout_rs_seq_masked_fraction), and of tokens above / below the band."""
+    mask = response_mask.to(log_ratio.dtype)
+    log_w = ROLLOUT_RS_LEVELS.get(level)(log_ratio.detach(), mask)
+    log_threshold = math.log(threshold)
+    high, low = log_w > log_threshold, log_w < -log_threshold
+    rejected = (high | low).to(mask.dtype) * mask
+    rows = mask.sum(-1) > 0
+    metrics = {
+        "rollout_rs_masked_fraction": masked_mean(rejected, mask).item(),
+        "rollout_rs_seq_masked_fraction": (rejected.sum(-1)[rows] > 0).float().mean().item(),
+        "rollout_rs_ratio_fraction_high": masked_mean(high.float(), mask).item(),
+        "rollout_rs_ratio_fraction_low": masked_mean(low.float(), mask).item(),
+    }
+    return response_mask * (1 - rejected).to(response_mask.dtype), metrics
+
+
+def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                       rollout_is: Optional[str], rollout_is_threshold: float, rollout_rs: Optional[str],
+                       rollout_rs_threshold: Optional[float], rollout_is_batch_normalize: bool = False
+                       ) -> tuple[Optional[torch.Tensor], torch.Tensor, dict[str, float]]:
+    """(IS weights or None, the response mask after rejection, `rollout_corr/*` metrics) of a batch: verl's
+    decoupled mode, old_log_prob from the trainer's pass over the rollout's samples. Rejection and the weights
+    are both computed from the batch as sampled; the mismatch metrics cover every token (before rejection)."""
+    log_ratio = old_log_prob - rollout_log_prob
+    metrics = mismatch_metrics(old_log_prob, rollout_log_prob, response_mask, rollout_is_threshold)
+    weights = None
+    if rollout_is is not None:
+        weights, is_metrics = rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize)
+        metrics.update(is_metrics)
+    mask = response_mask
+    if rollout_rs is not None:
+        mask, rs_metrics = rollout_rs_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
+        metrics.update(rs_metrics)
+    return weights, mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+
+def bypass_mode_loss(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+                     loss_type: str, rollout_is: Optional[str], rollout_is_threshold: float, rollout_rs: Optional[str],
+                     rollout_rs_threshold: Optional[float], **clip) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's bypass mode (old = rollout policy, no old-log-prob pass): (loss_mat, kept mask, per-token stats),
+    all `[batch, response_len]`, the loss already zero on rejected tokens.
+
+    The ratio rho = pi_theta / pi_rollout is this forward's (detached), so rejection (rollout_rs) and the IS weights
+    (rollout_is) follow the policy as the update moves it.
+    - ppo_clip: PPO's clipped surrogate (vanilla, dual clip; `clip` = clip_ratio_low/high/c) with r = rho: the
+      ratio already is the importance weight, so no IS weight is applied on top.
+    - reinforce: L = -A w log pi_theta with w = the truncated IS weight (detached; 1 with rollout_is=null), whose
+      gradient is -A w grad log pi: the IS-corrected policy gradient.
+    """
+    from rlcore.algos.policy_loss import vanilla_ppo_loss  # policy_loss does not import this module: no cycle
+
+    log_ratio = log_prob.detach() - rollout_log_prob
+    kept = response_mask
+    if rollout_rs is not None:
+        kept, _ = rollout_rs_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
+    if loss_type == "ppo_clip":
+        loss_mat, stats = vanilla_ppo_loss(rollout_log_prob, log_prob, advantages, kept, **clip)
+    elif loss_type == "reinforce":
+        weights = 1.0
+        if rollout_is is not None:
+            weights, _ = rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold)
+        loss_mat = -advantages * weights * log_prob
+        zeros = torch.zeros_like(log_prob)
+        stats = {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": -log_ratio}
+    else:
+        raise ValueError(f"unknown algorithm.rollout_correction.loss_type={loss_type!r}; valid: ppo_clip, reinforce")
+    return loss_mat * kept, kept, stats

@@ -1,0 +1,116 @@
+"""Rollout correction (verl's algorithm.rollout_correction): every figure below is worked out by hand from two
+sequences whose per-token ratios rho = pi_train / pi_rollout are chosen: [3, 1 | pad] and [1, 1/4, 3/2]."""
+
+import math
+
+import pytest
+import torch
+
+from rlcore.algos.rollout_corr import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS, bypass_mode_loss, mismatch_metrics, rollout_correction, rollout_is_weights,
+                                       rollout_rs_mask)
+
+MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
+LOG_RATIO = torch.tensor([[math.log(3), 0.0, 5.0], [0.0, -math.log(4), math.log(1.5)]])  # 5.0 on padding: must be ignored
+OLD = torch.tensor([[-1.0, -2.0, -7.0], [-0.5, -0.5, -1.0]])
+ROLLOUT = OLD - LOG_RATIO
+RHO = [3.0, 1.0, 1.0, 0.25, 1.5]  # the 5 valid tokens
+SEQ = [3.0, 0.375]  # products per sequence
+
+
+def test_mismatch_metrics_hand_computed():
+    m = mismatch_metrics(OLD, ROLLOUT, MASK, threshold=2.0)
+    lr = [math.log(r) for r in RHO]
+    assert m["kl"] == pytest.approx(-sum(lr) / 5)  # = -ln(1.125) / 5: k1 can be negative; k3 cannot
+    assert m["k3_kl"] == pytest.approx(sum(r - math.log(r) - 1 for r in RHO) / 5)
+    assert m["log_ratio_mean"] == pytest.approx(math.log(1.125) / 5)
+    assert m["log_ratio_abs_max"] == pytest.approx(math.log(4))  # the padding's 5.0 does not count
+    assert m["chi2_token"] == pytest.approx(sum(r * r for r in RHO) / 5 - 1)
+    assert (m["ratio_fraction_high"], m["ratio_fraction_low"]) == (pytest.approx(0.2), pytest.approx(0.2))  # rho 3 > 2, 1/4 < 1/2
+    assert m["chi2_seq"] == pytest.approx((9 + 0.375 ** 2) / 2 - 1)
+    train_lp, rollout_lp = [-1.5, -2 / 3], [-1.5 - math.log(3) / 2, -2 / 3 + (math.log(4) - math.log(1.5)) / 3]
+    assert m["training_log_ppl"] == pytest.approx((1.5 + 2 / 3) / 2)
+    assert m["training_ppl"] == pytest.approx((math.exp(1.5) + math.exp(2 / 3)) / 2)
+    assert m["rollout_ppl"] == pytest.approx(sum(math.exp(-x) for x in rollout_lp) / 2)
+    diff = [r - t for r, t in zip(rollout_lp, train_lp)]  # -ln3/2 and ln(8/3)/3
+    assert (m["log_ppl_diff"], m["log_ppl_abs_diff"]) == (pytest.approx(sum(diff) / 2), pytest.approx(sum(map(abs, diff)) / 2))
+    assert (m["log_ppl_diff_max"], m["log_ppl_diff_min"]) == (pytest.approx(math.log(8 / 3) / 3), pytest.approx(-math.log(3) / 2))
+    assert m["ppl_ratio"] == pytest.approx((3 ** -0.5 + (8 / 3) ** (1 / 3)) / 2)
+
+
+def test_identical_log_probs_show_no_mismatch():
+    m = mismatch_metrics(OLD, OLD, MASK, threshold=2.0)
+    assert all(m[k] == 0.0 for k in ("kl", "k3_kl", "log_ratio_mean", "log_ratio_abs_max", "chi2_token", "chi2_seq", "log_ppl_diff"))
+
+
+def test_token_level_truncated_is():
+    w, m = rollout_is_weights(LOG_RATIO, MASK, "token", threshold=2.0)
+    assert torch.allclose(w, torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.25, 1.5]]))  # 3 truncated to 2, padding 0
+    assert m["rollout_is_mean"] == pytest.approx(6.75 / 5)  # before truncation
+    assert (m["rollout_is_max"], m["rollout_is_min"]) == (pytest.approx(3.0), pytest.approx(0.25))
+    assert (m["rollout_is_ratio_fraction_high"], m["rollout_is_ratio_fraction_low"]) == (pytest.approx(0.2), pytest.approx(0.2))
+    # ESS of the weights clamped to [1/2, 2]: [2, 1, 1, .5, 1.5], mean 1.2: 1 / mean((v / 1.2)^2) = 7.2 / 8.5
+    assert m["rollout_is_eff_sample_size"] == pytest.approx(7.2 / 8.5)
+    w, m = rollout_is_weights(LOG_RATIO, MASK, "token", threshold=2.0, batch_normalize=True)
+    assert m["rollout_is_batch_norm_factor"] == pytest.approx(5.75 / 5)
+    assert torch.allclose(w, torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.25, 1.5]]) / 1.15)
+    assert not w.requires_grad
+
+
+def test_sequence_level_truncated_is():
+    w, m = rollout_is_weights(LOG_RATIO, MASK, "sequence", threshold=2.0)
+    assert torch.allclose(w, torch.tensor([[2.0, 2.0, 0.0], [0.375, 0.375, 0.375]]))  # product 3 -> 2; 0.375 kept
+    assert m["rollout_is_mean"] == pytest.approx((3 * 2 + 0.375 * 3) / 5)
+    assert (m["rollout_is_ratio_fraction_high"], m["rollout_is_ratio_fraction_low"]) == (pytest.approx(0.4), pytest.approx(0.6))
+    _, m = rollout_is_weights(LOG_RATIO, MASK, "sequence", threshold=2.0, batch_normalize=True)
+    assert m["rollout_is_batch_norm_factor"] == pytest.approx((2 + 0.375) / 2)  # one weight per sequence
+
+
+def test_rejection_sampling_at_each_level():
+    mask, m = rollout_rs_mask(LOG_RATIO, MASK, "token", threshold=2.0)
+    assert mask.tolist() == [[0, 1, 0], [1, 0, 1]]  # rho 3 and rho 1/4 leave the band [1/2, 2]
+    assert (m["rollout_rs_masked_fraction"], m["rollout_rs_seq_masked_fraction"]) == (pytest.approx(0.4), 1.0)
+    mask, m = rollout_rs_mask(LOG_RATIO, MASK, "geometric", threshold=1.5)
+    assert mask.tolist() == [[0, 0, 0], [1, 1, 1]]  # geometric means sqrt(3) = 1.73 > 1.5 and 0.375^(1/3) = 0.72 > 2/3
+    assert (m["rollout_rs_masked_fraction"], m["rollout_rs_seq_masked_fraction"]) == (pytest.approx(0.4), 0.5)
+    assert rollout_rs_mask(LOG_RATIO, MASK, "sequence", threshold=4.0)[0].tolist() == MASK.tolist()  # 3 and 0.375 in [1/4, 4]
+    assert rollout_rs_mask(LOG_RATIO, MASK, "sequence", threshold=2.5)[0].tolist() == [[0, 0, 0], [0, 0, 0]]  # 0.375 < 0.4
+
+
+def test_rollout_correction_combines_is_rs_and_metrics_under_the_prefix():
+    weights, mask, m = rollout_correction(OLD, ROLLOUT, MASK, "token", 2.0, "token", 2.0)
+    assert torch.allclose(weights, torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.25, 1.5]])) and mask.tolist() == [[0, 1, 0], [1, 0, 1]]
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.4) and m["rollout_corr/kl"] == pytest.approx(-math.log(1.125) / 5)
+    weights, mask, m = rollout_correction(OLD, ROLLOUT, MASK, None, 2.0, None, None)  # measuring only
+    assert weights is None and mask is MASK and "rollout_corr/rollout_is_mean" not in m and "rollout_corr/k3_kl" in m
+
+
+def test_levels_are_verls_and_unknown_ones_list_the_valid_ones():
+    assert ROLLOUT_IS_LEVELS.names() == ["sequence", "token"] and ROLLOUT_RS_LEVELS.names() == ["geometric", "sequence", "token"]
+    with pytest.raises(ValueError, match=r"algorithm.rollout_correction.rollout_is='seq'; valid: sequence, token"):
+        rollout_is_weights(LOG_RATIO, MASK, "seq", 2.0)
+
+
+def bypass(loss_type, rollout_is=None, rollout_rs=None):
+    log_prob = (ROLLOUT + LOG_RATIO).clone().requires_grad_(True)  # this forward: rho as above against the rollout
+    loss_mat, kept, stats = bypass_mode_loss(ROLLOUT, log_prob, torch.ones(2, 3), MASK, loss_type, rollout_is, 2.0, rollout_rs, 2.0,
+                                             clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+    loss_mat.sum().backward()
+    return loss_mat.detach(), kept, stats, log_prob.grad
+
+
+def test_bypass_reinforce_weights_the_log_prob_gradient():
+    loss, kept, stats, grad = bypass("reinforce", rollout_is="token")
+    w = torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.25, 1.5]])  # truncated at 2, zero on padding
+    assert torch.allclose(loss, -w * OLD * MASK) and torch.allclose(grad, -w * MASK)  # L = -A w log pi: grad -A w
+    assert torch.allclose(stats["actor/ppo_kl"], -LOG_RATIO)
+    loss, kept, _, grad = bypass("reinforce", rollout_rs="token")  # no IS: w = 1, rho 3 and 1/4 rejected
+    assert kept.tolist() == [[0, 1, 0], [1, 0, 1]] and torch.allclose(grad, -kept.float())  # -A x 1 on kept tokens only
+
+
+def test_bypass_ppo_clip_clips_the_ratio_to_the_rollout_and_applies_no_weight_on_top():
+    # A = 1, eps = 0.2: L = max(-rho, -clip(rho, 0.8, 1.2)) per token; rho = 3, 1 | 1, 1/4, 3/2
+    loss, kept, stats, _ = bypass("ppo_clip", rollout_is="token")
+    assert torch.allclose(loss, torch.tensor([[-1.2, -1.0, 0.0], [-1.0, -0.25, -1.2]]))  # the IS weight (2 on rho = 3) is not applied
+    assert stats["actor/pg_clipfrac"].tolist() == [[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]  # padding: 5.0 log ratio, masked by agg
+    loss, kept, _, _ = bypass("ppo_clip", rollout_rs="token")
+    assert torch.allclose(loss, torch.tensor([[0.0, -1.0, 0.0], [-1.0, 0.0, -1.2]]))
