@@ -228,6 +228,8 @@ class PPOTrainer:
         if "rollout_log_probs" in present and (self.bypass or "old_log_probs" not in present):
             keys.append("rollout_log_probs")  # the actor measures the mismatch (see correct_rollout)
         data = batch.select(keys)
+        # The one on-policy decision (see __init__), handed to the actor: its loss then uses its own log-probs, detached.
+        data.meta_info["on_policy"] = "old_log_probs" not in present
         if "rollout_rs_mask" in present:
             data.batch["response_mask"] = batch.batch["rollout_rs_mask"]
         return data

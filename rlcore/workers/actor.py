@@ -94,15 +94,18 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroB
                   rollout_corr: RolloutCorrectionConfig | None = None) -> dict[str, float]:
     """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
 
-    `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows. Without
-    an `old_log_probs` column the controller skipped that pass because the update is exactly on-policy (one
-    mini-batch, one epoch): see make_policy_loss_fn.
+    `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
+    `data.meta_info["on_policy"]` is the controller's decision (rlcore.trainer.ppo) that the update is exactly
+    on-policy, so it skipped the old-log-prob pass: the loss uses its own log-probs, detached (make_policy_loss_fn).
     """
     mini_batch_rows = actor_cfg.ppo_mini_batch_size * rollout_n // engine.dp_size
-    on_policy = "old_log_probs" not in data.batch.keys()
+    on_policy = bool(data.meta_info.get("on_policy", False))  # absent: a caller that ran the pass
+    if on_policy == ("old_log_probs" in data.batch.keys()):
+        raise ValueError(f"meta_info on_policy={on_policy} but old_log_probs are {'' if on_policy else 'not '}in the batch: "
+                         "an on-policy update uses its own log-probs as the old ones, any other needs them")
     if on_policy and (actor_cfg.ppo_epochs != 1 or len(data) != mini_batch_rows):
-        raise ValueError(f"no old_log_probs for an update of {actor_cfg.ppo_epochs} epoch(s) x {len(data) // mini_batch_rows} "
-                         "mini-batches: only a single on-policy step may use its own log-probs as the old ones")
+        raise ValueError(f"an on-policy update of {actor_cfg.ppo_epochs} epoch(s) x {len(data) // mini_batch_rows} mini-batches: "
+                         "only a single on-policy step may use its own log-probs as the old ones")
     # Entropy only where it is used: in the loss, or as the metric the skipped old-log-prob pass would have logged.
     request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy)
     return run_ppo_updates(

@@ -107,7 +107,7 @@ def test_an_on_policy_update_without_the_old_log_prob_pass_is_the_same_update(ti
     for with_pass in (True, False):
         torch.manual_seed(0)
         engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-3), torch.device("cpu"))
-        batch = DataProto.from_dict(dict(rows))
+        batch = DataProto.from_dict(dict(rows), meta_info={"on_policy": not with_pass})  # the controller's decision
         if with_pass:
             old = compute_log_prob(engine, batch, MicroBatchSpec(rows=3), 1.0, with_entropy=True)
             mask = batch.batch["response_mask"]
@@ -124,5 +124,7 @@ def test_an_on_policy_update_without_the_old_log_prob_pass_is_the_same_update(ti
     for a, b in zip(with_weights, without_weights):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # lr 1e-3: Adam moves each weight <= ~1e-3; noise far below
     with pytest.raises(ValueError, match="only a single on-policy step"):
-        update_policy(engine, DataProto.from_dict(dict(rows)), OmegaConf.merge(cfg, {"ppo_mini_batch_size": 2}),
+        update_policy(engine, DataProto.from_dict(dict(rows), meta_info={"on_policy": True}), OmegaConf.merge(cfg, {"ppo_mini_batch_size": 2}),
                       MicroBatchSpec(rows=3), rollout_n=2, temperature=1.0)
+    with pytest.raises(ValueError, match="but old_log_probs are not in the batch"):  # no decision, no pass: refused
+        update_policy(engine, DataProto.from_dict(dict(rows)), cfg, MicroBatchSpec(rows=3), rollout_n=2, temperature=1.0)
