@@ -4,6 +4,13 @@ A mini-batch is processed as several micro-batches on several ranks. Each micro-
 mini-batch loss, normalised by mini-batch-wide counts (`global_tokens`, `global_seqs`, summed over micro-batches
 and ranks), times `dp_size` because data-parallel gradient reduction averages over ranks. Summing the shares
 over micro-batches and averaging over ranks then gives exactly the loss of the whole mini-batch in one piece.
+
+Rejected tokens (algorithm.rollout_correction.rollout_rs) are absent from the mask, so they are as if never
+sampled, as in verl: out of the token count, and a sequence without a valid token is out of the sequence count
+(verl's agg_loss "excludes fully masked sequences" since its rollout-correction rework). Both counts are clamped at 1
+where they divide: a micro-batch, or a whole mini-batch, without a valid token then contributes exactly 0 (verl's
+masked_mean adds 1e-8 to the same end) instead of 0/0 = NaN, which would poison every micro-batch's gradient in
+the accumulation. A mini-batch with no valid token at all is not stepped on (rlcore.workers.common.run_ppo_updates).
 """
 
 from __future__ import annotations
@@ -50,9 +57,11 @@ def agg_loss(
 ) -> torch.Tensor:
     """Aggregates `loss_mat` `[batch, response_len]` over `mask` (same shape, 0/1) into a scalar.
 
-    Without global counts this is the plain loss of this batch alone.
+    Without global counts this is the plain loss of this batch alone. Counts as mini_batch_counts gives them: valid
+    tokens, and sequences with at least one valid token.
     """
     mask = mask.to(loss_mat.dtype)
-    global_tokens = mask.sum().clamp(min=1).item() if global_tokens is None else max(global_tokens, 1.0)
-    global_seqs = float(mask.shape[0]) if global_seqs is None else max(global_seqs, 1.0)
+    global_tokens = mask.sum().item() if global_tokens is None else global_tokens
+    global_seqs = (mask.sum(-1) > 0).sum().item() if global_seqs is None else global_seqs
+    global_tokens, global_seqs = max(global_tokens, 1.0), max(global_seqs, 1.0)
     return LOSS_AGGREGATIONS.get(mode)(loss_mat, mask, global_tokens, global_seqs, mask.shape[-1]) * dp_size

@@ -89,8 +89,11 @@ class TrainEngine(ABC):
         rank that is not an output rank). Every rank of a replica is given the same micro-batches."""
 
     @abstractmethod
-    def optimizer_step(self) -> dict[str, float]:
-        """Clips, steps (skipping non-finite gradients), advances the lr schedule; returns grad_norm, lr."""
+    def optimizer_step(self, skip: bool = False) -> dict[str, float]:
+        """Clips, steps (skipping non-finite gradients), advances the lr schedule; returns grad_norm, lr,
+        skipped_step. `skip` (the same on every rank): a step with nothing to learn from (a mini-batch whose every
+        token was rejected) drops any gradients and leaves weights and optimizer state alone, but still advances the
+        lr schedule, which follows global steps; grad_norm 0."""
 
     @abstractmethod
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,

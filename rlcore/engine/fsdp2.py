@@ -130,10 +130,12 @@ class FSDP2Engine(TrainEngine):
             metrics.append(mb_metrics)
         return metrics
 
-    def optimizer_step(self) -> dict[str, float]:
-        grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.trained, self.spec.grad_clip))
+    def optimizer_step(self, skip: bool = False) -> dict[str, float]:
+        # skip: no norm to take (its collective is skipped on every rank alike) and no optimizer.step(): AdamW would
+        # still move the weights on a zero gradient (momentum, weight decay).
+        grad_norm = torch.tensor(0.0) if skip else _full(torch.nn.utils.clip_grad_norm_(self.trained, self.spec.grad_clip))
         lr = self.scheduler.get_last_lr()[0]
-        finite = bool(torch.isfinite(grad_norm))
+        finite = bool(torch.isfinite(grad_norm)) and not skip
         if finite:
             self.optimizer.step()
         # A non-finite norm (fp overflow, a bad batch) must not poison the weights: drop this step's gradients.
@@ -142,7 +144,7 @@ class FSDP2Engine(TrainEngine):
             # The schedule follows global steps even when one is skipped; torch warns about exactly that.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
-        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
+        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(skip or not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,

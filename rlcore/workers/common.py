@@ -90,10 +90,11 @@ def onload(engine: TrainEngine) -> None:
 
 
 def mini_batch_counts(mask: torch.Tensor, engine: TrainEngine) -> tuple[float, float]:
-    """(valid tokens, sequences) of a mini-batch summed over every data-parallel rank's share of it: the
-    normalisers that make the sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg). Summed over
-    the data-parallel group only: TP/PP peers hold the same share."""
-    counts = [float(mask.sum()), float(mask.shape[0])]
+    """(valid tokens, sequences with a valid token) of a mini-batch summed over every data-parallel rank's share of
+    it: the normalisers that make the sum of micro-batch losses equal the mini-batch loss (rlcore.algos.agg). A row
+    whose every token was rejected is no sample (as verl). Summed over the data-parallel group only: TP/PP peers
+    hold the same share."""
+    counts = [float(mask.sum()), float((mask.sum(-1) > 0).sum())]
     return tuple(all_reduce_values(counts, group=engine.dp_group) if dist.is_initialized() else counts)
 
 
@@ -102,17 +103,26 @@ def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batc
     """epochs x mini-batches x micro-batches of a loss, one optimizer step per mini-batch; the mean of each metric.
 
     `data` is this rank's share; `make_loss_fn(counts)` builds a mini-batch's loss from its global counts.
+
+    A mini-batch without a valid token on any rank (rollout rejection took every token: `response_mask` all 0) has
+    no loss and no gradient: it is not run, and its step is skipped (engine.optimizer_step(skip=True): an AdamW step
+    on a zero gradient would still move the weights by momentum and weight decay), so the update is exactly the
+    one without that mini-batch; the lr schedule still advances. `{prefix}/empty_mini_batches` is their share,
+    also counted in `{prefix}/skipped_steps`; the loss metrics average the mini-batches that ran. The decision
+    rests on the all-reduced counts, so every rank skips alike.
     """
     history: dict[str, list[float]] = defaultdict(list)
     for _ in range(epochs):
         for mini in data.split(mini_batch_rows):
-            loss_fn = make_loss_fn(mini_batch_counts(mini.batch["response_mask"], engine))
-            per_micro = engine.forward_backward(make_micro_batches(mini, micro)[0], loss_fn, request)
+            counts = mini_batch_counts(mini.batch["response_mask"], engine)
+            empty = counts[0] == 0
+            history[f"{prefix}/empty_mini_batches"].append(float(empty))
+            per_micro = [] if empty else engine.forward_backward(make_micro_batches(mini, micro)[0], make_loss_fn(counts), request)
             # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
             # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
             for key in (per_micro[0] if per_micro else ()):
                 history[key].append(sum(m[key] for m in per_micro))
-            step = engine.optimizer_step()
+            step = engine.optimizer_step(skip=empty)
             history[f"{prefix}/grad_norm"].append(step["grad_norm"])
             history[f"{prefix}/lr"].append(step["lr"])
             history[f"{prefix}/skipped_steps"].append(step["skipped_step"])

@@ -65,7 +65,8 @@ class SFTTrainerWorker(SupervisedWorker):
         def fn(out, mb):
             mask = mb.batch["response_mask"].to(out["log_probs"].device)
             hits = (out["log_probs"] >= out["top_log_probs"]).float() * mask
-            exact = (hits.sum(-1) == mask.sum(-1)).float()
+            rows_with_tokens = mask.sum(-1) > 0  # the rows mini_batch_counts counts
+            exact = ((hits.sum(-1) == mask.sum(-1)) & rows_with_tokens).float()
             return {"nll": share(out, mb)[None], "hits": (hits.sum() / tokens * dp)[None], "exact": (exact.sum() / rows * dp)[None]}
 
         outputs = self.engine.forward(make_micro_batches(data, self._micro())[0], fn)

@@ -201,7 +201,7 @@ class MegatronEngine(TrainEngine):
         results = self._schedule(micro_batches, loss_fn, request, False)
         return results if self.is_output_rank else []
 
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, skip: bool = False) -> dict[str, float]:
         lr = self.spec.lr * lr_factor(self.optimizer_steps, self.spec.warmup_steps, self.spec.total_steps, self.spec.lr_scheduler_type,
                                       self.spec.min_lr_ratio, self.spec.num_cycles)
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
@@ -209,16 +209,17 @@ class MegatronEngine(TrainEngine):
                 group["lr"] = lr
         # A non-finite gradient anywhere (fp overflow, a bad batch) must not poison the weights: every rank agrees
         # to skip the step. (megatron's own check raises instead; its clipping would pass NaN through.)
-        bad = float(not all(torch.isfinite(b.grad_data).all() for c in self.model for b in c.buffers))
-        finite = not all_reduce_values([bad], op=ReduceOp.MAX)[0]
-        grad_norm = float("nan")
+        # skip (see TrainEngine.optimizer_step): no check and no step, on every rank alike; the schedule still advances.
+        bad = 0.0 if skip else float(not all(torch.isfinite(b.grad_data).all() for c in self.model for b in c.buffers))
+        finite = not skip and not all_reduce_values([bad], op=ReduceOp.MAX)[0]
+        grad_norm = 0.0 if skip else float("nan")
         if finite:
             _, grad_norm, _ = self.optimizer.step()  # megatron: grad norm over TP/PP/DP, clip, Adam, param all-gather
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         self.optimizer_steps += 1
-        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(not finite)}
+        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(skip or not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
