@@ -51,6 +51,18 @@ def test_aggregation_modes_hand_computed(mode, expected):
     assert agg_loss(loss, mask, mode).item() == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("mode,expected", [
+    ("token-mean", (1 + 2 + 3) / 3),
+    ("seq-mean-token-sum", ((1 + 2) + 3) / 2),  # the fully rejected middle row is no sample: 2 sequences, not 3
+    ("seq-mean-token-mean", ((1 + 2) / 2 + 3) / 2),
+])
+def test_a_fully_masked_row_counts_in_no_denominator(mode, expected):
+    loss = torch.tensor([[1.0, 2.0], [7.0, 8.0], [3.0, 99.0]])
+    mask = torch.tensor([[1, 1], [0, 0], [1, 0]])
+    assert agg_loss(loss, mask, mode).item() == pytest.approx(expected)
+    assert agg_loss(loss, torch.zeros(3, 2), mode).item() == 0.0  # nothing valid: 0, not 0/0
+
+
 def test_adaptive_kl_controller_moves_towards_target():
     ctrl = AdaptiveKLController(0.1, target_kl=0.05, horizon=100)
     ctrl.update(current_kl=1.0, n_steps=10)  # far above target: error clipped to 0.2
