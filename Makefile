@@ -51,8 +51,17 @@ train-rm: $(STAMP)
 	$(PY) -m rlcore.train_rm --config-name rm_tiny_cpu_round2
 	$(PY) -m rlcore.train recipe=tiny_cpu_rm $(ARGS)
 
+# The main suite, then the vLLM tests in their own venv (they are skipped in the main one).
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests $(ARGS)
+	$(MAKE) test-vllm
+
+# The tests marked `vllm` (vLLM's CPU engine run for real: one process, 2 gloo ranks, a short GRPO run), and the
+# validator's vLLM rule on its accepting side.
+VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_dist.py tests/e2e/test_tiny_vllm.py
+test-vllm: $(VLLM_STAMP)
+	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m pytest -q --durations=10 -m vllm $(VLLM_TESTS) $(ARGS)
+	$(VLLM_PY) -m pytest -q tests/config/test_validate.py -k vllm
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests $(ARGS)
