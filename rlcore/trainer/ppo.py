@@ -126,7 +126,11 @@ class PPOTrainer:
                     metrics.update(self.critic.update_critic(batch.select(CRITIC_KEYS)))
             if updates_actor:
                 with self.perf.phase("update_actor", metrics):
-                    keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else []) + (["old_log_probs"] if "old_log_probs" in batch.batch.keys() else [])
+                    keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else [])
+                    if "old_log_probs" in batch.batch.keys():
+                        keys.append("old_log_probs")
+                    elif "rollout_log_probs" in batch.batch.keys():  # on-policy: the update compares them with its own
+                        keys.append("rollout_log_probs")
                     metrics.update(self.actor_rollout.update_actor(batch.select(keys)))
         self.perf.count_tokens(batch)
         metrics.update(data_metrics(batch))
