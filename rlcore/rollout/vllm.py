@@ -67,9 +67,23 @@ def import_vllm():
 
 def kv_bytes_per_token(hf_config, dtype: torch.dtype, tp: int) -> int:
     """Keys + values of one token over all layers on one TP rank (KV heads are split across TP, at least one each)."""
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     kv_heads = max(1, hf_config.num_key_value_heads // tp)
-    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim_of(hf_config) * torch.finfo(dtype).bits // 8
+
+
+def head_dim_of(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def check_cpu_head_dim(hf_config) -> None:
+    """vLLM's CPU attention kernels exist for a few head sizes only; any other fails at the first forward with
+    "Unsupported CPU attention configuration". Say so before building."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim_of(hf_config) not in supported:
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU: the model's head_dim={head_dim_of(hf_config)} has no vLLM CPU "
+                         f"attention kernel (supported: {supported}); use actor_rollout_ref.rollout.name=native")
 
 
 class _KeepRNGAndThreads:
@@ -90,9 +104,9 @@ class _KeepRNGAndThreads:
 
 
 class VLLMRollout(RolloutEngine):
-    # Not even on CPU, where vLLM's weights do stay loaded across sleep(): an adapted-only stream (LoRA) would hand
-    # reload_weights partial layers, which it post-processes anyway (vLLM RFC #48312 reports NaNs). Every sync
-    # sends every weight.
+    # False on both devices: on CUDA sleep(level=2) discards the weights; on CPU they stay loaded, but an adapted-only
+    # stream (LoRA) would hand reload_weights partial layers, which it post-processes anyway (vLLM RFC #48312 reports
+    # NaNs). Every sync sends every weight.
     keeps_weights = False
 
     def __init__(self, model_path: str, pad_token_id: int, device: torch.device, dtype: str = "bfloat16", override_config: dict | None = None,
@@ -138,6 +152,7 @@ class VLLMRollout(RolloutEngine):
         if device.type == "cuda":
             args.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         else:
+            check_cpu_head_dim(hf_config)
             need = kv_bytes_per_token(hf_config, to_torch_dtype(dtype), self.tp)
             max_len = max_model_len or hf_config.max_position_embeddings
             kv_bytes = kv_bytes or need * max_num_seqs * (max_len + KV_BLOCK_SLACK_TOKENS)

@@ -129,6 +129,12 @@ def test_tied_llama_with_or_without_lm_head_in_the_stream(tmp_path, with_lm_head
     torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=1e-5, rtol=0)
 
 
+@pytest.mark.vllm
+def test_a_head_dim_without_a_cpu_kernel_is_refused_before_building(tiny_model_dir):
+    with pytest.raises(ValueError, match=r"head_dim=16 has no vLLM CPU attention kernel.*rollout.name=native"):
+        build(tiny_model_dir)  # hidden 64 / 4 heads
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the missing-extra path does not apply")
 def test_missing_vllm_says_what_to_install(tiny_model_dir):
     with pytest.raises(ImportError, match=r"make vllm-env.*rollout.name=native"):
