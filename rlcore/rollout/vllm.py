@@ -250,6 +250,9 @@ class VLLMRollout(RolloutEngine):
                 n=1, max_tokens=sampling.max_tokens, temperature=0.0 if sampling.greedy else sampling.temperature,
                 top_p=sampling.top_p, top_k=sampling.top_k if sampling.top_k > 0 else 0, stop_token_ids=list(sampling.stop_token_ids),
                 logprobs=0, detokenize=False, seed=seed,
+                # Only rlcore's stop ids end a response (the worker passes EOS unless rollout.ignore_eos): vLLM would
+                # otherwise add the model's generation_config EOS ids, and rollout.ignore_eos would not hold.
+                ignore_eos=True,
             )
             for seed in self._seeds(len(all_prompts), sampling)
         ]

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.logits import gather_log_probs, response_logits
@@ -47,8 +48,13 @@ def training_log_probs(model, ids, mask, out, temperature: float = 1.0) -> torch
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     model_dir = build_tiny_model_dir(str(tmp_path_factory.mktemp("vllm_qwen2")), hidden=128)  # head_dim 32: vLLM CPU's minimum
-    rollout = build(model_dir)  # load_format=dummy: nothing real until the first sync
     model = load_causal_lm(model_dir).eval()
+    # The model's generation_config names as EOS a token greedy decoding emits: only the stop ids rlcore passes may
+    # end a response (rollout.ignore_eos passes none), so no test below may see it stop there.
+    config = GenerationConfig.from_pretrained(model_dir)
+    config.eos_token_id = int(hf_greedy(model, IDS, MASK, 1)[0, 0])
+    config.save_pretrained(model_dir)
+    rollout = build(model_dir)  # load_format=dummy: nothing real until the first sync
     rollout.update_weights(model.state_dict().items())
     return rollout, model
 
@@ -57,7 +63,7 @@ def qwen(tmp_path_factory):
 def test_greedy_equals_hf_and_log_probs_match_training_forward(qwen):
     rollout, model = qwen
     out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
-    assert out.response_mask.all()  # no stop ids: every row runs to max_tokens
+    assert out.response_mask.all()  # no stop ids: every row runs to max_tokens, past the generation_config's EOS
     assert torch.equal(out.responses, hf_greedy(model, IDS, MASK, 8))
     torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=1e-5, rtol=0)
 
