@@ -89,6 +89,8 @@ bench: $(STAMP)
 	$(PY) bench/megatron_layouts.py $(if $(BENCH_QUICK),--reps 1)
 	$(PY) bench/weight_sync.py
 	$(PY) bench/rollout.py
+	$(MAKE) vllm-env
+	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) bench/rollout_vllm.py
 	test -x .cache/trl_venv/bin/python || bash bench/vs_trl/setup_trl_venv.sh .cache/trl_venv
 	$(PY) bench/vs_trl.py $(if $(BENCH_QUICK),--steps 6 --runs 1)
 
