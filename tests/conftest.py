@@ -51,7 +51,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="vLLM is not installed here: `make test-vllm` runs these in .cache/vllm_venv")
     for item in items:
-        if "vllm" in item.keywords:
+        if item.get_closest_marker("vllm"):
             item.add_marker(skip)
 
 

@@ -140,10 +140,10 @@ class VLLMRollout(RolloutEngine):
             logprobs_mode="processed_logprobs",
         )
         if dist.is_initialized():
-            # external_launcher reads the torchrun variables; mp.spawn'd ranks do not set them.
-            if int(os.environ.setdefault("RANK", str(rank))) != rank:
-                raise RuntimeError(f"environment RANK={os.environ['RANK']} differs from the process group's rank {rank}")
-            os.environ.setdefault("LOCAL_RANK", str(rank))
+            # external_launcher reads the torchrun variables. mp.spawn'd ranks do not set them, and may inherit a
+            # parent's RANK (a lone engine in the parent sets it): the process group's rank is the truth.
+            os.environ["RANK"] = str(rank)
+            os.environ.setdefault("LOCAL_RANK", str(rank))  # torchrun / Ray set it; it picks the CUDA device
             args["distributed_executor_backend"] = "external_launcher"
         elif self.tp > 1:
             raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.tp} needs a process group of trainer ranks")
