@@ -139,31 +139,42 @@ class VLLMRollout(RolloutEngine):
             # the temperature. Top-k/top-p masking is included too, as in the native engine.
             logprobs_mode="processed_logprobs",
         )
-        if dist.is_initialized():
-            # external_launcher reads the torchrun variables. mp.spawn'd ranks do not set them, and may inherit a
-            # parent's RANK (a lone engine in the parent sets it): the process group's rank is the truth.
-            os.environ["RANK"] = str(rank)
-            os.environ.setdefault("LOCAL_RANK", str(rank))  # torchrun / Ray set it; it picks the CUDA device
-            args["distributed_executor_backend"] = "external_launcher"
-        elif self.tp > 1:
-            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.tp} needs a process group of trainer ranks")
+        args.update(self._launcher_args(rank))
         hf_config = self._hf_config(model_path, override_config)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        if device.type == "cuda":
-            args.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
-        else:
-            check_cpu_head_dim(hf_config)
-            need = kv_bytes_per_token(hf_config, to_torch_dtype(dtype), self.tp)
-            max_len = max_model_len or hf_config.max_position_embeddings
-            kv_bytes = kv_bytes or need * max_num_seqs * (max_len + KV_BLOCK_SLACK_TOKENS)
-        if kv_bytes is not None:
-            args["kv_cache_memory_bytes"] = int(kv_bytes)
+        args.update(self._memory_args(hf_config, dtype, gpu_memory_utilization, max_model_len, max_num_seqs, kv_bytes))
         args.update(engine_kwargs)  # the user's engine arguments win
         with _KeepRNGAndThreads():
             self.llm = vllm.LLM(**args)
         self.sleep()  # dummy weights are worthless; the first sync loads real ones
         self._sampling_cls = vllm.SamplingParams
         self.stats: dict[str, int] = {}
+
+    def _launcher_args(self, rank: int) -> dict:
+        if not dist.is_initialized():
+            if self.tp > 1:
+                raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.tp} needs a process group of trainer ranks")
+            return {}  # a lone process: vLLM's uniprocess executor
+        # external_launcher reads the torchrun variables. mp.spawn'd ranks do not set them, and may inherit a parent's
+        # RANK (a lone engine in the parent sets it): the process group's rank is the truth.
+        os.environ["RANK"] = str(rank)
+        os.environ.setdefault("LOCAL_RANK", str(rank))  # torchrun / Ray set it; it picks the CUDA device
+        return {"distributed_executor_backend": "external_launcher"}
+
+    def _memory_args(self, hf_config, dtype: str, gpu_memory_utilization: float, max_model_len: int | None, max_num_seqs: int,
+                     kv_bytes: int | None) -> dict:
+        """CUDA: a device fraction and sleep mode. CPU: an explicit KV budget, by default what max_num_seqs sequences
+        of max_model_len tokens need (vLLM's CPU default would reserve gpu_memory_utilization of the machine's RAM)."""
+        if self.device.type == "cuda":
+            args = dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        else:
+            check_cpu_head_dim(hf_config)
+            max_len = max_model_len or hf_config.max_position_embeddings
+            kv_bytes = kv_bytes or kv_bytes_per_token(hf_config, to_torch_dtype(dtype), self.tp) * max_num_seqs * (max_len + KV_BLOCK_SLACK_TOKENS)
+            args = {}
+        if kv_bytes is not None:
+            args["kv_cache_memory_bytes"] = int(kv_bytes)
+        return args
 
     @staticmethod
     def _hf_config(model_path: str, override_config: dict | None):
