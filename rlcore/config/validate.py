@@ -21,7 +21,7 @@ from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_b
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import check_megatron, check_same_layout
 from rlcore.config.validate_reward_model import check_reward_model
-from rlcore.config.validate_rollout import check_native_rollout
+from rlcore.config.validate_rollout import check_native_rollout, check_vllm_rollout
 from rlcore.config.validate_rollout_corr import check_rollout_correction
 
 ARR = "actor_rollout_ref"
@@ -233,9 +233,7 @@ def _check_unsupported(c: _Checker) -> None:
     key = "critic.ulysses_sequence_parallel_size"
     if uses_critic(c.cfg) and c.get(key) > 1:
         c.error(f"{key}={c.get(key)} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
-    if c.get(f"{ARR}.rollout.name") == "vllm" and c.get("trainer.device") == "cpu":
-        c.error(f"{ARR}.rollout.name=vllm needs trainer.device=cuda (vLLM does not run on CPU); "
-                f"use {ARR}.rollout.name=native")
+    check_vllm_rollout(c)
     for key in (f"{ARR}.rollout.multi_turn.enable", f"{ARR}.rollout.multi_turn.tool_config_path"):
         if c.get(key):
             c.error(f"{key}={c.get(key)} (multi-turn rollouts with tools) is not supported yet by rlcore; generation is "

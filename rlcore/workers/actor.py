@@ -76,6 +76,11 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
         elif on_policy:  # not in the loss: the batch's token mean, as the skipped old-log-prob pass would report it
             token_mean = agg_loss(outputs["entropy"].detach(), mask, "token-mean", counts[0], counts[1], dp_size)
             metrics["actor/entropy"] = token_mean.item()
+        if on_policy and "rollout_log_probs" in b:
+            # The rollout engine's log-probs of the tokens it sampled against this forward's (same weights): a
+            # diverging engine (wrong weights, temperature or kernels) shows here, though the loss uses its own.
+            gap = (log_prob.detach() - b["rollout_log_probs"]).abs()
+            metrics["rollout/log_prob_abs_diff"] = agg_loss(gap, mask, "token-mean", counts[0], counts[1], dp_size).item()
         if actor_cfg.use_kl_loss:
             kl_loss = agg(kl_penalty(log_prob, b["ref_log_prob"], actor_cfg.kl_loss_type))
             loss = loss + actor_cfg.kl_loss_coef * kl_loss

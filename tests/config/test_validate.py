@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -183,7 +184,6 @@ def test_mini_batch_suggestions_satisfy_every_rule():
     (f"{ARR}.rollout.multi_turn.tool_config_path=tools.yaml", "tool_config_path=tools.yaml (multi-turn rollouts with tools) "
      "is not supported yet"),
     (f"{ARR}.actor.fsdp_config.dtype=half", f"{ARR}.actor.fsdp_config.dtype=half is not one of"),
-    (f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.name=vllm needs trainer.device=cuda"),
     (f"{ARR}.rollout.max_num_seqs=4", f"{ARR}.rollout.max_num_seqs=4 is fewer than {ARR}.rollout.n=8: the native engine "
      f"decodes a prompt's n samples together; use {ARR}.rollout.max_num_seqs=256"),
     (f"{ARR}.rollout.max_num_batched_tokens=0", f"{ARR}.rollout.max_num_batched_tokens=0 must be >= 1"),
@@ -195,6 +195,18 @@ def test_single_violation(override, fragment):
     extra = [f"{ARR}.actor.ppo_max_token_len_per_gpu=10"] if "use_dynamic_bsz" in override else []
     messages = _errors([override] + extra, recipe="tiny_cpu")
     assert any(fragment in m for m in messages), messages
+
+
+def test_vllm_on_cpu_is_accepted_where_vllm_is_installed_else_says_what_to_install():
+    vllm = [f"{ARR}.rollout.name=vllm"]
+    if importlib.util.find_spec("vllm") is None:
+        messages = _errors(vllm, recipe="tiny_cpu")
+        assert len(messages) == 1 and "`make vllm-env`" in messages[0] and f"{ARR}.rollout.name=native" in messages[0], messages
+    else:
+        assert validate_config(_cfg(vllm, "tiny_cpu")).samples_per_step == 256
+    bad_budget = f"+{ARR}.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=-1"
+    assert any("engine_kwargs.vllm.kv_cache_memory_bytes=-1 must be a positive byte count" in m
+               for m in _errors(vllm + [bad_budget], recipe="tiny_cpu"))
 
 
 CRITIC = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=32", "critic.forward_micro_batch_size_per_gpu=64"]

@@ -1,16 +1,149 @@
-"""vLLM cannot run on a CPU-only machine; what is testable here is that choosing it fails clearly."""
+"""The vLLM adapter on vLLM's CPU build, run for real (no mocks): weights pushed through `update_weights` give the HF
+model's greedy tokens and the training forward's log-probs. Tests marked `vllm` are skipped where vLLM is not
+importable; `make test-vllm` runs them in .cache/vllm_venv. The 2-rank tests are in test_vllm_dist.py."""
 
 import importlib.util
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
+from rlcore.models.hf import load_causal_lm
+from rlcore.models.logits import gather_log_probs, response_logits
+from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
+from conftest import build_tiny_llama_dir, build_tiny_model_dir
+
+EOS = 1
+IDS = torch.tensor([[0, 0, 7, 8, 9], [10, 11, 12, 13, 14], [0, 20, 21, 22, 23]])
+MASK = (IDS != 0).long()
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_process_group():
+    """Overrides conftest's teardown: a lone vLLM engine (uniprocess executor) owns a world-1 default process group
+    for the life of the module's engine; destroying it between tests would break vLLM's own shutdown."""
+    yield
+
+
+def build(model_dir: str, **kwargs):
+    return build_rollout("vllm", model_path=model_dir, pad_token_id=0, device=torch.device("cpu"), dtype="float32", seed=0,
+                         max_model_len=64, max_num_seqs=32, enforce_eager=True, **kwargs)
+
+
+def hf_greedy(model, ids: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False, pad_token_id=0,
+                         eos_token_id=None)
+    return out[:, ids.shape[1]:]
+
+
+def training_log_probs(model, ids, mask, out, temperature: float = 1.0) -> torch.Tensor:
+    """What the trainer computes for the sampled tokens: log softmax(logits / temperature) on the assembled batch."""
+    seq = assemble_sequences(ids, mask, out)
+    with torch.no_grad():
+        logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
+    return gather_log_probs(response_logits(logits, out.responses.shape[1], temperature), out.responses) * out.response_mask
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    model_dir = build_tiny_model_dir(str(tmp_path_factory.mktemp("vllm_qwen2")), hidden=128)  # head_dim 32: vLLM CPU's minimum
+    model = load_causal_lm(model_dir).eval()
+    # The model's generation_config names as EOS a token greedy decoding emits: only the stop ids rlcore passes may
+    # end a response (rollout.ignore_eos passes none), so no test below may see it stop there.
+    config = GenerationConfig.from_pretrained(model_dir)
+    config.eos_token_id = int(hf_greedy(model, IDS, MASK, 1)[0, 0])
+    config.save_pretrained(model_dir)
+    rollout = build(model_dir)  # load_format=dummy: nothing real until the first sync
+    rollout.update_weights(model.state_dict().items())
+    return rollout, model
+
+
+@pytest.mark.vllm
+def test_greedy_equals_hf_and_log_probs_match_training_forward(qwen):
+    rollout, model = qwen
+    out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
+    assert out.response_mask.all()  # no stop ids: every row runs to max_tokens, past the generation_config's EOS
+    assert torch.equal(out.responses, hf_greedy(model, IDS, MASK, 8))
+    torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=1e-5, rtol=0)
+
+
+@pytest.mark.vllm
+def test_sampled_log_probs_are_temperature_scaled_like_training_and_stop_ids_end_rows(qwen):
+    rollout, model = qwen
+    free = rollout.generate(IDS.repeat(8, 1), MASK.repeat(8, 1), SamplingParams(max_tokens=8, temperature=0.7, seed=5))
+    stop = int(free.responses.flatten().mode().values)  # the most sampled token: some rows must stop on it
+    sampling = SamplingParams(max_tokens=8, temperature=0.7, stop_token_ids=[EOS, stop], seed=5)
+    out = rollout.generate(IDS.repeat(8, 1), MASK.repeat(8, 1), sampling)
+    torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS.repeat(8, 1), MASK.repeat(8, 1), out, 0.7),
+                               atol=1e-5, rtol=0)
+    lengths = out.response_mask.sum(-1)
+    assert (lengths < 8).any()
+    for row, n in zip(out.responses, lengths):
+        assert (row[n:] == 0).all()
+        assert not torch.isin(row[: n - 1], torch.tensor([EOS, stop])).any()  # a stop id only as the last token
+
+
+@pytest.mark.vllm
+def test_samples_of_a_prompt_differ_and_seeds_reproduce(qwen):
+    rollout, _ = qwen
+    ids, mask = IDS[1:2].repeat(8, 1), MASK[1:2].repeat(8, 1)  # one prompt's n=8 samples, as the trainer sends them
+    sampling = SamplingParams(max_tokens=6, temperature=1.0)
+    first = rollout.generate(ids, mask, sampling).responses
+    assert len({tuple(r) for r in first.tolist()}) > 4  # identical rows get distinct seeds
+    assert not torch.equal(first, rollout.generate(ids, mask, sampling).responses)  # the next call draws fresh ones
+    seeded = SamplingParams(max_tokens=6, temperature=1.0, seed=11)
+    assert torch.equal(rollout.generate(ids, mask, seeded).responses, rollout.generate(ids, mask, seeded).responses)
+    state = rollout.state_dict()  # a resumed run continues the seed sequence exactly
+    again = rollout.generate(ids, mask, sampling).responses
+    rollout.load_state_dict(state)
+    assert torch.equal(rollout.generate(ids, mask, sampling).responses, again)
+
+
+@pytest.mark.vllm
+def test_a_second_sync_replaces_the_weights(qwen, tmp_path):
+    rollout, model = qwen
+    before = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False)).responses
+    perturbed = load_causal_lm(build_tiny_model_dir(str(tmp_path / "other"), seed=3, hidden=128)).eval()
+    rollout.wake_up(["weights"])
+    rollout.update_weights(perturbed.state_dict().items())
+    rollout.wake_up(["kv_cache"])  # drops cached prefixes computed by the old weights
+    out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
+    assert not torch.equal(out.responses, before)
+    assert torch.equal(out.responses, hf_greedy(perturbed, IDS, MASK, 8))
+    torch.testing.assert_close(out.response_log_probs, training_log_probs(perturbed, IDS, MASK, out), atol=1e-5, rtol=0)
+    rollout.update_weights(model.state_dict().items())  # back, for the module's other tests
+    rollout.wake_up(["kv_cache"])
+    assert torch.equal(rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False)).responses, before)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("with_lm_head", [True, False])
+def test_tied_llama_with_or_without_lm_head_in_the_stream(tmp_path, with_lm_head):
+    """A tied model's lm_head.weight is the embedding: vLLM skips it when it arrives, and the training engine may
+    leave it out of the stream; either way the logits come from the synced embedding."""
+    model_dir = build_tiny_llama_dir(str(tmp_path / "llama"), layers=2, hidden=128, heads=4)
+    model = load_causal_lm(model_dir).eval()
+    weights = dict(model.state_dict())
+    assert "lm_head.weight" in weights
+    if not with_lm_head:
+        del weights["lm_head.weight"]
+    rollout = build(model_dir)
+    rollout.update_weights(weights.items())
+    out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
+    assert torch.equal(out.responses, hf_greedy(model, IDS, MASK, 8))
+    torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=1e-5, rtol=0)
+
+
+@pytest.mark.vllm
+def test_a_head_dim_without_a_cpu_kernel_is_refused_before_building(tiny_model_dir):
+    with pytest.raises(ValueError, match=r"head_dim=16 has no vLLM CPU attention kernel.*rollout.name=native"):
+        build(tiny_model_dir)  # hidden 64 / 4 heads
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the missing-extra path does not apply")
 def test_missing_vllm_says_what_to_install(tiny_model_dir):
-    with pytest.raises(ImportError, match=r"pip install 'rlcore\[vllm\]'.*rollout.name=native"):
+    with pytest.raises(ImportError, match=r"make vllm-env.*rollout.name=native"):
         build_rollout("vllm", model_path=tiny_model_dir, pad_token_id=0, device=torch.device("cpu"))
 
 

@@ -113,12 +113,16 @@ def test_an_on_policy_update_without_the_old_log_prob_pass_is_the_same_update(ti
             mask = batch.batch["response_mask"]
             pass_entropy = ((old.batch["entropys"] * mask).sum() / mask.sum()).item()
             batch.batch["old_log_probs"] = old.batch["log_probs"]
+        else:  # what a rollout engine returned for its samples: here 0.25 off the update's own log-probs per token
+            batch.batch["rollout_log_probs"] = (old.batch["log_probs"] + 0.25) * batch.batch["response_mask"]
         metrics = update_policy(engine, batch, cfg, MicroBatchSpec(rows=3), rollout_n=2, temperature=1.0)
         results.append((metrics, [p.full_tensor().clone() for p in engine.model.parameters()]))
     (with_metrics, with_weights), (without_metrics, without_weights) = results
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/ppo_kl", "actor/pg_clipfrac"):
         assert without_metrics[key] == pytest.approx(with_metrics[key], abs=1e-6), key
     assert without_metrics["actor/ppo_kl"] == 0.0 and without_metrics["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
+    assert "rollout/log_prob_abs_diff" not in with_metrics
+    assert without_metrics["rollout/log_prob_abs_diff"] == pytest.approx(0.25, abs=1e-5)  # token mean over the mini-batch
     assert without_metrics["actor/grad_norm"] == pytest.approx(with_metrics["actor/grad_norm"], rel=1e-5)
     assert without_metrics["actor/entropy"] == pytest.approx(pass_entropy if entropy_coeff == 0 else with_metrics["actor/entropy"], rel=1e-5)
     for a, b in zip(with_weights, without_weights):

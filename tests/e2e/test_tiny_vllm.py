@@ -1,0 +1,38 @@
+"""The demo with vLLM as the rollout engine (`actor_rollout_ref.rollout.name=vllm`, vLLM's CPU build): through Ray,
+2 FSDP2 ranks each feeding its own vLLM engine (DP2 x TP1), GRPO raises held-out accuracy from the SFT warm-start."""
+
+import numpy as np
+import pytest
+
+from test_tiny_learns import train_demo
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+STEPS = 100
+
+
+def test_grpo_with_vllm_rollouts_raises_held_out_accuracy(demo_assets, tmp_path):
+    # enforce_eager: vLLM's CPU graph compilation buys nothing for a 0.55M model and costs start-up time.
+    val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu", STEPS, "actor_rollout_ref.rollout.name=vllm",
+                           "actor_rollout_ref.rollout.enforce_eager=true")
+    scores = [r["critic/score/mean"] for r in rows]
+    print(f"vLLM rollouts: val accuracy {val[0]:.3f} -> {val[-1]:.3f}; train reward {np.mean(scores[:10]):.3f} -> "
+          f"{np.mean(scores[-10:]):.3f}")
+    assert all(r["rollout/requests"] == 128 for r in rows)  # 32 prompts x 8 samples over 2 replicas: the engine ran
+    assert max(r["rollout/log_prob_abs_diff"] for r in rows) < 1e-4  # vLLM's log-probs are the update's own
+    # 500 held-out problems: +-2 points of sampling noise. Measured with vLLM rollouts (2-core AVX-512 machine, one
+    # run of 150 steps): 0.276 -> 0.376 at step 50, 0.438 at 100, 0.424 at 150; the native engine's 50-step test
+    # measures +10-15 points.
+    assert val[-1] > val[0] + 0.10
+    assert np.mean(scores[-10:]) > np.mean(scores[:10])
+
+
+def test_lora_with_vllm_rollouts_syncs_merged_weights_and_learns(demo_assets, tmp_path):
+    """LoRA: vLLM gets the merged weights (W + scaling * B @ A), all of them every step (keeps_weights=False)."""
+    val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu_lora", 30, "actor_rollout_ref.rollout.name=vllm",
+                           "actor_rollout_ref.rollout.enforce_eager=true")
+    print(f"LoRA + vLLM: val accuracy {val[0]:.3f} -> {val[-1]:.3f}")
+    assert len({r["rollout/weights_synced"] for r in rows}) == 1  # every sync sends every weight
+    # The merged weights are the actor's: vLLM's log-probs are the update's own (measured ~7e-7).
+    assert max(r["rollout/log_prob_abs_diff"] for r in rows) < 1e-4
+    # Measured: 0.276 -> 0.396 after 30 steps (lr 1e-3, one run).
+    assert val[-1] > val[0] + 0.05
