@@ -11,6 +11,7 @@ from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
+from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
 from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, decode_mask, prefill_mask, slots_for_budget
 
 
@@ -61,11 +62,15 @@ class NativeRollout(RolloutEngine):
     all their samples (at most `max_num_seqs` sequences decode at once, and a prefill admits at most
     `max_num_batched_tokens` prompt tokens), finished sequences leave at once and free their slots for the next
     group. The pool is sized from `kv_cache_memory_bytes` when given, else on CUDA from `gpu_memory_utilization`
-    x device memory less what the process already holds, else (CPU) only by `max_num_seqs`."""
+    x device memory less what the process already holds, else (CPU) only by `max_num_seqs`.
+
+    On CUDA, unless `enforce_eager`, a fusable model's decode step runs as CUDA graphs captured per bucketed batch
+    size (`cudagraph_capture_sizes`, default 1, 2, 4, 8, 16, ... max_num_seqs; rollout/graphs.py)."""
 
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None) -> None:
+                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None,
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None) -> None:
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy)."""
         self.device = device
         self.pad_token_id = pad_token_id
@@ -87,6 +92,11 @@ class NativeRollout(RolloutEngine):
         dtype_ = next(self.model.parameters()).dtype
         self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
         self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running
+        # Graphs need the fused decoder (the HF-module path builds masks and caches in Python each step) and CUDA.
+        self.graphs: DecodeGraphs | None = None
+        if self.decoder is not None and device.type == "cuda" and not enforce_eager:
+            sizes = cudagraph_capture_sizes or default_capture_sizes(max_num_seqs)
+            self.graphs = DecodeGraphs(self.decoder, self.pool, self.model.config.vocab_size, sizes, capture=True)
 
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -206,6 +216,14 @@ class NativeRollout(RolloutEngine):
 
     def _decode(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One token per running slot `[0, rows)`, written at `pos`; returns the next-token logits."""
+        if self.graphs is not None:
+            logits = self.graphs.decode(token, pos, lambda: self._eager_decode(token, pos))
+            if logits is not None:
+                return logits
+        return self._eager_decode(token, pos)
+
+    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Attends over the longest running sequence only: the cheapest eager shape, at one host sync per step."""
         rows, kv_len = len(token), int(pos.max()) + 1
         start = self.pool.start[:rows]
         cache = SlotCache(self.pool, 0, rows, positions=pos, kv_len=kv_len)
