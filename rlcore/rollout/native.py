@@ -51,7 +51,10 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch
         return tokens, torch.gather(logits.log_softmax(-1), -1, tokens[:, None]).squeeze(-1)
     logits = filter_logits(logits / sampling.temperature, sampling.top_k, sampling.top_p)
     log_probs = logits.log_softmax(-1)
-    tokens = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+    # torch.multinomial's own one-sample path (argmax of p / Exponential(1) noise: the same tokens for the same
+    # generator state), minus its validity check, which reads a device value back to the host every step.
+    noise = torch.empty_like(log_probs).exponential_(1, generator=generator)
+    tokens = (log_probs.exp() / noise).argmax(-1)
     return tokens, torch.gather(log_probs, -1, tokens[:, None]).squeeze(-1)
 
 
@@ -89,6 +92,9 @@ class NativeRollout(RolloutEngine):
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.gpu_memory_utilization, self.kv_cache_memory_bytes = gpu_memory_utilization, kv_cache_memory_bytes
         self.max_model_len = max_model_len  # prompt + response tokens: what wake_up sizes the pool for
+        # Decode steps between checks for finished rows: each check is a host sync, free on CPU (where a finished
+        # row's extra steps are not), a stall of the launch queue on CUDA.
+        self.finish_check_every = 1 if device.type == "cpu" else 4
         dtype_ = next(self.model.parameters()).dtype
         self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
         self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running
@@ -148,14 +154,18 @@ class NativeRollout(RolloutEngine):
         pool = self.pool
         if not (pool.keys and pool.max_len >= prompt_len + max_tokens and pool.num_slots >= n):  # else: the pool wake_up made
             pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
-        responses = torch.full((batch, max_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
-        log_probs = torch.zeros(batch, max_tokens, device=self.device)
-        alive = torch.zeros(batch, max_tokens, dtype=torch.bool, device=self.device)
-        # Slot i of the running batch: request row `req[i]`, `steps[i]` tokens sampled, next KV write at `pos[i]`.
+        # Column `max_tokens` is a spare: rows that finished since the last check write there, and it is dropped.
+        responses = torch.full((batch, max_tokens + 1), self.pad_token_id, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros(batch, max_tokens + 1, device=self.device)
+        alive = torch.zeros(batch, max_tokens + 1, dtype=torch.bool, device=self.device)
+        # Slot i of the running batch: request row `req[i]`, `steps[i]` tokens sampled, next KV write at `pos[i]`,
+        # `done[i]` finished but not yet compacted away.
         waiting = deque(range(0, batch, n))  # first row of each waiting group
         req = steps = pos = torch.zeros(0, dtype=torch.long, device=self.device)
+        done = torch.zeros(0, dtype=torch.bool, device=self.device)
         logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0}
+        num_steps = 0
         while waiting or len(req):
             admitted = self._admit(waiting, len(req), n, prompt_len)
             if admitted:
@@ -163,18 +173,24 @@ class NativeRollout(RolloutEngine):
                 rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
                 req, steps = torch.cat([req, rows]), torch.cat([steps, torch.zeros_like(rows)])
                 pos, logits = torch.cat([pos, new_pos]), torch.cat([logits, new_logits])
+                done = torch.cat([done, torch.zeros_like(rows, dtype=torch.bool)])
                 self.stats["prefills"] += 1
                 self.stats["peak_running"] = max(self.stats["peak_running"], len(req))
             token, log_prob = sample_next(logits, sampling, generator)
-            responses[req, steps], log_probs[req, steps], alive[req, steps] = token, log_prob.float(), True
-            steps = steps + 1
-            done = torch.isin(token, stop_ids) | (steps == max_tokens)
-            if bool(done.any()):  # finished sequences leave the batch; the last running slots fill their holes
-                keep = self._compact(done, int(pos.max()))
-                req, steps, pos, token = req[keep], steps[keep], pos[keep], token[keep]
+            column = steps.masked_fill(done, max_tokens)
+            responses[req, column], log_probs[req, column], alive[req, column] = token, log_prob.float(), True
+            steps = steps + (~done).long()
+            done = done | torch.isin(token, stop_ids) | (steps == max_tokens)
+            num_steps += 1
+            # Asking whether a row finished reads a device value on the host; on CUDA only every few steps, so the
+            # host can queue steps ahead (finished rows decode a few more tokens into the spare column meanwhile).
+            if num_steps % self.finish_check_every == 0 and bool(done.any()):
+                keep = self._compact(done, int(pos.max()))  # the last running slots fill the finished ones' holes
+                req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
             logits = self._decode(token, pos) if len(req) else logits[:0]
-            pos = pos + 1
-        return RolloutOutput(responses=responses.cpu(), response_log_probs=log_probs.cpu(), response_mask=alive.long().cpu())
+            pos = (pos + 1).clamp_(max=pool.max_len - 1)  # only a finished row's extra steps reach the end of its slot
+        return RolloutOutput(responses=responses[:, :max_tokens].cpu(), response_log_probs=log_probs[:, :max_tokens].cpu(),
+                             response_mask=alive[:, :max_tokens].long().cpu())
 
     def _admit(self, waiting: deque, running: int, n: int, prompt_len: int) -> list[int]:
         """Groups that join now: all n samples need a free slot, and the prefill stays within the token budget

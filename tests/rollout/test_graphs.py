@@ -134,3 +134,16 @@ def test_graphs_only_on_cuda_and_not_when_eager_is_enforced(tiny_model_dir):
     assert NativeRollout(tiny_model_dir, pad_token_id=0, device=torch.device("cpu")).graphs is None
     model = load_causal_lm(tiny_model_dir)
     assert NativeRollout(None, pad_token_id=0, device=torch.device("cpu"), model=model).decoder is None  # a model passed in
+
+
+def test_static_decode_with_a_lagged_finish_check_as_on_cuda(model_dir):
+    """CUDA's combination: graphs, and finished rows decoding on (to their slot's last position) until the next check."""
+    ids, mask = batch()
+    greedy = SamplingParams(max_tokens=12, do_sample=False, stop_token_ids=list(range(6, 16)))
+    static = engine(model_dir, static=True)
+    static.graphs.verified = set(SIZES) | {12}
+    static.finish_check_every = 4
+    out = static.generate(ids, mask, greedy)
+    expected = engine(model_dir, static=False).generate(ids, mask, greedy)
+    assert not static.graphs.disabled and torch.equal(out.responses, expected.responses)
+    torch.testing.assert_close(out.response_log_probs, expected.response_log_probs, atol=1e-5, rtol=1e-5)
