@@ -50,6 +50,7 @@ class DecodeGraphs:
         self.disabled = False  # set once, by the safety net: this engine decodes eagerly from then on
         self.verified: set[int] = set()  # buckets whose replay matched the eager decode (kept across re-captures)
         self.graphs: dict[int, Callable[[], None]] = {}  # bucket -> replay
+        self.num_captures = 0  # over the engine's life: a rollout's share shows what re-capturing costs
         self._pool_key: tuple | None = None
         self._mempool = None  # one private memory pool shared by every bucket's graph (they never run at once)
 
@@ -68,6 +69,7 @@ class DecodeGraphs:
         if size not in self.graphs:
             try:
                 self.graphs[size] = self._capture(size)
+                self.num_captures += 1
             except Exception as err:  # noqa: BLE001 - any capture failure means: decode eagerly, loudly
                 return self._give_up(f"capturing the decode step for batch {size} raised {type(err).__name__}: {err}", eager)
         if size in self.verified:

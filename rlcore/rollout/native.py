@@ -97,7 +97,7 @@ class NativeRollout(RolloutEngine):
         self.finish_check_every = 1 if device.type == "cpu" else 4
         dtype_ = next(self.model.parameters()).dtype
         self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
-        self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running
+        self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running (graph_captures on CUDA)
         # Graphs need the fused decoder (the HF-module path builds masks and caches in Python each step) and CUDA.
         self.graphs: DecodeGraphs | None = None
         if self.decoder is not None and device.type == "cuda" and not enforce_eager:
@@ -165,7 +165,7 @@ class NativeRollout(RolloutEngine):
         done = torch.zeros(0, dtype=torch.bool, device=self.device)
         logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0}
-        num_steps = 0
+        num_steps, captures_before = 0, self.graphs.num_captures if self.graphs is not None else 0
         while waiting or len(req):
             admitted = self._admit(waiting, len(req), n, prompt_len)
             if admitted:
@@ -189,6 +189,8 @@ class NativeRollout(RolloutEngine):
                 req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
             logits = self._decode(token, pos) if len(req) else logits[:0]
             pos = (pos + 1).clamp_(max=pool.max_len - 1)  # only a finished row's extra steps reach the end of its slot
+        if self.graphs is not None:
+            self.stats["graph_captures"] = self.graphs.num_captures - captures_before
         return RolloutOutput(responses=responses[:, :max_tokens].cpu(), response_log_probs=log_probs[:, :max_tokens].cpu(),
                              response_mask=alive[:, :max_tokens].long().cpu())
 

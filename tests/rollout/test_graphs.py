@@ -89,7 +89,9 @@ def test_a_new_pool_drops_the_graphs_and_the_same_pool_keeps_them(model_dir):
     graphs = static.graphs
     kept = dict(graphs.graphs)
     assert kept and graphs.out.shape[0] == static.pool.num_slots == 4
+    assert static.stats["graph_captures"] == len(kept)
     static.generate(ids, mask, SamplingParams(max_tokens=4, do_sample=False))  # the pool is kept: same graphs
+    assert static.stats["graph_captures"] == 0
     assert all(graphs.graphs[size] is replay for size, replay in kept.items())
     static.sleep()
     static.pool.acquire(6, 32)  # another shape, as wake_up with another budget would allocate
