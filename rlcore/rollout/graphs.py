@@ -53,6 +53,7 @@ class DecodeGraphs:
         self.num_captures = 0  # over the engine's life: a rollout's share shows what re-capturing costs
         self._pool_key: tuple | None = None
         self._mempool = None  # one private memory pool shared by every bucket's graph (they never run at once)
+        self._stream = None  # the side stream graphs are captured on
 
     def bucket(self, rows: int) -> int | None:
         """The smallest size >= rows; sizes above the pool are clamped to it (a pool of 100 slots has a bucket 100)."""
@@ -124,16 +125,25 @@ class DecodeGraphs:
         """A replay function for bucket `size`: the captured graph's, or (capture=False) the static step itself."""
         if not self.capture:
             return lambda: self._step(size)
-        # Warm-up on a side stream first (torch's recipe): lazy initialisations (cuBLAS workspaces) must not
-        # happen inside the capture. It is a full decode step of the current inputs; the replay repeats it.
-        side = torch.cuda.Stream(self.pool.device)
-        side.wait_stream(torch.cuda.current_stream(self.pool.device))
-        with torch.cuda.stream(side):
-            self._step(size)
-        torch.cuda.current_stream(self.pool.device).wait_stream(side)
+        # Captures run on one side stream (capture is not allowed on the default stream); warm-up on it first, as
+        # torch's recipe says: lazy initialisations (cuBLAS workspaces) must not happen inside the capture. The warm-up
+        # is a full decode step of the current inputs; the replay repeats it.
+        device = self.pool.device
         if self._mempool is None:
-            self._mempool = torch.cuda.graph_pool_handle()
+            self._mempool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+        current = torch.cuda.current_stream(device)
+        self._stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool):
+        with torch.cuda.stream(self._stream):
             self._step(size)
+            # capture_begin/end rather than the torch.cuda.graph context, which empties the allocator's cache at every
+            # capture (cached blocks go back to the driver, to be cudaMalloc'ed again): ~35 buckets, captured again
+            # whenever the pool is new.
+            torch.cuda.synchronize(device)  # as torch.cuda.graph does: nothing of the warm-up still in flight
+            graph.capture_begin(pool=self._mempool)
+            try:
+                self._step(size)
+            finally:
+                graph.capture_end()
+        current.wait_stream(self._stream)
         return graph.replay
