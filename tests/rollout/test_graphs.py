@@ -17,9 +17,14 @@ pytestmark = pytest.mark.numerics
 SIZES = [1, 2, 4, 8, 16]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
+@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3"])
 def model_dir(request, tiny_model_dir, tmp_path_factory):
-    """Both GQA: qwen2 2 query heads per KV head with q/k/v biases, llama 4 per KV head and a tied head."""
+    """All GQA: qwen2 2 query heads per KV head with q/k/v biases, llama 4 per KV head and a tied head, qwen3 q/k norms."""
+    if request.param == "qwen3":
+        from rlcore.data.tokenizer import build_char_tokenizer
+        from rlcore.models.random_init import build_model_dir
+
+        return build_model_dir(str(tmp_path_factory.mktemp("qwen3")), "tiny-qwen3", build_char_tokenizer())
     return tiny_model_dir if request.param == "qwen2" else build_tiny_llama_dir(str(tmp_path_factory.mktemp("llama")))
 
 
