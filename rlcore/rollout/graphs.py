@@ -7,8 +7,9 @@ shapes and the same buffers every time. So the static step:
 - reads its inputs from persistent buffers `[num_slots]` (token, position, start), of which a bucket of size
   B >= rows uses the first B: the running slots are always `[0, rows)` (kv_pool's docstring), and padding rows
   `[rows, B)` are free slots, given token 0 at position 0 from start 0 (one unmasked key, so a finite softmax);
-- attends over the pool's whole `max_len` (masked by start and position) instead of the longest running sequence,
-  so no shape depends on a per-step value and nothing asks the device for one (`int(pos.max())` is a host sync);
+- attends over a fixed key length (masked by start and position): the host's bound of the longest running
+  sequence rounded up to a multiple of `kv_block` (at most the pool's `max_len`), so the key length is a bucket too
+  and nothing asks the device for it (`int(pos.max())` is a host sync); a graph per (batch, key-length) bucket;
 - writes its logits into a persistent output buffer `[num_slots, vocab]`.
 
 A captured graph holds the pool's addresses: a pool allocated anew (another shape, or after sleep/wake_up) drops
@@ -44,12 +45,13 @@ class DecodeGraphs:
     `rows` (the caller then decodes eagerly). `capture=False` runs the static step eagerly (CPU: graphs are
     CUDA-only, but the static maths and the bookkeeping are the same and tested there)."""
 
-    def __init__(self, decoder: Callable, pool: KVPool, vocab_size: int, sizes: list[int], capture: bool) -> None:
-        self.decoder, self.pool, self.vocab_size = decoder, pool, vocab_size
+    def __init__(self, decoder: Callable, pool: KVPool, vocab_size: int, sizes: list[int], capture: bool, kv_block: int = 256) -> None:
+        self.decoder, self.pool, self.vocab_size, self.kv_block = decoder, pool, vocab_size, kv_block
         self.sizes, self.capture = sorted(set(sizes)), capture
         self.disabled = False  # set once, by the safety net: this engine decodes eagerly from then on
-        self.verified: set[int] = set()  # buckets whose replay matched the eager decode (kept across re-captures)
-        self.graphs: dict[int, Callable[[], None]] = {}  # bucket -> replay
+        self.verified: set[tuple[int, int]] = set()  # buckets whose replay matched the eager decode (kept across re-captures)
+        self.check_first_replay = True  # tests turn it off to see every step take the static path
+        self.graphs: dict[tuple[int, int], Callable[[], None]] = {}  # (batch, key length) bucket -> replay
         self.num_captures = 0  # over the engine's life: a rollout's share shows what re-capturing costs
         self._pool_key: tuple | None = None
         self._mempool = None  # one private memory pool shared by every bucket's graph (they never run at once)
@@ -60,35 +62,40 @@ class DecodeGraphs:
         fits = [min(s, self.pool.num_slots) for s in self.sizes if min(s, self.pool.num_slots) >= rows]
         return min(fits) if fits else None
 
-    def decode(self, token: torch.Tensor, pos: torch.Tensor, eager: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+    def kv_bucket(self, kv_len: int) -> int:
+        return min(-(-kv_len // self.kv_block) * self.kv_block, self.pool.max_len)
+
+    def decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int, eager: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+        """`kv_len`: a bound the caller knows without a sync, > every row's position."""
         rows = len(token)
         size = None if self.disabled else self.bucket(rows)
         if size is None:
             return None
         self._follow_pool()
         self._fill_inputs(token, pos, size)
-        if size not in self.graphs:
+        key = (size, self.kv_bucket(kv_len))
+        if key not in self.graphs:
             try:
-                self.graphs[size] = self._capture(size)
+                self.graphs[key] = self._capture(*key)
                 self.num_captures += 1
             except Exception as err:  # noqa: BLE001 - any capture failure means: decode eagerly, loudly
                 return self._give_up(f"capturing the decode step for batch {size} raised {type(err).__name__}: {err}", eager)
-        if size in self.verified:
-            self.graphs[size]()
+        if key in self.verified or not self.check_first_replay:
+            self.graphs[key]()
             return self.out[:rows]  # overwritten by the next step: sampling consumes it first
-        return self._verify(size, rows, eager)
+        return self._verify(key, rows, eager)
 
-    def _verify(self, size: int, rows: int, eager: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+    def _verify(self, key: tuple[int, int], rows: int, eager: Callable[[], torch.Tensor]) -> torch.Tensor | None:
         """First replay of a bucket against the eager decode of the same step; the eager logits are returned (its
         KV write, the same step's, comes last)."""
-        self.graphs[size]()
+        self.graphs[key]()
         replayed = self.out[:rows].float().clone()
         expected = eager()
         error = float((replayed - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1.0))
         if not error <= replay_tolerance(expected.dtype):  # `not <=`: a NaN error fails too
-            self._give_up(f"the decode step for batch {size} differs from the eager decode by {error:.2e} (relative)", None)
+            self._give_up(f"the decode step for batch {key[0]} differs from the eager decode by {error:.2e} (relative)", None)
         else:
-            self.verified.add(size)
+            self.verified.add(key)
         return expected
 
     def _give_up(self, why: str, eager: Callable[[], torch.Tensor] | None) -> torch.Tensor | None:
@@ -115,16 +122,16 @@ class DecodeGraphs:
             buffer[:rows].copy_(value)
             buffer[rows:size].zero_()
 
-    def _step(self, size: int) -> None:
-        """The static decode step over slots `[0, size)`: every shape is fixed by `size` and the pool."""
-        token, pos, start, max_len = self.token[:size], self.pos[:size], self.start[:size], self.pool.max_len
-        cache = SlotCache(self.pool, 0, size, positions=pos, kv_len=max_len)
-        self.out[:size].copy_(self.decoder(token[:, None], (pos - start)[:, None], decode_mask(start, pos, max_len), cache))
+    def _step(self, size: int, kv_len: int) -> None:
+        """The static decode step over slots `[0, size)` and key positions `[0, kv_len)`: every shape is fixed."""
+        token, pos, start = self.token[:size], self.pos[:size], self.start[:size]
+        cache = SlotCache(self.pool, 0, size, positions=pos, kv_len=kv_len)
+        self.out[:size].copy_(self.decoder(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache))
 
-    def _capture(self, size: int) -> Callable[[], None]:
-        """A replay function for bucket `size`: the captured graph's, or (capture=False) the static step itself."""
+    def _capture(self, size: int, kv_len: int) -> Callable[[], None]:
+        """A replay function for bucket (size, kv_len): the captured graph's, or (capture=False) the static step."""
         if not self.capture:
-            return lambda: self._step(size)
+            return lambda: self._step(size, kv_len)
         # Captures run on one side stream (capture is not allowed on the default stream); warm-up on it first, as
         # torch's recipe says: lazy initialisations (cuBLAS workspaces) must not happen inside the capture. The warm-up
         # is a full decode step of the current inputs; the replay repeats it.
@@ -135,14 +142,14 @@ class DecodeGraphs:
         self._stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(self._stream):
-            self._step(size)
+            self._step(size, kv_len)
             # capture_begin/end rather than the torch.cuda.graph context, which empties the allocator's cache at every
             # capture (cached blocks go back to the driver, to be cudaMalloc'ed again): ~35 buckets, captured again
             # whenever the pool is new.
             torch.cuda.synchronize(device)  # as torch.cuda.graph does: nothing of the warm-up still in flight
             graph.capture_begin(pool=self._mempool)
             try:
-                self._step(size)
+                self._step(size, kv_len)
             finally:
                 graph.capture_end()
         current.wait_stream(self._stream)

@@ -166,6 +166,9 @@ class NativeRollout(RolloutEngine):
         logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0}
         num_steps, captures_before = 0, self.graphs.num_captures if self.graphs is not None else 0
+        # A host-side upper bound of pos.max(), exact after each check: how many key positions a decode step reads,
+        # known without asking the device.
+        max_pos = 0
         while waiting or len(req):
             admitted = self._admit(waiting, len(req), n, prompt_len)
             if admitted:
@@ -174,6 +177,7 @@ class NativeRollout(RolloutEngine):
                 req, steps = torch.cat([req, rows]), torch.cat([steps, torch.zeros_like(rows)])
                 pos, logits = torch.cat([pos, new_pos]), torch.cat([logits, new_logits])
                 done = torch.cat([done, torch.zeros_like(rows, dtype=torch.bool)])
+                max_pos = max(max_pos, prompt_len)  # a prefill's next position is <= prompt_len (no read-back)
                 self.stats["prefills"] += 1
                 self.stats["peak_running"] = max(self.stats["peak_running"], len(req))
             token, log_prob = sample_next(logits, sampling, generator)
@@ -184,11 +188,14 @@ class NativeRollout(RolloutEngine):
             num_steps += 1
             # Asking whether a row finished reads a device value on the host; on CUDA only every few steps, so the
             # host can queue steps ahead (finished rows decode a few more tokens into the spare column meanwhile).
-            if num_steps % self.finish_check_every == 0 and bool(done.any()):
-                keep = self._compact(done, int(pos.max()))  # the last running slots fill the finished ones' holes
-                req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
-            logits = self._decode(token, pos) if len(req) else logits[:0]
-            pos = (pos + 1).clamp_(max=pool.max_len - 1)  # only a finished row's extra steps reach the end of its slot
+            if num_steps % self.finish_check_every == 0:
+                any_done, max_pos = torch.stack([done.any().long(), pos.max()]).tolist()  # one read-back for both
+                if any_done:  # the last running slots fill the finished ones' holes
+                    keep = self._compact(done, max_pos)
+                    req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
+            logits = self._decode(token, pos, max_pos + 1) if len(req) else logits[:0]
+            # Only a finished row's extra steps reach the end of its slot.
+            pos, max_pos = (pos + 1).clamp_(max=pool.max_len - 1), min(max_pos + 1, pool.max_len - 1)
         if self.graphs is not None:
             self.stats["graph_captures"] = self.graphs.num_captures - captures_before
         return RolloutOutput(responses=responses[:, :max_tokens].cpu(), response_log_probs=log_probs[:, :max_tokens].cpu(),
@@ -232,17 +239,17 @@ class NativeRollout(RolloutEngine):
         order[holes] = movers
         return order
 
-    def _decode(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """One token per running slot `[0, rows)`, written at `pos`; returns the next-token logits."""
+    def _decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One token per running slot `[0, rows)`, written at `pos`, reading key positions `[0, kv_len)` (kv_len >
+        pos.max()); returns the next-token logits."""
         if self.graphs is not None:
-            logits = self.graphs.decode(token, pos, lambda: self._eager_decode(token, pos))
+            logits = self.graphs.decode(token, pos, kv_len, lambda: self._eager_decode(token, pos, kv_len))
             if logits is not None:
                 return logits
-        return self._eager_decode(token, pos)
+        return self._eager_decode(token, pos, kv_len)
 
-    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Attends over the longest running sequence only: the cheapest eager shape, at one host sync per step."""
-        rows, kv_len = len(token), int(pos.max()) + 1
+    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        rows = len(token)
         start = self.pool.start[:rows]
         cache = SlotCache(self.pool, 0, rows, positions=pos, kv_len=kv_len)
         return self._forward(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache)
