@@ -1,4 +1,4 @@
-"""The native engine's decode step at fixed shapes, captured in CUDA graphs per bucketed batch size.
+"""The native engine's decode step at fixed shapes, captured in CUDA graphs per bucketed batch size and key length.
 
 A decode step of a 0.5B model is ~700 small kernels; on an H100 launching them from Python costs ~20 ms while the
 GPU needs well under 1 ms. A CUDA graph replays the whole step with one launch, but only if the step has the same
@@ -41,7 +41,7 @@ def replay_tolerance(dtype: torch.dtype) -> float:
 
 
 class DecodeGraphs:
-    """`decode(token, pos, eager)` -> logits `[rows, vocab]` of one static decode step, or None when no bucket holds
+    """`decode(token, pos, kv_len, eager)` -> logits `[rows, vocab]` of one static decode step, or None when no bucket holds
     `rows` (the caller then decodes eagerly). `capture=False` runs the static step eagerly (CPU: graphs are
     CUDA-only, but the static maths and the bookkeeping are the same and tested there)."""
 
