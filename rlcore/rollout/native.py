@@ -11,6 +11,7 @@ from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
+from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
 from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, decode_mask, prefill_mask, slots_for_budget
 
 
@@ -50,7 +51,10 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch
         return tokens, torch.gather(logits.log_softmax(-1), -1, tokens[:, None]).squeeze(-1)
     logits = filter_logits(logits / sampling.temperature, sampling.top_k, sampling.top_p)
     log_probs = logits.log_softmax(-1)
-    tokens = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+    # torch.multinomial's own one-sample path (argmax of p / Exponential(1) noise: the same tokens for the same
+    # generator state), minus its validity check, which reads a device value back to the host every step.
+    noise = torch.empty_like(log_probs).exponential_(1, generator=generator)
+    tokens = (log_probs.exp() / noise).argmax(-1)
     return tokens, torch.gather(log_probs, -1, tokens[:, None]).squeeze(-1)
 
 
@@ -61,11 +65,15 @@ class NativeRollout(RolloutEngine):
     all their samples (at most `max_num_seqs` sequences decode at once, and a prefill admits at most
     `max_num_batched_tokens` prompt tokens), finished sequences leave at once and free their slots for the next
     group. The pool is sized from `kv_cache_memory_bytes` when given, else on CUDA from `gpu_memory_utilization`
-    x device memory less what the process already holds, else (CPU) only by `max_num_seqs`."""
+    x device memory less what the process already holds, else (CPU) only by `max_num_seqs`.
+
+    On CUDA, unless `enforce_eager`, a fusable model's decode step runs as CUDA graphs captured per bucketed batch
+    size (`cudagraph_capture_sizes`, default 1, 2, 4, 8, 16, ... max_num_seqs; rollout/graphs.py)."""
 
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None) -> None:
+                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None,
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None) -> None:
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy)."""
         self.device = device
         self.pad_token_id = pad_token_id
@@ -84,9 +92,17 @@ class NativeRollout(RolloutEngine):
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.gpu_memory_utilization, self.kv_cache_memory_bytes = gpu_memory_utilization, kv_cache_memory_bytes
         self.max_model_len = max_model_len  # prompt + response tokens: what wake_up sizes the pool for
+        # Decode steps between checks for finished rows: each check is a host sync, free on CPU (where a finished
+        # row's extra steps are not), a stall of the launch queue on CUDA.
+        self.finish_check_every = 1 if device.type == "cpu" else 4
         dtype_ = next(self.model.parameters()).dtype
         self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
-        self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running
+        self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running (graph_captures on CUDA)
+        # Graphs need the fused decoder (the HF-module path builds masks and caches in Python each step) and CUDA.
+        self.graphs: DecodeGraphs | None = None
+        if self.decoder is not None and device.type == "cuda" and not enforce_eager:
+            sizes = cudagraph_capture_sizes or default_capture_sizes(max_num_seqs)
+            self.graphs = DecodeGraphs(self.decoder, self.pool, self.model.config.vocab_size, sizes, capture=True)
 
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -138,14 +154,21 @@ class NativeRollout(RolloutEngine):
         pool = self.pool
         if not (pool.keys and pool.max_len >= prompt_len + max_tokens and pool.num_slots >= n):  # else: the pool wake_up made
             pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
-        responses = torch.full((batch, max_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
-        log_probs = torch.zeros(batch, max_tokens, device=self.device)
-        alive = torch.zeros(batch, max_tokens, dtype=torch.bool, device=self.device)
-        # Slot i of the running batch: request row `req[i]`, `steps[i]` tokens sampled, next KV write at `pos[i]`.
+        # Column `max_tokens` is a spare: rows that finished since the last check write there, and it is dropped.
+        responses = torch.full((batch, max_tokens + 1), self.pad_token_id, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros(batch, max_tokens + 1, device=self.device)
+        alive = torch.zeros(batch, max_tokens + 1, dtype=torch.bool, device=self.device)
+        # Slot i of the running batch: request row `req[i]`, `steps[i]` tokens sampled, next KV write at `pos[i]`,
+        # `done[i]` finished but not yet compacted away.
         waiting = deque(range(0, batch, n))  # first row of each waiting group
         req = steps = pos = torch.zeros(0, dtype=torch.long, device=self.device)
+        done = torch.zeros(0, dtype=torch.bool, device=self.device)
         logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0}
+        num_steps, captures_before = 0, self.graphs.num_captures if self.graphs is not None else 0
+        # A host-side upper bound of pos.max(), exact after each check: how many key positions a decode step reads,
+        # known without asking the device.
+        max_pos = 0
         while waiting or len(req):
             admitted = self._admit(waiting, len(req), n, prompt_len)
             if admitted:
@@ -153,18 +176,30 @@ class NativeRollout(RolloutEngine):
                 rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
                 req, steps = torch.cat([req, rows]), torch.cat([steps, torch.zeros_like(rows)])
                 pos, logits = torch.cat([pos, new_pos]), torch.cat([logits, new_logits])
+                done = torch.cat([done, torch.zeros_like(rows, dtype=torch.bool)])
+                max_pos = max(max_pos, prompt_len)  # a prefill's next position is <= prompt_len (no read-back)
                 self.stats["prefills"] += 1
                 self.stats["peak_running"] = max(self.stats["peak_running"], len(req))
             token, log_prob = sample_next(logits, sampling, generator)
-            responses[req, steps], log_probs[req, steps], alive[req, steps] = token, log_prob.float(), True
-            steps = steps + 1
-            done = torch.isin(token, stop_ids) | (steps == max_tokens)
-            if bool(done.any()):  # finished sequences leave the batch; the last running slots fill their holes
-                keep = self._compact(done, int(pos.max()))
-                req, steps, pos, token = req[keep], steps[keep], pos[keep], token[keep]
-            logits = self._decode(token, pos) if len(req) else logits[:0]
-            pos = pos + 1
-        return RolloutOutput(responses=responses.cpu(), response_log_probs=log_probs.cpu(), response_mask=alive.long().cpu())
+            column = steps.masked_fill(done, max_tokens)
+            responses[req, column], log_probs[req, column], alive[req, column] = token, log_prob.float(), True
+            steps = steps + (~done).long()
+            done = done | torch.isin(token, stop_ids) | (steps == max_tokens)
+            num_steps += 1
+            # Asking whether a row finished reads a device value on the host; on CUDA only every few steps, so the
+            # host can queue steps ahead (finished rows decode a few more tokens into the spare column meanwhile).
+            if num_steps % self.finish_check_every == 0:
+                any_done, max_pos = torch.stack([done.any().long(), pos.max()]).tolist()  # one read-back for both
+                if any_done:  # the last running slots fill the finished ones' holes
+                    keep = self._compact(done, max_pos)
+                    req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
+            logits = self._decode(token, pos, max_pos + 1) if len(req) else logits[:0]
+            # Only a finished row's extra steps reach the end of its slot.
+            pos, max_pos = (pos + 1).clamp_(max=pool.max_len - 1), min(max_pos + 1, pool.max_len - 1)
+        if self.graphs is not None:
+            self.stats["graph_captures"] = self.graphs.num_captures - captures_before
+        return RolloutOutput(responses=responses[:, :max_tokens].cpu(), response_log_probs=log_probs[:, :max_tokens].cpu(),
+                             response_mask=alive[:, :max_tokens].long().cpu())
 
     def _admit(self, waiting: deque, running: int, n: int, prompt_len: int) -> list[int]:
         """Groups that join now: all n samples need a free slot, and the prefill stays within the token budget
@@ -204,9 +239,17 @@ class NativeRollout(RolloutEngine):
         order[holes] = movers
         return order
 
-    def _decode(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """One token per running slot `[0, rows)`, written at `pos`; returns the next-token logits."""
-        rows, kv_len = len(token), int(pos.max()) + 1
+    def _decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One token per running slot `[0, rows)`, written at `pos`, reading key positions `[0, kv_len)` (kv_len >
+        pos.max()); returns the next-token logits."""
+        if self.graphs is not None:
+            logits = self.graphs.decode(token, pos, kv_len, lambda: self._eager_decode(token, pos, kv_len))
+            if logits is not None:
+                return logits
+        return self._eager_decode(token, pos, kv_len)
+
+    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        rows = len(token)
         start = self.pool.start[:rows]
         cache = SlotCache(self.pool, 0, rows, positions=pos, kv_len=kv_len)
         return self._forward(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache)

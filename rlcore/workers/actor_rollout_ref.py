@@ -59,6 +59,8 @@ class ActorRolloutRefWorker(RoleWorker):
                       gpu_memory_utilization=rollout.gpu_memory_utilization,
                       max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length)
         if rollout.name != "vllm":
+            sizes = rollout.cudagraph_capture_sizes
+            kwargs.update(enforce_eager=rollout.enforce_eager, cudagraph_capture_sizes=None if sizes is None else list(sizes))
             kwargs.update(OmegaConf.to_container(rollout.engine_kwargs.native, resolve=True))
         else:
             kwargs.update(
@@ -69,7 +71,6 @@ class ActorRolloutRefWorker(RoleWorker):
             )
             kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
         return kwargs
-
 
     def _sampling(self, meta: dict) -> SamplingParams:
         rollout = self.config.actor_rollout_ref.rollout

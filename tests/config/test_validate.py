@@ -190,6 +190,9 @@ def test_mini_batch_suggestions_satisfy_every_rule():
     (f"+{ARR}.rollout.engine_kwargs.native.kv_cache_bytes=1", "engine_kwargs.native.kv_cache_bytes is not an argument of "
      "the native rollout engine; known: kv_cache_memory_bytes"),
     (f"+{ARR}.rollout.engine_kwargs.native.kv_cache_memory_bytes=-1", "kv_cache_memory_bytes=-1 must be a positive byte count"),
+    (f"{ARR}.rollout.cudagraph_capture_sizes=[1,0,8]", f"{ARR}.rollout.cudagraph_capture_sizes=[1, 0, 8] must be a non-empty "
+     f"list of positive batch sizes (bad: [0]); use e.g. {ARR}.rollout.cudagraph_capture_sizes=[1,2,4,8,16,32,64]"),
+    (f"{ARR}.rollout.cudagraph_capture_sizes=[]", "cudagraph_capture_sizes=[] must be a non-empty list"),
 ])
 def test_single_violation(override, fragment):
     extra = [f"{ARR}.actor.ppo_max_token_len_per_gpu=10"] if "use_dynamic_bsz" in override else []
@@ -207,6 +210,10 @@ def test_vllm_on_cpu_is_accepted_where_vllm_is_installed_else_says_what_to_insta
     bad_budget = f"+{ARR}.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=-1"
     assert any("engine_kwargs.vllm.kv_cache_memory_bytes=-1 must be a positive byte count" in m
                for m in _errors(vllm + [bad_budget], recipe="tiny_cpu"))
+
+
+def test_capture_sizes_compose_and_validate():
+    validate_config(_cfg([f"{ARR}.rollout.cudagraph_capture_sizes=[1,2,4,8]", f"{ARR}.rollout.enforce_eager=True"], "tiny_cpu"))
 
 
 CRITIC = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=32", "critic.forward_micro_batch_size_per_gpu=64"]

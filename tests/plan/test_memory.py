@@ -213,3 +213,14 @@ def test_megatron_layout_splits_state_over_tp_pp_and_dp():
     assert actor["fp32 master + AdamW / TP4 x PP2 x DP1"] == pytest.approx(12 * p / 8 / GIB)
     two_nodes = dict(_role(_plan("trainer.nnodes=2", recipe="qwen2_32b_grpo_megatron"), "actor update").items)
     assert two_nodes["fp32 master + AdamW / TP4 x PP2 x DP2"] == pytest.approx(12 * p / 16 / GIB)
+
+
+def test_native_decode_graphs_are_planned_on_cuda_unless_eager():
+    cuda = ["recipe=qwen2_7b_grpo", f"{ARR}.rollout.name=native", "trainer.device_memory_gb=80"]
+    graphs = dict(_role(_plan(*cuda), "rollout").items)
+    vocab_logits = [gib for what, gib in graphs.items() if what == "decode CUDA graphs' logits"]
+    assert vocab_logits == [pytest.approx(2 * 256 * 152064 * 2 / GIB)]  # max_num_seqs x vocab in bf16, twice
+    eager = dict(_role(_plan(*cuda, f"{ARR}.rollout.enforce_eager=True"), "rollout").items)
+    assert "decode CUDA graphs' logits" not in eager
+    cpu = dict(_role(_plan(*cuda, "trainer.device=cpu", "trainer.device_memory_gb=100"), "rollout").items)
+    assert "decode CUDA graphs' logits" not in cpu  # CPU: eager

@@ -12,13 +12,22 @@ from rlcore.rollout.native import NativeRollout
 pytestmark = pytest.mark.numerics
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
+@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3"])
 def model_dir(request, tiny_model_dir, tmp_path_factory):
+    if request.param == "qwen3":  # q/k RMSNorm per head, no biases, head_dim != hidden / heads
+        from rlcore.data.tokenizer import build_char_tokenizer
+        from rlcore.models.random_init import build_model_dir
+
+        return build_model_dir(str(tmp_path_factory.mktemp("qwen3")), "tiny-qwen3", build_char_tokenizer())
     return tiny_model_dir if request.param == "qwen2" else build_tiny_llama_dir(str(tmp_path_factory.mktemp("llama")))
 
 
 def test_fused_decoder_equals_the_hf_modules_and_the_training_forward(model_dir):
     model = load_causal_lm(model_dir).eval()
+    with torch.no_grad():  # norm weights other than ones, so a skipped or misplaced q/k norm shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
     fused = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"))
     plain = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"))
     plain.decoder = None

@@ -99,3 +99,33 @@ def test_groups_share_their_prefill_and_finished_rows_leave_the_batch(engine_and
     for row in (0, 5, 11):
         alone = rollout.generate(ids[row : row + 1], mask[row : row + 1], greedy)
         assert torch.equal(together.responses[row], alone.responses[0])
+
+
+@pytest.mark.parametrize("check_every", [3, 7])
+def test_checking_for_finished_rows_every_few_steps_changes_nothing_but_the_work(tiny_model_dir, check_every):
+    """CUDA checks for finished rows every few steps (each check is a host sync): rows that finished in between
+    decode on into the spare column, which is dropped, and write KV only into their own slots, up to its end."""
+    model = load_causal_lm(tiny_model_dir).eval()
+    engines = []
+    for every in (1, check_every):
+        rollout = NativeRollout(tiny_model_dir, pad_token_id=0, device=torch.device("cpu"), max_num_seqs=6)
+        rollout.update_weights(model.named_parameters())
+        rollout.finish_check_every = every
+        engines.append(rollout)
+    prompts = torch.randint(6, 40, (5, 5), generator=torch.Generator().manual_seed(2))
+    prompts[2, :3] = 0
+    ids, mask = prompts.repeat_interleave(2, 0), (prompts != 0).long().repeat_interleave(2, 0)  # 10 rows, 6 slots: waves
+    greedy = SamplingParams(max_tokens=9, do_sample=False, stop_token_ids=[20, 21, 22, 23, 24, 25])
+    every_step, lagged = (rollout.generate(ids, mask, greedy) for rollout in engines)
+    assert every_step.response_mask.sum(-1).min() < 9  # rows did stop early
+    assert torch.equal(every_step.responses, lagged.responses) and torch.equal(every_step.response_mask, lagged.response_mask)
+    torch.testing.assert_close(every_step.response_log_probs, lagged.response_log_probs, atol=1e-5, rtol=1e-5)
+    # Sampling: finished rows draw noise too, so the samples differ, but they are still the model's.
+    sampled = engines[1].generate(ids, mask, SamplingParams(max_tokens=9, stop_token_ids=list(range(6, 20)), seed=3))
+    seq = assemble_sequences(ids, mask, sampled)
+    with torch.no_grad():
+        logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
+    expected = gather_log_probs(response_logits(logits, 9), sampled.responses) * sampled.response_mask
+    torch.testing.assert_close(expected, sampled.response_log_probs, atol=1e-5, rtol=1e-5)
+    for row, row_mask in zip(sampled.responses, sampled.response_mask):
+        assert (row[int(row_mask.sum()):] == 0).all()
