@@ -47,6 +47,21 @@ def generated_tokens(responses: torch.Tensor, stop: list[int], pad: int) -> int:
     return total
 
 
+def length_cases(args, model, ids: torch.Tensor, mask: torch.Tensor):
+    """(case, the engines' SamplingParams, an HF generate call returning its generated tokens) per length case."""
+    for case, stop in (("skewed", list(range(4, 4 + args.stop_tokens))), ("uniform", [])):
+        sp = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_k=-1, top_p=1.0, stop_token_ids=stop)
+        gen_kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_tokens, pad_token_id=0,
+                          eos_token_id=stop or None, min_new_tokens=0 if stop else args.max_tokens)
+
+        def hf(gen_kwargs=gen_kwargs, stop=stop) -> int:
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)[:, ids.shape[1]:]
+            return generated_tokens(out, stop, 0) if stop else out.numel()
+
+        yield case, sp, hf
+
+
 def time_calls(fn, reps: int) -> tuple[float, int]:
     fn()  # warm-up
     runs = []
@@ -79,16 +94,7 @@ def main() -> None:
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M-parameter Qwen2, fp32, {torch.get_num_threads()} threads; "
           f"median of {args.reps}")
     print(f"{'case':10s} {'mean length':>11s} {'HF generate tok/s':>18s} {'native tok/s':>13s} {'ratio':>6s}")
-    for case, stop in (("skewed", list(range(4, 4 + args.stop_tokens))), ("uniform", [])):
-        sp = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_k=-1, top_p=1.0, stop_token_ids=stop)
-        gen_kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_tokens, pad_token_id=0,
-                          eos_token_id=stop or None, min_new_tokens=0 if stop else args.max_tokens)
-
-        def hf() -> int:
-            with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)[:, ids.shape[1]:]
-            return generated_tokens(out, stop, 0) if stop else out.numel()
-
+    for case, sp, hf in length_cases(args, model, ids, mask):
         def ours() -> int:
             return int(native.generate(ids, mask, sp).response_mask.sum())
 

@@ -19,9 +19,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rollout import batch, build_assets, generated_tokens, time_calls  # noqa: E402  (bench/rollout.py's helpers)
+from rollout import batch, build_assets, length_cases, time_calls  # noqa: E402  (bench/rollout.py's helpers)
 
-from rlcore.rollout.base import SamplingParams  # noqa: E402
 from rlcore.rollout.factory import build_rollout  # noqa: E402
 from rlcore.rollout.native import NativeRollout  # noqa: E402
 
@@ -72,16 +71,7 @@ def main() -> None:
           f"median of {args.reps}; vLLM engine built in {build_s:.1f} s (enforce_eager={not args.no_enforce_eager})")
     print(f"{'case':10s} {'mean length':>11s} {'HF generate tok/s':>18s} {'native tok/s':>13s} {'vLLM tok/s':>11s} "
           f"{'vLLM/HF':>8s} {'vLLM/native':>12s}")
-    for case, stop in (("skewed", list(range(4, 4 + args.stop_tokens))), ("uniform", [])):
-        sp = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_k=-1, top_p=1.0, stop_token_ids=stop)
-        gen_kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_tokens, pad_token_id=0,
-                          eos_token_id=stop or None, min_new_tokens=0 if stop else args.max_tokens)
-
-        def hf() -> int:
-            with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)[:, ids.shape[1]:]
-            return generated_tokens(out, stop, 0) if stop else out.numel()
-
+    for case, sp, hf in length_cases(args, model, ids, mask):
         rates = []
         for fn in (hf, lambda: int(native.generate(ids, mask, sp).response_mask.sum()),
                    lambda: int(vllm.generate(ids, mask, sp).response_mask.sum())):
