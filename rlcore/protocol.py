@@ -38,6 +38,12 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def response_lengths(batch) -> torch.Tensor:
+    """Real tokens of each response `[batch]` (the attention mask over the response columns): a multi-turn
+    trajectory's tool responses count, though response_mask, the sampled tokens, leaves them out."""
+    return batch["attention_mask"][:, -batch["responses"].shape[-1]:].sum(-1)
+
+
 @dataclass
 class DataProto:
     batch: TensorDict | None = None

@@ -9,14 +9,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from rlcore.protocol import DataProto
+from rlcore.protocol import DataProto, response_lengths
 from rlcore.reward.isolation import IsolatedScorer, ScoreFailure
 from rlcore.reward.scorers import answer_extractor, default_compute_score
 
 
 def decode_responses(tokenizer, data: DataProto) -> list[str]:
-    """Each response's text: its valid tokens (up to the stop token) without special tokens."""
-    lengths = data.batch["response_mask"].sum(-1).tolist()
+    """Each response's text: its valid tokens (up to the stop token; a multi-turn trajectory's tool responses
+    included) without special tokens."""
+    lengths = response_lengths(data.batch).tolist()
     return tokenizer.batch_decode([r[: int(n)] for r, n in zip(data.batch["responses"], lengths)], skip_special_tokens=True)
 
 
@@ -74,8 +75,8 @@ class RewardManager:
         """
         if "rm_scores" in data.batch.keys():
             return data.batch["rm_scores"].clone(), {}
-        mask = data.batch["response_mask"]
-        scores = torch.zeros(mask.shape, dtype=torch.float32)
+        lengths = response_lengths(data.batch)
+        scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         texts = self.decode_responses(data)
         sources = data.non_tensor_batch[self.reward_fn_key]
         extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
@@ -93,7 +94,7 @@ class RewardManager:
             extract = answer_extractor(sources[i])
             if "pred" not in sample_extras and extract is not None:
                 sample_extras["pred"] = extract(texts[i])
-            length = int(mask[i].sum())
+            length = int(lengths[i])
             score = self.shape_score(float(result), length, sample_extras)
             per_sample.append(sample_extras)
             if length > 0:  # an empty response has no token to carry the score

@@ -47,12 +47,18 @@ class RolloutOutput:
     responses: torch.Tensor             # [batch, max_tokens] token ids, pad after the stop token
     response_log_probs: torch.Tensor    # [batch, max_tokens] log-prob of each sampled token (0 on padding)
     response_mask: torch.Tensor         # [batch, max_tokens] 1 for generated tokens, stop token included
+    # [batch, max_tokens] 1 on the tokens the policy sampled, when not all response tokens were: a multi-turn
+    # trajectory's tool responses are context (response_mask 1, attended to) but not trained on (loss_mask 0).
+    loss_mask: torch.Tensor | None = None
 
 
 class RolloutEngine(ABC):
     # Whether weights loaded by update_weights stay loaded across sleep(): then a LoRA run sends only the weights its
     # adapters change. vLLM's sleep(level=2) discards them, so every sync there reloads every weight.
     keeps_weights: bool = True
+    # Whether generate() takes keep_kv / prefix_of: a multi-turn trajectory's next turn then prefills only what the
+    # last turn appended (the native engine). vLLM finds such prefixes itself (enable_prefix_caching).
+    keeps_kv_across_calls: bool = False
 
     @abstractmethod
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
@@ -85,8 +91,10 @@ def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out:
 
     input_ids `[batch, prompt_len + response_len]`, attention_mask (0 on left prompt padding and right response
     padding), position_ids counting real tokens only, so a left-padded row sees the same positions as unpadded.
+    `response_mask` is what the losses, advantages, KL and entropy average over: the sampled tokens.
     """
     attention_mask = torch.cat([prompt_mask, out.response_mask.to(prompt_mask.dtype)], dim=-1)
+    sampled = out.response_mask if out.loss_mask is None else out.loss_mask
     position_ids = position_ids_from_mask(attention_mask)
     return {
         "prompts": prompt_ids,
@@ -94,6 +102,6 @@ def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out:
         "input_ids": torch.cat([prompt_ids, out.responses], dim=-1),
         "attention_mask": attention_mask,
         "position_ids": position_ids,
-        "response_mask": out.response_mask.to(prompt_mask.dtype),
+        "response_mask": sampled.to(prompt_mask.dtype),
         "rollout_log_probs": out.response_log_probs,
     }

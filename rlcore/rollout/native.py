@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -58,6 +59,15 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch
     return tokens, torch.gather(log_probs, -1, tokens[:, None]).squeeze(-1)
 
 
+@dataclass
+class KeptKV:
+    """One row's KV kept between calls (multi-turn): its real ids and each layer's `[kv_heads, len, head_dim]` K/V."""
+
+    tokens: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
 class NativeRollout(RolloutEngine):
     """Holds its own (unsharded) copy of the policy, refreshed by `update_weights` before each rollout.
 
@@ -66,9 +76,13 @@ class NativeRollout(RolloutEngine):
     `max_num_batched_tokens` prompt tokens), finished sequences leave at once and free their slots for the next
     group. The pool is sized from `kv_cache_memory_bytes` when given, else on CUDA from `gpu_memory_utilization`
     x device memory less what the process already holds, else (CPU) only by `max_num_seqs`.
+    Multi-turn rollouts keep each row's KV between calls (`keep_kv`, `prefix_of`): a turn prefills only what the
+    last one appended.
 
     On CUDA, unless `enforce_eager`, a fusable model's decode step runs as CUDA graphs captured per bucketed batch
     size (`cudagraph_capture_sizes`, default 1, 2, 4, 8, 16, ... max_num_seqs; rollout/graphs.py)."""
+
+    keeps_kv_across_calls = True
 
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
@@ -98,6 +112,7 @@ class NativeRollout(RolloutEngine):
         dtype_ = next(self.model.parameters()).dtype
         self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
         self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running (graph_captures on CUDA)
+        self.kept: list[KeptKV | None] | None = None  # per row of the last generate(keep_kv=True)
         # Graphs need the fused decoder (the HF-module path builds masks and caches in Python each step) and CUDA.
         self.graphs: DecodeGraphs | None = None
         if self.decoder is not None and device.type == "cuda" and not enforce_eager:
@@ -112,13 +127,18 @@ class NativeRollout(RolloutEngine):
             self._params[name].copy_(tensor.to(self.device))
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams, keep_kv: bool = False,
+                 prefix_of: list[int] | None = None) -> RolloutOutput:
+        """`keep_kv`: keep each row's KV (prompt and response but the last token) after the call, for the next one.
+        `prefix_of[r]`: row r continues row `prefix_of[r]` of the previous call (its ids start with that row's ids
+        and sampled tokens): its kept KV is copied in and only the rest is prefilled (multi-turn: the last sampled
+        token and the appended tool response). A row whose ids do not continue the kept ones is prefilled whole."""
         was_training, attention = self.model.training, self.model.config._attn_implementation
         self.model.eval()
         if self.decoder is None:  # HF modules read the pool through the registered attention function
             self.model.config._attn_implementation = ATTENTION_NAME
         try:
-            return self._generate(input_ids, attention_mask, sampling)
+            return self._generate(input_ids, attention_mask, sampling, keep_kv, prefix_of)
         finally:
             # A model passed in (SFT, benchmarks) goes back to training with its own attention.
             self.model.train(was_training)
@@ -143,14 +163,17 @@ class NativeRollout(RolloutEngine):
                 f"(actor_rollout_ref.rollout.engine_kwargs.native.kv_cache_memory_bytes, or gpu_memory_utilization on CUDA)")
         return slots
 
-    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams, keep_kv: bool,
+                  prefix_of: list[int] | None) -> RolloutOutput:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         (batch, prompt_len), max_tokens = input_ids.shape, sampling.max_tokens
         stop_ids = torch.tensor(sampling.stop_token_ids or [-1], device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed) if sampling.seed is not None else self.generator
         # Prefix sharing: the n samples of a prompt arrive as n identical rows; each prompt is prefilled once and its
         # KV copied to its samples' slots.
-        n = group_size(input_ids, attention_mask)
+        n = group_size(input_ids, attention_mask) if prefix_of is None else 1
+        previous, self.kept = self.kept, [None] * batch if keep_kv else None
+        reuse = [previous[r] if previous and r is not None and r < len(previous) else None for r in prefix_of] if prefix_of else None
         pool = self.pool
         if not (pool.keys and pool.max_len >= prompt_len + max_tokens and pool.num_slots >= n):  # else: the pool wake_up made
             pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
@@ -164,7 +187,7 @@ class NativeRollout(RolloutEngine):
         req = steps = pos = torch.zeros(0, dtype=torch.long, device=self.device)
         done = torch.zeros(0, dtype=torch.bool, device=self.device)
         logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
-        self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0}
+        self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0, "prefill_tokens": 0, "reused_tokens": 0}
         num_steps, captures_before = 0, self.graphs.num_captures if self.graphs is not None else 0
         # A host-side upper bound of pos.max(), exact after each check: how many key positions a decode step reads,
         # known without asking the device.
@@ -172,7 +195,8 @@ class NativeRollout(RolloutEngine):
         while waiting or len(req):
             admitted = self._admit(waiting, len(req), n, prompt_len)
             if admitted:
-                new_logits, new_pos = self._prefill(input_ids[admitted], attention_mask[admitted], len(req), n)
+                new_logits, new_pos = self._prefill(input_ids[admitted], attention_mask[admitted], len(req), n,
+                                                    [reuse[r] for r in admitted] if reuse else None)
                 rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
                 req, steps = torch.cat([req, rows]), torch.cat([steps, torch.zeros_like(rows)])
                 pos, logits = torch.cat([pos, new_pos]), torch.cat([logits, new_logits])
@@ -191,6 +215,8 @@ class NativeRollout(RolloutEngine):
             if num_steps % self.finish_check_every == 0:
                 any_done, max_pos = torch.stack([done.any().long(), pos.max()]).tolist()  # one read-back for both
                 if any_done:  # the last running slots fill the finished ones' holes
+                    if self.kept is not None:
+                        self._keep(done, req, steps, input_ids, attention_mask, responses)
                     keep = self._compact(done, max_pos)
                     req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
             logits = self._decode(token, pos, max_pos + 1) if len(req) else logits[:0]
@@ -211,21 +237,52 @@ class NativeRollout(RolloutEngine):
             admitted.append(waiting.popleft())
         return admitted
 
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, first: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, first: int, n: int, reuse: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes each prompt's KV once into slot `first + g*n`, copies it to the group's other n-1 slots.
-        Returns the next-token logits per sample `[groups*n, vocab]` and every sample's next write position."""
+        Returns the next-token logits per sample `[groups*n, vocab]` and every sample's next write position.
+        `reuse` (n == 1): each row's KV kept from the previous call, or None."""
         lead = int((mask.sum(0) > 0).int().argmax())  # left padding common to all admitted prompts is dropped
         ids, mask = ids[:, lead:], mask[:, lead:]
         groups, length = ids.shape
         start = length - mask.sum(-1)
         pool = self.pool
         pool.start[first : first + groups * n : n] = start
-        cache = SlotCache(pool, first, groups, positions=0, kv_len=length, stride=n)
-        logits = self._forward(ids, position_ids_from_mask(mask), prefill_mask(start, length), cache)
+        # Rows end together at `length`: with kept KV restored, only the last `window` positions are computed.
+        window = self._restore(reuse, ids, start, first) if reuse and all(e is not None for e in reuse) else length
+        real = (length - start).clamp(max=window)
+        self.stats["prefill_tokens"] += int(real.sum())
+        cache = SlotCache(pool, first, groups, positions=length - window, kv_len=length, stride=n)
+        logits = self._forward(ids[:, length - window:], position_ids_from_mask(mask)[:, length - window:],
+                               prefill_mask(start, length)[:, :, length - window:], cache)
         shared = slice(first, first + groups * n, n)
         for j in range(1, n):
             pool.copy_slots(shared, slice(first + j, first + groups * n, n), length)
         return logits.repeat_interleave(n, dim=0), torch.full((groups * n,), length, dtype=torch.long, device=self.device)
+
+    def _keep(self, done: torch.Tensor, req: torch.Tensor, steps: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              responses: torch.Tensor) -> None:
+        """Copies the KV of the rows finishing now out of their slots (before others move in): the prompt and every
+        sampled token but the last, which was never fed back."""
+        pool = self.pool
+        for slot in done.nonzero().squeeze(-1).tolist():
+            row, num_sampled = int(req[slot]), int(steps[slot])
+            tokens = torch.cat([input_ids[row][attention_mask[row].bool()], responses[row, : num_sampled - 1]])
+            begin = int(pool.start[slot])
+            span = slice(begin, begin + len(tokens))
+            self.kept[row] = KeptKV(tokens, [k[slot, :, span].clone() for k in pool.keys], [v[slot, :, span].clone() for v in pool.values])
+
+    def _restore(self, reuse: list, ids: torch.Tensor, start: torch.Tensor, first: int) -> int:
+        """Copies each row's kept KV into its slot `first + r` at its own start; returns how many trailing positions
+        still need computing (the longest unkept suffix), or the whole width if a row does not continue its kept ids."""
+        length, starts = ids.shape[1], start.tolist()
+        window = max(length - s - len(e.tokens) for s, e in zip(starts, reuse))
+        if window < 1 or any(not torch.equal(ids[r, s : s + len(e.tokens)], e.tokens) for r, (s, e) in enumerate(zip(starts, reuse))):
+            return length
+        for r, (s, e) in enumerate(zip(starts, reuse)):
+            for cache, kept in zip((*self.pool.keys, *self.pool.values), (*e.keys, *e.values)):
+                cache[first + r, :, s : s + len(e.tokens)] = kept
+            self.stats["reused_tokens"] += min(len(e.tokens), length - window - s)
+        return window
 
     def _compact(self, done: torch.Tensor, length: int) -> torch.Tensor:
         """Moves the running slots past the survivors' count into the holes of finished ones; returns, for each new
@@ -276,5 +333,6 @@ class NativeRollout(RolloutEngine):
 
     def sleep(self) -> None:
         self.pool.release()
+        self.kept = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # hand the pool's blocks back to the device

@@ -256,16 +256,19 @@ class VLLMRollout(RolloutEngine):
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
         all_prompts, mine = self._gather_tp(prompts)
+        # A request's tokens stop at the context length: a multi-turn wave asks for the longest remaining budget, which
+        # rows with a longer history cannot have (the native engine sizes its pool to fit; vLLM would refuse).
+        room = self.llm.llm_engine.vllm_config.model_config.max_model_len
         params = [
             self._sampling_cls(
-                n=1, max_tokens=sampling.max_tokens, temperature=0.0 if sampling.greedy else sampling.temperature,
+                n=1, max_tokens=max(1, min(sampling.max_tokens, room - len(prompt))), temperature=0.0 if sampling.greedy else sampling.temperature,
                 top_p=sampling.top_p, top_k=sampling.top_k if sampling.top_k > 0 else 0, stop_token_ids=list(sampling.stop_token_ids),
                 logprobs=0, detokenize=False, seed=seed,
                 # Only rlcore's stop ids end a response (the worker passes EOS unless rollout.ignore_eos): vLLM would
                 # otherwise add the model's generation_config EOS ids, and rollout.ignore_eos would not hold.
                 ignore_eos=True,
             )
-            for seed in self._seeds(len(all_prompts), sampling)
+            for seed, prompt in zip(self._seeds(len(all_prompts), sampling), all_prompts)
         ]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False)[mine]
         batch, width = len(prompts), sampling.max_tokens

@@ -102,6 +102,9 @@ def line_panels(rows: list[dict]) -> list[tuple[str, str, dict[str, Series]]]:
         ("validation", "score", {"train accuracy": series(rows, "train/accuracy"),
                                  **{"val " + k[len("val/"):]: series(rows, k) for k in val_keys}}),
         ("margin", "chosen - rejected", {"train": series(rows, "train/margin"), "val": series(rows, "val/margin")}),
+        ("tool use (multi-turn)", "per trajectory / share", {"calls per trajectory": series(rows, "tool/calls_per_trajectory"),
+                                                             "turns": series(rows, "num_turns/mean"),
+                                                             "tool error rate": series(rows, "tool/error_rate")}),
     ]
     panels = [(title, ylabel, {label: s for label, s in lines.items() if s[0]}) for title, ylabel, lines in candidates]
     return [panel for panel in panels if panel[2]]

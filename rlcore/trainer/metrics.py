@@ -6,6 +6,7 @@ import torch
 
 from rlcore.algos.value import explained_variance
 from rlcore.protocol import DataProto
+from rlcore.rollout.agent_loop import TURN_COUNTERS  # noqa: F401  (the per-row columns of a multi-turn batch)
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -33,6 +34,23 @@ def data_metrics(batch: DataProto) -> dict[str, float]:
     metrics.update(_stats("prompt_length", prompt_len))
     metrics["prompt_length/clip_ratio"] = (prompt_len >= max_prompt).float().mean().item()
     return metrics
+
+
+def multi_turn_metrics(batch: DataProto) -> dict[str, float]:
+    """A multi-turn batch's turns and tool use: verl's num_turns/{mean,max,min}, the step's tool calls, errors and
+    timeouts (totals, and per call: tool/error_rate), calls per trajectory, and the share of trajectories cut off by
+    the response budget (multi_turn/truncated_ratio). Nothing for a single-turn batch."""
+    b = batch.batch
+    if "num_turns" not in b.keys():
+        return {}
+    calls = float(b["tool_calls"].sum())
+    failures = float(b["tool_errors"].sum() + b["tool_timeouts"].sum())
+    return {
+        **_stats("num_turns", b["num_turns"]),
+        "tool/calls": calls, "tool/errors": float(b["tool_errors"].sum()), "tool/timeouts": float(b["tool_timeouts"].sum()),
+        "tool/error_rate": failures / max(calls, 1.0), "tool/calls_per_trajectory": b["tool_calls"].float().mean().item(),
+        "multi_turn/truncated_ratio": b["truncated"].float().mean().item(),
+    }
 
 
 def throughput_metrics(batch: DataProto, step_seconds: float, num_devices: int) -> dict[str, float]:

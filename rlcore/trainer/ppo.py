@@ -14,7 +14,7 @@ from rlcore.protocol import DataProto
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
-from rlcore.trainer.metrics import data_metrics, throughput_metrics
+from rlcore.trainer.metrics import TURN_COUNTERS, data_metrics, multi_turn_metrics, throughput_metrics
 from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 from rlcore.utils import checkpoint
@@ -138,6 +138,7 @@ class PPOTrainer:
                     metrics.update(self.actor_rollout.update_actor(self.actor_batch(batch)))
         self.perf.count_tokens(batch)
         metrics.update(data_metrics(batch))
+        metrics.update(multi_turn_metrics(batch))
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
         return metrics
 
@@ -184,6 +185,9 @@ class PPOTrainer:
         """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""
         prompts = batch.pop(PROMPT_KEYS)
         prompts.meta_info.update(validate=validate, greedy=greedy)
+        if "extra_info" in batch.non_tensor_batch:  # verl's per-row tool arguments: extra_info.tools_kwargs
+            prompts.non_tensor_batch["tools_kwargs"] = np.array([(e or {}).get("tools_kwargs") or {} for e in batch.non_tensor_batch["extra_info"]],
+                                                                dtype=object)
         out = self.actor_rollout.generate_sequences(prompts)
         if metrics is not None:
             metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds, KV slots, prefills
@@ -265,7 +269,8 @@ class PPOTrainer:
             scores, extras = self.val_reward_fn(batch)
             sources.extend(batch.non_tensor_batch[self.cfg.data.reward_fn_key])
             prompt_ids.extend(np.repeat(np.arange(len(prompts)) + len(prompt_ids) // n, n))  # interleaved: a prompt's n are adjacent
-            columns.append({"reward": scores.sum(-1).tolist(), **{k: v for k, v in extras.items() if k != "reward"}})
+            columns.append({"reward": scores.sum(-1).tolist(), **{k: v for k, v in extras.items() if k != "reward"},
+                            **{k: batch.batch[k].tolist() for k in TURN_COUNTERS if k in batch.batch.keys()}})
             if trainer.validation_data_dir:
                 dump_generations(trainer.validation_data_dir, self.global_step, self.val_reward_fn, batch, scores, extras,
                                  fresh=len(columns) == 1)

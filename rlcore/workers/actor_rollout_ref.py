@@ -13,9 +13,12 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
+from rlcore.config.tool_config import load_tool_config
+from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings, multi_turn_enabled
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.weight_sync import sync_weights
+from rlcore.tools.runner import ToolRunner
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
 from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
@@ -44,6 +47,7 @@ class ActorRolloutRefWorker(RoleWorker):
             self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
             offload(self.ref)
         self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
+        self.agent_loop = self._agent_loop() if multi_turn_enabled(cfg.rollout) else None
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
         offload(self.actor)
 
@@ -72,6 +76,21 @@ class ActorRolloutRefWorker(RoleWorker):
             kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
         return kwargs
 
+    def _agent_loop(self) -> AgentLoop:
+        """Multi-turn rollouts with tools: the tool processes start once and serve every rollout of this worker."""
+        rollout = self.config.actor_rollout_ref.rollout
+        mt = rollout.multi_turn
+        specs = load_tool_config(mt.tool_config_path or self.config.data.tool_config_path)
+        settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
+                                     max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
+                                     tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
+        return AgentLoop(self.rollout, self.tokenizer, ToolRunner(specs, rollout.agent.num_workers, mt.tool_timeout_s), settings)
+
+    def shutdown(self) -> None:
+        if getattr(self, "agent_loop", None) is not None:
+            self.agent_loop.tools.close()
+        super().shutdown()
+
     def _sampling(self, meta: dict) -> SamplingParams:
         rollout = self.config.actor_rollout_ref.rollout
         kw = rollout.val_kwargs if meta.get("validate") else rollout
@@ -93,12 +112,18 @@ class ActorRolloutRefWorker(RoleWorker):
         self._rollout_has_base = self.actor.spec.lora is not None
         offload(self.actor)  # training weights leave the device before the KV cache needs it
         timing["timing_s/update_weights"] = time.perf_counter() - start
-        out = self.rollout.generate(prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info))
+        ids, mask, sampling = prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info)
+        counters = {}
+        if self.agent_loop is None:
+            out = self.rollout.generate(ids, mask, sampling)
+            timing.update({f"rollout/{k}": v for k, v in getattr(self.rollout, "stats", {}).items()})  # KV slots, prefills
+        else:
+            out, counters = self.agent_loop.run(ids, mask, sampling, list(prompts.non_tensor_batch.get("tools_kwargs", [])) or None)
+            timing.update(self.agent_loop.stats)  # engine calls, prefill tokens computed and reused across turns
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
-        timing.update({f"rollout/{k}": v for k, v in getattr(self.rollout, "stats", {}).items()})  # KV slots, prefills
-        return DataProto.from_dict(assemble_sequences(prompts.batch["input_ids"], prompts.batch["attention_mask"], out), meta_info={"timing": timing})
+        return DataProto.from_dict({**assemble_sequences(ids, mask, out), **counters}, meta_info={"timing": timing})
 
     def _micro_batches(self, role: str) -> MicroBatchSpec:
         """role: "actor" (the update), "rollout" (old log-probs) or "ref"."""

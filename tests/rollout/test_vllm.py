@@ -171,3 +171,26 @@ def test_missing_vllm_says_what_to_install(tiny_model_dir):
 def test_unknown_rollout_name_lists_choices():
     with pytest.raises(ValueError, match="native or vllm"):
         build_rollout("sglang")
+
+
+@pytest.mark.vllm
+def test_multi_turn_trajectories_carry_the_training_forwards_log_probs(qwen, monkeypatch):
+    """The agent loop over vLLM: turns generated from the exact ids so far (tool responses in between, as ids), and
+    on every sampled token vLLM's log-prob equals the training forward's over the assembled trajectory."""
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.rollout import agent_loop
+    from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
+    from rlcore.tools.parser import ParsedCall
+    from test_agent_loop import EchoTools, prompts, stop_ids
+
+    rollout, model = qwen
+    monkeypatch.setitem(agent_loop.PARSERS, "every_turn", lambda text: [ParsedCall("echo", {"text": text}, None)])
+    tokenizer = build_char_tokenizer()
+    ids, mask = prompts(tokenizer, ["1+2=", "33+4=", "5+6="], n=2)
+    sampling = SamplingParams(max_tokens=64 - ids.shape[1], temperature=1.0, stop_token_ids=stop_ids(tokenizer), seed=3)
+    tools = EchoTools()
+    out, counters = AgentLoop(rollout, tokenizer, tools, MultiTurnSettings(format="every_turn")).run(ids, mask, sampling)
+    assert counters["num_turns"].max() >= 2 and tools.calls and not out.loss_mask.eq(out.response_mask).all()
+    sampled = out.loss_mask.bool()
+    expected = training_log_probs(model, ids, mask, out)
+    torch.testing.assert_close(out.response_log_probs[sampled], expected[sampled], atol=1e-5, rtol=0)

@@ -1,0 +1,203 @@
+"""Multi-turn rollouts with tools (verl's ToolAgentLoop), token-in/token-out, over any RolloutEngine.
+
+Each trajectory is one growing list of token ids. A turn generates from exactly the ids so far; the turn's text is
+decoded only to find its tool calls (hermes `<tool_call>{...}</tool_call>`), never to rebuild the sequence; the
+tool responses are rendered with the model's chat template and appended as ids, with the next generation prompt.
+So the log-probs the actor trains on are the ones the policy sampled (re-tokenizing a decoded conversation gives
+other ids: verl #3720). `loss_mask` is 1 only on sampled tokens; tool responses and template glue are context.
+
+Turns run in waves: every live trajectory generates its next turn in one engine call, then every tool call of the
+wave runs at once in the tool processes (rlcore.tools.runner), then the next wave. The native engine keeps each
+trajectory's KV between waves and prefills only what a turn appended (`NativeRollout.generate(keep_kv=...)`);
+vLLM's prefix caching does the same on its side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from rlcore.tools.parser import ParsedCall, parse_hermes
+from rlcore.tools.runner import ToolCall, ToolResult, ToolRunner
+
+TRUNCATED = "...(truncated)..."
+PARSERS: dict[str, Callable[[str], list[ParsedCall]]] = {"hermes": parse_hermes}  # multi_turn.format -> parser
+TURN_COUNTERS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "truncated")  # per-trajectory counters
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings:
+    """`actor_rollout_ref.rollout.multi_turn.*` as the loop reads them."""
+
+    max_assistant_turns: int | None = None   # None: until the response budget runs out
+    max_user_turns: int | None = None        # tool-response turns; None: no cap
+    max_parallel_calls: int = 1              # calls of one turn that run; later ones are dropped (verl)
+    max_tool_response_length: int = 256      # characters of a tool's text kept
+    tool_response_truncate_side: str = "middle"  # left (keep the start) | middle | right (keep the end)
+    format: str = "hermes"
+
+
+def multi_turn_enabled(rollout_cfg) -> bool:
+    """verl turns the tool agent loop on either way: `multi_turn.enable=True` or `agent.default_agent_loop=tool_agent`."""
+    return bool(rollout_cfg.multi_turn.enable) or rollout_cfg.agent.default_agent_loop == "tool_agent"
+
+
+def truncate_text(text: str, limit: int, side: str) -> str:
+    """`text` cut to `limit` characters (plus a marker): "left" keeps the start, "right" the end, "middle" both."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + TRUNCATED
+    if side == "right":
+        return TRUNCATED + text[-limit:]
+    return text[: limit // 2] + TRUNCATED + text[len(text) - (limit - limit // 2):]
+
+
+class ToolResponseIds:
+    """The ids a trajectory continues with after an assistant turn that called tools: the template's glue after
+    the turn's end token, the tool messages as the chat template renders them, and the next generation prompt.
+
+    Found by rendering a fixed two-message conversation with and without the tool messages appended: what the
+    longer rendering adds is exactly what the template would put there. A template that renders earlier messages
+    differently once tool messages follow cannot be continued token-in/token-out, and is refused."""
+
+    BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.base = tokenizer.apply_chat_template(self.BASE, tokenize=False)
+        # What the template writes after an assistant message's content: its end-of-turn token (which the model
+        # samples, and which ends the turn) and any glue after it (Qwen: "<|im_end|>" then "\n").
+        self.after_content = self.base[self.base.rindex("y") + 1:]
+
+    def __call__(self, texts: list[str], stop_text: str) -> list[int]:
+        """`texts`: the turn's tool responses, in call order; `stop_text`: the text of the token that ended the turn."""
+        messages = [*self.BASE, *({"role": "tool", "content": t} for t in texts)]
+        full = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if not full.startswith(self.base):
+            raise ValueError("the chat template renders the conversation before a tool message differently once one follows, so "
+                             "tool responses cannot be appended as ids; use a model whose template renders tool messages in order "
+                             "(Qwen2.5, Qwen3, Llama 3.1)")
+        glue = self.after_content[len(stop_text):] if self.after_content.startswith(stop_text) else self.after_content
+        return self.tokenizer.encode(glue + full[len(self.base):], add_special_tokens=False)
+
+
+@dataclass
+class Trajectory:
+    """One row: the prompt's ids, the response so far (sampled and appended ids), what each response id is."""
+
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)       # 1: sampled by the policy, 0: tool response / glue
+    log_probs: list[float] = field(default_factory=list)   # the rollout's log-prob of each sampled id (0 elsewhere)
+    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TURN_COUNTERS, 0))
+    user_turns: int = 0
+    done: bool = False
+
+    def append(self, ids: list[int], log_probs: list[float] | None = None) -> None:
+        self.ids += ids
+        self.sampled += [int(log_probs is not None)] * len(ids)
+        self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
+
+
+class AgentLoop:
+    """Runs multi-turn trajectories for a batch of prompts; one per rollout worker, its tool processes kept."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer, tools: ToolRunner, settings: MultiTurnSettings) -> None:
+        self.engine, self.tokenizer, self.tools, self.settings = engine, tokenizer, tools, settings
+        self.parse = PARSERS[settings.format]
+        self.tool_ids = ToolResponseIds(tokenizer)
+        self.stats: dict[str, float] = {}  # the last run: engine calls, prefill tokens computed and reused
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams,
+            tools_kwargs: list[dict] | None = None) -> tuple[RolloutOutput, dict[str, torch.Tensor]]:
+        """Left-padded prompts `[batch, prompt_len]` -> the trajectories as a RolloutOutput (responses right-padded to
+        `sampling.max_tokens`, the whole trajectory's budget, with `loss_mask`) and per-row counters `[batch]`
+        (num_turns, tool_calls, tool_errors, tool_timeouts, truncated)."""
+        rows = [Trajectory(ids.tolist()) for ids in (r[m.bool()] for r, m in zip(input_ids, attention_mask))]
+        self.tools.start(tools_kwargs or [{} for _ in rows])
+        self.stats = dict.fromkeys(("agent/engine_calls", "agent/prefill_tokens", "agent/reused_tokens"), 0.0)
+        kept: dict[int, int] | None = None  # row -> its position in the last engine call (whose KV the engine kept)
+        try:
+            while live := [i for i, t in enumerate(rows) if not t.done]:
+                kept = self._turn(rows, live, sampling, kept)
+        finally:
+            self.tools.finish()
+        return self._output(rows, sampling.max_tokens), {k: torch.tensor([t.stats[k] for t in rows]) for k in TURN_COUNTERS}
+
+    def _turn(self, rows: list[Trajectory], live: list[int], sampling: SamplingParams, kept: dict[int, int] | None) -> dict[int, int]:
+        """One wave: each live row's next assistant turn, then its tool calls. Returns row -> engine row of this call."""
+        budget = sampling.max_tokens
+        histories = [rows[i].prompt + rows[i].ids for i in live]
+        ids, mask = left_pad(histories, self.tokenizer.pad_token_id)
+        turn_tokens = max(budget - len(rows[i].ids) for i in live)
+        kwargs = {}
+        if self.engine.keeps_kv_across_calls:
+            kwargs["keep_kv"] = True
+            if kept is not None:
+                kwargs["prefix_of"] = [kept[i] for i in live]
+        out = self.engine.generate(ids, mask, replace(sampling, max_tokens=turn_tokens), **kwargs)
+        self._count_engine_call(histories)
+        calls: list[ToolCall] = []
+        by_row: dict[int, list[int]] = {}
+        for j, i in enumerate(live):
+            t = rows[i]
+            n = min(int(out.response_mask[j].sum()), budget - len(t.ids))
+            tokens = out.responses[j, :n].tolist()
+            t.append(tokens, out.response_log_probs[j, :n].tolist())
+            t.stats["num_turns"] += 1
+            ended = n > 0 and tokens[-1] in sampling.stop_token_ids
+            parsed = self.parse(self.tokenizer.decode(tokens, skip_special_tokens=False)) if ended else []
+            s = self.settings
+            if not ended or len(t.ids) >= budget:  # the budget ran out mid-turn
+                t.done, t.stats["truncated"] = True, 1
+            elif (not parsed or (s.max_assistant_turns and t.stats["num_turns"] >= s.max_assistant_turns)
+                  or (s.max_user_turns and t.user_turns >= s.max_user_turns)):
+                t.done = True
+            else:
+                by_row[i] = list(range(len(calls), len(calls) + min(len(parsed), s.max_parallel_calls)))
+                calls += [ToolCall(i, p.name, p.arguments, p.error) for p in parsed[: s.max_parallel_calls]]
+        results = self.tools.execute(calls) if calls else []
+        for i, indices in by_row.items():
+            self._append_responses(rows[i], [results[k] for k in indices], budget)
+        return {i: j for j, i in enumerate(live)}
+
+    def _append_responses(self, t: Trajectory, results: list[ToolResult], budget: int) -> None:
+        s = self.settings
+        t.stats["tool_calls"] += len(results)
+        t.stats["tool_errors"] += sum(r.status == "error" for r in results)
+        t.stats["tool_timeouts"] += sum(r.status == "timeout" for r in results)
+        texts = [truncate_text(r.text, s.max_tool_response_length, s.tool_response_truncate_side) for r in results]
+        ids = self.tool_ids(texts, self.tokenizer.decode(t.ids[-1:], skip_special_tokens=False))
+        room = budget - len(t.ids)
+        t.append(ids[:room])
+        t.user_turns += 1
+        if len(ids) >= room:  # no room left to answer: the trajectory ends inside the tool response
+            t.done, t.stats["truncated"] = True, 1
+
+    def _count_engine_call(self, histories: list[list[int]]) -> None:
+        engine_stats = getattr(self.engine, "stats", {})
+        self.stats["agent/engine_calls"] += 1
+        self.stats["agent/prefill_tokens"] += engine_stats.get("prefill_tokens", sum(map(len, histories)))
+        self.stats["agent/reused_tokens"] += engine_stats.get("reused_tokens", 0)
+
+    def _output(self, rows: list[Trajectory], width: int) -> RolloutOutput:
+        pad = self.tokenizer.pad_token_id
+        fill = lambda values, v: torch.tensor([x + [v] * (width - len(x)) for x in values])  # noqa: E731
+        return RolloutOutput(
+            responses=fill([t.ids for t in rows], pad),
+            response_log_probs=fill([t.log_probs for t in rows], 0.0).float(),
+            response_mask=fill([[1] * len(t.ids) for t in rows], 0),
+            loss_mask=fill([t.sampled for t in rows], 0),
+        )
+
+
+def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[rows, longest]` ids and attention mask, padded on the left (the engines' prompt layout)."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
