@@ -20,7 +20,7 @@ LAYERS = [  # top to bottom
     ("training engines", ("rlcore.engine",)),
     ("rollout engines", ("rlcore.rollout",)),
     ("single controller", ("rlcore.controller",)),
-    ("algorithms and rewards", ("rlcore.algos", "rlcore.reward")),
+    ("algorithms and rewards", ("rlcore.algos", "rlcore.reward", "rlcore.tools")),
     ("data", ("rlcore.data",)),
     ("models", ("rlcore.models",)),
     ("plans", ("rlcore.plan",)),

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import check_megatron, check_same_layout
+from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_vllm_rollout
 from rlcore.config.validate_rollout_corr import check_rollout_correction
@@ -234,10 +235,7 @@ def _check_unsupported(c: _Checker) -> None:
     if uses_critic(c.cfg) and c.get(key) > 1:
         c.error(f"{key}={c.get(key)} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
     check_vllm_rollout(c)
-    for key in (f"{ARR}.rollout.multi_turn.enable", f"{ARR}.rollout.multi_turn.tool_config_path"):
-        if c.get(key):
-            c.error(f"{key}={c.get(key)} (multi-turn rollouts with tools) is not supported yet by rlcore; generation is "
-                    f"single-turn: use {ARR}.rollout.multi_turn.enable=False and no tool_config_path")
+    check_multi_turn(c)
     check_reward_model(c)
     if not c.get(f"{ARR}.hybrid_engine"):
         c.error(f"{ARR}.hybrid_engine=False is not supported: rlcore colocates actor and rollout; "

@@ -28,6 +28,7 @@ RLCORE_ADDITIONS = {
     "reward_model.reward_kwargs",  # not in verl's tree: its DAPO scripts add it with `+`, which needs the dict here
     "trainer.device_memory_gb", "data.skip_bad_rows", "reward_model.score_workers", "reward_model.score_timeout_s",
     "reward_model.error_score", "reward_model.max_error_rate", "trainer.hang_timeout_s", "trainer.placement_timeout_s",
+    "actor_rollout_ref.rollout.multi_turn.tool_timeout_s",
     # verl's DAPO recipe tree (recipe/dapo/config), not its main trainer tree; defaults as there
     "data.gen_batch_size", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
     "algorithm.filter_groups.max_num_gen_batches", "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",

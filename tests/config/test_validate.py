@@ -179,10 +179,10 @@ def test_mini_batch_suggestions_satisfy_every_rule():
      "data.max_prompt_length + data.max_response_length = 13 tokens"),
     ("critic.enable=True", "critic.ppo_micro_batch_size_per_gpu is required unless critic.use_dynamic_bsz=True"),
     (f"{ARR}.hybrid_engine=False", "hybrid_engine=False is not supported"),
-    (f"{ARR}.rollout.multi_turn.enable=True", f"{ARR}.rollout.multi_turn.enable=True (multi-turn rollouts with tools) is not "
-     f"supported yet by rlcore; generation is single-turn: use {ARR}.rollout.multi_turn.enable=False"),
-    (f"{ARR}.rollout.multi_turn.tool_config_path=tools.yaml", "tool_config_path=tools.yaml (multi-turn rollouts with tools) "
-     "is not supported yet"),
+    (f"{ARR}.rollout.multi_turn.enable=True", f"multi-turn rollouts ({ARR}.rollout.multi_turn.enable=True or "
+     f"{ARR}.rollout.agent.default_agent_loop=tool_agent) need tools"),
+    (f"{ARR}.rollout.multi_turn.tool_config_path=tools.yaml", "tool_config_path=tools.yaml gives tools, but multi-turn "
+     "rollouts are off; set actor_rollout_ref.rollout.multi_turn.enable=True"),
     (f"{ARR}.actor.fsdp_config.dtype=half", f"{ARR}.actor.fsdp_config.dtype=half is not one of"),
     (f"{ARR}.rollout.max_num_seqs=4", f"{ARR}.rollout.max_num_seqs=4 is fewer than {ARR}.rollout.n=8: the native engine "
      f"decodes a prompt's n samples together; use {ARR}.rollout.max_num_seqs=256"),

@@ -1,0 +1,62 @@
+"""Rules for multi-turn rollouts with tools (`actor_rollout_ref.rollout.multi_turn.*`, `actor_rollout_ref.rollout.agent.*`,
+`data.tool_config_path`). `c` is validate's checker (get / error / choice / at_least). The tool config is loaded here,
+before Ray starts, so a missing file or a tool class that does not import fails in seconds with its fix."""
+
+from __future__ import annotations
+
+from rlcore.config.tool_config import load_tool_config
+
+MT = "actor_rollout_ref.rollout.multi_turn"
+AGENT = "actor_rollout_ref.rollout.agent"
+AGENT_LOOPS = ("single_turn_agent", "tool_agent")
+TRUNCATE_SIDES = ("left", "middle", "right")
+FORMATS = ("hermes",)
+# Keys of verl features rlcore does not have yet: what each would need.
+_UNSUPPORTED = {f"{MT}.interaction_config_path": "simulated-user interactions",
+                f"{AGENT}.agent_loop_config_path": "custom agent loops",
+                f"{AGENT}.custom_async_server.path": "custom rollout servers"}
+
+
+def multi_turn_enabled(c) -> bool:
+    """Multi-turn is on with either of verl's switches: multi_turn.enable or the tool_agent loop."""
+    return bool(c.get(f"{MT}.enable")) or c.get(f"{AGENT}.default_agent_loop") == "tool_agent"
+
+
+def tool_config_key(c) -> str | None:
+    """The key that names the tool config: multi_turn.tool_config_path, else data.tool_config_path, else None."""
+    for key in (f"{MT}.tool_config_path", "data.tool_config_path"):
+        if c.get(key):
+            return key
+    return None
+
+
+def check_multi_turn(c) -> None:
+    c.choice(f"{AGENT}.default_agent_loop", AGENT_LOOPS)
+    for key, feature in _UNSUPPORTED.items():
+        if c.get(key):
+            c.error(f"{key}={c.get(key)} ({feature}) is not supported yet by rlcore; unset it ({key}=null)")
+    key = tool_config_key(c)
+    if not multi_turn_enabled(c):
+        if key:
+            c.error(f"{key}={c.get(key)} gives tools, but multi-turn rollouts are off; set {MT}.enable=True to let the model "
+                    f"call them, or drop {key}")
+        return
+    if key is None:
+        c.error(f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools; set "
+                f"{MT}.tool_config_path to a tool config such as config/tools/gsm8k_calculator.yaml")
+    else:
+        try:
+            load_tool_config(c.get(key))
+        except ValueError as err:
+            c.error(f"{key}={c.get(key)}: {err}")
+    c.choice(f"{MT}.format", FORMATS)
+    c.choice(f"{MT}.tool_response_truncate_side", TRUNCATE_SIDES)
+    c.at_least(f"{MT}.max_tool_response_length", 1, fix=256)
+    c.at_least(f"{MT}.max_parallel_calls", 1)
+    timeout = c.get(f"{MT}.tool_timeout_s")
+    if timeout is None or timeout <= 0:
+        c.error(f"{MT}.tool_timeout_s={timeout} must be > 0 (seconds a tool call may run); use {MT}.tool_timeout_s=30")
+    c.at_least(f"{AGENT}.num_workers", 1, fix=8)
+    for turns in ("max_assistant_turns", "max_user_turns"):
+        if c.get(f"{MT}.{turns}") is not None:
+            c.at_least(f"{MT}.{turns}", 1, fix=5)
