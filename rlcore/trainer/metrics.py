@@ -6,7 +6,6 @@ import torch
 
 from rlcore.algos.value import explained_variance
 from rlcore.protocol import DataProto
-from rlcore.rollout.agent_loop import TURN_COUNTERS  # noqa: F401  (the per-row columns of a multi-turn batch)
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

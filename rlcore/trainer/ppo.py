@@ -14,7 +14,8 @@ from rlcore.protocol import DataProto
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
-from rlcore.trainer.metrics import TURN_COUNTERS, data_metrics, multi_turn_metrics, throughput_metrics
+from rlcore.rollout.agent_loop import TURN_COUNTERS
+from rlcore.trainer.metrics import data_metrics, multi_turn_metrics, throughput_metrics
 from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 from rlcore.utils import checkpoint

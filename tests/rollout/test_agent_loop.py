@@ -4,6 +4,7 @@ the native engine's KV kept across turns."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import torch
@@ -175,3 +176,31 @@ def test_tool_response_ids_are_the_templates_tool_turn_and_generation_prompt():
     # A turn ended by another stop token still gets the template's end of turn before the tool message.
     assert tokenizer.decode(render(["1"], "<|pad|>"), skip_special_tokens=False) == \
         "<|endoftext|><|user|><tool_response>1</tool_response><|assistant|>"
+
+
+def test_hermes_calls_run_in_tool_processes_and_failures_come_back_as_text(tmp_path):
+    """The real runner: an add call answers with the sum, a raising tool and a hanging one (killed after
+    tool_timeout_s) answer with their error as the tool's text and are counted; the step neither fails nor hangs."""
+    from rlcore.config.tool_config import ToolSpec
+    from rlcore.tools.builtin import AddTool
+    from rlcore.tools.runner import ToolRunner
+    from rlcore.tools.testing import schema
+
+    specs = [ToolSpec("rlcore.tools.builtin.AddTool", {}, AddTool.TOOL_SCHEMA), ToolSpec("rlcore.tools.testing.RaisingTool", {}, schema("boom")),
+             ToolSpec("rlcore.tools.testing.SleepingTool", {}, schema("hang"))]
+    call = lambda name, args: '<tool_call>{"name":"%s","arguments":%s}</tool_call>' % (name, args)  # noqa: E731
+    tokenizer = build_char_tokenizer()
+    engine = ScriptedEngine(tokenizer, [[call("add", '{"a":123,"b":456}') + call("add", '{"a":1,"b":2}'), "579"],
+                                        [call("boom", "{}"), "?"], [call("hang", '{"seconds":60}'), "?"], ["<tool_call>{not json</tool_call>", "!"]])
+    ids, mask = prompts(tokenizer, ["a", "b", "c", "d"])
+    with ToolRunner(specs, num_workers=2, timeout_s=1.0) as tools:
+        loop = AgentLoop(engine, tokenizer, tools, MultiTurnSettings(max_parallel_calls=1))
+        began = time.perf_counter()
+        out, counters = loop.run(ids, mask, SamplingParams(max_tokens=200, stop_token_ids=[tokenizer.eos_token_id]))
+        seconds = time.perf_counter() - began
+    texts = [tokenizer.decode(out.responses[r, : int(out.response_mask[r].sum())]) for r in range(4)]
+    assert "<tool_response>579</tool_response><|assistant|>579" in texts[0] and "<tool_response>3<" not in texts[0]  # max_parallel_calls=1
+    assert "<tool_response>error: " in texts[1] and "error: tool hang timed out" in texts[2] and "<tool_response>error: " in texts[3]
+    assert counters["tool_calls"].tolist() == [1, 1, 1, 1] and counters["num_turns"].tolist() == [2, 2, 2, 2]
+    assert counters["tool_errors"].tolist() == [0, 1, 0, 1] and counters["tool_timeouts"].tolist() == [0, 0, 1, 0]
+    assert seconds < 1.0 + 10  # one timeout, not the tool's 60 s (process start-up included)
