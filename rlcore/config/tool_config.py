@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
 _METHODS = ("create", "execute", "release")
 
@@ -128,3 +129,24 @@ def _check_schema(schema: dict, where: str, errors: list[str]) -> None:
     required = params.get("required", [])
     if not isinstance(required, list) or any(r not in properties for r in required):
         errors.append(f"{where}.function.parameters.required={required!r} must list names from properties ({', '.join(properties) or 'none'})")
+
+
+MT = "actor_rollout_ref.rollout.multi_turn"
+AGENT = "actor_rollout_ref.rollout.agent"
+
+
+def tools_enabled(cfg) -> bool:
+    """Multi-turn rollouts with tools are on with either of verl's switches: multi_turn.enable or the tool_agent loop."""
+    return bool(OmegaConf.select(cfg, f"{MT}.enable")) or OmegaConf.select(cfg, f"{AGENT}.default_agent_loop") == "tool_agent"
+
+
+def tool_config_key_of(cfg) -> str | None:
+    """The key that names the tool config: multi_turn.tool_config_path, else data.tool_config_path, else None."""
+    return next((key for key in (f"{MT}.tool_config_path", "data.tool_config_path") if OmegaConf.select(cfg, key)), None)
+
+
+def tool_schemas(cfg) -> list[dict] | None:
+    """The OpenAI schemas of the configured tools when multi-turn is on (what chat templates render into the
+    prompt, so the model knows its tools), else None."""
+    key = tool_config_key_of(cfg) if tools_enabled(cfg) else None
+    return [spec.tool_schema for spec in load_tool_config(OmegaConf.select(cfg, key))] if key else None

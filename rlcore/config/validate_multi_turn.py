@@ -4,10 +4,8 @@ before Ray starts, so a missing file or a tool class that does not import fails 
 
 from __future__ import annotations
 
-from rlcore.config.tool_config import load_tool_config
+from rlcore.config.tool_config import AGENT, MT, load_tool_config, tool_config_key_of, tools_enabled
 
-MT = "actor_rollout_ref.rollout.multi_turn"
-AGENT = "actor_rollout_ref.rollout.agent"
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")
 TRUNCATE_SIDES = ("left", "middle", "right")
 FORMATS = ("hermes",)
@@ -18,16 +16,11 @@ _UNSUPPORTED = {f"{MT}.interaction_config_path": "simulated-user interactions",
 
 
 def multi_turn_enabled(c) -> bool:
-    """Multi-turn is on with either of verl's switches: multi_turn.enable or the tool_agent loop."""
-    return bool(c.get(f"{MT}.enable")) or c.get(f"{AGENT}.default_agent_loop") == "tool_agent"
+    return tools_enabled(c.cfg)
 
 
 def tool_config_key(c) -> str | None:
-    """The key that names the tool config: multi_turn.tool_config_path, else data.tool_config_path, else None."""
-    for key in (f"{MT}.tool_config_path", "data.tool_config_path"):
-        if c.get(key):
-            return key
-    return None
+    return tool_config_key_of(c.cfg)
 
 
 def check_multi_turn(c) -> None:

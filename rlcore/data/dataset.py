@@ -51,6 +51,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         return_raw_chat: also return the messages as `raw_prompt`.
         row_checks: extra checks of each row (rlcore.data.row_checks); the prompt's shape is always checked.
         skip_bad_rows: drop rows a check rejects (counted on stdout) instead of refusing the whole dataset.
+        tools: OpenAI function schemas the chat template renders into each prompt (multi-turn rollouts with tools).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         return_raw_chat: bool,
         row_checks: list[RowCheck] = (),
         skip_bad_rows: bool = False,
+        tools: list[dict] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {TRUNCATION_MODES}")
@@ -78,6 +80,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.max_prompt_length = max_prompt_length
         self.truncation = truncation
         self.return_raw_chat = return_raw_chat
+        self.tools = tools
 
         files = [data_files] if isinstance(data_files, str) else list(data_files)
         files = [os.path.expanduser(f) for f in files]
@@ -120,7 +123,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.row_positions = [pos for _, pos in origins]
 
     def _render(self, row: dict[str, Any]) -> str:
-        return self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=False, tools=self.tools)
 
     def __len__(self) -> int:
         return len(self.rows)

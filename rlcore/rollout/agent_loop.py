@@ -40,11 +40,6 @@ class MultiTurnSettings:
     format: str = "hermes"
 
 
-def multi_turn_enabled(rollout_cfg) -> bool:
-    """verl turns the tool agent loop on either way: `multi_turn.enable=True` or `agent.default_agent_loop=tool_agent`."""
-    return bool(rollout_cfg.multi_turn.enable) or rollout_cfg.agent.default_agent_loop == "tool_agent"
-
-
 def truncate_text(text: str, limit: int, side: str) -> str:
     """`text` cut to `limit` characters (plus a marker): "left" keeps the start, "right" the end, "middle" both."""
     if len(text) <= limit:

@@ -7,6 +7,7 @@ from functools import partial
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
+from rlcore.config.tool_config import tool_schemas
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
 from rlcore.data.row_checks import rule_score_problem
@@ -29,11 +30,14 @@ def build_data(cfg: DictConfig):
     rule = [] if cfg.custom_reward_function.path else [partial(rule_score_problem, source_key=data.reward_fn_key,
                                                                 scored_sources=registered_data_sources())]
 
+    tools = tool_schemas(cfg)  # rendered into the prompt by the chat template, as verl's dataset does
+
     def dataset(files, max_samples, checks):
         return RLHFDataset(
             _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
             filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
             max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
+            tools=tools,
         )
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed

@@ -13,8 +13,8 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
-from rlcore.config.tool_config import load_tool_config
-from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings, multi_turn_enabled
+from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
+from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.weight_sync import sync_weights
@@ -47,7 +47,7 @@ class ActorRolloutRefWorker(RoleWorker):
             self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
             offload(self.ref)
         self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
-        self.agent_loop = self._agent_loop() if multi_turn_enabled(cfg.rollout) else None
+        self.agent_loop = self._agent_loop() if tools_enabled(self.config) else None
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
         offload(self.actor)
 
@@ -80,7 +80,7 @@ class ActorRolloutRefWorker(RoleWorker):
         """Multi-turn rollouts with tools: the tool processes start once and serve every rollout of this worker."""
         rollout = self.config.actor_rollout_ref.rollout
         mt = rollout.multi_turn
-        specs = load_tool_config(mt.tool_config_path or self.config.data.tool_config_path)
+        specs = load_tool_config(OmegaConf.select(self.config, tool_config_key_of(self.config)))
         settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
                                      max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
                                      tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)

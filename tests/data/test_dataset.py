@@ -150,3 +150,16 @@ def test_collate_fn_stacks_tensors_and_keeps_objects(tmp_path):
     assert batch["raw_prompt"][0] == [{"role": "user", "content": "1+2="}]
     single = collate_fn([ds[0]])  # a one-row batch must not unwrap the one-message list
     assert single["raw_prompt"].shape == (1,) and single["raw_prompt"][0] == [{"role": "user", "content": "1+2="}]
+
+
+def test_tool_schemas_are_rendered_into_the_prompt_by_the_chat_template(tmp_path):
+    """With tools configured the dataset passes their schemas to the chat template, as verl's does (Qwen's template
+    lists them in its system turn); here a template that prints each tool's name before the messages."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% for t in tools or [] %}{{ t['function']['name'] }};{% endfor %}" + tokenizer.chat_template
+    path = write_parquet([row("1+2=", index=0)], str(tmp_path / "d.parquet"))
+    kw = dict(prompt_key="prompt", max_prompt_length=16, filter_overlong_prompts=False, truncation="error", max_samples=-1, return_raw_chat=False)
+    with_tools = RLHFDataset(path, tokenizer, tools=[{"type": "function", "function": {"name": "add"}}], **kw)[0]
+    without = RLHFDataset(path, tokenizer, **kw)[0]
+    assert with_tools["input_ids"][with_tools["attention_mask"].bool()].tolist() == ids_of("add;") + [USER, *ids_of("1+2="), ASSISTANT]
+    assert without["input_ids"][without["attention_mask"].bool()].tolist() == [USER, *ids_of("1+2="), ASSISTANT]
