@@ -23,13 +23,16 @@ SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, *ROLE_TOKENS, UNK_TOKEN)
 CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 # `<|role|>content` per message, assistant turns closed by eos, and a trailing `<|assistant|>` to prompt generation.
+# A tool result is a user turn `<|user|><tool_response>content</tool_response>`, as Qwen renders tool messages; the
+# tags are plain characters (no new ids), so system/user/assistant text and the 102-id vocabulary are unchanged.
 # Unknown roles fail loudly instead of being spelled out character by character.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('unsupported chat role ' + message['role'] + '; use system, user or assistant') }}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unsupported chat role ' + message['role'] + '; use system, user, assistant or tool') }}"
     "{% endif %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] }}"
+    "{% if message['role'] == 'tool' %}{{ '<|user|><tool_response>' + message['content'] + '</tool_response>' }}"
+    "{% else %}{{ '<|' + message['role'] + '|>' + message['content'] }}{% endif %}"
     "{% if message['role'] == 'assistant' %}{{ '<|endoftext|>' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"

@@ -43,8 +43,21 @@ def test_chat_template_roles_and_eos(tok):
         {"role": "assistant", "content": "2"},
     ]
     assert tok.apply_chat_template(messages, tokenize=False) == "<|system|>Add.<|user|>1+1=<|assistant|>2<|endoftext|>"
-    with pytest.raises(Exception, match="unsupported chat role tool"):
-        tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+    with pytest.raises(Exception, match="unsupported chat role function"):
+        tok.apply_chat_template([{"role": "function", "content": "x"}], tokenize=False)
+
+
+def test_chat_template_tool_role_is_a_user_turn(tok):
+    # The agent loop appends exactly these ids after a tool call's eos, so the template must render them the same.
+    call = '<tool_call>{"name":"add","arguments":{"a":1,"b":2}}</tool_call>'
+    messages = [{"role": "user", "content": "1+2+3="}, {"role": "assistant", "content": call},
+                {"role": "tool", "content": "3"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == f"<|user|>1+2+3=<|assistant|>{call}<|endoftext|><|user|><tool_response>3</tool_response><|assistant|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    markers = ("<|user|>", "<|assistant|>", "<|endoftext|>", "<|user|>", "<|assistant|>")  # one id each
+    assert len(ids) == len(text) - sum(len(m) - 1 for m in markers)
+    assert tok.decode(ids, skip_special_tokens=True) == f"1+2+3={call}<tool_response>3</tool_response>"
 
 
 def test_decode_round_trip_without_inserted_spaces(tok):
