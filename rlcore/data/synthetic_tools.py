@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rlcore.data.synthetic import write_parquet
+from rlcore.data.synthetic import task_row, write_parquet
 
 TASK_NAME = "tiny_add3"
 OPERAND_LOW, OPERAND_HIGH = 100, 999  # every operand has exactly three digits
@@ -50,17 +50,7 @@ def make_add3_rows(num_rows: int, seed: int, exclude: frozenset[tuple[int, int, 
         for t in rng.integers(OPERAND_LOW, OPERAND_HIGH + 1, size=(num_rows - len(triples), 3)).tolist():
             if tuple(t) not in exclude:
                 triples.setdefault(tuple(t), None)
-    rows = []
-    for index, (a, b, c) in enumerate(triples):
-        answer = str(a + b + c)
-        rows.append({
-            "data_source": TASK_NAME,
-            "prompt": [{"role": "user", "content": f"{a}+{b}+{c}="}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": split, "index": index, "answer": answer},
-        })
-    return rows
+    return [task_row(TASK_NAME, f"{a}+{b}+{c}=", str(a + b + c), split, index) for index, (a, b, c) in enumerate(triples)]
 
 
 def row_operands(row: dict[str, Any]) -> tuple[int, int, int]:
