@@ -4,8 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
+TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: env vllm-env test-vllm train train-rm test test-fast test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: env vllm-env test-vllm train train-rm train-tools test test-fast test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 env: $(STAMP)
 
@@ -40,6 +41,12 @@ $(VLLM_STAMP): setup.cfg pyproject.toml constraints.txt Makefile
 train: $(STAMP)
 	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
 	$(PY) -m rlcore.train recipe=tiny_cpu $(ARGS)
+
+# The tool-use demo: sums of three 3-digit numbers with an add(a, b) tool. Builds the task, tokenizer, model and
+# an SFT warm-start on tool-call traces (cached), then runs GRPO with multi-turn tool-calling rollouts.
+train-tools: $(STAMP)
+	$(PY) -m rlcore.cli.prepare_tiny_tools --out_dir $(TOOLS_DIR)
+	$(PY) -m rlcore.train recipe=tiny_cpu_tools $(ARGS)
 
 # The reward-model demo: preference pairs and a stronger base from the tiny task (cached), a reward model trained
 # on them (rlcore-rm), a second round on the wrong answers it prefers, then PPO whose only reward is that model;

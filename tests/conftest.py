@@ -6,7 +6,7 @@ import pytest
 import torch
 
 
-def build_tiny_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64) -> str:
+def build_tiny_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64, max_position_embeddings: int = 64) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlcore.data.tokenizer import build_char_tokenizer
@@ -15,7 +15,7 @@ def build_tiny_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int 
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )
     Qwen2ForCausalLM(config).save_pretrained(path)

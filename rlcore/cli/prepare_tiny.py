@@ -43,11 +43,12 @@ def sft_config(out_dir: str, *overrides: str):
                         f"trainer.export_dir={d}/sft_model", *overrides], "sft_tiny_cpu")
 
 
-def tiny_config(tokenizer, s: dict) -> Qwen2Config:
+def tiny_config(tokenizer, s: dict, max_position_embeddings: int = 64) -> Qwen2Config:
+    """A small Qwen2 over the char tokenizer, sized by settings `s` (hidden/intermediate size, layers, heads)."""
     return Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=s["hidden_size"], intermediate_size=s["intermediate_size"],
         num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
-        num_key_value_heads=s["num_key_value_heads"], max_position_embeddings=64, tie_word_embeddings=False,
+        num_key_value_heads=s["num_key_value_heads"], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )
 

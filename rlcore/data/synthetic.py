@@ -62,19 +62,18 @@ def make_addition_rows(
     pairs = [(low + int(k) // width, low + int(k) % width) for k in flat]
     pairs = [p for p in pairs if p not in excluded][:num_rows]
 
-    rows = []
-    for index, (a, b) in enumerate(pairs):
-        answer = str(a + b)
-        rows.append(
-            {
-                "data_source": TASK_NAME,
-                "prompt": [{"role": "user", "content": f"{a}+{b}="}],
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {"split": split, "index": index, "answer": answer},
-            }
-        )
-    return rows
+    return [task_row(TASK_NAME, f"{a}+{b}=", str(a + b), split, index) for index, (a, b) in enumerate(pairs)]
+
+
+def task_row(data_source: str, question: str, answer: str, split: str, index: int) -> dict[str, Any]:
+    """One verl-format row: the question as a single user turn, the answer as the rule scorer's ground truth."""
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": index, "answer": answer},
+    }
 
 
 def row_operands(row: dict[str, Any]) -> tuple[int, int]:

@@ -22,6 +22,8 @@ _EXTRACTORS: dict[str, AnswerExtractor] = {}
 # Must equal rlcore.data.synthetic.TASK_NAME (a test checks it); not imported so that scorers stay importable
 # without pyarrow / torch, e.g. in light reward-worker processes.
 TINY_ADD = "tiny_add"
+# Must equal rlcore.data.synthetic_tools.TASK_NAME (a test checks it): three 3-digit numbers, solved with a tool.
+TINY_ADD3 = "tiny_add3"
 
 
 def _register(table: dict[str, Callable], kind: str, data_sources: tuple[str, ...], override: str) -> Callable[[Callable], Callable]:
@@ -84,6 +86,23 @@ def tiny_add_score(solution_str: str, ground_truth: str, extra_info: dict[str, A
 def tiny_add_answer(solution_str: str) -> str:
     """The whole response, whitespace stripped: what tiny_add_score compares."""
     return solution_str.strip()
+
+
+@register_answer_extractor(TINY_ADD3)
+def tiny_add3_answer(solution_str: str) -> str:
+    """The text after the last `</tool_response>` (the whole response if no tool answered), whitespace stripped.
+
+    The response is the whole multi-turn trajectory decoded without special tokens, e.g.
+    `<tool_call>..</tool_call><tool_response>579</tool_response><tool_call>..</tool_call><tool_response>1368</tool_response>1368`,
+    so the final assistant turn is what follows the last tool response.
+    """
+    return solution_str.rpartition("</tool_response>")[2].strip()
+
+
+@register_scorer(TINY_ADD3)
+def tiny_add3_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
+    """1.0 iff the final answer (tiny_add3_answer) is exactly the ground-truth sum; the tool calls are not graded."""
+    return 1.0 if tiny_add3_answer(solution_str) == str(ground_truth).strip() else 0.0
 
 
 # verl's strict format: "#### " then the number (minus sign, digits, dots, commas).

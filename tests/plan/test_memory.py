@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from conftest import build_tiny_model_dir
 
 from rlcore.config import CONFIG_DIR, compose
 from rlcore.config.validate import diagnose
@@ -193,10 +194,13 @@ def test_unknown_model_is_named_not_guessed():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_every_recipe_is_planned_and_fits(recipe, request):
-    # the tiny recipes point at assets `make train` builds: plan them on the test fixture's model instead
+def test_every_recipe_is_planned_and_fits(recipe, request, tmp_path):
+    # the tiny recipes point at assets `make train` builds: plan them on the test fixture's model instead, or on one
+    # with the tool-use demo's 272 positions (prompt 16 + response 256) for that recipe
     local = recipe.stem.startswith("tiny")
     model = request.getfixturevalue("tiny_model_dir") if local else None
+    if recipe.stem == "tiny_cpu_tools":
+        model = build_tiny_model_dir(str(tmp_path), max_position_embeddings=272)
     mem = _plan(*([f"{ARR}.model.path={model}", f"critic.model.path={model}"] if local else []), recipe=recipe.stem)
     assert mem.roles and not mem.errors and mem.ok
     # The seed's card is full: its critic update shares each 24 GB card with vLLM's share and three processes'

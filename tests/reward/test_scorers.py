@@ -26,6 +26,25 @@ def test_tiny_add(response, score):
     assert default_compute_score("tiny_add", response, "82") == score
 
 
+CALL = '<tool_call>{"name":"add","arguments":{"a":123,"b":456}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    "response, score",
+    [
+        (f"{CALL}<tool_response>579</tool_response>{CALL}<tool_response>1368</tool_response>1368", 1.0),
+        (f"{CALL}<tool_response>1368</tool_response> 1368\n", 1.0),  # stripped
+        ("1368", 1.0),  # no tool call: the whole response is the answer
+        (f"{CALL}<tool_response>1368</tool_response>", 0.0),  # the tool's result is not an answer
+        (f"{CALL}<tool_response>1368</tool_response>1369", 0.0),
+        (f"{CALL}<tool_response>1368</tool_response>{CALL}", 0.0),  # ran out of turns mid-call
+        ("1368</tool_response>13", 0.0),  # the LAST </tool_response> counts
+    ],
+)
+def test_tiny_add3(response, score):
+    assert default_compute_score("tiny_add3", response, "1368") == score
+
+
 @pytest.mark.parametrize(
     "response, ground_truth, score",
     [
@@ -80,6 +99,7 @@ def test_register_scorer():
 
 def test_answer_extractors_give_what_the_scorer_compares():
     assert answer_extractor("tiny_add")(" 82\n") == "82"
+    assert answer_extractor("tiny_add3")("<tool_response>12</tool_response>3</tool_response> 1368\n") == "1368"
     for source in ("gsm8k", "openai/gsm8k"):
         extract = answer_extractor(source)
         assert extract("so 1000 in all\n#### 1,000.") == "1000" and extract("#### 3\n#### -4") == "-4"
