@@ -287,10 +287,7 @@ def test_recipes_folder_has_only_yaml_recipes():
 
 
 # Recipes for features rlcore does not have yet: every other rule holds, and the refusal is exactly this.
-NOT_YET: dict[str, list[str]] = {
-    # the tool-use demo's assets land before the agent loop (multi-turn rollouts) that runs it
-    "tiny_cpu_tools": [f"{ARR}.rollout.multi_turn.enable=True", f"{ARR}.rollout.multi_turn.tool_config_path=config/tools/tiny_add.yaml"],
-}
+NOT_YET: dict[str, list[str]] = {}
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
