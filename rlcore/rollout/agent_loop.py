@@ -25,7 +25,9 @@ from rlcore.tools.runner import ToolCall, ToolResult, ToolRunner
 
 TRUNCATED = "...(truncated)..."
 PARSERS: dict[str, Callable[[str], list[ParsedCall]]] = {"hermes": parse_hermes}  # multi_turn.format -> parser
-TURN_COUNTERS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "truncated")  # per-trajectory counters
+# Per-trajectory columns of a multi-turn batch: counters, and the sum of the tools' step rewards (what a scorer can
+# add to the outcome: the reward manager passes it as extra_info["tool_rewards"]).
+TURN_COUNTERS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "truncated", "tool_rewards")
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class Trajectory:
     ids: list[int] = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)       # 1: sampled by the policy, 0: tool response / glue
     log_probs: list[float] = field(default_factory=list)   # the rollout's log-prob of each sampled id (0 elsewhere)
-    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TURN_COUNTERS, 0))
+    stats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TURN_COUNTERS, 0))
     user_turns: int = 0
     done: bool = False
 
@@ -111,7 +113,7 @@ class AgentLoop:
             tools_kwargs: list[dict] | None = None) -> tuple[RolloutOutput, dict[str, torch.Tensor]]:
         """Left-padded prompts `[batch, prompt_len]` -> the trajectories as a RolloutOutput (responses right-padded to
         `sampling.max_tokens`, the whole trajectory's budget, with `loss_mask`) and per-row counters `[batch]`
-        (num_turns, tool_calls, tool_errors, tool_timeouts, truncated)."""
+        (num_turns, tool_calls, tool_errors, tool_timeouts, truncated; tool_rewards, the step rewards' sum)."""
         rows = [Trajectory(ids.tolist()) for ids in (r[m.bool()] for r, m in zip(input_ids, attention_mask))]
         self.tools.start(tools_kwargs or [{} for _ in rows])
         self.stats = dict.fromkeys(("agent/engine_calls", "agent/prefill_tokens", "agent/reused_tokens"), 0.0)
@@ -121,7 +123,8 @@ class AgentLoop:
                 kept = self._turn(rows, live, sampling, kept)
         finally:
             self.tools.finish()
-        return self._output(rows, sampling.max_tokens), {k: torch.tensor([t.stats[k] for t in rows]) for k in TURN_COUNTERS}
+        return self._output(rows, sampling.max_tokens), {k: torch.tensor([t.stats[k] for t in rows], dtype=torch.float32 if k == "tool_rewards" else torch.long)
+                                                       for k in TURN_COUNTERS}
 
     def _turn(self, rows: list[Trajectory], live: list[int], sampling: SamplingParams, kept: dict[int, int] | None) -> dict[int, int]:
         """One wave: each live row's next assistant turn, then its tool calls. Returns row -> engine row of this call."""
@@ -165,6 +168,7 @@ class AgentLoop:
         t.stats["tool_calls"] += len(results)
         t.stats["tool_errors"] += sum(r.status == "error" for r in results)
         t.stats["tool_timeouts"] += sum(r.status == "timeout" for r in results)
+        t.stats["tool_rewards"] += sum(r.reward for r in results if r.reward is not None)
         texts = [truncate_text(r.text, s.max_tool_response_length, s.tool_response_truncate_side) for r in results]
         ids = self.tool_ids(texts, self.tokenizer.decode(t.ids[-1:], skip_special_tokens=False))
         room = budget - len(t.ids)

@@ -48,7 +48,7 @@ def multi_turn_metrics(batch: DataProto) -> dict[str, float]:
         **_stats("num_turns", b["num_turns"]),
         "tool/calls": calls, "tool/errors": float(b["tool_errors"].sum()), "tool/timeouts": float(b["tool_timeouts"].sum()),
         "tool/error_rate": failures / max(calls, 1.0), "tool/calls_per_trajectory": b["tool_calls"].float().mean().item(),
-        "multi_turn/truncated_ratio": b["truncated"].float().mean().item(),
+        "multi_turn/truncated_ratio": b["truncated"].float().mean().item(), "tool/rewards_mean": b["tool_rewards"].float().mean().item(),
     }
 
 

@@ -87,3 +87,19 @@ def test_the_trainer_builds_the_configured_manager_from_verl_keys():
     reward_fn, _ = build_reward_fns(cfg, build_char_tokenizer())
     assert isinstance(reward_fn, DapoRewardManager) and reward_fn.max_resp_len == 5
     assert reward_fn.shape_score(1.0, 5, {}) == pytest.approx(0.5)  # 2 tokens past 3: -0.5 x 2 / 2
+
+
+def outcome_plus_tool_rewards(data_source, solution_str, ground_truth, extra_info=None):
+    return len(solution_str) + extra_info["tool_rewards"]
+
+
+def test_a_multi_turn_trajectory_is_scored_whole_with_its_tools_step_rewards():
+    """Tool responses are not sampled (response_mask 0) but part of the text the scorer reads (the attention mask
+    counts them); the tools' step rewards reach the scorer as extra_info["tool_rewards"]."""
+    manager = build_reward_manager("naive", build_char_tokenizer(), outcome_plus_tool_rewards, "data_source", {})
+    data = batch([2, 5])
+    data.batch["attention_mask"] = torch.cat([torch.ones(2, 3, dtype=torch.long), data.batch["response_mask"]], -1)
+    data.batch["response_mask"] = torch.tensor([[1, 1] + [0] * 8, [1, 0, 0, 0, 1] + [0] * 5])  # 3 tool tokens in row 1
+    data.batch["tool_rewards"] = torch.tensor([0.0, 0.25])
+    scores, _ = manager(data)
+    assert scores[0, 1] == 2.0 and scores[1, 4] == 5.25 and scores.sum() == 7.25  # on each trajectory's last token

@@ -187,20 +187,25 @@ def test_hermes_calls_run_in_tool_processes_and_failures_come_back_as_text(tmp_p
     from rlcore.tools.testing import schema
 
     specs = [ToolSpec("rlcore.tools.builtin.AddTool", {}, AddTool.TOOL_SCHEMA), ToolSpec("rlcore.tools.testing.RaisingTool", {}, schema("boom")),
-             ToolSpec("rlcore.tools.testing.SleepingTool", {}, schema("hang"))]
+             ToolSpec("rlcore.tools.testing.SleepingTool", {}, schema("hang")), ToolSpec("rlcore.tools.testing.CounterTool", {}, schema("count"))]
     call = lambda name, args: '<tool_call>{"name":"%s","arguments":%s}</tool_call>' % (name, args)  # noqa: E731
     tokenizer = build_char_tokenizer()
     engine = ScriptedEngine(tokenizer, [[call("add", '{"a":123,"b":456}') + call("add", '{"a":1,"b":2}'), "579"],
-                                        [call("boom", "{}"), "?"], [call("hang", '{"seconds":60}'), "?"], ["<tool_call>{not json</tool_call>", "!"]])
-    ids, mask = prompts(tokenizer, ["a", "b", "c", "d"])
+                                        [call("boom", "{}"), "?"], [call("hang", '{"seconds":60}'), "?"], ["<tool_call>{not json</tool_call>", "!"],
+                                        [call("count", "{}"), call("count", "{}"), "done"]])
+    ids, mask = prompts(tokenizer, ["a", "b", "c", "d", "e"])
+    tools_kwargs = [{}, {}, {}, {}, {"count": {"create_kwargs": {"start": 10}}}]  # verl's extra_info.tools_kwargs
     with ToolRunner(specs, num_workers=2, timeout_s=1.0) as tools:
         loop = AgentLoop(engine, tokenizer, tools, MultiTurnSettings(max_parallel_calls=1))
         began = time.perf_counter()
-        out, counters = loop.run(ids, mask, SamplingParams(max_tokens=200, stop_token_ids=[tokenizer.eos_token_id]))
+        out, counters = loop.run(ids, mask, SamplingParams(max_tokens=200, stop_token_ids=[tokenizer.eos_token_id]), tools_kwargs)
         seconds = time.perf_counter() - began
-    texts = [tokenizer.decode(out.responses[r, : int(out.response_mask[r].sum())]) for r in range(4)]
+    texts = [tokenizer.decode(out.responses[r, : int(out.response_mask[r].sum())]) for r in range(5)]
     assert "<tool_response>579</tool_response><|assistant|>579" in texts[0] and "<tool_response>3<" not in texts[0]  # max_parallel_calls=1
     assert "<tool_response>error: " in texts[1] and "error: tool hang timed out" in texts[2] and "<tool_response>error: " in texts[3]
-    assert counters["tool_calls"].tolist() == [1, 1, 1, 1] and counters["num_turns"].tolist() == [2, 2, 2, 2]
-    assert counters["tool_errors"].tolist() == [0, 1, 0, 1] and counters["tool_timeouts"].tolist() == [0, 0, 1, 0]
+    assert counters["tool_calls"].tolist() == [1, 1, 1, 1, 2] and counters["num_turns"].tolist() == [2, 2, 2, 2, 3]
+    assert counters["tool_errors"].tolist() == [0, 1, 0, 1, 0] and counters["tool_timeouts"].tolist() == [0, 0, 1, 0, 0]
+    # the per-row create_kwargs reached the tool, its instance kept its state, its step rewards were summed
+    assert "<tool_response>11</tool_response>" in texts[4] and "<tool_response>12</tool_response>" in texts[4]
+    assert counters["tool_rewards"].tolist() == [0.0, 0.0, 0.0, 0.0, 23.0]
     assert seconds < 1.0 + 10  # one timeout, not the tool's 60 s (process start-up included)
