@@ -209,3 +209,33 @@ def test_hermes_calls_run_in_tool_processes_and_failures_come_back_as_text(tmp_p
     assert "<tool_response>11</tool_response>" in texts[4] and "<tool_response>12</tool_response>" in texts[4]
     assert counters["tool_rewards"].tolist() == [0.0, 0.0, 0.0, 0.0, 23.0]
     assert seconds < 1.0 + 10  # one timeout, not the tool's 60 s (process start-up included)
+
+
+# The layout of Qwen2.5/Qwen3's chat templates (written for this test): ChatML turns, consecutive tool messages grouped
+# into one user turn of <tool_response> blocks, "<|im_end|>\n" after every turn.
+QWEN_LIKE = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_qwen_layout_continues_after_the_sampled_im_end_with_its_newline_glue():
+    """The model samples `<|im_end|>`; the template's "\\n" after it is glue, then one user turn holds every tool
+    response of the turn, then the generation prompt: exactly what the template renders for the whole conversation."""
+    tokenizer = build_char_tokenizer()  # Qwen's special tokens are spelled out character by character here
+    tokenizer.chat_template = QWEN_LIKE
+    render = ToolResponseIds(tokenizer)
+    ids = render(["579", "8"], "<|im_end|>")
+    assert tokenizer.decode(ids) == ("\n<|im_start|>user\n<tool_response>\n579\n</tool_response>\n<tool_response>\n8\n</tool_response>"
+                                     "<|im_end|>\n<|im_start|>assistant\n")
+    turn = '<tool_call>{"name": "add"}</tool_call><|im_end|>'
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": turn.removesuffix("<|im_end|>")},
+                {"role": "tool", "content": "579"}, {"role": "tool", "content": "8"}]
+    prompt = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False)
+    assert prompt + turn + tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
