@@ -123,8 +123,9 @@ class AgentLoop:
                 kept = self._turn(rows, live, sampling, kept)
         finally:
             self.tools.finish()
-        return self._output(rows, sampling.max_tokens), {k: torch.tensor([t.stats[k] for t in rows], dtype=torch.float32 if k == "tool_rewards" else torch.long)
-                                                       for k in TURN_COUNTERS}
+        counters = {k: torch.tensor([t.stats[k] for t in rows], dtype=torch.float32 if k == "tool_rewards" else torch.long)
+                    for k in TURN_COUNTERS}
+        return self._output(rows, sampling.max_tokens), counters
 
     def _turn(self, rows: list[Trajectory], live: list[int], sampling: SamplingParams, kept: dict[int, int] | None) -> dict[int, int]:
         """One wave: each live row's next assistant turn, then its tool calls. Returns row -> engine row of this call."""
@@ -150,7 +151,7 @@ class AgentLoop:
             ended = n > 0 and tokens[-1] in sampling.stop_token_ids
             parsed = self.parse(self.tokenizer.decode(tokens, skip_special_tokens=False)) if ended else []
             s = self.settings
-            if not ended or len(t.ids) >= budget:  # the budget ran out mid-turn
+            if not ended:  # the budget ran out mid-turn
                 t.done, t.stats["truncated"] = True, 1
             elif (not parsed or (s.max_assistant_turns and t.stats["num_turns"] >= s.max_assistant_turns)
                   or (s.max_user_turns and t.user_turns >= s.max_user_turns)):
@@ -178,6 +179,8 @@ class AgentLoop:
             t.done, t.stats["truncated"] = True, 1
 
     def _count_engine_call(self, histories: list[list[int]]) -> None:
+        """Prefill tokens the engine computed and reused (native); an engine that does not say (vLLM, which finds
+        reusable prefixes itself) counts every history token it was sent."""
         engine_stats = getattr(self.engine, "stats", {})
         self.stats["agent/engine_calls"] += 1
         self.stats["agent/prefill_tokens"] += engine_stats.get("prefill_tokens", sum(map(len, histories)))

@@ -262,7 +262,8 @@ class NativeRollout(RolloutEngine):
     def _keep(self, done: torch.Tensor, req: torch.Tensor, steps: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               responses: torch.Tensor) -> None:
         """Copies the KV of the rows finishing now out of their slots (before others move in): the prompt and every
-        sampled token but the last, which was never fed back."""
+        sampled token but the last, which was never fed back. These copies live outside the pool's budget (on a GPU,
+        one more copy of the rollout's KV between turns) until the next generate() or sleep()."""
         pool = self.pool
         for slot in done.nonzero().squeeze(-1).tolist():
             row, num_sampled = int(req[slot]), int(steps[slot])
