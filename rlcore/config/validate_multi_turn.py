@@ -15,21 +15,13 @@ _UNSUPPORTED = {f"{MT}.interaction_config_path": "simulated-user interactions",
                 f"{AGENT}.custom_async_server.path": "custom rollout servers"}
 
 
-def multi_turn_enabled(c) -> bool:
-    return tools_enabled(c.cfg)
-
-
-def tool_config_key(c) -> str | None:
-    return tool_config_key_of(c.cfg)
-
-
 def check_multi_turn(c) -> None:
     c.choice(f"{AGENT}.default_agent_loop", AGENT_LOOPS)
     for key, feature in _UNSUPPORTED.items():
         if c.get(key):
             c.error(f"{key}={c.get(key)} ({feature}) is not supported yet by rlcore; unset it ({key}=null)")
-    key = tool_config_key(c)
-    if not multi_turn_enabled(c):
+    key = tool_config_key_of(c.cfg)
+    if not tools_enabled(c.cfg):
         if key:
             c.error(f"{key}={c.get(key)} gives tools, but multi-turn rollouts are off; set {MT}.enable=True to let the model "
                     f"call them, or drop {key}")

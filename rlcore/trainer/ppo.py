@@ -9,12 +9,13 @@ import numpy as np
 import torch
 
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
+from rlcore.config.tool_config import tools_enabled
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.protocol import DataProto
+from rlcore.rollout.agent_loop import TURN_COUNTERS
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
-from rlcore.rollout.agent_loop import TURN_COUNTERS
 from rlcore.trainer.metrics import data_metrics, multi_turn_metrics, throughput_metrics
 from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
@@ -58,6 +59,7 @@ class PPOTrainer:
         self.on_policy = (cfg.data.train_batch_size == actor.ppo_mini_batch_size and actor.ppo_epochs == 1
                           and not cfg.algorithm.use_kl_in_reward and rc.rollout_is is None and rc.rollout_rs is None)
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
+        self.multi_turn = tools_enabled(cfg)  # rollouts run the agent loop: rows carry their tools_kwargs
         self.global_step = 0
         self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
         self.restart, self.restart_from = restart, restart_from
@@ -186,7 +188,7 @@ class PPOTrainer:
         """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""
         prompts = batch.pop(PROMPT_KEYS)
         prompts.meta_info.update(validate=validate, greedy=greedy)
-        if "extra_info" in batch.non_tensor_batch:  # verl's per-row tool arguments: extra_info.tools_kwargs
+        if self.multi_turn and "extra_info" in batch.non_tensor_batch:  # verl's per-row tool arguments: extra_info.tools_kwargs
             prompts.non_tensor_batch["tools_kwargs"] = np.array([(e or {}).get("tools_kwargs") or {} for e in batch.non_tensor_batch["extra_info"]],
                                                                 dtype=object)
         out = self.actor_rollout.generate_sequences(prompts)
