@@ -5,7 +5,8 @@ A hung call (a stuck sandbox, an HTTP request without a timeout) can only be sto
 call still running `timeout_s` after it started has its process killed and replaced while the other processes go on;
 a call that takes its process down (os._exit, a signal, a segfault) costs only that call. Reward scorers
 (rlcore.reward.isolation) and tools (rlcore.tools.runner) run this way. Processes are spawned, never forked: the
-caller runs Ray's threads and torch.
+caller runs Ray's threads and torch. A call's time limit starts once its process is set up (it says READY): a
+spawned process's imports take seconds, more on a loaded machine, and would otherwise time out its first calls.
 """
 
 from __future__ import annotations
@@ -26,8 +27,17 @@ def call_catching(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bo
         return False, traceback.format_exception_only(type(err), err)[-1].strip()
 
 
+READY = "ready"  # a process's first message: set up (imports done, tools built), its calls' time limits start now
+# How long a process may take to get READY before its call fails: a spawned Python re-imports the caller's main module
+# and its own (torch, transformers, Ray's worker) -- seconds, more on a loaded machine -- which must not count
+# against a call's timeout_s, yet a process stuck in its set-up must not hang the step either.
+STARTUP_TIMEOUT_S = 300.0
+
+
 def serve(conn: Connection, handle: Callable[[Any], tuple[bool, Any]]) -> None:
-    """A pool process's loop: answers each request with handle(request) until the parent closes the pipe."""
+    """A pool process's loop: says READY, then answers each request with handle(request) until the parent closes
+    the pipe. Call it once the handler is built."""
+    conn.send(READY)
     while True:
         try:
             request = conn.recv()
@@ -52,7 +62,12 @@ class _Proc:
         self.process.start()
         child.close()
         self.job: int | None = None  # index of the request it is serving
-        self.started = 0.0
+        self.spawned = time.monotonic()
+        self.ready = False  # sent READY: its set-up is done
+        self.started = 0.0  # when its current call started (was sent, or the process got ready, whichever is later)
+
+    def deadline(self, timeout_s: float) -> float:
+        return self.started + timeout_s if self.ready else self.spawned + STARTUP_TIMEOUT_S
 
     def stop(self) -> None:
         self.conn.close()
@@ -94,7 +109,7 @@ class ProcessPool:
                     proc.job, proc.started = queue.pop(0), time.monotonic()
                     proc.conn.send(requests[proc.job])
             busy = [p for p in self.procs if p.job is not None]
-            ready = wait([p.conn for p in busy], timeout=max(0.0, min(p.started for p in busy) + self.timeout_s - time.monotonic()))
+            ready = wait([p.conn for p in busy], timeout=max(0.0, min(p.deadline(self.timeout_s) for p in busy) - time.monotonic()))
             for w, proc in enumerate(self.procs):
                 if failed > limit:  # the caller gives up: the calls that ended meanwhile change nothing
                     break
@@ -102,12 +117,17 @@ class ProcessPool:
                     continue
                 if proc.conn in ready:
                     try:
-                        ok, value = proc.conn.recv()
-                        outcome = Outcome("ok" if ok else "error", value)
-                    except (EOFError, OSError):  # the call took its process down
+                        message = proc.conn.recv()
+                    except (EOFError, OSError):  # the call (or the set-up) took its process down
                         outcome = Outcome("died")
-                elif time.monotonic() - proc.started >= self.timeout_s:
-                    outcome = Outcome("timeout")
+                    else:
+                        if not proc.ready:  # READY: the call waiting in its pipe starts now
+                            proc.ready, proc.started = True, time.monotonic()
+                            continue
+                        ok, value = message
+                        outcome = Outcome("ok" if ok else "error", value)
+                elif time.monotonic() >= proc.deadline(self.timeout_s):
+                    outcome = Outcome("timeout") if proc.ready else Outcome("died")
                 else:
                     continue
                 outcomes[proc.job], proc.job = outcome, None
