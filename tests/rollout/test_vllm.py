@@ -121,6 +121,30 @@ def test_samples_of_a_prompt_differ_and_seeds_reproduce(qwen):
 
 
 @pytest.mark.vllm
+def test_multi_turn_trajectories_carry_the_training_forwards_log_probs(qwen, monkeypatch):
+    """The agent loop over vLLM: turns generated from the exact ids so far (tool responses in between, as ids), and
+    on every sampled token vLLM's log-prob equals the training forward's over the assembled trajectory. (Placed before
+    the tests that push other weights into the module's engine or build a second one.)"""
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.rollout import agent_loop
+    from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
+    from rlcore.tools.parser import ParsedCall
+    from test_agent_loop import EchoTools, prompts, stop_ids
+
+    rollout, model = qwen
+    monkeypatch.setitem(agent_loop.PARSERS, "every_turn", lambda text: [ParsedCall("echo", {"text": text}, None)])
+    tokenizer = build_char_tokenizer()
+    ids, mask = prompts(tokenizer, ["1+2=", "33+4=", "5+6="], n=2)
+    sampling = SamplingParams(max_tokens=64 - ids.shape[1], temperature=1.0, stop_token_ids=stop_ids(tokenizer), seed=3)
+    tools = EchoTools()
+    out, counters = AgentLoop(rollout, tokenizer, tools, MultiTurnSettings(format="every_turn")).run(ids, mask, sampling)
+    assert counters["num_turns"].max() >= 2 and tools.calls and not out.loss_mask.eq(out.response_mask).all()
+    sampled = out.loss_mask.bool()
+    expected = training_log_probs(model, ids, mask, out)
+    torch.testing.assert_close(out.response_log_probs[sampled], expected[sampled], atol=1e-5, rtol=0)
+
+
+@pytest.mark.vllm
 def test_a_second_sync_replaces_the_weights(qwen, tmp_path):
     rollout, model = qwen
     before = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False)).responses
@@ -172,25 +196,3 @@ def test_unknown_rollout_name_lists_choices():
     with pytest.raises(ValueError, match="native or vllm"):
         build_rollout("sglang")
 
-
-@pytest.mark.vllm
-def test_multi_turn_trajectories_carry_the_training_forwards_log_probs(qwen, monkeypatch):
-    """The agent loop over vLLM: turns generated from the exact ids so far (tool responses in between, as ids), and
-    on every sampled token vLLM's log-prob equals the training forward's over the assembled trajectory."""
-    from rlcore.data.tokenizer import build_char_tokenizer
-    from rlcore.rollout import agent_loop
-    from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
-    from rlcore.tools.parser import ParsedCall
-    from test_agent_loop import EchoTools, prompts, stop_ids
-
-    rollout, model = qwen
-    monkeypatch.setitem(agent_loop.PARSERS, "every_turn", lambda text: [ParsedCall("echo", {"text": text}, None)])
-    tokenizer = build_char_tokenizer()
-    ids, mask = prompts(tokenizer, ["1+2=", "33+4=", "5+6="], n=2)
-    sampling = SamplingParams(max_tokens=64 - ids.shape[1], temperature=1.0, stop_token_ids=stop_ids(tokenizer), seed=3)
-    tools = EchoTools()
-    out, counters = AgentLoop(rollout, tokenizer, tools, MultiTurnSettings(format="every_turn")).run(ids, mask, sampling)
-    assert counters["num_turns"].max() >= 2 and tools.calls and not out.loss_mask.eq(out.response_mask).all()
-    sampled = out.loss_mask.bool()
-    expected = training_log_probs(model, ids, mask, out)
-    torch.testing.assert_close(out.response_log_probs[sampled], expected[sampled], atol=1e-5, rtol=0)
