@@ -73,14 +73,19 @@ def time_calls(fn, reps: int) -> tuple[float, int]:
     return seconds, statistics.median(t for _, t in runs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def length_case_parser(description: str) -> argparse.ArgumentParser:
+    """The batch and length-case arguments every rollout bench takes (this one and rollout_vllm.py)."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max_tokens", type=int, default=64)
     parser.add_argument("--stop_tokens", type=int, default=4, help="how many token ids end a sequence (skewed case)")
     parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = length_case_parser(__doc__).parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     from transformers import AutoModelForCausalLM
 

@@ -9,7 +9,6 @@ Needs vLLM: run it with the vLLM venv (`make vllm-env`):
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -19,7 +18,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rollout import batch, build_assets, length_cases, time_calls  # noqa: E402  (bench/rollout.py's helpers)
+from rollout import batch, build_assets, length_case_parser, length_cases, time_calls  # noqa: E402  (bench/rollout.py's helpers)
 
 from rlcore.rollout.factory import build_rollout  # noqa: E402
 from rlcore.rollout.native import NativeRollout  # noqa: E402
@@ -37,12 +36,7 @@ def time_push(push, reps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--max_tokens", type=int, default=64)
-    parser.add_argument("--stop_tokens", type=int, default=4, help="how many token ids end a sequence (skewed case)")
-    parser.add_argument("--reps", type=int, default=5)
+    parser = length_case_parser(__doc__)
     parser.add_argument("--no_enforce_eager", action="store_true", help="let vLLM compile (CPU: torch.compile via inductor)")
     args = parser.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
