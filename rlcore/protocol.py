@@ -40,10 +40,7 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def response_lengths(batch) -> torch.Tensor:
     """Real tokens of each response `[batch]` (the attention mask over the response columns): a multi-turn
-    trajectory's tool responses count, though response_mask, the sampled tokens, leaves them out. A batch that
-    carries responses without an attention mask is single-turn, where the two agree."""
-    if "attention_mask" not in batch.keys():
-        return batch["response_mask"].sum(-1)
+    trajectory's tool responses count, though response_mask, the sampled tokens, leaves them out."""
     return batch["attention_mask"][:, -batch["responses"].shape[-1]:].sum(-1)
 
 

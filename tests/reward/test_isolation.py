@@ -31,7 +31,8 @@ def batch(answers, truths):
     width = max(map(len, ids))
     responses = torch.tensor([x + [TOK.pad_token_id] * (width - len(x)) for x in ids])
     mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-    return DataProto.from_dict({"responses": responses, "response_mask": mask},
+    # a response-only batch: the attention mask's response columns are the whole mask
+    return DataProto.from_dict({"responses": responses, "response_mask": mask, "attention_mask": mask},
                                {"data_source": ["custom"] * len(ids), "reward_model": [{"ground_truth": t} for t in truths]})
 
 

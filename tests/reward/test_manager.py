@@ -14,7 +14,7 @@ def batch(lengths, response_len=10, sources=None):
     mask = (torch.arange(response_len)[None] < torch.tensor(lengths)[:, None]).long()
     n = len(lengths)
     return DataProto.from_dict(
-        {"responses": torch.full((n, response_len), 7) * mask, "response_mask": mask},
+        {"responses": torch.full((n, response_len), 7) * mask, "response_mask": mask, "attention_mask": mask},  # no prompt columns
         {"data_source": sources or ["any"] * n, "reward_model": [{"ground_truth": "x"}] * n},
     )
 
