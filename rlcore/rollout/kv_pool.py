@@ -8,11 +8,12 @@ so the batch the model attends over is a view of the pool, never a gather, and n
 
 Positions inside a slot: a prompt is written at `[0, prompt_len)` with its left padding (masked out by `start`),
 generated tokens follow. The model sees these through `SlotCache`, which HF attention layers call as their
-`past_key_values` (only `update()` is used when position ids and a 4D mask are passed in).
+cache (only `update()` is used when position ids and a 4D mask are passed in).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -86,7 +87,7 @@ class KVPool:
 
 
 class SlotCache:
-    """What the model's attention layers see as `past_key_values` for one forward over slots `[first, first+rows)`
+    """What the model's attention layers see as their cache for one forward over slots `[first, first+rows)`
     (every `stride`-th slot when a prefill writes one prompt per group). `positions`: where each row's first new
     token goes, an int (prefill: 0) or a `[rows]` tensor (decode: one token per row). `kv_len`: how many leading
     positions of each slot the attention reads."""
@@ -96,7 +97,11 @@ class SlotCache:
         self.slots = slice(first, first + rows * stride, stride)
         self.rows = None if isinstance(positions, int) else torch.arange(first, first + rows * stride, stride, device=pool.device)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs=None):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """HF's `Cache.update(key_states, value_states, layer_idx, *args, **kwargs)`: writes the new keys/values and
+        returns `[rows, kv_heads, kv_len, head_dim]` views of the slots. What HF passes after the layer index (a
+        positional `cache_kwargs` dict before 5.24, the attention kwargs as `kwargs=` since) is not needed: the
+        positions are this cache's own. tests/rollout/test_kv_pool.py checks this signature against HF's."""
         keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
         if isinstance(self.positions, int):
             end = self.positions + key_states.shape[2]
@@ -106,6 +111,12 @@ class SlotCache:
             keys[self.rows, :, self.positions] = key_states[:, :, 0]
             values[self.rows, :, self.positions] = value_states[:, :, 0]
         return keys[self.slots, :, : self.kv_len], values[self.slots, :, : self.kv_len]
+
+
+def cache_keyword(model) -> str:
+    """The keyword a HF causal LM's forward takes its cache under: `cache` since transformers 5.24 (where
+    `past_key_values` is deprecated until 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def prefill_mask(start: torch.Tensor, length: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
 from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
-from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, decode_mask, prefill_mask, slots_for_budget
+from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask, slots_for_budget
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -98,6 +98,7 @@ class NativeRollout(RolloutEngine):
             # Its own copy: the projections can be re-laid out for decoding (a model passed in keeps its layout).
             self.decoder = FusedDecoder(model) if fusable(model) else None
         self.model = model
+        self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values", by transformers release
         # Every name of every parameter: a tied head answers to `lm_head.weight` as well as to the embedding's name,
         # so a stream that carries it (or leaves it out, as rlcore's engines do) loads either way.
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -316,8 +317,8 @@ class NativeRollout(RolloutEngine):
         """Next-token logits of each row's last position, through the fused decoder when the model has one."""
         if self.decoder is not None:
             return self.decoder(ids, position_ids, mask, cache)
-        return self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache, use_cache=True,
-                          logits_to_keep=1).logits[:, -1]
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                          **{self.cache_keyword: cache}).logits[:, -1]
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -1,13 +1,16 @@
 """Continuous batching over the native engine's KV pool: a queue longer than the pool gives the same sequences,
 budgets size the pool, sleep() frees it."""
 
+import inspect
+
 import pytest
 import torch
+from conftest import build_tiny_llama_dir
 
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import SamplingParams, assemble_sequences
-from rlcore.rollout.kv_pool import KVGeometry, decode_mask, prefill_mask
+from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask
 from rlcore.rollout.native import NativeRollout
 
 pytestmark = pytest.mark.numerics
@@ -32,6 +35,62 @@ def grouped_prompts(groups: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     for i in range(groups):
         ids[i, : i % 4] = 0  # uneven left padding
     return ids.repeat_interleave(n, 0), (ids != 0).long().repeat_interleave(n, 0)
+
+
+def _positional(fn) -> list[str]:
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [name for name, p in inspect.signature(fn).parameters.items() if p.kind in kinds]
+
+
+def test_slot_cache_takes_the_arguments_of_hf_cache_update():
+    """HF's attention modules call their cache by `transformers.cache_utils.Cache.update`'s contract, which moved in
+    5.24 (`kwargs=` instead of a positional `cache_kwargs`). When it moves again, this test names the change before a
+    rollout meets it: update `SlotCache.update` (rlcore/rollout/kv_pool.py) to the new contract."""
+    from transformers.cache_utils import Cache
+
+    assert _positional(Cache.update) == _positional(SlotCache.update) == ["self", "key_states", "value_states", "layer_idx"], (
+        f"HF's Cache.update is now {inspect.signature(Cache.update)}; SlotCache.update is {inspect.signature(SlotCache.update)}")
+    kinds = {p.kind for p in inspect.signature(SlotCache.update).parameters.values()}
+    assert {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} <= kinds  # whatever HF adds after layer_idx
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen3"])
+def family_model(request, tiny_model_dir, tmp_path_factory):
+    if request.param == "qwen3":
+        from rlcore.data.tokenizer import build_char_tokenizer
+        from rlcore.models.random_init import build_model_dir
+
+        path = build_model_dir(str(tmp_path_factory.mktemp("qwen3")), "tiny-qwen3", build_char_tokenizer())
+    else:
+        path = tiny_model_dir if request.param == "qwen2" else build_tiny_llama_dir(str(tmp_path_factory.mktemp("llama")))
+    return load_causal_lm(path).eval()
+
+
+def test_hf_modules_prefill_and_decode_through_a_slot_cache_as_one_full_forward(family_model):
+    """The installed transformers' own attention modules (the native engine's unfused path): a prefill into the pool
+    then one decode step through `SlotCache` give the logits of one forward over the whole sequence, per family."""
+    model, ids = family_model, torch.tensor([[0, 0, 7, 9, 11, 13], [5, 6, 8, 10, 12, 14]])
+    start = (ids == 0).sum(1)
+    pool = KVPool(KVGeometry.of(model.config, torch.float32), torch.device("cpu"))
+    pool.acquire(2, 8)
+    pool.start[:] = start
+    attention, model.config._attn_implementation = model.config._attn_implementation, ATTENTION_NAME
+    try:
+        with torch.no_grad():
+            prefill = SlotCache(pool, 0, 2, positions=0, kv_len=5)
+            positions = (torch.arange(5) - start[:, None]).clamp(min=0)
+            model(input_ids=ids[:, :5], attention_mask=prefill_mask(start, 5), position_ids=positions, use_cache=True,
+                  **{cache_keyword(model): prefill})
+            pos = torch.tensor([5, 5])
+            step = SlotCache(pool, 0, 2, positions=pos, kv_len=6)
+            decoded = model(input_ids=ids[:, 5:], attention_mask=decode_mask(start, pos, 6), position_ids=(pos - start)[:, None],
+                            use_cache=True, **{cache_keyword(model): step}).logits[:, -1]
+    finally:
+        model.config._attn_implementation = attention
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0), use_cache=False).logits[:, -1]
+    torch.testing.assert_close(decoded, full, atol=1e-5, rtol=1e-5)
 
 
 def test_masks_by_hand():
