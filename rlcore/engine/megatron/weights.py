@@ -207,12 +207,13 @@ def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool) -> lis
     return sorted(out, key=lambda m: (m.entry.chunk, m.stage))
 
 
-def _buckets(manifest: list[_Manifest], bucket_bytes: int) -> Iterator[list[_Manifest]]:
-    """Runs of consecutive entries owned by one stage, each at most bucket_bytes of local pieces (or one entry)."""
+def _buckets(manifest: list[_Manifest], bucket_bytes: int, tp: int = 1) -> Iterator[list[_Manifest]]:
+    """Runs of consecutive entries owned by one stage, each at most bucket_bytes once gathered (or one entry): the
+    TP all-gather receives every rank's piece, so a bucket costs tp x its local pieces, not its local size."""
     bucket: list[_Manifest] = []
     size = 0
     for m in manifest:
-        nbytes = torch.Size(m.shape).numel() * m.dtype.itemsize
+        nbytes = torch.Size(m.shape).numel() * m.dtype.itemsize * tp
         if bucket and (m.stage != bucket[0].stage or m.dtype != bucket[0].dtype or size + nbytes > bucket_bytes):
             yield bucket
             bucket, size = [], 0
@@ -227,32 +228,39 @@ def export_hf(chunks: list[torch.nn.Module], manifest: list[_Manifest], config, 
               bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
     """Full HF-named tensors, one at a time, on every rank (collective over the TP and PP groups of this rank).
 
-    Per bucket: the owning stage's TP ranks all-gather their pieces in one flat buffer and rebuild the HF
-    tensors; with pipeline parallelism the owner broadcasts the rebuilt tensors, flat, to the other stages.
-    Peak extra memory is about one bucket of full tensors.
+    Per bucket: the owning stage's TP ranks all-gather their pieces in one flat buffer (at most `bucket_bytes`
+    gathered) and rebuild the HF tensors from it one at a time, each handed out before the next is built: the
+    transient peak is the gathered bucket plus one rebuilt tensor. With pipeline parallelism the owner rebuilds
+    the whole bucket and broadcasts it, flat, to the other stages (two buckets' worth).
     """
     tp, pp = config.tensor_model_parallel_size, mpu.get_pipeline_model_parallel_world_size()
     my_stage = mpu.get_pipeline_model_parallel_rank()
-    for bucket in _buckets(manifest, bucket_bytes):
+    for bucket in _buckets(manifest, bucket_bytes, tp):
         owner = bucket[0].stage
-        tensors: list[tuple[str, torch.Tensor]] = []
-        if owner == my_stage:
-            flat = torch.cat([chunks[m.entry.chunk].get_parameter(m.entry.name).detach().reshape(-1) for m in bucket])
-            if tp > 1:
-                gathered = flat.new_empty(tp * flat.numel())  # flat: gloo wants the output 1-D
-                all_gather_flat(gathered, flat, group=mpu.get_tensor_model_parallel_group())
-                gathered = gathered.view(tp, -1)
-            else:
-                gathered = flat[None]
-            offset = 0
-            for m in bucket:
-                n = torch.Size(m.shape).numel()
-                shards = [gathered[r, offset : offset + n].view(m.shape) for r in range(tp)]
-                tensors.extend(full_tensors(m.entry, shards, config, vocab_size))
-                offset += n
-        if pp > 1:
-            tensors = _broadcast_from_stage(tensors, bucket, owner, config, vocab_size, device)
-        yield from tensors
+        if pp == 1:
+            yield from _rebuilt(chunks, bucket, config, vocab_size, tp)
+            continue
+        tensors = list(_rebuilt(chunks, bucket, config, vocab_size, tp)) if owner == my_stage else []
+        yield from _broadcast_from_stage(tensors, bucket, owner, config, vocab_size, device)
+
+
+def _rebuilt(chunks, bucket: list[_Manifest], config, vocab_size: int, tp: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The bucket's HF tensors, rebuilt lazily from one all-gather of its pieces over the TP group (collective on
+    the first draw)."""
+    flat = torch.cat([chunks[m.entry.chunk].get_parameter(m.entry.name).detach().reshape(-1) for m in bucket])
+    if tp > 1:
+        gathered = flat.new_empty(tp * flat.numel())  # flat: gloo wants the output 1-D
+        all_gather_flat(gathered, flat, group=mpu.get_tensor_model_parallel_group())
+        del flat  # only the gathered bucket stays
+        gathered = gathered.view(tp, -1)
+    else:
+        gathered = flat[None]
+    offset = 0
+    for m in bucket:
+        n = torch.Size(m.shape).numel()
+        shards = [gathered[r, offset : offset + n].view(m.shape) for r in range(tp)]
+        yield from full_tensors(m.entry, shards, config, vocab_size)
+        offset += n
 
 
 def _broadcast_from_stage(tensors, bucket: list[_Manifest], owner: int, config, vocab_size: int, device) -> list[tuple[str, torch.Tensor]]:
