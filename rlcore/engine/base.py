@@ -24,6 +24,10 @@ LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict
 ForwardFn = Callable[[dict[str, torch.Tensor], DataProto], dict[str, torch.Tensor]]
 
 
+# The training state an engine holds, each of which may live on the compute device or in host memory between phases.
+STATE_KINDS = ("params", "grads", "optimizer")
+
+
 @dataclass(frozen=True)
 class TokenRequest:
     """What a causal-LM engine computes for each response token (value models ignore it)."""
@@ -41,7 +45,8 @@ class EngineSpec:
                                           # token (critic); reward: the same head read at each token (reward model)
     override_config: dict[str, Any] = field(default_factory=dict)
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
-    model_dtype: str = "float32"          # storage of a LoRA model's frozen base (full fine-tuning keeps fp32 masters)
+    model_dtype: str = "float32"          # storage of frozen weights: a frozen role (reference) or a LoRA base; full
+                                          # fine-tuning keeps fp32 masters whatever it says
     lora: LoraSpec | None = None          # train LoRA adapters only (model.lora_rank > 0)
     trainable: bool = True                # False for the reference policy: no optimizer, no grads
     gradient_checkpointing: bool = False
@@ -111,11 +116,39 @@ class TrainEngine(ABC):
             return contextlib.nullcontext()
         raise NotImplementedError(f"{type(self).__name__} does not train LoRA adapters")
 
-    @abstractmethod
-    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None: ...
+    # Whether gradients stay allocated between updates (Megatron's grad buffer) or exist only while an update runs
+    # (FSDP2 frees them at every optimizer step).
+    persistent_grads: bool = True
+
+    @property
+    def resident(self) -> frozenset[str]:
+        """Which of STATE_KINDS are on the compute device now: the engine's own account, which the memory ledger
+        reads (on CPU, where device and host are one memory, it is the only account there is)."""
+        return frozenset(self.__dict__.setdefault("_resident", set(STATE_KINDS)))
+
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Moves the chosen state to host memory; what is already there stays put."""
+        kinds = _chosen(params, grads, optimizer) & self.resident
+        if kinds:
+            self._move_state(kinds, to_host=True)
+            self.__dict__["_resident"] -= kinds
+
+    def onload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
+        """Brings the chosen state back to the compute device; what is already there stays put."""
+        kinds = _chosen(params, grads, optimizer) - self.resident
+        if kinds:
+            self._move_state(kinds, to_host=False)
+            self.__dict__["_resident"] |= kinds
 
     @abstractmethod
-    def onload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None: ...
+    def _move_state(self, kinds: frozenset[str], to_host: bool) -> None:
+        """Moves the state of `kinds` (a subset of STATE_KINDS) to the host or back to the device."""
+
+    @abstractmethod
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes each of STATE_KINDS takes on this rank when present (this rank's shards), wherever it is now.
+        Gradients count as they are allocated during an update; optimizer state as it exists (AdamW allocates
+        its moments at the first step)."""
 
     @abstractmethod
     def save(self, path: str, hf_dir: str | None = None) -> None:
@@ -123,3 +156,7 @@ class TrainEngine(ABC):
 
     @abstractmethod
     def load(self, path: str) -> None: ...
+
+
+def _chosen(params: bool, grads: bool, optimizer: bool) -> frozenset[str]:
+    return frozenset(kind for kind, chosen in zip(STATE_KINDS, (params, grads, optimizer)) if chosen)

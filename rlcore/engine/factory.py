@@ -45,8 +45,10 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     else:
         spec.param_dtype, spec.param_offload, spec.reshard_after_forward = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
         spec.offload_policy = fsdp_cfg.offload_policy
-        if optim_cfg is not None:  # optimizer and master-weight keys: a frozen reward model's section has none
-            spec.optimizer_offload, spec.model_dtype = fsdp_cfg.optimizer_offload, fsdp_cfg.model_dtype
+        if "model_dtype" in fsdp_cfg:  # the reward model's section has no such key (its weights load as fp32)
+            spec.model_dtype = fsdp_cfg.model_dtype
+        if optim_cfg is not None:  # a frozen role has no optimizer to offload
+            spec.optimizer_offload = fsdp_cfg.optimizer_offload
     if optim_cfg is not None:
         warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
         spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.gather import Exchange, gather_full_tensors
+from rlcore.engine.host_buffers import HostBuffers
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
@@ -62,8 +63,9 @@ class FSDP2Engine(TrainEngine):
         self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
         load = load_causal_lm if spec.kind == "causal_lm" else load_value_model  # value / reward: a scalar head
         attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
-        # Full fine-tuning keeps fp32 masters; a LoRA base is frozen and may be stored in model_dtype (bf16: half).
-        dtype = to_torch_dtype(spec.model_dtype) if spec.lora else torch.float32
+        # Full fine-tuning keeps fp32 masters; frozen weights (a reference, a LoRA base) are stored in model_dtype
+        # (bf16: half the memory, as verl's reference).
+        dtype = to_torch_dtype(spec.model_dtype) if spec.lora or not spec.trainable else torch.float32
         self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn)
         self.hf_config = self.model.config
         blocks = decoder_layers(self.model)
@@ -73,7 +75,16 @@ class FSDP2Engine(TrainEngine):
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
         apply_fsdp2(self.model, blocks, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy,
                     spec.gradient_checkpointing and spec.trainable)
-        self.model.to(device)
+        if spec.offload_policy:
+            # FSDP2 keeps the sharded parameters (and so their gradients and AdamW state) in host memory and streams
+            # each block to the device for its compute: moving the model here would undo that. Buffers (rotary
+            # frequencies) are small and computed with on the device.
+            for module in self.model.modules():
+                for name, buffer in module.named_buffers(recurse=False):
+                    module._buffers[name] = buffer.to(device)
+            self.__dict__["_resident"] = set()
+        else:
+            self.model.to(device)
         self.optimizer = None
         self.scheduler = None
         if spec.trainable:
@@ -169,27 +180,41 @@ class FSDP2Engine(TrainEngine):
         return self.model.disable_adapter() if self.spec.lora else super().disabled_adapters()
 
     def _move_optimizer_state(self, device: torch.device) -> None:
-        for state in self.optimizer.state.values():
+        """AdamW's moments to the host (into buffers kept per tensor, pinned on CUDA) or back to the device."""
+        host = self.__dict__.setdefault("_host_buffers", HostBuffers(self.device))
+        for index, state in enumerate(self.optimizer.state.values()):
             for key, value in state.items():
-                if isinstance(value, torch.Tensor):
-                    state[key] = value.to(device, non_blocking=True)
+                # 0-dim entries (AdamW's step count) stay where the optimizer keeps them.
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
+                    state[key] = host.to_host((index, key), value) if device.type == "cpu" else value.to(device, non_blocking=True)
+        host.sync()
 
-    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        # grads: FSDP2 frees them at every optimizer step (zero_grad(set_to_none=True)); nothing stays between phases.
+    # Gradients exist only between a backward and the optimizer step (zero_grad(set_to_none=True)); there is no
+    # buffer to move between phases.
+    persistent_grads = False
+
+    def _move_state(self, kinds: frozenset[str], to_host: bool) -> None:
         # Under CPUOffloadPolicy FSDP2 owns parameter placement (they already live on CPU); only move them here
         # when that policy is off.
-        if params and not self.spec.offload_policy:
-            self.model.cpu()
-        if optimizer and self.optimizer is not None:
-            self._move_optimizer_state(torch.device("cpu"))
-        if self.device.type == "cuda":
+        device = torch.device("cpu") if to_host else self.device
+        if "params" in kinds and not self.spec.offload_policy:
+            self.model.to(device)
+        if "optimizer" in kinds and self.optimizer is not None:
+            self._move_optimizer_state(device)
+        if to_host and self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def onload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        if params and not self.spec.offload_policy:
-            self.model.to(self.device)
-        if optimizer and self.optimizer is not None:
-            self._move_optimizer_state(self.device)
+    def state_bytes(self) -> dict[str, int]:
+        def local_bytes(t: torch.Tensor) -> int:
+            t = t.to_local() if isinstance(t, DTensor) else t
+            return t.numel() * t.element_size()
+
+        params = list(self.model.parameters())
+        optimizer = 0 if self.optimizer is None else sum(local_bytes(v) for state in self.optimizer.state.values()
+                                                         for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return {"params": sum(local_bytes(p) for p in params),
+                "grads": sum(local_bytes(p) for p in params if p.requires_grad) if self.spec.trainable else 0,
+                "optimizer": optimizer}
 
     # ------------------------------------------------------------------------------------------- checkpoint
     def _state_options(self) -> StateDictOptions:

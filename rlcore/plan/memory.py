@@ -6,8 +6,8 @@ keep resident between their turns (weights and optimizer state unless offloaded)
 the device. The terms, per device (N = FSDP shard group size, P = parameters, T = tokens per micro-batch):
 
 - FSDP2 training state: fp32 master weights, fp32 gradients and AdamW's two fp32 moments, all / N (rlcore keeps
-  fp32 masters whatever fsdp_config.model_dtype says). With LoRA the frozen base is stored in model_dtype / N
-  and only the adapters carry gradients and optimizer state. offload_policy moves the state to CPU.
+  fp32 masters whatever fsdp_config.model_dtype says). A frozen role (the reference) and a LoRA run's frozen base
+  are stored in model_dtype / N; with LoRA only the adapters carry gradients and optimizer state. offload_policy moves the state to CPU.
 - gathered weights in the compute dtype: the root unit (embeddings, head) plus two blocks (one prefetched) with
   reshard_after_forward=True (ZeRO-3), all of them with False (ZeRO-2-like: kept from forward to backward).
 - activations: with gradient checkpointing every block keeps its input (T x hidden) and one block is recomputed
@@ -102,6 +102,11 @@ def device_capacity(cfg: DictConfig, ranks_per_host: int) -> tuple[float, str]:
     return ram / ranks_per_host, f"host RAM {ram:.1f} GiB / {ranks_per_host} ranks"
 
 
+def frozen_dtype(fsdp) -> str:
+    """What frozen weights are stored in: model_dtype, which the reward model's fsdp_config does not have (fp32)."""
+    return getattr(fsdp, "model_dtype", "fp32")
+
+
 def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: bool, trainable: bool) -> dict:
     """GiB of one FSDP2 role's state on a device: resident weights, grads, optimizer, gathered weights."""
     p, layer, root = arch.params(value_head), arch.layer_params(), arch.root_params(value_head)
@@ -110,9 +115,10 @@ def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: b
     if lora:
         weights = (p * _BYTES[fsdp.model_dtype] + lora * 4) / shards
         grads, optim = (lora * 4 / shards, lora * 8 / shards) if trainable else (0, 0)
-    else:
-        weights = p * 4 / shards
-        grads, optim = (p * 4 / shards, p * 8 / shards) if trainable else (0, 0)
+    elif trainable:
+        weights, grads, optim = p * 4 / shards, p * 4 / shards, p * 8 / shards
+    else:  # frozen: stored in model_dtype (the reward model's section has none: fp32)
+        weights, grads, optim = p * _BYTES[frozen_dtype(fsdp)] / shards, 0, 0
     gathered = (p + lora) * compute if not fsdp.reshard_after_forward else (root + 2 * layer) * compute
     if fsdp.offload_policy:
         weights = grads = optim = 0
@@ -261,7 +267,7 @@ class Estimator:
         compute = _BYTES[role.fsdp.dtype]
         act, logits = _activations(role.arch, role.tokens, role.response_tokens, compute, role.ckpt, role.trainable,
                                    role.value_head)
-        what = "LoRA base + adapters" if role.lora_rank else ("fp32 master weights" if role.trainable else "fp32 weights (frozen)")
+        what = "LoRA base + adapters" if role.lora_rank else ("fp32 master weights" if role.trainable else f"{frozen_dtype(role.fsdp)} weights (frozen)")
         items = [(f"{what} / {role.shards}", s["weights"])]
         if role.trainable:
             items += [(f"gradients / {role.shards}", s["grads"]), (f"AdamW moments / {role.shards}", s["optim"])]

@@ -78,6 +78,11 @@ class RolloutEngine(ABC):
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-acquires what sleep() freed: "weights" before a weight update, "kv_cache" before generating."""
 
+    def memory_bytes(self) -> dict[str, int]:
+        """What the engine holds on its device now, for the memory ledger: "rollout_weights" and "kv_cache" bytes
+        (empty where the engine cannot say)."""
+        return {}
+
     def state_dict(self) -> dict:
         """Engine state a checkpoint must carry for an exact resume (e.g. the sampling RNG)."""
         return {}

@@ -92,6 +92,7 @@ class NativeRollout(RolloutEngine):
         self.device = device
         self.pad_token_id = pad_token_id
         self.decoder: FusedDecoder | None = None
+        self._owns_model = model is None
         if model is None:
             model = load_causal_lm(model_path, override_config, dtype=to_torch_dtype(dtype), weights=False).to(device)
             model.requires_grad_(False)
@@ -319,6 +320,12 @@ class NativeRollout(RolloutEngine):
             return self.decoder(ids, position_ids, mask, cache)
         return self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
                           **{self.cache_keyword: cache}).logits[:, -1]
+
+    def memory_bytes(self) -> dict[str, int]:
+        # A model passed in is the training model itself (no copy of its own): its bytes are the engine's params.
+        own = self._owns_model
+        weights = sum(t.numel() * t.element_size() for t in {id(p): p for p in self._params.values()}.values()) if own else 0
+        return {"rollout_weights": weights, "kv_cache": self.pool.nbytes}
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

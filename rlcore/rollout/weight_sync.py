@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
 from rlcore.rollout.base import WEIGHT_BUCKET_BYTES, RolloutEngine, WeightSource
 
 
-def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES, adapted_only: bool = False) -> int:
+def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES, adapted_only: bool = False,
+                 release: Callable[[], None] = lambda: None) -> int:
     """Streams every training weight into the rollout engine; returns the number of tensors sent. With LoRA the
     adapted weights arrive merged, and `adapted_only` sends only those (the rollout already holds the frozen rest).
 
     The engine gathers full tensors a bucket at a time (one collective per `bucket_bytes`) and the rollout copies
     each into place, so peak extra memory is one bucket of unsharded tensors, never a second copy of the model.
     Collective: every rank of the training group must call it (each rank feeds its own rollout replica).
-    The order follows vLLM's in-place reload: wake the weights, load them all, then wake the KV cache.
+    The order is verl's hybrid engine's: wake the rollout's weights, stream every weight in, `release()` the
+    training side (the worker offloads the actor's parameters there), and only then wake the KV cache, so the
+    cache never shares the device with the training parameters (rlcore.workers.phases).
     """
     sent = 0
 
@@ -28,5 +31,6 @@ def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int
 
     rollout.wake_up(["weights"])
     rollout.update_weights(counted())
+    release()
     rollout.wake_up(["kv_cache"])
     return sent

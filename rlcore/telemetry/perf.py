@@ -173,11 +173,26 @@ def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
     return shapes
 
 
+# The memory plan's roles under the names of the ledger's phases (rlcore.workers.phases).
+PLAN_PHASES = {"rollout": "generate", "actor update": "update_actor", "reference log-probs": "ref", "critic update": "update_critic"}
+
+
+def planned_memory(cfg) -> dict[str, float]:
+    """The memory plan's per-device peak (GiB) of each phase it estimates, for the report's ledger table."""
+    from rlcore.config.validate import diagnose
+    from rlcore.plan import memory_plan
+
+    plan = memory_plan(cfg, diagnose(cfg)[0])
+    return {PLAN_PHASES[role.role]: role.peak for role in plan.roles if role.role in PLAN_PHASES}
+
+
 def run_facts(cfg, world_size: int, peak: tuple[float, str], shapes: dict) -> dict:
-    """What rlcore-report needs besides the per-step metrics: the device's peak and the settings its levers name."""
+    """What rlcore-report needs besides the per-step metrics: the device's peak, the memory plan, and the settings
+    its levers name."""
     arr = cfg.actor_rollout_ref
     return {
         "peak_flops": peak[0], "peak_source": peak[1], "device": cfg.trainer.device, "world_size": world_size, "model": shapes,
+        "memory_plan": planned_memory(cfg),
         "settings": {
             "data.train_batch_size": cfg.data.train_batch_size, "actor_rollout_ref.rollout.n": arr.rollout.n,
             "actor_rollout_ref.rollout.name": arr.rollout.name,

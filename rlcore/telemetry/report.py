@@ -176,6 +176,7 @@ def format_report(run_dir: str) -> str | None:
                   "slowest rank | idle (controller)"]
         for r, share in enumerate(summary.ranks):
             lines.append(f"  rank {r:<3} busy {share['busy']:6.1%}  late {share['late']:6.1%}  waiting {share['wait']:6.1%}  idle {share['idle']:6.1%}")
+    lines += memory_lines(rows, facts)
     found = levers(summary, facts)
     lines.append("")
     if found:
@@ -184,6 +185,30 @@ def format_report(run_dir: str) -> str | None:
     else:
         lines.append("no lever fired: no phase or wait stands out")
     return "\n".join(lines)
+
+
+LEDGER_PHASES = ("generate", "old_log_prob", "ref", "update_actor", "update_critic")
+LEDGER_CATEGORIES = ("params", "grads", "optimizer", "rollout_weights", "kv_cache", "transient", "peak")
+
+
+def memory_lines(rows: list[dict], facts: dict) -> list[str]:
+    """The memory ledger of the last step that has one (rank 0's device, by category: rlcore.workers.phases) beside
+    the plan's estimate of the same phase's peak (perf.json); nothing for runs without a ledger."""
+    last = next((row for row in reversed(rows) if any(k.startswith("perf/memory/") for k in row)), None)
+    if last is None:
+        return []
+    plan = facts.get("memory_plan", {})
+    cols = [c for c in LEDGER_CATEGORIES if any(f"perf/memory/{p}/{c}_gib" in last for p in LEDGER_PHASES)]
+    lines = ["", f"memory per phase (GiB on rank 0's device at step {last.get('training/global_step', '?')}; "
+                 "plan: rlcore-plan's estimate of the phase's peak, activations and runtime included)",
+             f"  {'phase':<14}" + "".join(f"{c:>16}" for c in cols) + f"{'plan':>10}"]
+    for phase in LEDGER_PHASES:
+        if not any(f"perf/memory/{phase}/{c}_gib" in last for c in cols):
+            continue
+        cells = [last.get(f"perf/memory/{phase}/{c}_gib") for c in cols]
+        lines.append(f"  {phase:<14}" + "".join(f"{v:>16.3f}" if v is not None else f"{'-':>16}" for v in cells)
+                     + (f"{plan[phase]:>10.2f}" if phase in plan else f"{'-':>10}"))
+    return lines
 
 
 def _flops(value: float | None) -> str:

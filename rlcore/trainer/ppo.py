@@ -121,12 +121,15 @@ class PPOTrainer:
             elif not (self.on_policy and updates_actor):
                 with self.perf.phase("old_log_prob", metrics):
                     old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
+                    metrics.update(old.meta_info.pop("memory", {}))
                     entropy = old.pop(["entropys"]).batch["entropys"]
                     metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
                     batch.union(old)
             if self.use_ref:
                 with self.perf.phase("ref", metrics):
-                    batch.union(self.actor_rollout.compute_ref_log_prob(batch.select(FORWARD_KEYS)))
+                    ref = self.actor_rollout.compute_ref_log_prob(batch.select(FORWARD_KEYS))
+                    metrics.update(ref.meta_info.pop("memory", {}))
+                    batch.union(ref)
             if self.critic is not None:
                 with self.perf.phase("values", metrics):
                     batch.union(self.critic.compute_values(batch.select(FORWARD_KEYS + ["response_mask"])))
@@ -194,6 +197,7 @@ class PPOTrainer:
         out = self.actor_rollout.generate_sequences(prompts)
         if metrics is not None:
             metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds, KV slots, prefills
+            metrics.update(out.meta_info["memory"])  # rank 0's memory ledger (rlcore.workers.phases)
         out.meta_info.clear()
         return batch.union(out)
 

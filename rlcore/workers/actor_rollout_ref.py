@@ -21,7 +21,8 @@ from rlcore.rollout.weight_sync import sync_weights
 from rlcore.tools.runner import ToolRunner
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
-from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, offload, onload, save_rng_state
+from rlcore.workers import phases
+from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, save_rng_state
 
 
 class ActorRolloutRefWorker(RoleWorker):
@@ -45,11 +46,13 @@ class ActorRolloutRefWorker(RoleWorker):
         if (cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward) and self.actor.spec.lora is None:
             ref_spec = engine_spec(cfg.ref.strategy, cfg.model, cfg.ref, None, 0.0, total_steps)
             self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
-            offload(self.ref)
+            phases.leave(self.ref)
+        # The training state leaves the device before the rollout engine is built: vLLM sizes its KV cache from the
+        # free memory it finds at start-up.
+        phases.leave(self.actor)
         self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
         self.agent_loop = self._agent_loop() if tools_enabled(self.config) else None
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
-        offload(self.actor)
 
     def _rollout_kwargs(self, seed: int) -> dict:
         cfg = self.config.actor_rollout_ref
@@ -105,12 +108,14 @@ class ActorRolloutRefWorker(RoleWorker):
         """Hybrid engine: sync the current weights into the rollout model, sample, then free the cache."""
         timing = {}
         start = time.perf_counter()
-        onload(self.actor)
-        bucket_mb = self.config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
+        phases.reset_peak(self.device)
+        bucket_bytes = self.config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes * 2**20
         adapted_only = self._rollout_has_base and self.rollout.keeps_weights
-        timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_mb * 2**20, adapted_only)
+        phases.enter(self.actor, "sync")
+        # The actor's parameters leave the device (if param_offload) between the stream and the KV cache's wake-up.
+        timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_bytes, adapted_only,
+                                                        release=lambda: phases.leave(self.actor))
         self._rollout_has_base = self.actor.spec.lora is not None
-        offload(self.actor)  # training weights leave the device before the KV cache needs it
         timing["timing_s/update_weights"] = time.perf_counter() - start
         ids, mask, sampling = prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info)
         counters = {}
@@ -120,10 +125,15 @@ class ActorRolloutRefWorker(RoleWorker):
         else:
             out, counters = self.agent_loop.run(ids, mask, sampling, list(prompts.non_tensor_batch.get("tools_kwargs", [])) or None)
             timing.update(self.agent_loop.stats)  # engine calls, prefill tokens computed and reused across turns
+        memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=bucket_bytes, device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
-        return DataProto.from_dict({**assemble_sequences(ids, mask, out), **counters}, meta_info={"timing": timing})
+        return DataProto.from_dict({**assemble_sequences(ids, mask, out), **counters}, meta_info={"timing": timing, "memory": memory})
+
+    def _engines(self) -> dict:
+        """The training engines sharing this worker's device (the memory ledger sums them)."""
+        return {"actor": self.actor} | ({"ref": self.ref} if self.ref is not None else {})
 
     def _micro_batches(self, role: str) -> MicroBatchSpec:
         """role: "actor" (the update), "rollout" (old log-probs) or "ref"."""
@@ -137,30 +147,36 @@ class ActorRolloutRefWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the responses under the current policy (`old_log_probs`) and their entropy."""
-        onload(self.actor)
         temperature = self.config.actor_rollout_ref.rollout.temperature
-        out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True)
-        offload(self.actor)
-        return out.rename({"log_probs": "old_log_probs"})
+        phases.reset_peak(self.device)
+        with phases.running(self.actor, "old_log_prob"):
+            out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True)
+            memory = phases.ledger("old_log_prob", self._engines(), self.rollout, device=self.device)
+        out = out.rename({"log_probs": "old_log_probs"})
+        out.meta_info["memory"] = memory
+        return out
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         temperature = self.config.actor_rollout_ref.rollout.temperature
         ref = self.ref or self.actor  # LoRA: the actor with its adapters disabled
-        onload(ref)
-        with ref.disabled_adapters():
+        phases.reset_peak(self.device)
+        with phases.running(ref, "ref"), ref.disabled_adapters():
             out = compute_log_prob(ref, data, self._micro_batches("ref"), temperature, with_entropy=False)
-        offload(ref)
-        return out.rename({"log_probs": "ref_log_prob"})
+            memory = phases.ledger("ref", self._engines(), self.rollout, device=self.device)
+        out = out.rename({"log_probs": "ref_log_prob"})
+        out.meta_info["memory"] = memory
+        return out
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, mesh="actor")
     def update_actor(self, data: DataProto) -> dict[str, float]:
         cfg = self.config.actor_rollout_ref
         start = time.perf_counter()
-        onload(self.actor)
-        metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature,
-                                self.config.algorithm.rollout_correction)
-        offload(self.actor)
+        phases.reset_peak(self.device)
+        with phases.running(self.actor, "update_actor"):
+            metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature,
+                                    self.config.algorithm.rollout_correction)
+            metrics.update(phases.ledger("update_actor", self._engines(), self.rollout, device=self.device))
         # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
         metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start
         metrics["perf/max_memory_allocated_gb"] = peak_memory_gib(self.device)
@@ -169,16 +185,14 @@ class ActorRolloutRefWorker(RoleWorker):
     # ------------------------------------------------------------------------------------------- checkpoint
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str) -> None:
-        onload(self.actor)
-        self.actor.save(path, hf_dir=hf_dir)
+        with phases.running(self.actor, "checkpoint"):
+            self.actor.save(path, hf_dir=hf_dir)
         if self.rank == 0:
             self.tokenizer.save_pretrained(hf_dir)
         save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()})
-        offload(self.actor)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        onload(self.actor)
-        self.actor.load(path)
+        with phases.running(self.actor, "checkpoint"):
+            self.actor.load(path)
         self.rollout.load_state_dict(load_rng_state(path, self.rank)["rollout"])
-        offload(self.actor)

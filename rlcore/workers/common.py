@@ -1,5 +1,5 @@
-"""What every trainable role shares, whatever its math: engine specs from config, the PPO mini-batch loop,
-offload around phases, and RNG state in checkpoints."""
+"""What every trainable role shares, whatever its math: engine specs from config, the PPO mini-batch loop, and RNG
+state in checkpoints (what each phase keeps on the device: rlcore.workers.phases)."""
 
 from __future__ import annotations
 
@@ -74,19 +74,6 @@ def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: 
     response_len = data.batch["responses"].shape[-1]
     joined = {k: torch.cat([pad_responses(o[k], response_len) for o in outputs]) for k in outputs[0]}
     return DataProto.from_dict(restore_order(joined, order))
-
-
-def offload(engine: TrainEngine) -> None:
-    """Honours the role's param_offload / grad_offload / optimizer_offload: its state leaves the device between uses."""
-    s = engine.spec
-    if s.param_offload or s.grad_offload or s.optimizer_offload:
-        engine.offload(params=s.param_offload, grads=s.grad_offload, optimizer=s.optimizer_offload)
-
-
-def onload(engine: TrainEngine) -> None:
-    s = engine.spec
-    if s.param_offload or s.grad_offload or s.optimizer_offload:
-        engine.onload(params=s.param_offload, grads=s.grad_offload, optimizer=s.optimizer_offload)
 
 
 def mini_batch_counts(mask: torch.Tensor, engine: TrainEngine) -> tuple[float, float]:

@@ -13,7 +13,8 @@ from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
-from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, offload, onload, run_forward, run_ppo_updates, save_rng_state
+from rlcore.workers import phases
+from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, run_forward, run_ppo_updates, save_rng_state
 
 
 def compute_values(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec) -> DataProto:
@@ -63,40 +64,37 @@ class CriticWorker(RoleWorker):
         spec = engine_spec(cfg.strategy, cfg.model, cfg, cfg.optim, cfg.grad_clip, total_steps, kind="value")
         self.engine = build_engine(cfg.strategy, spec, self.device, key="critic.strategy")
         self.layouts["critic"] = layout_of(self.engine)
-        offload(self.engine)
+        phases.leave(self.engine)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="critic")
     def compute_values(self, data: DataProto) -> DataProto:
         cfg = self.config.critic
-        onload(self.engine)
         micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine.dp_size,
                                  self.engine.spec.use_remove_padding)
-        out = compute_values(self.engine, data, micro)
-        offload(self.engine)
-        return out
+        with phases.running(self.engine, "values"):
+            return compute_values(self.engine, data, micro)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, mesh="critic")
     def update_critic(self, data: DataProto) -> dict[str, float]:
         cfg = self.config.critic
         start = time.perf_counter()
-        onload(self.engine)
+        phases.reset_peak(self.device)
         micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.engine.dp_size,
                                  self.engine.spec.use_remove_padding)
-        metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n)
-        offload(self.engine)
+        with phases.running(self.engine, "update_critic"):
+            metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n)
+            metrics.update(phases.ledger("update_critic", {"critic": self.engine}, device=self.device))
         metrics["timing_s/update_critic_on_rank"] = time.perf_counter() - start
         return metrics
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str) -> None:
-        onload(self.engine)
-        self.engine.save(path, hf_dir=hf_dir)
+        with phases.running(self.engine, "checkpoint"):
+            self.engine.save(path, hf_dir=hf_dir)
         save_rng_state(path, self.rank)
-        offload(self.engine)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        onload(self.engine)
-        self.engine.load(path)
+        with phases.running(self.engine, "checkpoint"):
+            self.engine.load(path)
         load_rng_state(path, self.rank)
-        offload(self.engine)

@@ -12,7 +12,8 @@ from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import decode_responses
 from rlcore.data.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
-from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, offload, onload, run_forward
+from rlcore.workers import phases
+from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, run_forward
 
 
 class RewardModelWorker(RoleWorker):
@@ -28,7 +29,7 @@ class RewardModelWorker(RoleWorker):
         self.input_tokenizer = AutoTokenizer.from_pretrained(cfg.model.input_tokenizer, local_files_only=True)
         # verl's rule: a reward model with another tokenizer reads the conversation re-rendered in its own template.
         self.retokenize = not same_tokenization(self.tokenizer, self.input_tokenizer)
-        offload(self.engine)
+        phases.leave(self.engine)
 
     def _sequences(self, data: DataProto) -> list[list[int]]:
         if not self.retokenize:
@@ -45,9 +46,8 @@ class RewardModelWorker(RoleWorker):
         inputs = DataProto.from_dict(right_aligned(self._sequences(data), pad, cfg.max_length))
         micro = micro_batch_spec(cfg, "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine.dp_size,
                                  self.engine.spec.use_remove_padding)
-        onload(self.engine)
-        out = run_forward(self.engine, inputs, micro, lambda outputs, mb: {"scores": outputs["scores"]})
-        offload(self.engine)
+        with phases.running(self.engine, "reward_model"):
+            out = run_forward(self.engine, inputs, micro, lambda outputs, mb: {"scores": outputs["scores"]})
         if not len(out):
             return out
         meta = {"timing": {"timing_s/reward_model_on_rank": time.perf_counter() - start}}

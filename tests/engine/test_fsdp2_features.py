@@ -114,3 +114,14 @@ def test_optimizer_step_is_clipped_decoupled_adamw_by_hand(pg, tiny_model_dir):
             w[i] = w[i] * (1 - lr * wd) - lr * (m[i] / (1 - b1**t)) / ((v[i] / (1 - b2**t)).sqrt() + eps)
     for p, expected in zip(params, w):
         torch.testing.assert_close(p.full_tensor().double(), expected, atol=2e-6, rtol=0)  # float32 vs float64 arithmetic
+
+
+def test_a_frozen_model_is_stored_in_model_dtype_and_a_trained_one_in_fp32(pg, tiny_model_dir):
+    """verl's reference in bf16 (ref.fsdp_config.model_dtype): frozen weights take half the memory; a trained model
+    keeps fp32 masters whatever model_dtype says."""
+    frozen = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, trainable=False, model_dtype="bf16"), torch.device("cpu"))
+    trained = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, model_dtype="bf16"), torch.device("cpu"))
+    assert {p.dtype for p in frozen.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trained.model.parameters()} == {torch.float32}
+    assert frozen.state_bytes()["params"] * 2 == trained.state_bytes()["params"]
+    assert frozen.state_bytes()["grads"] == frozen.state_bytes()["optimizer"] == 0

@@ -55,7 +55,8 @@ def test_fsdp_state_by_hand():
     t = SMALL.lora_params(8)
     assert lora["weights"] * GIB == (p * 2 + t * 4) / 4 and lora["optim"] * GIB == t * 8 / 4
     frozen = _training_state(SMALL, _FSDP(), 4, 0, False, trainable=False)
-    assert frozen["grads"] == frozen["optim"] == 0
+    assert frozen["grads"] == frozen["optim"] == 0 and frozen["weights"] * GIB == p * 4 / 4
+    assert _training_state(SMALL, _FSDP(model_dtype="bf16"), 4, 0, False, trainable=False)["weights"] * GIB == p * 2 / 4
     assert _training_state(SMALL, _FSDP(offload_policy=True), 4, 0, False, True)["weights"] == 0
 
 
@@ -174,6 +175,12 @@ def test_qwen2_7b_grpo_lora_saves_the_reference_and_the_optimizer_state():
     # measured by the plan: the update drops by 12.1 GiB per GPU and the state kept beside vLLM by 8.6 GiB
     assert _role(full, "actor update").peak - _role(lora, "actor update").peak == pytest.approx(12.1, abs=0.05)
     assert _role(full, "rollout").peak - _role(lora, "rollout").peak == pytest.approx(8.6, abs=0.05)
+
+
+def test_a_bf16_reference_halves_its_weights():
+    fp32 = dict(_role(_plan(recipe="qwen2_7b_grpo"), "reference log-probs").items)
+    bf16 = dict(_role(_plan(f"{ARR}.ref.fsdp_config.model_dtype=bf16", recipe="qwen2_7b_grpo"), "reference log-probs").items)
+    assert bf16["bf16 weights (frozen) / 8"] == pytest.approx(fp32["fp32 weights (frozen) / 8"] / 2)
 
 
 def test_vllm_without_room_for_its_weights_is_oom():

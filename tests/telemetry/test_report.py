@@ -89,3 +89,18 @@ def test_the_report_and_the_cli(run_dir, capsys):
     assert report_main([str(run_dir)]) == 0 and "no PPO step timings" in capsys.readouterr().out
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val-core/x/reward/mean@1": 0.5}) + "\n")
     assert report_main([str(run_dir)]) == 1 and "no training step yet" in capsys.readouterr().err
+
+
+def test_the_memory_ledger_of_the_last_step_beside_the_plan(tmp_path):
+    ledger = {"perf/memory/generate/params_gib": 0.0, "perf/memory/generate/kv_cache_gib": 1.5, "perf/memory/generate/transient_gib": 0.5,
+              "perf/memory/update_actor/params_gib": 2.0, "perf/memory/update_actor/optimizer_gib": 4.0}
+    rows = [step_row(1), step_row(2, **{"training/global_step": 2}, **ledger)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "perf.json").write_text(json.dumps({"peak_flops": 4e9, "peak_source": "measured", "device": "cpu", "world_size": 2,
+                                                    "model": {}, "settings": SETTINGS, "memory_plan": {"generate": 40.25}}))
+    lines = format_report(str(tmp_path)).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("memory per phase"))
+    assert "at step 2" in lines[start]
+    assert lines[start + 1].split() == ["phase", "params", "optimizer", "kv_cache", "transient", "plan"]
+    assert lines[start + 2].split() == ["generate", "0.000", "-", "1.500", "0.500", "40.25"]
+    assert lines[start + 3].split() == ["update_actor", "2.000", "4.000", "-", "-", "-"]

@@ -17,10 +17,10 @@ from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
-from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.base import STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
-from rlcore.engine.megatron.offload import move_state
+from rlcore.engine.megatron.offload import move_state, state_bytes
 from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
 from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
@@ -229,11 +229,11 @@ class MegatronEngine(TrainEngine):
             self._manifest = export_manifest(self.modules, self.spec.kind, self.tied)
         return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device, bucket_bytes)
 
-    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        move_state(self, True, params, grads, optimizer)
+    def _move_state(self, kinds: frozenset[str], to_host: bool) -> None:
+        move_state(self, to_host, "params" in kinds, "grads" in kinds, "optimizer" in kinds)
 
-    def onload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> None:
-        move_state(self, False, params, grads, optimizer)
+    def state_bytes(self) -> dict[str, int]:
+        return {kind: state_bytes(self, kind) for kind in STATE_KINDS}
 
     # ------------------------------------------------------------------------------------------- checkpoint
     def _layout_meta(self) -> dict[str, int | None]:

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import torch
 
+from rlcore.engine.host_buffers import HostBuffers
+
 
 def _owners(engine, params: bool, grads: bool, optimizer: bool) -> list[torch.Tensor]:
     """Tensors that own the storage of the chosen state, each storage once."""
     out: list[torch.Tensor] = []
     if params or grads:
         for chunk in engine.model:
-            buffers = getattr(chunk, "buffers", [])
+            # megatron's DDP wrapper keeps its flat buffers in a list named `buffers`; an unwrapped (frozen) model
+            # has only nn.Module's `buffers()` method there.
+            buffers = chunk.buffers if isinstance(getattr(chunk, "buffers", None), list) else []
             if params:
                 in_buffers = {id(p) for buf in buffers for p in buf.params} if any(buf.param_data is not None for buf in buffers) else set()
                 out.extend(buf.param_data for buf in buffers if buf.param_data is not None)
@@ -40,19 +44,32 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata  # the storage object itself: stable while its memory comes and goes
 
 
+def state_bytes(engine, kind: str) -> int:
+    """Bytes of one kind of state ("params", "grads", "optimizer") on this rank, resident or offloaded (an offloaded
+    storage is counted at the size it is grown back to)."""
+    stash = engine.__dict__.get("_offloaded", {})
+    owners = _owners(engine, kind == "params", kind == "grads", kind == "optimizer")
+    return sum(stash[_storage_key(t)][1] if _storage_key(t) in stash else t.untyped_storage().nbytes() for t in owners)
+
+
 def move_state(engine, to_host: bool, params: bool, grads: bool, optimizer: bool) -> None:
     """To host memory (`to_host`) or back to the engine's device; a CPU engine really frees and refills the memory
     too. A storage shared with state that stays (e.g. main params that are views of the parameter buffer) stays
     too; views into larger storages move with their owner."""
-    stash = engine.__dict__.setdefault("_offloaded", {})  # storage key -> (owner, bytes, CPU copy)
+    stash = engine.__dict__.setdefault("_offloaded", {})  # storage key -> (owner, bytes, host copy)
+    host = engine.__dict__.setdefault("_host_buffers", HostBuffers(engine.device))  # reused, pinned on CUDA
     chosen = _owners(engine, params, grads, optimizer)
     if to_host:
         keep = {_storage_key(t) for t in _owners(engine, not params, not grads, not optimizer)}
+        moved = []
         for t in chosen:
             key, storage = _storage_key(t), t.untyped_storage()
             if key in keep or key in stash or t.storage_offset() != 0 or t.numel() * t.element_size() != storage.nbytes():
                 continue
-            stash[key] = (t, storage.nbytes(), t.detach().to("cpu", copy=True))
+            stash[key] = (t, storage.nbytes(), host.to_host(key, t))
+            moved.append(storage)
+        host.sync()  # the copies have read the device memory before it is handed back
+        for storage in moved:
             storage.resize_(0)
     else:
         for t in chosen:
