@@ -17,10 +17,11 @@ from torch.distributed.tensor import DTensor
 from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
+from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
-from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, tied_weight_names, to_torch_dtype
+from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
@@ -66,7 +67,15 @@ class FSDP2Engine(TrainEngine):
         # Full fine-tuning keeps fp32 masters; frozen weights (a reference, a LoRA base) are stored in model_dtype
         # (bf16: half the memory, as verl's reference).
         dtype = to_torch_dtype(spec.model_dtype) if spec.lora or not spec.trainable else torch.float32
-        self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn)
+        # A causal LM in safetensors is built on the meta device and each rank reads only its shard's rows after
+        # sharding: no rank holds the whole model. A value model's head and LoRA's adapters are initialised at
+        # build, so those load whole and are sharded after.
+        files = safetensors_files(resolve_model_path(spec.model_path)) if spec.kind == "causal_lm" and not spec.lora else None
+        if files is not None:
+            with parameters_on_meta():
+                self.model = load_causal_lm(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn)
+        else:
+            self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn)
         self.hf_config = self.model.config
         blocks = decoder_layers(self.model)
         if spec.lora:  # before sharding: fully_shard then sees the adapters as parameters of their blocks
@@ -75,6 +84,9 @@ class FSDP2Engine(TrainEngine):
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
         apply_fsdp2(self.model, blocks, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy,
                     spec.gradient_checkpointing and spec.trainable)
+        if files is not None:
+            materialize(self.model, torch.device("cpu") if spec.offload_policy else device)
+            load_shards(self.model, files)
         if spec.offload_policy:
             # FSDP2 keeps the sharded parameters (and so their gradients and AdamW state) in host memory and streams
             # each block to the device for its compute: moving the model here would undo that. Buffers (rotary

@@ -40,7 +40,7 @@ class ScriptedRollout:
         mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
         tensors = {"prompts": prompts.batch["input_ids"], "responses": torch.tensor([x + [TOK.pad_token_id] * (width - len(x)) for x in ids]),
                    "response_mask": mask, "attention_mask": torch.cat([prompts.batch["attention_mask"], mask], -1)}
-        return DataProto.from_dict(tensors, meta_info={"timing": {}})
+        return DataProto.from_dict(tensors, meta_info={"timing": {}, "memory": {}})
 
 
 class ListTracker:

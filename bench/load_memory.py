@@ -1,0 +1,87 @@
+"""Host memory while the FSDP2 engine loads a checkpoint: each rank's peak resident-set growth, as a fraction of the
+whole fp32 model, for the sharded load (built on the meta device, each rank reads its own rows) against the load
+rlcore did before (every rank reads the whole checkpoint, then shards it). The loaded weights must equal the
+checkpoint's exactly in both modes.
+
+    python bench/load_memory.py                       # a Qwen2.5-0.5B-shaped random model (2 GB fp32), 2 ranks
+    python bench/load_memory.py --shape small         # ~60M parameters (what tests/engine/test_sharded_load.py runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from dist_utils import close_gloo, init_gloo, spawn_ranks  # noqa: E402
+
+SHAPES = {  # Qwen2 configs: the built-in Qwen2.5-0.5B shape and a small one for CI
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, tie_word_embeddings=True),
+    "small": dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8,
+                  num_key_value_heads=2, tie_word_embeddings=False),
+}
+
+
+def rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _rank(rank, port, world, model_dir, whole, out):
+    import rlcore.engine.fsdp2 as fsdp2
+    from rlcore.engine.base import EngineSpec
+    from rlcore.engine.sharded_load import parameters_on_meta
+    from rlcore.models.hf import load_causal_lm
+
+    init_gloo(rank, world, port)
+    if whole:  # the load before: the whole checkpoint on every rank, sharded after
+        fsdp2.safetensors_files = lambda path: None
+    with parameters_on_meta():  # imports and first-use set-up of the modeling code are not the load's memory
+        load_causal_lm(model_dir, weights=False)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak resident set (VmHWM) to the current one
+    before = rss_kib("VmRSS")
+    engine = fsdp2.FSDP2Engine(EngineSpec(model_path=model_dir, trainable=False), torch.device("cpu"))
+    growth = (rss_kib("VmHWM") - before) * 1024
+    weights = dict(engine.rollout_weights())  # collective; gathered after the measurement
+    if rank == 0:
+        from safetensors.torch import load_file
+
+        checkpoint = load_file(os.path.join(model_dir, "model.safetensors"))
+        exact = weights.keys() == checkpoint.keys() and all(torch.equal(weights[k], v) for k, v in checkpoint.items())
+        torch.save({"growth": growth, "exact": exact, "full_bytes": sum(t.numel() * 4 for t in checkpoint.values())}, out)
+    close_gloo()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    parser.add_argument("--world", type=int, default=2)
+    args = parser.parse_args()
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(Qwen2Config(max_position_embeddings=512, **SHAPES[args.shape])).save_pretrained(model_dir)
+        results = {}
+        for mode, whole in (("sharded", False), ("whole-then-shard", True)):
+            out = os.path.join(tmp, f"{mode}.pt")
+            spawn_ranks(_rank, args.world, lambda port: (port, args.world, model_dir, whole, out))
+            results[mode] = torch.load(out)
+    full = results["sharded"]["full_bytes"]
+    print(f"{args.shape}: {full / 4 / 1e6:.0f}M parameters, {full / 2**30:.2f} GiB in fp32, {args.world} ranks")
+    for mode, r in results.items():
+        print(f"  {mode:<18} peak host-memory growth per rank {r['growth'] / 2**30:6.2f} GiB = {r['growth'] / full:.2f} of the model"
+              f"  weights exact: {r['exact']}")
+    print(f"growth fractions: sharded {results['sharded']['growth'] / full:.2f} whole {results['whole-then-shard']['growth'] / full:.2f}")
+    return 0 if all(r["exact"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

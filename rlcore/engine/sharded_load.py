@@ -1,0 +1,121 @@
+"""Loading a HF checkpoint into an FSDP2 model without any rank holding the whole model.
+
+The model is built with its parameters on the meta device (no memory; buffers such as rotary tables are computed for
+real, they are small), sharded with `fully_shard` (which shards dim 0), given empty local shards, and each rank then
+reads from the safetensors files only the rows its shard holds, with plain reads straight into the shard (through
+one slice-sized buffer when the dtype or device differs). Not through a memory map: the mapped file pages a rank
+touched would count in its resident memory until the file is closed, doubling the peak. A rank's host memory grows
+by its shard plus one slice, not by the model: at 32B in fp32, 16 GB per rank on 8 ranks instead of 128 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from contextlib import contextmanager
+from typing import BinaryIO, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+          "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def safetensors_files(model_dir: str) -> dict[str, str] | None:
+    """Tensor name -> safetensors file of a HF checkpoint directory; None when it is not in safetensors."""
+    index = os.path.join(model_dir, INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            return {name: os.path.join(model_dir, file) for name, file in json.load(f)["weight_map"].items()}
+    single = os.path.join(model_dir, SINGLE)
+    if os.path.isfile(single):
+        with open(single, "rb") as f:
+            return dict.fromkeys(read_header(f)[1], single)
+    return None
+
+
+def read_header(f: BinaryIO) -> tuple[int, dict[str, dict]]:
+    """(where the data starts, {tensor name: {"dtype", "shape", "data_offsets"}}) of a safetensors file."""
+    size = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return 8 + size, header
+
+
+def read_rows(f: BinaryIO, data_start: int, meta: dict, start: int, out: torch.Tensor) -> None:
+    """Rows `[start, start + len(out))` of one tensor (its dim 0) into `out`: read in place when `out` is a contiguous
+    CPU tensor of the file's dtype, else through one buffer of the rows' bytes."""
+    dtype = DTYPES[meta["dtype"]]
+    row_bytes = math.prod(meta["shape"][1:]) * dtype.itemsize
+    f.seek(data_start + meta["data_offsets"][0] + start * row_bytes)
+    nbytes = out.numel() * dtype.itemsize
+    if out.dtype == dtype and out.device.type == "cpu" and out.is_contiguous():
+        target = out.reshape(-1).view(torch.uint8)
+    else:
+        target = torch.empty(nbytes, dtype=torch.uint8)
+    if f.readinto(memoryview(target.numpy())) != nbytes:
+        raise EOFError(f"{f.name}: the file ends inside a tensor (truncated checkpoint?)")
+    if target.data_ptr() != out.data_ptr():
+        out.copy_(target.view(dtype).reshape(out.shape))
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Within it, every parameter a module registers lands on the meta device as it is created (before the
+    module's own initialisation touches it); buffers are created for real."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Gives a meta-built (sharded) model empty storage on `device`, keeping the buffers it computed at build."""
+    buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+
+
+@torch.no_grad()
+def load_shards(model: nn.Module, files: dict[str, str]) -> None:
+    """Fills each parameter's local shard from the checkpoint rows it covers. A parameter the checkpoint does not
+    have is an error naming it (a tied head is one parameter with the embedding, listed once)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    missing = [name for name, _ in model.named_parameters() if name not in files]
+    if missing:
+        raise KeyError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    by_file: dict[str, list[tuple[str, nn.Parameter]]] = {}
+    for name, param in model.named_parameters():
+        by_file.setdefault(files[name], []).append((name, param))
+    for file, params in by_file.items():
+        with open(file, "rb") as f:
+            data_start, header = read_header(f)
+            for name, param in params:
+                if list(param.shape) != header[name]["shape"]:
+                    raise ValueError(f"{file}: {name} has shape {header[name]['shape']}, the model expects {list(param.shape)}")
+                if isinstance(param, DTensor):
+                    local = param.to_local()
+                    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+                    # fully_shard splits dim 0 only: a shard is a run of whole rows
+                    assert tuple(shape[1:]) == tuple(param.shape[1:]) and not any(offset[1:]), (name, shape, offset)
+                else:
+                    local, offset = param.data, (0,) * param.dim()
+                if local.numel():
+                    read_rows(f, data_start, header[name], offset[0] if offset else 0, local)
