@@ -66,6 +66,16 @@ class EngineSpec:
     num_cycles: float = 0.5
     grad_clip: float = 1.0
     megatron: dict[str, Any] = field(default_factory=dict)  # strategy=megatron: the role's `megatron` section
+    load_weights: bool = True             # False: the architecture only, parameters left uninitialised (the memory
+                                          # rehearsal on fake tensors, rlcore.cli.rehearsal)
+
+
+def is_fake(tensor: torch.Tensor) -> bool:
+    """A tensor of the memory rehearsal (FakeTensorMode): a shape without values, so a step's data-dependent
+    decisions (is the gradient norm finite?) take the path a real step takes."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
 
 
 class TrainEngine(ABC):

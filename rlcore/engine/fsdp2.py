@@ -13,8 +13,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
 from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files
@@ -60,7 +61,8 @@ class FSDP2Engine(TrainEngine):
         self.device = device
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.dp_rank, self.dp_size = (dist.get_rank() if dist.is_initialized() else 0), world
-        self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+        with unset_fake_temporarily():  # the mesh is rank bookkeeping on real tensors, also in a rehearsal's fake mode
+            self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
         self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
         load = load_causal_lm if spec.kind == "causal_lm" else load_value_model  # value / reward: a scalar head
         attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
@@ -70,8 +72,10 @@ class FSDP2Engine(TrainEngine):
         # A causal LM in safetensors is built on the meta device and each rank reads only its shard's rows after
         # sharding: no rank holds the whole model. A value model's head and LoRA's adapters are initialised at
         # build, so those load whole and are sharded after.
-        files = safetensors_files(resolve_model_path(spec.model_path)) if spec.kind == "causal_lm" and not spec.lora else None
-        if files is not None:
+        on_meta = spec.kind == "causal_lm" and not spec.lora
+        files = safetensors_files(resolve_model_path(spec.model_path)) if on_meta and spec.load_weights else None
+        on_meta = on_meta and (files is not None or not spec.load_weights)
+        if on_meta:
             with parameters_on_meta():
                 self.model = load_causal_lm(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn)
         else:
@@ -84,9 +88,10 @@ class FSDP2Engine(TrainEngine):
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
         apply_fsdp2(self.model, blocks, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy,
                     spec.gradient_checkpointing and spec.trainable)
-        if files is not None:
+        if on_meta:
             materialize(self.model, torch.device("cpu") if spec.offload_policy else device)
-            load_shards(self.model, files)
+            if files is not None:
+                load_shards(self.model, files)
         if spec.offload_policy:
             # FSDP2 keeps the sharded parameters (and so their gradients and AdamW state) in host memory and streams
             # each block to the device for its compute: moving the model here would undo that. Buffers (rotary
@@ -158,7 +163,7 @@ class FSDP2Engine(TrainEngine):
         # still move the weights on a zero gradient (momentum, weight decay).
         grad_norm = torch.tensor(0.0) if skip else _full(torch.nn.utils.clip_grad_norm_(self.trained, self.spec.grad_clip))
         lr = self.scheduler.get_last_lr()[0]
-        finite = bool(torch.isfinite(grad_norm)) and not skip
+        finite = not skip and (is_fake(grad_norm) or bool(torch.isfinite(grad_norm)))
         if finite:
             self.optimizer.step()
         # A non-finite norm (fp overflow, a bad batch) must not poison the weights: drop this step's gradients.
@@ -167,7 +172,7 @@ class FSDP2Engine(TrainEngine):
             # The schedule follows global steps even when one is skipped; torch warns about exactly that.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
-        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(skip or not finite)}
+        return {"grad_norm": float("nan") if is_fake(grad_norm) else float(grad_norm), "lr": lr, "skipped_step": float(skip or not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,

@@ -179,6 +179,8 @@ def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor, positi
 
 def unpack_responses(outputs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """`[num_response_tokens, channels]` -> `[batch, response_len, channels]`, zero where there is no token."""
-    out = outputs.new_zeros(*valid.shape, outputs.shape[-1])
-    out[valid] = outputs
-    return out
+    # Written at integer positions, not through the boolean mask: the same values and gradients, and an index_copy's
+    # shapes do not depend on data, so the memory rehearsal's fake tensors (rlcore.cli.rehearsal) can follow it.
+    positions = valid.reshape(-1).nonzero().squeeze(1)
+    out = outputs.new_zeros(valid.numel(), outputs.shape[-1]).index_copy(0, positions, outputs)
+    return out.view(*valid.shape, outputs.shape[-1])

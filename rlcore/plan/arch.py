@@ -140,6 +140,19 @@ def arch_from_hf_config(config: dict, name: str) -> Arch:
         qk_norm=text.get("model_type") == "qwen3")
 
 
+def hf_config(arch: Arch) -> dict:
+    """A config.json for `arch` (the inverse of arch_from_hf_config): enough for transformers to build the model
+    without weights, as the memory rehearsal does for a model named only by the built-in table."""
+    family = "qwen3" if arch.qk_norm else ("qwen2" if arch.qkv_bias else "llama")
+    config = dict(model_type=family, architectures=[f"{family.capitalize()}ForCausalLM"],
+                  hidden_size=arch.hidden, num_hidden_layers=arch.layers, num_attention_heads=arch.heads,
+                  num_key_value_heads=arch.kv_heads, intermediate_size=arch.intermediate, vocab_size=arch.vocab,
+                  max_position_embeddings=arch.max_positions, tie_word_embeddings=arch.tied_embeddings, rms_norm_eps=1e-6)
+    if arch.head_dim:
+        config["head_dim"] = arch.head_dim
+    return config
+
+
 def resolve_arch(path: str) -> tuple[Optional[Arch], str]:
     """(architecture, where it came from) for a model path: its config.json if the directory has one, else the
     built-in table by name; (None, reason) when neither knows it."""

@@ -33,8 +33,8 @@ def test_every_violation_at_once_and_failing_status(capsys):
 
 
 def test_megatron_tree_and_options():
-    assert parse_args(["--config-name", "ppo_megatron_trainer", "a=1"]) == ("ppo_megatron_trainer", ["a=1"])
-    assert parse_args(["--config-name=x", "+b=2"]) == ("x", ["+b=2"])
+    assert parse_args(["--config-name", "ppo_megatron_trainer", "a=1"]) == ("ppo_megatron_trainer", ["a=1"], False)
+    assert parse_args(["--config-name=x", "+b=2"]) == ("x", ["+b=2"], False)
 
 
 def test_runs_as_a_script_without_torch_or_ray():

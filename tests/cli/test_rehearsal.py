@@ -1,0 +1,73 @@
+"""`rlcore-plan --rehearse`: the FSDP2 engines of a 7B-shaped recipe run on fake tensors, phase by phase, beside the plan."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlcore.plan.arch import BUILTIN, arch_from_hf_config, hf_config
+
+REPO = Path(__file__).resolve().parents[2]
+ROW = re.compile(r"^rehearsal: (\w+) +([\d.]+) +([\d.]+|-) +([+-]\d+%|-) +(fits|OOM)")
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_hf_config_describes_the_architecture_it_was_written_from(name):
+    arch = BUILTIN[name]
+    again = arch_from_hf_config(hf_config(arch), name)
+    assert again == arch
+
+
+def rehearse(tmp_path, *overrides):
+    # Qwen2.5-7B's shapes with 4 of its 28 blocks (seconds instead of a minute), over a fake world of 2 ranks.
+    model = tmp_path / "qwen2.5-7b-4layers"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({**hf_config(BUILTIN["qwen2.5-7b"]), "num_hidden_layers": 4}))
+    args = ["recipe=qwen2_7b_grpo", f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4608", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=3072",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=3072", *overrides]
+    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--rehearse", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=600)
+    rows = {m[1]: (float(m[2]), None if m[3] == "-" else float(m[3]), m[5]) for m in map(ROW.match, proc.stdout.splitlines()) if m}
+    return proc, rows
+
+
+def measured(stdout: str, phase: str) -> str:
+    """The `measured ...` line under a phase's row."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if ROW.match(line) and ROW.match(line)[1] == phase)
+    return lines[start + 1]
+
+
+def test_a_7b_shaped_recipe_is_rehearsed_phase_by_phase_within_15_percent_of_the_plan(tmp_path):
+    proc, rows = rehearse(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(rows) == ["load", "sync", "generate", "old_log_prob", "ref", "update_actor"]
+    for phase in ("generate", "ref", "update_actor"):  # the phases the plan has a line for
+        rehearsed, planned, verdict = rows[phase]
+        assert abs(rehearsed - planned) <= 0.15 * planned, (phase, rehearsed, planned)
+        assert verdict == "fits"
+    # What the phases hold, by MemTracker's categories: an update has gradients and AdamW state, a log-prob pass no
+    # gradients; the load holds the actor's fp32 shard (1/2 of the model) and the reference's, nothing gathered.
+    assert "grad" in measured(proc.stdout, "update_actor") and "opt" in measured(proc.stdout, "update_actor")
+    assert "grad" not in measured(proc.stdout, "old_log_prob") and "act" in measured(proc.stdout, "old_log_prob")
+    arch = {**hf_config(BUILTIN["qwen2.5-7b"]), "num_hidden_layers": 4}
+    params = arch_from_hf_config(arch, "x").params() * 4 / 2 / 2 ** 30  # fp32 / 2 ranks
+    load = float(re.search(r"measured ([\d.]+)", measured(proc.stdout, "load"))[1])
+    assert 1.9 * params <= load <= 2.1 * params  # actor + fp32 reference shards
+
+
+def test_a_phase_that_does_not_fit_fails_the_rehearsal(tmp_path):
+    proc, rows = rehearse(tmp_path, "trainer.device_memory_gb=30")
+    assert proc.returncode == 1
+    assert rows["generate"][2] == "OOM" and rows["ref"][2] == "fits"  # vLLM's 18 GiB beside the actor's 11 GiB of state
+
+
+def test_megatron_is_named_as_not_rehearsed(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--config-name", "ppo_megatron_trainer", "--rehearse",
+                           "recipe=qwen2_32b_grpo_megatron"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 1
+    assert "not rehearsed: the rehearsal covers strategy=fsdp2 only" in proc.stderr
