@@ -113,8 +113,9 @@ class ActorRolloutRefWorker(RoleWorker):
         adapted_only = self._rollout_has_base and self.rollout.keeps_weights
         phases.enter(self.actor, "sync")
         # The actor's parameters leave the device (if param_offload) between the stream and the KV cache's wake-up.
+        streamed = {}
         timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_bytes, adapted_only,
-                                                        release=lambda: phases.leave(self.actor))
+                                                        release=lambda: phases.leave(self.actor), stats=streamed)
         self._rollout_has_base = self.actor.spec.lora is not None
         timing["timing_s/update_weights"] = time.perf_counter() - start
         ids, mask, sampling = prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info)
@@ -125,7 +126,7 @@ class ActorRolloutRefWorker(RoleWorker):
         else:
             out, counters = self.agent_loop.run(ids, mask, sampling, list(prompts.non_tensor_batch.get("tools_kwargs", [])) or None)
             timing.update(self.agent_loop.stats)  # engine calls, prefill tokens computed and reused across turns
-        memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=bucket_bytes, device=self.device)
+        memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]), device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
