@@ -18,8 +18,9 @@ from rlcore.rollout.base import WEIGHT_BUCKET_BYTES
 # float32 (the next-token shift is done): a causal LM gives "log_probs" (of the response tokens, at the request's
 # temperature) and, when asked, "entropy"; a value model gives "values", a reward model "scores". Never logits: under tensor parallelism
 # they exist only as vocabulary shards, and a 150k vocabulary must not be materialised for a whole micro-batch.
-# loss_fn(outputs, micro_batch) -> (scalar loss to backprop, metrics of this micro-batch)
-LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, float]]]
+# loss_fn(outputs, micro_batch) -> (scalar loss to backprop, metrics of this micro-batch): 0-dim tensors (detached,
+# left on the device until read once per mini-batch) or floats
+LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, torch.Tensor | float]]]
 # fn(outputs, micro_batch) -> dict of per-sample tensors [micro_batch, ...]
 ForwardFn = Callable[[dict[str, torch.Tensor], DataProto], dict[str, torch.Tensor]]
 
@@ -68,6 +69,20 @@ class EngineSpec:
     megatron: dict[str, Any] = field(default_factory=dict)  # strategy=megatron: the role's `megatron` section
     load_weights: bool = True             # False: the architecture only, parameters left uninitialised (the memory
                                           # rehearsal on fake tensors, rlcore.cli.rehearsal)
+
+
+def read_metrics(per_micro: list[dict[str, torch.Tensor | float]]) -> list[dict[str, float]]:
+    """The micro-batches' metrics as floats, read from the device in one transfer: loss functions leave them as
+    0-dim tensors, so a mini-batch costs one host sync instead of one per metric per micro-batch."""
+    keys = [(i, key) for i, metrics in enumerate(per_micro) for key in metrics]
+    out: list[dict[str, float]] = [{} for _ in per_micro]
+    if keys:
+        device = next((v.device for m in per_micro for v in m.values() if torch.is_tensor(v)), torch.device("cpu"))
+        scalars = [v.detach().reshape(()).float() if torch.is_tensor(v) else torch.tensor(float(v), device=device)
+                   for v in (per_micro[i][key] for i, key in keys)]
+        for (i, key), value in zip(keys, torch.stack(scalars).tolist()):
+            out[i][key] = value
+    return out
 
 
 def is_fake(tensor: torch.Tensor) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Iterator
@@ -15,7 +16,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake
+from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
 from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files
@@ -156,14 +157,16 @@ class FSDP2Engine(TrainEngine):
             loss, mb_metrics = loss_fn(self._outputs(mb, request), mb)
             loss.backward()
             metrics.append(mb_metrics)
-        return metrics
+        return read_metrics(metrics)
 
     def optimizer_step(self, skip: bool = False) -> dict[str, float]:
         # skip: no norm to take (its collective is skipped on every rank alike) and no optimizer.step(): AdamW would
         # still move the weights on a zero gradient (momentum, weight decay).
         grad_norm = torch.tensor(0.0) if skip else _full(torch.nn.utils.clip_grad_norm_(self.trained, self.spec.grad_clip))
         lr = self.scheduler.get_last_lr()[0]
-        finite = not skip and (is_fake(grad_norm) or bool(torch.isfinite(grad_norm)))
+        # The norm clipping computed is the non-finite check too: one host read, no pass over the gradients.
+        norm = float("nan") if is_fake(grad_norm) else float(grad_norm)
+        finite = not skip and (is_fake(grad_norm) or math.isfinite(norm))
         if finite:
             self.optimizer.step()
         # A non-finite norm (fp overflow, a bad batch) must not poison the weights: drop this step's gradients.
@@ -172,7 +175,7 @@ class FSDP2Engine(TrainEngine):
             # The schedule follows global steps even when one is skipped; torch warns about exactly that.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
-        return {"grad_norm": float("nan") if is_fake(grad_norm) else float(grad_norm), "lr": lr, "skipped_step": float(skip or not finite)}
+        return {"grad_norm": norm, "lr": lr, "skipped_step": float(skip or not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,

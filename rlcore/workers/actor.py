@@ -50,7 +50,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
     loss_params = policy_loss_params(actor_cfg)
 
-    def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         log_prob = outputs["log_probs"]
         b = {k: v.to(log_prob.device) for k, v in mb.batch.items()}
         mask = b["response_mask"]
@@ -68,28 +68,30 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
                 pg_mat = pg_mat * b["rollout_is_weights"]
         pg_loss = agg(pg_mat)
         loss = pg_loss
-        metrics = {"actor/pg_loss": pg_loss.item()}
+        # Metrics stay on the device (detached): run_ppo_updates reads a mini-batch's in one transfer, not one
+        # host sync per metric per micro-batch.
+        metrics = {"actor/pg_loss": pg_loss.detach()}
         if actor_cfg.entropy_coeff != 0:
             entropy = agg(outputs["entropy"])
             loss = loss - actor_cfg.entropy_coeff * entropy
-            metrics["actor/entropy"] = entropy.item()
+            metrics["actor/entropy"] = entropy.detach()
         elif on_policy:  # not in the loss: the batch's token mean, as the skipped old-log-prob pass would report it
             token_mean = agg_loss(outputs["entropy"].detach(), mask, "token-mean", counts[0], counts[1], dp_size)
-            metrics["actor/entropy"] = token_mean.item()
+            metrics["actor/entropy"] = token_mean
         if on_policy and "rollout_log_probs" in b:
             # The rollout engine's log-probs of the tokens it sampled against this forward's (same weights): a
             # diverging engine (wrong weights, temperature or kernels) shows here, though the loss uses its own.
             gap = (log_prob.detach() - b["rollout_log_probs"]).abs()
-            metrics["rollout/log_prob_abs_diff"] = agg_loss(gap, mask, "token-mean", counts[0], counts[1], dp_size).item()
+            metrics["rollout/log_prob_abs_diff"] = agg_loss(gap, mask, "token-mean", counts[0], counts[1], dp_size)
         if actor_cfg.use_kl_loss:
             kl_loss = agg(kl_penalty(log_prob, b["ref_log_prob"], actor_cfg.kl_loss_type))
             loss = loss + actor_cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.item()
-        metrics.update({k: agg(v).item() for k, v in stats.items()})
+            metrics["actor/kl_loss"] = kl_loss.detach()
+        metrics.update({k: agg(v).detach() for k, v in stats.items()})
         if "rollout_log_probs" in b:  # token means as shares of the mini-batch, exact after the usual sum and mean
             terms = mismatch_token_terms(log_prob, b["rollout_log_probs"], rc.rollout_is_threshold)
             for key, mat in {**{f"rollout_corr/{k}": v for k, v in terms.items()}, **extra}.items():
-                metrics[key] = agg_loss(mat, mask, "token-mean", counts[0], counts[1], dp_size).item()
+                metrics[key] = agg_loss(mat, mask, "token-mean", counts[0], counts[1], dp_size).detach()
         return loss, metrics
 
     return loss_fn

@@ -32,15 +32,15 @@ def compute_values(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec) 
 def make_value_loss_fn(critic_cfg, counts: tuple[float, float], dp_size: int) -> LossFn:
     """Per-micro-batch clipped value loss, aggregated with critic.loss_agg_mode over the whole mini-batch."""
 
-    def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         vpreds = outputs["values"]
         b = {k: v.to(vpreds.device) for k, v in mb.batch.items()}
         mask = b["response_mask"]
         agg = lambda mat: agg_loss(mat, mask, critic_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
         loss_mat, stats = clipped_value_loss(vpreds, b["values"], b["returns"], critic_cfg.cliprange_value)
         loss = agg(loss_mat)
-        metrics = {"critic/vf_loss": loss.item(), "critic/vpred_mean": agg(vpreds.detach()).item()}
-        metrics.update({k: agg(v).item() for k, v in stats.items()})
+        metrics = {"critic/vf_loss": loss.detach(), "critic/vpred_mean": agg(vpreds.detach())}  # on the device until run_ppo_updates reads them
+        metrics.update({k: agg(v).detach() for k, v in stats.items()})
         return loss, metrics
 
     return loss_fn

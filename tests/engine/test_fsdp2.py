@@ -84,7 +84,7 @@ def reference(tiny_model_dir):
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
     torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0).step()
-    return {"pg_loss": metrics["actor/pg_loss"], "grads": grads, "grad_norm": float(grad_norm), "weights": dict(model.state_dict())}
+    return {"pg_loss": float(metrics["actor/pg_loss"]), "grads": grads, "grad_norm": float(grad_norm), "weights": dict(model.state_dict())}
 
 
 def test_two_rank_loss_and_grads_equal_single_process(two_rank_result, reference):

@@ -17,7 +17,7 @@ from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
-from rlcore.engine.base import STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.base import STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
 from rlcore.engine.megatron.offload import move_state, state_bytes
@@ -199,7 +199,7 @@ class MegatronEngine(TrainEngine):
         for chunk in self.model:
             chunk.train()
         results = self._schedule(micro_batches, loss_fn, request, False)
-        return results if self.is_output_rank else []
+        return read_metrics(results) if self.is_output_rank else []
 
     def optimizer_step(self, skip: bool = False) -> dict[str, float]:
         lr = self.spec.lr * lr_factor(self.optimizer_steps, self.spec.warmup_steps, self.spec.total_steps, self.spec.lr_scheduler_type,
