@@ -132,7 +132,8 @@ def test_wandb_without_a_key_runs_offline_logs_everything_and_leaves_no_process(
         tracker.log(metrics, step)
     tracker.close()
     _, alive = psutil.wait_procs(started, timeout=10)
-    assert not alive and set(me.children(recursive=True)) == before
+    # Nothing new survives (a child from before may exit meanwhile: an earlier test's reaped zombie is not a leak).
+    assert not alive and not set(me.children(recursive=True)) - before
 
     [run_dir] = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*"))
     assert f"`wandb sync {run_dir}` uploads it later" in capsys.readouterr().out
