@@ -5,6 +5,7 @@ checkpoint's exactly in both modes.
 
     python bench/load_memory.py                       # a Qwen2.5-0.5B-shaped random model (2 GB fp32), 2 ranks
     python bench/load_memory.py --shape small         # ~60M parameters (what tests/engine/test_sharded_load.py runs)
+    python bench/load_memory.py --backend megatron    # the Megatron engine at TP2: each rank reads its TP pieces
 """
 
 from __future__ import annotations
@@ -58,10 +59,32 @@ def _rank(rank, port, world, model_dir, whole, out):
     close_gloo()
 
 
+def _megatron_rank(rank, port, world, model_dir, out):
+    from rlcore.engine.base import EngineSpec
+    from rlcore.engine.megatron import MegatronEngine
+
+    init_gloo(rank, world, port)
+    megatron = dict(tensor_model_parallel_size=world, pipeline_model_parallel_size=1, use_distributed_optimizer=True, seed=1)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = rss_kib("VmRSS")
+    engine = MegatronEngine(EngineSpec(model_path=model_dir, trainable=False, megatron=megatron, param_dtype="float32"), torch.device("cpu"))
+    growth = (rss_kib("VmHWM") - before) * 1024
+    weights = dict(engine.rollout_weights())
+    if rank == 0:
+        from safetensors.torch import load_file
+
+        checkpoint = load_file(os.path.join(model_dir, "model.safetensors"))
+        exact = all(torch.equal(weights[k], v) for k, v in checkpoint.items() if k in weights)
+        torch.save({"growth": growth, "exact": exact, "full_bytes": sum(t.numel() * 4 for t in checkpoint.values())}, out)
+    close_gloo()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--backend", choices=("fsdp2", "megatron"), default="fsdp2")
     args = parser.parse_args()
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -70,6 +93,13 @@ def main() -> int:
         torch.manual_seed(0)
         Qwen2ForCausalLM(Qwen2Config(max_position_embeddings=512, **SHAPES[args.shape])).save_pretrained(model_dir)
         results = {}
+        if args.backend == "megatron":
+            out = os.path.join(tmp, "megatron.pt")
+            spawn_ranks(_megatron_rank, args.world, lambda port: (port, args.world, model_dir, out))
+            r = torch.load(out)
+            print(f"megatron TP{args.world}, {args.shape}: peak host-memory growth per rank {r['growth'] / 2**30:.2f} GiB = "
+                  f"{r['growth'] / r['full_bytes']:.2f} of the fp32 model  weights exact: {r['exact']}")
+            return 0 if r["exact"] else 1
         for mode, whole in (("sharded", False), ("whole-then-shard", True)):
             out = os.path.join(tmp, f"{mode}.pt")
             spawn_ranks(_rank, args.world, lambda port: (port, args.world, model_dir, whole, out))

@@ -90,20 +90,21 @@ class HFCheckpoint:
         else:
             raise FileNotFoundError(f"{path} has no model.safetensors(.index.json): the megatron engine reads safetensors "
                                     "checkpoints; re-save the model with save_pretrained(..., safe_serialization=True)")
-        self._open: dict[str, object] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self.file_of
 
     def slice(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:
-        path = self.file_of[name]
-        if path not in self._open:
-            self._open[path] = safe_open(path, "pt")
-        t = self._open[path].get_slice(name)
-        if rows is None and cols is None:
-            return t[:]
-        r = slice(*rows) if rows else slice(None)
-        return t[r, slice(*cols)] if cols else t[r]
+        # The file is mapped for this one read and unmapped after: the mapped pages a rank touched count in its
+        # resident memory until then, and a TP rank's column slice touches every row of the tensor. Kept open for
+        # the whole load, the whole checkpoint ended up counted on every rank (1.35x the fp32 model at TP2).
+        with safe_open(self.file_of[name], "pt") as f:
+            t = f.get_slice(name)
+            # A slice is read into its own buffer, not a view of the mapping: it outlives the file.
+            if rows is None and cols is None:
+                return t[:]
+            r = slice(*rows) if rows else slice(None)
+            return t[r, slice(*cols)] if cols else t[r]
 
 
 def _qkv_geometry(config) -> tuple[int, int, int, int]:
@@ -114,7 +115,8 @@ def _qkv_geometry(config) -> tuple[int, int, int, int]:
 
 
 def local_piece(ckpt: HFCheckpoint, entry: Entry, config, vocab_size: int, padded_vocab: int, shape: torch.Size) -> torch.Tensor:
-    """This TP rank's piece of an entry, read from the checkpoint."""
+    """This TP rank's piece of an entry, read from the checkpoint (a vocabulary piece without its padding rows:
+    `shape[0]` or fewer)."""
     tp, r = config.tensor_model_parallel_size, mpu.get_tensor_model_parallel_rank()
     if entry.kind == "copy":
         return ckpt.slice(entry.hf_names[0])
@@ -123,11 +125,8 @@ def local_piece(ckpt: HFCheckpoint, entry: Entry, config, vocab_size: int, padde
         return ckpt.slice(entry.hf_names[0], cols=(r * n, (r + 1) * n))
     if entry.kind == "vocab":
         rows = padded_vocab // tp
-        start, stop = r * rows, min((r + 1) * rows, vocab_size)
-        piece = torch.zeros(shape, dtype=ckpt.slice(entry.hf_names[0], rows=(0, 1)).dtype)
-        if stop > start:
-            piece[: stop - start] = ckpt.slice(entry.hf_names[0], rows=(start, stop))
-        return piece
+        start, stop = min(r * rows, vocab_size), min((r + 1) * rows, vocab_size)
+        return ckpt.slice(entry.hf_names[0], rows=(start, stop))
     if entry.kind == "gate_up":
         n = shape[0] // 2
         return torch.cat([ckpt.slice(h, rows=(r * n, (r + 1) * n)) for h in entry.hf_names])
@@ -156,10 +155,13 @@ def load_hf(chunks: list[torch.nn.Module], model_path: str, config, vocab_size: 
             param.copy_(torch.randn(param.shape, generator=generator) * value_head_std)
             continue
         piece = local_piece(ckpt, entry, config, vocab_size, padded_vocab, param.shape)
-        if piece.shape != param.shape:
+        # Copied into the parameter as read (no padded copy: one piece is the load's whole transient).
+        padding = param.shape[0] - piece.shape[0] if entry.kind == "vocab" else 0
+        if piece.shape[1:] != param.shape[1:] or not 0 <= padding <= (param.shape[0] if entry.kind == "vocab" else 0):
             raise ValueError(f"{entry.hf_names} in {model_path} give {tuple(piece.shape)} for {entry.name} {tuple(param.shape)}: "
                              "the checkpoint does not match its config.json")
-        param.copy_(piece)
+        param[: piece.shape[0]].copy_(piece)
+        param[piece.shape[0]:].zero_()  # the vocabulary's padding rows
 
 
 # ---------------------------------------------------------------------------------------------------- exporting HF
