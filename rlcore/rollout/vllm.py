@@ -144,6 +144,10 @@ class VLLMRollout(RolloutEngine):
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         args.update(self._memory_args(hf_config, dtype, gpu_memory_utilization, max_model_len, max_num_seqs, kv_bytes))
         args.update(engine_kwargs)  # the user's engine arguments win
+        self._hf, self._dtype = hf_config, to_torch_dtype(dtype)
+        self._weight_bytes = 0  # this rank's share of the last sync, in the rollout dtype (the ledger's rollout_weights)
+        # What is on the device for the ledger: sleep(level=2) frees both on CUDA; on CPU nothing ever sleeps.
+        self._awake = {"weights", "kv_cache"}
         with _KeepRNGAndThreads():
             self.llm = vllm.LLM(**args)
         self.sleep()  # dummy weights are worthless; the first sync loads real ones
@@ -197,8 +201,21 @@ class VLLMRollout(RolloutEngine):
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # In-process collective_rpc calls the worker directly (no pickling), so the iterator streams lazily.
+        if "weights" not in self._awake:
+            raise RuntimeError("update_weights() while vLLM's weights sleep: call wake_up(['weights']) first "
+                               "(rlcore.rollout.weight_sync.sync_weights does)")
         stream = self._with_tied_head(weights) if self.tied else iter(weights)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        numel = 0
+
+        def counted():
+            nonlocal numel
+            for name, tensor in stream:
+                numel += tensor.numel()
+                yield name, tensor
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True})
+        # TP splits the matrices (norms are replicated, a rounding error here); a tied head is counted twice as sent.
+        self._weight_bytes = numel * self._dtype.itemsize // self.tp
 
     @staticmethod
     def _with_tied_head(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -221,10 +238,19 @@ class VLLMRollout(RolloutEngine):
             self.llm.reset_prefix_cache()
         if self.device.type == "cuda":
             self.llm.wake_up(tags=tags)
+            self._awake |= set(tags or ("weights", "kv_cache"))
 
     def sleep(self) -> None:
         if self.device.type == "cuda":  # CPU: vLLM has no sleep mode (it would log a warning and do nothing)
             self.llm.sleep(level=2)
+            self._awake.clear()
+
+    def memory_bytes(self) -> dict[str, int]:
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        kv_dtype = self._dtype if cache.cache_dtype in (None, "auto") else torch.float8_e4m3fn  # fp8 caches: 1 byte
+        kv = int(cache.num_gpu_blocks or 0) * cache.block_size * kv_bytes_per_token(self._hf, kv_dtype, self.tp)
+        return {"rollout_weights": self._weight_bytes if "weights" in self._awake else 0,
+                "kv_cache": kv if "kv_cache" in self._awake else 0}
 
     def state_dict(self) -> dict:
         return {"next_request": self._next_request}

@@ -50,6 +50,12 @@ def training_log_probs(model, ids, mask, out, temperature: float = 1.0) -> torch
     return gather_log_probs(response_logits(logits, out.responses.shape[1], temperature), out.responses) * out.response_mask
 
 
+def push(rollout, weights) -> None:
+    """A sync as the hybrid engine does it: vLLM's weights woken first (on CUDA they sleep after build)."""
+    rollout.wake_up(["weights"])
+    rollout.update_weights(weights)
+
+
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     model_dir = build_tiny_model_dir(str(tmp_path_factory.mktemp("vllm_qwen2")), hidden=128)  # head_dim 32: vLLM CPU's minimum
@@ -60,8 +66,20 @@ def qwen(tmp_path_factory):
     config.eos_token_id = int(hf_greedy(model, IDS, MASK, 1)[0, 0])
     config.save_pretrained(model_dir)
     rollout = build(model_dir)  # load_format=dummy: nothing real until the first sync
-    rollout.update_weights(model.state_dict().items())
+    push(rollout, model.state_dict().items())
     return rollout, model
+
+
+@pytest.mark.vllm
+def test_the_ledger_counts_vllms_kv_blocks_and_this_ranks_weights(qwen):
+    rollout, model = qwen
+    held = rollout.memory_bytes()
+    cache = rollout.llm.llm_engine.vllm_config.cache_config
+    config = model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    assert held["kv_cache"] == cache.num_gpu_blocks * cache.block_size * per_token > 0  # fp32 on CPU
+    params = sum(p.numel() for p in model.state_dict().values())
+    assert held["rollout_weights"] == params * 4  # TP1, fp32, every tensor of the state dict streamed once
 
 
 @pytest.mark.vllm
@@ -150,13 +168,13 @@ def test_a_second_sync_replaces_the_weights(qwen, tmp_path):
     before = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False)).responses
     perturbed = load_causal_lm(build_tiny_model_dir(str(tmp_path / "other"), seed=3, hidden=128)).eval()
     rollout.wake_up(["weights"])
-    rollout.update_weights(perturbed.state_dict().items())
+    push(rollout, perturbed.state_dict().items())
     rollout.wake_up(["kv_cache"])  # drops cached prefixes computed by the old weights
     out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
     assert not torch.equal(out.responses, before)
     assert torch.equal(out.responses, hf_greedy(perturbed, IDS, MASK, 8))
     torch.testing.assert_close(out.response_log_probs, training_log_probs(perturbed, IDS, MASK, out), atol=1e-5, rtol=0)
-    rollout.update_weights(model.state_dict().items())  # back, for the module's other tests
+    push(rollout, model.state_dict().items())  # back, for the module's other tests
     rollout.wake_up(["kv_cache"])
     assert torch.equal(rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False)).responses, before)
 
@@ -173,7 +191,7 @@ def test_tied_llama_with_or_without_lm_head_in_the_stream(tmp_path, with_lm_head
     if not with_lm_head:
         del weights["lm_head.weight"]
     rollout = build(model_dir)
-    rollout.update_weights(weights.items())
+    push(rollout, weights.items())
     out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
     assert torch.equal(out.responses, hf_greedy(model, IDS, MASK, 8))
     torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=1e-5, rtol=0)
