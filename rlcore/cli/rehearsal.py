@@ -198,7 +198,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
         woken = (f"vLLM weights woken for the sync ({rollout.dtype} / TP{tp})", arch.params() * (2 if rollout.dtype in ("bfloat16", "float16") else 4) / tp / GIB)
     else:
         woken = rollout_items[0]
-    runtime = ("runtime (CUDA context, NCCL; the plan's)", RUNTIME_GIB[t.device])
+    runtime = (f"runtime (the plan's: {'CUDA context, NCCL' if t.device == 'cuda' else 'the Python/torch/Ray worker'})", RUNTIME_GIB[t.device])
     out = []
     with tempfile.TemporaryDirectory() as workdir, _fake_world(world), ExitStack() as stack:
         model_cfg = OmegaConf.merge(arr.model, {"path": _model_dir(arch, arr.model.path, workdir), "use_remove_padding": False})
