@@ -8,56 +8,20 @@ builds the colocated actor/rollout/ref worker group and runs `PPOTrainer.fit()`.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config import CONFIG_DIR, ConfigError, format_plan, register_configs
+from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, split_argv
+from rlcore.cli.preflight import preflight
+from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
 from rlcore.config.validate import diagnose, uses_critic
 from rlcore.plan import format_memory, memory_plan
 
 register_configs()
-
-
-def runtime_errors(cfg: DictConfig) -> list[str]:
-    """Checks that need torch or the algorithm registries (kept out of the import-light config package)."""
-    import torch
-
-    from rlcore.algos import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-    from rlcore.algos.custom import load_custom_algorithms
-    from rlcore.models.families import check_model_dir
-    from rlcore.models.hf import resolve_model_path
-    from rlcore.telemetry.tracking import logger_errors
-
-    actor, errors = cfg.actor_rollout_ref.actor, []
-    try:
-        load_custom_algorithms(cfg.custom_algorithms.path)  # before the name checks: it registers names
-    except (OSError, ImportError, ValueError) as err:
-        errors.append(str(err))
-    paths = [("critic.model.path", cfg.critic.model.path)] if uses_critic(cfg) else []
-    if cfg.reward_model.enable:
-        paths.append(("reward_model.model.path", cfg.reward_model.model.path))
-    for key, path in paths:
-        try:
-            resolve_model_path(path, key)
-        except FileNotFoundError as err:
-            errors.append(str(err))
-    # An architecture rlcore cannot train (or the chosen engine cannot build) is named now, not inside a worker.
-    errors += check_model_dir(cfg.actor_rollout_ref.model.path, actor.strategy, "actor_rollout_ref.model.path")
-    if uses_critic(cfg):
-        errors += check_model_dir(cfg.critic.model.path, cfg.critic.strategy, "critic.model.path")
-    for registry, value in (
-        (ADV_ESTIMATORS, cfg.algorithm.adv_estimator), (POLICY_LOSSES, actor.policy_loss.loss_mode),
-        (KL_ESTIMATORS, actor.kl_loss_type), (KL_ESTIMATORS, cfg.algorithm.kl_penalty), (LOSS_AGGREGATIONS, actor.loss_agg_mode),
-    ):
-        if value not in registry:
-            errors.append(f"{registry.config_key}={value!r} is not a registered {registry.kind}; valid: {', '.join(registry.names())}")
-    errors.extend(logger_errors(list(cfg.trainer.logger)))
-    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
-        errors.append("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu to run on CPU (gloo)")
-    return errors
 
 
 def check_config(cfg: DictConfig) -> str:
@@ -65,10 +29,11 @@ def check_config(cfg: DictConfig) -> str:
     the batch plan and the per-device memory plan, with a warning for any role estimated not to fit."""
     plan, errors = diagnose(cfg)
     memory = memory_plan(cfg, plan)
-    errors += memory.errors + runtime_errors(cfg)
+    checked = preflight(cfg, where="train", known=errors)  # the same checks rlcore-plan runs
+    errors += memory.errors + checked.errors
     if errors:
         raise ConfigError(errors)
-    report = [format_plan(plan), format_memory(memory)]
+    report = [format_plan(plan), format_memory(memory)] + [f"WARNING rlcore: {w}" for w in checked.warnings]
     for role in memory.roles:
         if role.verdict == "OOM":
             lever = f"; the largest lever: {role.levers[0][0]}" if role.levers else ""
@@ -200,7 +165,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> float:
+def hydra_main(cfg: DictConfig) -> float:
     """One training job. Returns the final mean reward: the objective a Hydra sweeper (e.g. Optuna) maximises.
     Each job also leaves summary.json in its output directory for the multirun summary table."""
     from rlcore.cli.sweep import write_job_summary
@@ -213,6 +178,26 @@ def main(cfg: DictConfig) -> float:
         raise SystemExit(f"rlcore: invalid configuration\n{err}") from None
     steps = cfg.trainer.total_training_steps or 0
     return write_job_summary(output_dir, final, steps, time.perf_counter() - start)["final_reward"]
+
+
+def main() -> None:
+    """rlcore-train: a command line that does not compose (a misspelled key or recipe, a `~` Hydra's grammar
+    refuses) is explained in one line with its fix before Hydra sees it; then Hydra runs the job(s)."""
+    refuse_what_does_not_compose(sys.argv[1:], "ppo_trainer", compose)
+    hydra_main()
+
+
+def refuse_what_does_not_compose(argv: list[str], default_config: str, compose_with) -> None:
+    """Composes every job of the command line as Hydra will (each job of an -m sweep); exits 1 with the first
+    problem, explained. Leaves --help, --cfg and other Hydra questions to Hydra."""
+    config_name, overrides, sweep, plain = split_argv(argv, default_config)
+    if not plain:
+        return
+    try:
+        for job in expand_sweep(overrides) if sweep else [overrides]:
+            compose_explained(lambda o: compose_with(o, config_name=config_name), job)
+    except ComposeError as err:
+        raise SystemExit(f"rlcore: the config does not compose: {err}") from None
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""`rlcore-plan [--config-name NAME] key=value ...`: the config doctor.
+"""`rlcore-plan [--config-name NAME] [-m] [--elsewhere] [--rehearse] key=value ...`: the config doctor.
 
 Composes the config exactly as `rlcore-train` would (same overrides, recipes, `+key=value`), then prints every
-violation at once with its fix, the batch plan and the per-device memory plan with a verdict per role. A config
-named rm_* or sft_* is composed as `rlcore-rm` / `rlcore-sft` would, and planned as that one training role. Nothing
-is loaded and neither torch nor ray is imported (unless trainer.device=cuda asks to measure the local GPU), so it
-answers in about a second for any model in the built-in table, on any machine. Exit status: 0 when the config is
-valid and every role fits or is tight, 1 otherwise.
+violation at once with its fix, the batch plan and the per-device memory plan with a verdict per role. The checks
+are the ones `rlcore-train` runs before Ray starts (rlcore.cli.preflight): the schema's rules, the registries'
+names, the model, tokenizer, data and reward files on this machine, heads vs TP/SP. A config named rm_* or sft_*
+is composed as `rlcore-rm` / `rlcore-sft` would, and planned as that one training role. Nothing is loaded and Ray
+is not imported (torch is, for the registries), so it answers in a few seconds for any model in the built-in table,
+on any machine. Exit status: 0 when the config is valid and every role fits or is tight, 1 otherwise.
+
+`-m` / `--multirun` plans every job of a sweep (`a=1,2 b=x,y`: four jobs) and prints one table: errors, and each
+role's peak and verdict per job. `--elsewhere` plans a job that will run on another machine: paths missing here
+are warnings, not errors.
 
 `--rehearse` then checks the plan against the real engine code: the FSDP2 engines are built and one step's phases
 run on fake tensors over a fake world of the config's size (rlcore.cli.rehearsal; about a minute for a 7B model
@@ -16,88 +21,163 @@ when a phase does not fit.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
+from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, varying
+from rlcore.cli.preflight import preflight
 from rlcore.config import compose, format_plan
 from rlcore.config.validate import diagnose
 from rlcore.plan import format_memory, memory_plan, supervised_memory_plan
 
-USAGE = "usage: rlcore-plan [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [--rehearse] [recipe=NAME] [key=value ...]"
+USAGE = ("usage: rlcore-plan [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [-m] [--elsewhere] "
+         "[--rehearse] [recipe=NAME] [key=value ...]")
 
 
-def parse_args(argv: list[str]) -> tuple[str, list[str], bool]:
-    config_name, overrides, rehearse, args = "ppo_trainer", [], False, iter(argv)
-    for arg in args:
+@dataclass
+class Args:
+    config_name: str = "ppo_trainer"
+    overrides: list[str] = field(default_factory=list)
+    rehearse: bool = False
+    sweep: bool = False
+    elsewhere: bool = False
+
+
+def parse_args(argv: list[str]) -> Args:
+    args, it = Args(), iter(argv)
+    flags = {"--rehearse": "rehearse", "-m": "sweep", "--multirun": "sweep", "--elsewhere": "elsewhere"}
+    for arg in it:
         if arg in ("-h", "--help"):
             raise SystemExit(f"{USAGE}\n\n{__doc__}")
-        if arg == "--rehearse":
-            rehearse = True
-            continue
-        if arg == "--config-name":
-            config_name = next(args, None) or sys.exit(f"rlcore-plan: --config-name needs a value\n{USAGE}")
+        if arg in flags:
+            setattr(args, flags[arg], True)
+        elif arg in ("--config-name", "-cn"):
+            args.config_name = next(it, None) or sys.exit(f"rlcore-plan: --config-name needs a value\n{USAGE}")
         elif arg.startswith("--config-name="):
-            config_name = arg.split("=", 1)[1]
+            args.config_name = arg.split("=", 1)[1]
         elif arg.startswith("-"):
             raise SystemExit(f"rlcore-plan: unknown option {arg}\n{USAGE}")
         else:
-            overrides.append(arg)
-    return config_name, overrides, rehearse
+            args.overrides.append(arg)
+    return args
 
 
-def doctor(cfg) -> tuple[str, bool]:
-    """The report for a composed config and whether it passes (no violation, no role out of memory)."""
+@dataclass
+class Diagnosis:
+    """One composed config's verdict: every error, the warnings, and the report to print."""
+
+    errors: list[str]
+    warnings: list[str]
+    memory: object  # rlcore.plan.MemoryPlan
+    report: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.memory.ok
+
+
+def _report(errors: list[str], warnings: list[str], sections: list[str]) -> str:
+    lines = [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
+    lines += [f"warning: {w}" for w in warnings]
+    return "\n".join(lines + sections)
+
+
+def doctor(cfg, where: str = "plan") -> Diagnosis:
+    """The RL trainer's checks (what rlcore-train refuses) and plans for a composed config."""
     plan, errors = diagnose(cfg)
     mem = memory_plan(cfg, plan)
-    errors = errors + mem.errors
-    lines = [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
-    if plan is not None:
-        lines.append(format_plan(plan))
-    lines.append(format_memory(mem))
-    return "\n".join(lines), not errors and mem.ok
+    checked = preflight(cfg, where, known=errors)
+    errors = errors + mem.errors + checked.errors
+    sections = ([format_plan(plan)] if plan is not None else []) + [format_memory(mem)]
+    return Diagnosis(errors, checked.warnings, mem, _report(errors, checked.warnings, sections))
 
 
-def supervised_doctor(cfg, pairs: bool) -> tuple[str, bool]:
-    """The report of an rlcore-rm (`pairs`) or rlcore-sft config: its rule violations and its memory plan."""
+def supervised_doctor(cfg, pairs: bool) -> Diagnosis:
+    """An rlcore-rm (`pairs`) or rlcore-sft config: its rule violations and its memory plan."""
     from rlcore.config.rm_schema import rm_config_errors
     from rlcore.train_sft import sft_config_errors
 
     mem = supervised_memory_plan(cfg, pairs)
     errors = (rm_config_errors(cfg) if pairs else sft_config_errors(cfg)) + mem.errors
-    lines = [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
-    lines.append(format_memory(mem))
-    return "\n".join(lines), not errors and mem.ok
+    return Diagnosis(errors, [], mem, _report(errors, [], [format_memory(mem)]))
 
 
-def compose_any(config_name: str, overrides: list[str]):
-    """(config, its doctor): rm_* and sft_* names are composed with their trainers' schemas."""
+def composer(config_name: str):
+    """(compose(overrides), doctor(cfg, where)) for a config name: rm_* and sft_* with their trainers' schemas."""
     if config_name.startswith("rm_"):
         from rlcore.train_rm import compose_rm
 
-        return compose_rm(overrides, config_name), lambda cfg: supervised_doctor(cfg, pairs=True)
+        return lambda o: compose_rm(o, config_name), lambda cfg, where: supervised_doctor(cfg, pairs=True)
     if config_name.startswith("sft_"):
         from rlcore.train_sft import compose_sft
 
-        return compose_sft(overrides, config_name), lambda cfg: supervised_doctor(cfg, pairs=False)
-    return compose(overrides, config_name=config_name), doctor
+        return lambda o: compose_sft(o, config_name), lambda cfg, where: supervised_doctor(cfg, pairs=False)
+    return lambda o: compose(o, config_name=config_name), doctor
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    config_name, overrides, rehearse = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    compose_fn, check = composer(args.config_name)
+    where = "elsewhere" if args.elsewhere else "plan"
+    if args.sweep:
+        return sweep(compose_fn, check, args.overrides, where)
     try:
-        cfg, check = compose_any(config_name, overrides)
-    except (HydraException, OmegaConfBaseException) as err:
+        cfg = compose_explained(compose_fn, args.overrides)
+    except ComposeError as err:
         print(f"rlcore-plan: the config does not compose: {err}", file=sys.stderr)
         return 1
-    report, ok = check(cfg)
-    print(report, flush=True)
-    if rehearse:
+    result = check(cfg, where)
+    print(result.report, flush=True)
+    ok = result.ok
+    if args.rehearse:
         if check is not doctor:
             print("rlcore-plan: --rehearse runs the RL trainer's phases; rm_* and sft_* configs have none to rehearse", file=sys.stderr)
             return 1
         ok = rehearsal_report(cfg) and ok
     return 0 if ok else 1
+
+
+def sweep(compose_fn, check, overrides: list[str], where: str) -> int:
+    """Plans every job of a basic sweep; prints each job's errors, then one table. 0 when every job passes."""
+    try:
+        jobs = expand_sweep(overrides)
+    except ComposeError as err:
+        print(f"rlcore-plan: the sweep does not parse: {err}", file=sys.stderr)
+        return 1
+    rows = []
+    for i, (job, shown) in enumerate(zip(jobs, varying(jobs))):
+        label = " ".join(shown) or "(no overrides)"
+        try:
+            result = check(compose_explained(compose_fn, job), where)
+        except ComposeError as err:
+            print(f"job {i} ({label}): does not compose: {err}")
+            rows.append((label, None))
+            continue
+        for n, error in enumerate(result.errors, 1):
+            print(f"job {i} ({label}): error {n}: {error}")
+        rows.append((label, result))
+    print(format_sweep(rows), flush=True)
+    return 0 if all(r is not None and r.ok for _, r in rows) else 1
+
+
+def format_sweep(rows: list[tuple[str, Diagnosis | None]]) -> str:
+    """One row per job: its overrides, error count, and per role `peak GiB verdict` (roles in order of first use)."""
+    roles: list[str] = []
+    for _, result in rows:
+        for role in result.memory.roles if result else []:
+            if role.role not in roles:
+                roles.append(role.role)
+    header = ["#", "overrides", "errors", *roles, "verdict"]
+    table = [header]
+    for i, (label, result) in enumerate(rows):
+        if result is None:
+            table.append([str(i), label, "compose", *["" for _ in roles], "FAIL"])
+            continue
+        peaks = {r.role: f"{r.peak:.1f} {r.verdict}" for r in result.memory.roles}
+        table.append([str(i), label, str(len(result.errors)), *[peaks.get(role, "-") for role in roles],
+                      "ok" if result.ok else "FAIL"])
+    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if c == 1 else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths))) for row in table]
+    return "\n".join([f"rlcore-plan sweep summary ({len(rows)} jobs; per role: peak GiB per device and verdict)"] + lines)
 
 
 def rehearsal_report(cfg) -> bool:

@@ -14,7 +14,7 @@ class MultiTurnConfig:
 
     enable: bool = False  # multi-turn generation with tool calls (same as agent.default_agent_loop=tool_agent)
     max_assistant_turns: Optional[int] = None  # cap on assistant turns per sample; None = until response_length
-    tool_config_path: Optional[str] = None  # verl tool-config YAML (config/tools/*.yaml)
+    tool_config_path: Optional[str] = None  # verl tool-config YAML (tool_configs/*.yaml)
     max_user_turns: Optional[int] = None  # cap on user (tool-result) turns per sample; None = no cap
     max_parallel_calls: int = 1  # tool calls of one turn that are executed; later ones are dropped
     max_tool_response_length: int = 256  # CHARACTERS of a tool's response text kept (verl truncates the text)

@@ -43,7 +43,7 @@ def load_tool_config(path: str) -> list[ToolSpec]:
     """The tools of a verl tool-config YAML. Raises ValueError listing every problem, each with the file, the entry
     (e.g. `tools[1].tool_schema.function.name`) and the fix."""
     if not os.path.isfile(path):
-        raise ValueError(f"tool config {path} does not exist; set tool_config_path to a YAML file such as config/tools/gsm8k_calculator.yaml")
+        raise ValueError(f"tool config {path} does not exist; set tool_config_path to a YAML file such as tool_configs/gsm8k_calculator.yaml")
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
@@ -52,7 +52,7 @@ def load_tool_config(path: str) -> list[ToolSpec]:
     tools = doc.get("tools") if isinstance(doc, dict) else None
     if not isinstance(tools, list) or not tools:
         raise ValueError(f"tool config {path} needs a non-empty list under `tools:`, each entry with class_name, config and "
-                         f"tool_schema (see config/tools/tiny_add.yaml)")
+                         f"tool_schema (see tool_configs/tiny_add.yaml)")
     errors: list[str] = []
     specs = [_spec(entry, f"tools[{i}]", errors) for i, entry in enumerate(tools)]
     seen: dict[str, int] = {}

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.keys import unknown_key_errors
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import check_megatron, check_same_layout
@@ -547,6 +548,7 @@ def diagnose(cfg: DictConfig) -> tuple[Optional[BatchPlan], List[str]]:
     """Every violation, and the batch plan whenever the sizes are consistent (even if, say, a feature is not
     supported yet: rlcore-plan still shows the sizes and memory for such a config)."""
     checker = _Checker(cfg)
+    checker.errors += unknown_key_errors(cfg)
     _check_choices(checker)
     _check_unsupported(checker)
     _check_ranges(checker)

@@ -28,7 +28,7 @@ def check_multi_turn(c) -> None:
         return
     if key is None:
         c.error(f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools; set "
-                f"{MT}.tool_config_path to a tool config such as config/tools/gsm8k_calculator.yaml")
+                f"{MT}.tool_config_path to a tool config such as tool_configs/gsm8k_calculator.yaml")
     else:
         try:
             load_tool_config(c.get(key))

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.plan.heads import head_errors
 
 GIB = 2 ** 30
 ARR = "actor_rollout_ref"
@@ -385,6 +386,8 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
         notes.append(f"{key}: {size} params, {arch.layers} layers, hidden {arch.hidden}, "
                      f"vocab {arch.vocab} ({where})")
+        if key == "policy":
+            errors += head_errors(cfg, arch, f"{role}.path")
         if key == "policy" and arch.max_positions and est.max_len > arch.max_positions:
             errors.append(f"data.max_prompt_length + data.max_response_length = {est.max_len} exceeds {role}.path's "
                           f"max_position_embeddings {arch.max_positions}; use data.max_response_length="

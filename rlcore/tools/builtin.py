@@ -1,5 +1,5 @@
 """Built-in tools: `add` (the tiny task's tool) and `calculator` (verl's GSM8K tool recipe: safe arithmetic).
-Each module-level TOOL_SCHEMA is the schema their config/tools/*.yaml entries carry."""
+Each module-level TOOL_SCHEMA is the schema their tool_configs/*.yaml entries carry."""
 
 from __future__ import annotations
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import partial
 
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
 from rlcore.config.tool_config import tool_schemas
+from rlcore.config.validate import ConfigError
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
 from rlcore.data.row_checks import rule_score_problem
@@ -21,9 +23,25 @@ def _files(value) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+@contextmanager
+def loading(key: str, value, what: str):
+    """A file the config points at that exists but does not load (a broken tokenizer, a parquet file that is not
+    one, a reward file that raises on import) becomes one line naming the key, not a traceback from inside the
+    library."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (OSError, ValueError, ImportError, KeyError, pa.ArrowException) as err:
+        reason = " ".join(str(err).split())
+        raise ConfigError([f"{key}={value}: {what} does not load: {type(err).__name__}: {reason}"]) from err
+
+
 def build_data(cfg: DictConfig):
     model = cfg.actor_rollout_ref.model
-    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path, local_files_only=True)
+    key = "actor_rollout_ref.model.tokenizer_path" if model.tokenizer_path else "actor_rollout_ref.model.path"
+    with loading(key, model.tokenizer_path or model.path, "the tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path, local_files_only=True)
     data = cfg.data
     # Rule scorers need a scorer per data source and a ground truth: checked on every row at load. A custom
     # compute_score decides for itself; a reward model scores training rows (validation stays rule-scored).
@@ -32,27 +50,29 @@ def build_data(cfg: DictConfig):
 
     tools = tool_schemas(cfg)  # rendered into the prompt by the chat template, as verl's dataset does
 
-    def dataset(files, max_samples, checks):
-        return RLHFDataset(
-            _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
-            filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
-            max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
-            tools=tools,
-        )
+    def dataset(files, max_samples, checks, key):
+        with loading(key, files, "the data"):
+            return RLHFDataset(
+                _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+                filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
+                max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
+                tools=tools,
+            )
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed
     # Prompts are drawn a generation batch at a time (= train_batch_size unless DAPO's dynamic sampling is on).
-    train = PromptLoader(dataset(data.train_files, data.train_max_samples, [] if cfg.reward_model.enable else rule), data.gen_batch_size, shuffle=data.shuffle, seed=seed,
+    train = PromptLoader(dataset(data.train_files, data.train_max_samples, [] if cfg.reward_model.enable else rule, "data.train_files"), data.gen_batch_size, shuffle=data.shuffle, seed=seed,
                          batch_key="data.gen_batch_size" if cfg.algorithm.filter_groups.enable else "data.train_batch_size")
     val = None
     if data.val_files:
-        val_set = dataset(data.val_files, data.val_max_samples, rule)
+        val_set = dataset(data.val_files, data.val_max_samples, rule, "data.val_files")
         val = PromptLoader(val_set, data.val_batch_size or len(val_set), shuffle=False, seed=seed, drop_last=False)
     return tokenizer, train, val
 
 
 def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardManager]:
-    custom = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+    with loading("custom_reward_function.path", cfg.custom_reward_function.path, "the reward function"):
+        custom = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
     kwargs = OmegaConf.to_container(cfg.reward_model.reward_kwargs, resolve=True)
     overlong = cfg.reward_model.overlong_buffer
     if overlong.enable:  # verl's DAPO-recipe form of the same punishment

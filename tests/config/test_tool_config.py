@@ -19,8 +19,8 @@ def write(tmp_path, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("path, name, cls", [("config/tools/tiny_add.yaml", "add", "AddTool"),
-                                             ("config/tools/gsm8k_calculator.yaml", "calculator", "CalculatorTool")])
+@pytest.mark.parametrize("path, name, cls", [("tool_configs/tiny_add.yaml", "add", "AddTool"),
+                                             ("tool_configs/gsm8k_calculator.yaml", "calculator", "CalculatorTool")])
 def test_shipped_tool_configs_load_with_the_tools_own_schema(path, name, cls):
     import rlcore.tools.builtin as builtin
 

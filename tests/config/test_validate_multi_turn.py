@@ -8,7 +8,7 @@ from rlcore.config import ConfigError, compose, validate_config
 
 MT = "actor_rollout_ref.rollout.multi_turn"
 AGENT = "actor_rollout_ref.rollout.agent"
-TOOLS = "config/tools/gsm8k_calculator.yaml"  # tests run from the repository root
+TOOLS = "tool_configs/gsm8k_calculator.yaml"  # tests run from the repository root
 BASE = compose(["recipe=tiny_cpu"])
 
 
@@ -33,7 +33,7 @@ def test_verls_keys_compose_with_verls_defaults():
 
 def test_a_tool_setup_validates():
     assert errors(enable=True, tool_config_path=TOOLS) == []
-    assert errors(**{f"${AGENT}.default_agent_loop": "tool_agent", "$data.tool_config_path": "config/tools/tiny_add.yaml"}) == []
+    assert errors(**{f"${AGENT}.default_agent_loop": "tool_agent", "$data.tool_config_path": "tool_configs/tiny_add.yaml"}) == []
     assert errors(enable=True, tool_config_path=TOOLS, max_assistant_turns=5, max_user_turns=5, max_parallel_calls=2) == []
 
 
@@ -42,7 +42,7 @@ ON = {"enable": True, "tool_config_path": TOOLS}
 
 @pytest.mark.parametrize("values, message", [
     ({"enable": True}, f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools; set "
-                       f"{MT}.tool_config_path to a tool config such as config/tools/gsm8k_calculator.yaml"),
+                       f"{MT}.tool_config_path to a tool config such as tool_configs/gsm8k_calculator.yaml"),
     ({f"${AGENT}.default_agent_loop": "tool_agent"}, "need tools"),
     ({"tool_config_path": TOOLS}, f"{MT}.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off; set {MT}.enable=True"),
     ({"$data.tool_config_path": TOOLS}, f"data.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off"),

@@ -205,10 +205,10 @@ def test_mlflow_key_keeps_allowed_characters_and_spells_out_at():
 
 def test_the_preflight_check_reports_logger_problems_before_ray_starts():
     from rlcore.config import compose
-    from rlcore.train import runtime_errors
+    from rlcore.cli.preflight import preflight
 
-    errors = runtime_errors(compose(["recipe=tiny_cpu", "trainer.logger=[console,tensorboard,swanlab]"]))
+    errors = preflight(compose(["recipe=tiny_cpu", "trainer.logger=[console,tensorboard,swanlab]"]), "train").errors
     assert [e for e in errors if e.startswith("trainer.logger")] == [
         "trainer.logger=['console', 'tensorboard', 'swanlab']: unknown logger(s) ['swanlab']; valid: console, file, jsonl, "
         "tensorboard, wandb, mlflow (metrics always go to metrics.jsonl in the run directory)"]
-    assert not [e for e in runtime_errors(compose(["recipe=tiny_cpu", "trainer.logger=[console,wandb]"])) if "logger" in e]
+    assert not [e for e in preflight(compose(["recipe=tiny_cpu", "trainer.logger=[console,wandb]"]), "train").errors if "logger" in e]

@@ -1,0 +1,117 @@
+"""Composing a command line's overrides the way Hydra will, with mistakes explained in one line.
+
+Both doors use it: `rlcore-plan` composes every job of a sweep with it, and `rlcore-train` runs it before handing
+the command line to Hydra, so a misspelled key or recipe gets "did you mean" (Hydra's own hint for a misspelled key
+is to prepend `+`, which the validator then refuses: rlcore/config/keys.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from omegaconf import DictConfig
+
+HYDRA_FLAGS_WITH_VALUE = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
+SWEEP_FLAGS = ("-m", "--multirun")
+
+
+class ComposeError(ValueError):
+    """A command line that does not compose; the message is one line with the fix."""
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Every job of a basic sweep (`a=1,2 b=x,y` -> four override lists), in Hydra's order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        return BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
+    except HydraException as err:
+        raise ComposeError(_one_line(str(err))) from None
+
+
+def varying(jobs: list[list[str]]) -> list[list[str]]:
+    """Each job's overrides that differ between jobs (what a summary row needs to show)."""
+    if len(jobs) < 2:
+        return jobs
+    common = set(jobs[0]).intersection(*jobs[1:])
+    return [[o for o in job if o not in common] for job in jobs]
+
+
+def compose_explained(compose: Callable[[list[str]], DictConfig], overrides: list[str]) -> DictConfig:
+    """compose(overrides), or ComposeError with Hydra's refusal turned into one line naming the fix."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        message = str(err)
+    raise ComposeError(explain(message, lambda: _key_tree(compose, overrides)))
+
+
+def _key_tree(compose, overrides: list[str]) -> DictConfig | None:
+    """The config the user meant to change (their recipe and groups only), for suggesting keys."""
+    groups = [o for o in overrides if re.match(r"^[\w/]+=", o) and "." not in o.split("=")[0] and not o.startswith("+")]
+    for attempt in (groups, []):
+        try:
+            return compose(attempt)
+        except Exception:  # noqa: BLE001 - any failure: try with fewer overrides
+            continue
+    return None
+
+
+def explain(message: str, key_tree: Callable[[], DictConfig | None]) -> str:
+    """One line for Hydra's message: a missing group option lists the options (closest first), a refused key
+    names the closest schema key, a comma list says to add -m."""
+    from rlcore.config.keys import explain_compose_error
+
+    missing = re.search(r"Could not find '([\w/]+)/([^']+)'", message)
+    if missing and "Available options in" in message:
+        group, name = missing.groups()
+        listing = message.split("Available options in", 1)[1].split("Config search path", 1)[0]
+        options = [line.strip() for line in listing.splitlines()[1:] if line.strip()]
+        import difflib
+
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f"did you mean {group}={close[0]}? " if close else ""
+        return f"{group}={name} is not one of the {group} options; {hint}available: {', '.join(options)}"
+    tilde = re.search(r"([\w.]+)=(~[^\s]*)", message)
+    if "LexerNoViableAltException" in message and tilde:
+        key, value = tilde.groups()
+        return (f"{key}={value}: Hydra's override grammar refuses an unquoted ~ in a value; write {key}=$HOME{value[1:]} "
+                f"(the shell expands it) or quote it: '{key}=\"{value}\"'")
+    if "No match in the defaults list" in message:
+        key = re.search(r"Could not override '([^']+)'", message)
+        name = key.group(1) if key else "that group"
+        return f"{name} is not a config group here; groups: recipe, data, model, actor, ref, rollout, critic, reward_model"
+    return explain_compose_error(message, key_tree() if ("not in struct" in message or "Could not override" in message) else None)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def split_argv(argv: list[str], default_config: str) -> tuple[str, list[str], bool, bool]:
+    """(config name, overrides, sweep?, plain?) of a Hydra command line; plain is False when it asks Hydra for
+    something else than a run (--help, --cfg, --info, ...), which the pre-check then leaves alone."""
+    config_name, overrides, sweep, plain, args = default_config, [], False, True, iter(argv)
+    for arg in args:
+        if arg in SWEEP_FLAGS:
+            sweep = True
+        elif arg in HYDRA_FLAGS_WITH_VALUE:
+            value = next(args, "")
+            if arg in ("--config-name", "-cn"):
+                config_name = value
+            else:
+                plain = False  # another config directory: Hydra's business
+        elif arg.startswith("--config-name="):
+            config_name = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            plain = False
+        elif not arg.startswith(("hydra.", "hydra/", "+hydra", "~hydra")):
+            overrides.append(arg)
+    return config_name, overrides, sweep, plain

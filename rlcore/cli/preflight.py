@@ -1,0 +1,173 @@
+"""The checks both doors run: `rlcore-train` before Ray starts and `rlcore-plan` as the doctor, from this one place.
+
+Beyond the schema's rules (rlcore.config.validate.diagnose) they need what the config package must not import: the
+registries (advantage estimators, policy losses, KL estimators, loss aggregations, and what a custom_algorithms
+file adds to them), the files and directories the run reads on this machine (models, tokenizers, data, reward
+functions), the model's own config.json and the tracker packages. Every message is one line naming the key, the
+bad value and a fix.
+
+`where="train"` makes every missing path an error: the driver reads the data and the tokenizer itself, and a worker
+on this machine reads the model. `where="plan"` makes it a warning when the path looks remote (`hdfs://`, `s3://`)
+or the run spans several nodes; `where="elsewhere"` (`rlcore-plan --elsewhere`: planning on a laptop a job that
+will run on another machine) makes every missing path a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlcore.config.validate import uses_critic
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class Preflight:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def preflight(cfg: DictConfig, where: str, known: list[str] = ()) -> Preflight:
+    """What the schema's rules cannot see; `where` is "train", "plan" or "elsewhere" (see the module docstring).
+    `known`: the schema's errors, so a key both refuse is reported once."""
+    out = Preflight()
+    out.errors += [e for e in registry_errors(cfg) if not any(k.startswith(e.split("=", 1)[0] + "=") for k in known)]
+    _paths(cfg, where, out)
+    from rlcore.telemetry.tracking import logger_errors
+
+    out.errors += logger_errors(list(cfg.trainer.logger))
+    if where == "train" and cfg.trainer.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            out.errors.append("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu to run on CPU (gloo)")
+    return out
+
+
+def registry_errors(cfg: DictConfig) -> list[str]:
+    """Every pluggable name against its registry, after a custom_algorithms file had its chance to register."""
+    from rlcore.algos import ADV_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+    from rlcore.algos.custom import load_custom_algorithms
+
+    errors = []
+    try:
+        load_custom_algorithms(cfg.custom_algorithms.path)  # before the name checks: it registers names
+    except (OSError, ImportError, ValueError) as err:
+        errors.append(_one_line(err))
+    actor = "actor_rollout_ref.actor"
+    for registry, key in ((ADV_ESTIMATORS, "algorithm.adv_estimator"), (POLICY_LOSSES, f"{actor}.policy_loss.loss_mode"),
+                          (KL_ESTIMATORS, f"{actor}.kl_loss_type"), (KL_ESTIMATORS, "algorithm.kl_penalty"),
+                          (LOSS_AGGREGATIONS, f"{actor}.loss_agg_mode")):
+        value = OmegaConf.select(cfg, key)
+        if value not in registry:
+            errors.append(registry_message(registry, key, value))
+    return errors
+
+
+def registry_message(registry, key: str, value) -> str:
+    import difflib
+
+    names = registry.names()
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.75)
+    hint = f"did you mean {key}={close[0]}? " if close else ""
+    return f"{key}={value!r} is not a registered {registry.kind}; {hint}valid: {', '.join(names)}"
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def _remote(path: str) -> bool:
+    return "://" in str(path)
+
+
+def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
+    """Models (config.json readable, an architecture the engine can build), tokenizers, data files and user files."""
+    multi_node = cfg.trainer.nnodes > 1
+
+    def missing(key: str, value, what: str) -> None:
+        soft = where == "elsewhere" or where == "plan" and (_remote(value) or multi_node)
+        reason = ("a remote path" if _remote(value) else "not checked on the other nodes" if multi_node
+                  else "--elsewhere: the job runs on another machine")
+        if soft:
+            out.warnings.append(f"{key}={value}: {what} on this machine ({reason}; rlcore reads local paths only, so it "
+                                "must exist on every node that runs the job)")
+        else:
+            fix = " (a remote URL: copy it to local disk first, rlcore reads local paths only)" if _remote(value) else ""
+            out.errors.append(f"{key}={value}: {what}{fix}; " + _fix_for(key, value))
+
+    ar = cfg.actor_rollout_ref
+    models = [("actor_rollout_ref.model.path", ar.model.path, ar.actor.strategy)]
+    if uses_critic(cfg):
+        models.append(("critic.model.path", cfg.critic.model.path, cfg.critic.strategy))
+    if cfg.reward_model.enable:
+        models.append(("reward_model.model.path", cfg.reward_model.model.path, cfg.reward_model.strategy))
+    for key, path, strategy in models:
+        _model_dir(key, path, strategy, missing, out)
+    tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if ar.model.tokenizer_path else "actor_rollout_ref.model.path"
+    tokenizer_dir = ar.model.tokenizer_path or ar.model.path
+    full = os.path.expanduser(str(tokenizer_dir))
+    if os.path.isdir(full) and not any(os.path.isfile(os.path.join(full, name)) for name in TOKENIZER_FILES):
+        missing(tokenizer_key, tokenizer_dir, f"no tokenizer in {full} (none of {', '.join(TOKENIZER_FILES)})")
+    elif ar.model.tokenizer_path and not os.path.isdir(full):
+        missing(tokenizer_key, tokenizer_dir, "no such directory")
+    for key in ("data.train_files", "data.val_files"):
+        value = OmegaConf.select(cfg, key)
+        files = [] if value is None else [value] if isinstance(value, str) else list(value)
+        for path in files:
+            if not os.path.isfile(os.path.expanduser(str(path))):
+                missing(key, path, "no such file")
+    reward_file = cfg.custom_reward_function.path
+    if reward_file:
+        if not os.path.isfile(os.path.expanduser(str(reward_file))):
+            missing("custom_reward_function.path", reward_file, "no such file")
+        else:
+            from rlcore.reward.custom import load_custom_reward_fn
+
+            try:
+                load_custom_reward_fn(reward_file, cfg.custom_reward_function.name)
+            except (OSError, ImportError, ValueError) as err:
+                out.errors.append(_one_line(err))
+
+
+def _model_dir(key: str, path, strategy: str, missing, out: Preflight) -> None:
+    from rlcore.models.families import family_problems
+
+    full = os.path.expanduser(str(path))
+    config_file = os.path.join(full, "config.json")
+    if not os.path.isdir(full):
+        missing(key, path, "no such directory")
+        return
+    if not os.path.isfile(config_file):
+        missing(key, path, f"no config.json in {os.path.abspath(full)} (rlcore loads HF save_pretrained directories)")
+        return
+    try:
+        with open(config_file) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:
+        out.errors.append(f"{key}={path}: {config_file} is not readable JSON ({_one_line(err)}); fix or replace the file")
+        return
+    out.errors += [f"{key}={path}: {problem}" for problem in family_problems(config, strategy)]
+    if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(full)):
+        out.errors.append(f"{key}={path}: no weights in {os.path.abspath(full)} (no *.safetensors or *.bin; a download of the "
+                          "config alone?); download the whole model directory")
+
+
+# The embedded demos' assets and the make target that builds them.
+DEMO_BUILDERS = ((".cache/tiny_tools", "make train-tools"), (".cache/tiny_cpu/reward_model", "make train-rm"),
+                 (".cache/tiny_cpu/rm_", "make train-rm"), (".cache/tiny_cpu", "make train"))
+
+
+def _fix_for(key: str, value) -> str:
+    demo = next((target for prefix, target in DEMO_BUILDERS if prefix in str(value)), None)
+    if demo:
+        return f"the demo's assets are built by `{demo}` (run it once from the repository root, where these paths are relative)"
+    if key.startswith("data."):
+        return f"point {key} at local parquet files (docs/gpu_start.md prepares GSM8K in verl's row format)"
+    if key.endswith("model.path") or key.endswith("tokenizer_path"):
+        return f"point {key} at a local HF model directory (e.g. `hf download Qwen/Qwen2.5-7B-Instruct --local-dir ...`)"
+    return f"set {key} to an existing file or null"

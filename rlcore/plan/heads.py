@@ -1,0 +1,62 @@
+"""Attention heads against the ways a config splits them: rollout TP (vLLM), Megatron TP, Ulysses SP.
+
+A split that does not divide the heads fails only when the engine builds (vLLM: "Total number of attention heads
+(28) must be divisible by tensor parallel size (8)"), minutes into a GPU job; the architecture is known here, so the
+doctor and the pre-launch check name it first. Imports neither torch nor ray.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlcore.plan.arch import Arch
+
+ARR = "actor_rollout_ref"
+
+
+def _divisors_up_to(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, limit + 1) if n % d == 0]
+
+
+def _nearest(value: int, candidates: list[int]) -> list[int]:
+    below = [v for v in candidates if v < value]
+    above = [v for v in candidates if v > value]
+    return ([below[-1]] if below else []) + ([above[0]] if above else [])
+
+
+def _fix(key: str, values: list[int]) -> str:
+    return "use " + " or ".join(f"{key}={v}" for v in values) if values else f"no value of {key} fits this model"
+
+
+def head_errors(cfg: DictConfig, arch: Arch, model_key: str) -> list[str]:
+    """The policy's heads vs every split of them the config asks for; each message names the key and a value that
+    divides the heads (and the devices per node, where the split must stay inside a node)."""
+    errors, per_node = [], int(OmegaConf.select(cfg, "trainer.n_gpus_per_node"))
+    heads = f"{model_key}'s {arch.heads} attention heads / {arch.kv_heads} KV heads"
+
+    def vllm_ok(tp: int) -> bool:  # vLLM splits query heads; KV heads split or are replicated
+        return arch.heads % tp == 0 and (arch.kv_heads % tp == 0 or tp % arch.kv_heads == 0)
+
+    if OmegaConf.select(cfg, f"{ARR}.rollout.name") == "vllm":
+        key = f"{ARR}.rollout.tensor_model_parallel_size"
+        tp = OmegaConf.select(cfg, key)
+        if tp and tp >= 1 and not vllm_ok(tp):
+            ok = [v for v in _divisors_up_to(per_node, per_node) if vllm_ok(v)]
+            errors.append(f"{key}={tp} does not split {heads} (vLLM needs heads % TP == 0, and KV heads % TP == 0 or "
+                          f"TP % KV heads == 0); " + _fix(key, _nearest(tp, ok)))
+    if OmegaConf.select(cfg, f"{ARR}.actor.strategy") == "megatron":
+        for section in (f"{ARR}.actor.megatron", f"{ARR}.ref.megatron"):
+            key = f"{section}.tensor_model_parallel_size"
+            tp = OmegaConf.select(cfg, key)
+            if tp and tp >= 1 and (arch.heads % tp or arch.kv_heads % tp):
+                ok = [v for v in _divisors_up_to(per_node, per_node) if arch.heads % v == 0 and arch.kv_heads % v == 0]
+                errors.append(f"{key}={tp} does not split {heads} (megatron-core needs both divisible by TP); "
+                              + _fix(key, _nearest(tp, ok)))
+    else:
+        key = f"{ARR}.actor.ulysses_sequence_parallel_size"
+        sp = OmegaConf.select(cfg, key)
+        if sp and sp > 1 and (arch.heads % sp or (arch.kv_heads % sp and sp % arch.kv_heads)):
+            ok = [v for v in range(1, arch.heads + 1) if arch.heads % v == 0 and (arch.kv_heads % v == 0 or v % arch.kv_heads == 0)]
+            errors.append(f"{key}={sp} does not split {heads} (Ulysses gives each rank whole heads); "
+                          + _fix(key, _nearest(sp, ok)))
+    return errors
