@@ -6,7 +6,25 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: env vllm-env test-vllm train train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: help env vllm-env test-vllm train train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+
+# A bare `make` prints this list: it must not start installing (the first target is the default).
+help:
+	@echo "rlcore: the two commands a fresh machine needs are 'make train' and 'make test'."
+	@echo ""
+	@echo "  make train          venv (.venv) + the tiny GRPO demo on 2 CPU ranks (~4-10 min; ARGS=\"key=value ...\" overrides)"
+	@echo "  make test           venv + the whole suite, then the vLLM tests in their own venv (~40 min on 2 cores)"
+	@echo "  make test-fast      the suite without the slow end-to-end runs"
+	@echo "  make train-tools    the multi-turn tool-use demo;  make train-rm: the reward-model demo"
+	@echo "  make env            only the venv;  make vllm-env: vLLM's CPU venv (.cache/vllm_venv)"
+	@echo "  make test-vllm      the vLLM tests;  make test-numerics / test-numerics-other: floats under other CPU kernels"
+	@echo "  make test-latest    the fast suite at the newest releases setup.cfg allows;  make test-oldest: at the lowest"
+	@echo "  make lock           constraints.txt := the test-latest venv;  make lock-vllm: the same for vLLM's venv"
+	@echo "  make bench          benchmark scripts (print ratios);  make test-gpu / bench-gpu on a CUDA machine"
+	@echo "  make clean          remove .cache (demo assets, vLLM venv) and outputs"
+	@echo ""
+	@echo "then: .venv/bin/rlcore-plan recipe=NAME (the config doctor), .venv/bin/rlcore-train recipe=NAME key=value ..."
+	@echo "GPU start, step by step: docs/gpu_start.md"
 
 env: $(STAMP)
 

@@ -20,6 +20,7 @@ from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
 from rlcore.config.validate import diagnose, uses_critic
 from rlcore.plan import format_memory, memory_plan
+from rlcore.plan.heads import policy_heads
 
 register_configs()
 
@@ -27,7 +28,7 @@ register_configs()
 def check_config(cfg: DictConfig) -> str:
     """Every config problem (schema rules, the model's limits, runtime checks) in ONE error; else the report:
     the batch plan and the per-device memory plan, with a warning for any role estimated not to fit."""
-    plan, errors = diagnose(cfg)
+    plan, errors = diagnose(cfg, policy_heads(cfg))
     memory = memory_plan(cfg, plan)
     checked = preflight(cfg, where="train", known=errors)  # the same checks rlcore-plan runs
     errors += memory.errors + checked.errors

@@ -28,6 +28,7 @@ from rlcore.cli.preflight import preflight
 from rlcore.config import compose, format_plan
 from rlcore.config.validate import diagnose
 from rlcore.plan import format_memory, memory_plan, supervised_memory_plan
+from rlcore.plan.heads import policy_heads
 
 USAGE = ("usage: rlcore-plan [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [-m] [--elsewhere] "
          "[--rehearse] [recipe=NAME] [key=value ...]")
@@ -83,7 +84,7 @@ def _report(errors: list[str], warnings: list[str], sections: list[str]) -> str:
 
 def doctor(cfg, where: str = "plan") -> Diagnosis:
     """The RL trainer's checks (what rlcore-train refuses) and plans for a composed config."""
-    plan, errors = diagnose(cfg)
+    plan, errors = diagnose(cfg, policy_heads(cfg))
     mem = memory_plan(cfg, plan)
     checked = preflight(cfg, where, known=errors)
     errors = errors + mem.errors + checked.errors

@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.schema import PPOConfig
-from rlcore.config.validate import BatchPlan, ConfigError, format_plan, validate_config
+from rlcore.config.plan_table import format_plan
+from rlcore.config.validate import BatchPlan, ConfigError, validate_config
 
 # rlcore/config/__init__.py -> repository root -> config/ (present in a source checkout / editable install)
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")

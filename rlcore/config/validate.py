@@ -18,9 +18,10 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.keys import unknown_key_errors
+from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
-from rlcore.config.validate_megatron import check_megatron, check_same_layout
+from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
 from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_vllm_rollout
@@ -90,36 +91,29 @@ class BatchPlan:
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def _nearest(value: int, ok: Callable[[int], bool], lo: int, hi: int) -> List[int]:
-    """The closest integers below and above `value` (value itself excluded) in [lo, hi] that satisfy `ok`."""
-    below = next((v for v in range(min(value - 1, hi), lo - 1, -1) if ok(v)), None)
-    above = next((v for v in range(max(value + 1, lo), hi + 1) if ok(v)), None)
-    return [v for v in (below, above) if v is not None]
-
-
-def _suggest(value: int, tiers: Iterable[Callable[[int], bool]], lo: int, hi: int) -> List[int]:
-    """Nearest values from the strictest tier that has any (tiers go from all constraints to the rule alone)."""
-    for ok in tiers:
-        found = _nearest(value, ok, lo, hi)
-        if found:
-            return found
-    return []
-
-
-def _use(key: str, values: List[int]) -> str:
-    return "use " + " or ".join(f"{key}={v}" for v in values) if values else ""
-
-
-def _divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 class _Checker:
     """Accumulates violation messages for one config."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, heads: Optional[tuple[int, int]] = None):
         self.cfg = cfg
         self.errors: List[str] = []
+        self.heads = heads  # the policy's (attention heads, KV heads) when known: fixes must split them
+
+    def rollout_tp_splits_heads(self, tp: int) -> bool:
+        """vLLM's rule (rlcore/plan/heads.py names a violation; this keeps the node rule's fixes inside it)."""
+        if self.heads is None:
+            return True
+        heads, kv = self.heads
+        return heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+    def batch_splits(self, dp: int) -> bool:
+        """Whether a step's and a mini-batch's samples split evenly over `dp` data-parallel ranks (so that a layout
+        fix does not trade one error for a batch one)."""
+        n, tbs, mini = (self.get(k) for k in (f"{ARR}.rollout.n", "data.train_batch_size", f"{ARR}.actor.ppo_mini_batch_size"))
+        return all(isinstance(x, int) and x > 0 for x in (n, tbs, mini)) and tbs * n % dp == 0 and mini * n % dp == 0
+
+    def megatron_tp_splits_heads(self, tp: int) -> bool:
+        return self.heads is None or self.heads[0] % tp == 0 and self.heads[1] % tp == 0
 
     def get(self, key: str) -> Any:
         return OmegaConf.select(self.cfg, key, throw_on_missing=True)
@@ -412,15 +406,18 @@ def _plan_mini_batches(c: _Checker, dp: int, tbs: int, mini: int, n: int, actor:
 
     divides = mini <= tbs and tbs % mini == 0
     if not divides:
-        fixes = _suggest(mini, [lambda m: tbs % m == 0 and fits(m), lambda m: tbs % m == 0], 1, tbs)
+        fixes = _suggest(mini, [lambda m: tbs % m == 0 and fits(m)], 1, tbs)
         rule = "is larger than" if mini > tbs else "does not divide"
         c.error(f"{mini_key}={mini} {rule} data.train_batch_size={tbs} (both count prompts; a step must split into "
-                f"whole mini-batches); " + _use(mini_key, fixes))
+                f"whole mini-batches); " + (_use(mini_key, fixes) or _with_micro(c, actor, tbs, mini, n, dp, micro)))
     if not mini_fits:
-        fixes = _suggest(mini, [lambda m: tbs % m == 0 and fits(m), fits, lambda m: m * n % dp == 0], 1, tbs)
+        # Only sizes that still divide the batch: a fix must not break the rule above (if the batch itself does
+        # not split over the ranks, no mini-batch size can: the batch's fix comes first).
+        fixes = _suggest(mini, [lambda m: tbs % m == 0 and fits(m)], 1, tbs)
         c.error(f"{mini_key}={mini} x {rollout}.n={n} = {mini * n} samples is not divisible by {dp} data-parallel "
-                f"ranks; " + (_use(mini_key, fixes)
-                              or f"increase data.train_batch_size to a multiple of {dp // math.gcd(n, dp)}"))
+                f"ranks; " + (_use(mini_key, fixes) or _with_micro(c, actor, tbs, mini, n, dp, micro)
+                              or f"first make data.train_batch_size={tbs} a multiple of {dp // math.gcd(n, dp)} (then a "
+                                 "mini-batch size dividing it will exist)"))
     micro_batches = None
     if per_rank_mini is not None and micro is not None:
         if per_rank_mini % micro == 0:
@@ -434,6 +431,22 @@ def _plan_mini_batches(c: _Checker, dp: int, tbs: int, mini: int, n: int, actor:
                     f"mini-batch is not divisible by {source}; " + _use(per_gpu_key, fixes))
     mini_batches = tbs // mini if divides and mini_fits else None
     return mini_batches, per_rank_mini, micro, micro_batches
+
+
+def _with_micro(c: _Checker, actor: str, tbs: int, mini: int, n: int, dp: int, micro: Optional[int]) -> str:
+    """A mini-batch size that divides the batch over the ranks, with the micro-batch size it then needs (one fix,
+    two keys), when no mini-batch size alone satisfies both; "" when there is none or the micro-batch is not
+    set per GPU."""
+    per_gpu_key = f"{actor}.ppo_micro_batch_size_per_gpu"
+    if micro is None or c.get(per_gpu_key) is None:
+        return ""
+    found = _nearest(mini, lambda m: tbs % m == 0 and m * n % dp == 0, 1, tbs)
+    if not found:
+        return ""
+    m = found[0]
+    per_rank = m * n // dp
+    new_micro = max(d for d in range(1, min(micro, per_rank) + 1) if per_rank % d == 0)
+    return f"use {actor}.ppo_mini_batch_size={m} {per_gpu_key}={new_micro}"
 
 
 def _check_log_prob_sizes(c: _Checker, dp: int, per_rank_step: Optional[int]):
@@ -489,6 +502,7 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
     if tbs * n % world:
         c.error(f"data.train_batch_size={tbs} x rollout.n={n} samples per step is not divisible by the critic's "
                 f"{world} ranks; use critic.n_gpus_per_node (with critic.enable_resource_pool) dividing {tbs * n}")
+        _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")  # shown now, not after the fix
         return None
     _micro_per_rank(c, "critic", "forward_micro_batch_size", "critic.use_dynamic_bsz", world, tbs * n // world, 32)
     if c.get("critic.use_dynamic_bsz"):
@@ -497,33 +511,13 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
     return _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")[3]
 
 
-def _megatron_model_parallel(c: _Checker, section: str, world: int, per_node: int) -> Optional[int]:
-    """Megatron's layout: world = TP x PP x CP x DP. Returns TP x PP x CP (devices per model replica)."""
-    keys = [f"{section}.{name}_parallel_size" for name in ("tensor_model", "pipeline_model", "context")]
-    if not all([c.at_least(key, 1) for key in keys]):
-        return None
-    tp, pp, cp = (c.get(key) for key in keys)
-    if world % (tp * pp * cp):
-        fixes = _nearest(pp, lambda v: world % (tp * v * cp) == 0, 1, world)
-        c.error(f"{keys[0]}={tp} x {keys[1]}={pp} x {keys[2]}={cp} = {tp * pp * cp} devices per model replica does not "
-                f"divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node; world = TP x PP x CP x DP); "
-                + (_use(keys[1], fixes) or _use(keys[0], _nearest(tp, lambda v: world % v == 0, 1, world))))
-        return None
-    if per_node % tp:
-        c.error(f"{keys[0]}={tp} must divide the ranks per node ({per_node}): a TP group is contiguous ranks, and ranks are "
-                "placed node by node, so it would straddle two nodes (TP's collectives run every layer); "
-                + _use(keys[0], _nearest(tp, lambda v: per_node % v == 0, 1, per_node)))
-        return None
-    return tp * pp * cp
-
-
 def _check_rollout_tp(c: _Checker, per_node: int) -> None:
     key = f"{ARR}.rollout.tensor_model_parallel_size"
     tp = c.get(key)
     if not c.at_least(key, 1):
         return
     if per_node % tp:
-        fixes = _nearest(tp, lambda v: per_node % v == 0, 1, per_node)
+        fixes = _suggest(tp, [lambda v: per_node % v == 0 and c.rollout_tp_splits_heads(v), lambda v: per_node % v == 0], 1, per_node)
         c.error(f"{key}={tp} must divide trainer.n_gpus_per_node={per_node}: ranks are placed node by node, and a rollout "
                 "replica's TP group (contiguous ranks) must not straddle two nodes; " + _use(key, fixes))
 
@@ -544,51 +538,14 @@ def validate_config(cfg: Any) -> BatchPlan:
     return plan
 
 
-def diagnose(cfg: DictConfig) -> tuple[Optional[BatchPlan], List[str]]:
+def diagnose(cfg: DictConfig, heads: Optional[tuple[int, int]] = None) -> tuple[Optional[BatchPlan], List[str]]:
     """Every violation, and the batch plan whenever the sizes are consistent (even if, say, a feature is not
-    supported yet: rlcore-plan still shows the sizes and memory for such a config)."""
-    checker = _Checker(cfg)
+    supported yet: rlcore-plan still shows the sizes and memory for such a config). `heads`: the policy's
+    (attention heads, KV heads) when known (rlcore.plan.heads.policy_heads), so that a suggested TP splits them."""
+    checker = _Checker(cfg, heads)
     checker.errors += unknown_key_errors(cfg)
     _check_choices(checker)
     _check_unsupported(checker)
     _check_ranges(checker)
     plan = _plan(checker)
     return plan, checker.errors
-
-
-def _critic_row(plan: BatchPlan) -> tuple[str, str]:
-    if not plan.use_critic:
-        return "off", "critic.enable, or null = on only for adv_estimator=gae"
-    micro = plan.critic_micro_batches_per_mini_batch_per_rank
-    return "on", ("token budget: critic.ppo_max_token_len_per_gpu" if micro is None
-                  else f"{micro} micro-batches per mini-batch per rank")
-
-
-def format_plan(plan: BatchPlan) -> str:
-    """A short aligned table of the plan, one 'batch plan: ...' line per size."""
-    n = plan.samples_per_step // plan.prompts_per_step
-    epochs = plan.optimizer_steps_per_step // plan.mini_batches_per_step
-    if plan.ppo_max_token_len_per_rank is not None:
-        budget = plan.ppo_max_token_len_per_rank
-        full = budget // plan.max_sequence_length  # >= 1: the validator checked budget >= max length
-        micro = (f"<={math.ceil(plan.samples_per_mini_batch_per_rank / full)}",
-                 f"token budget {budget} per micro-batch (actor.ppo_max_token_len_per_gpu) = {full} full-length samples")
-    else:
-        micro = (plan.micro_batches_per_mini_batch_per_rank, f"of {plan.ppo_micro_batch_size_per_rank} samples")
-    rows = [
-        ("world_size", plan.world_size, "trainer.nnodes x trainer.n_gpus_per_node"),
-        ("dp_size", plan.dp_size, f"world_size / {plan.world_size // plan.dp_size} devices per model replica "
-                                  "(ulysses_sequence_parallel_size, or megatron TP x PP x CP)"),
-        ("prompts_per_step", plan.prompts_per_step, "data.train_batch_size"),
-        ("samples_per_step", plan.samples_per_step, f"prompts x rollout.n {n}"),
-        ("samples_per_rank_per_step", plan.samples_per_rank_per_step, "samples_per_step / dp_size"),
-        ("mini_batches_per_step", plan.mini_batches_per_step, "train_batch_size / ppo_mini_batch_size"),
-        ("samples_per_mini_batch", plan.samples_per_mini_batch, f"ppo_mini_batch_size x rollout.n {n}"),
-        ("samples_per_mini_batch_per_rank", plan.samples_per_mini_batch_per_rank, "samples_per_mini_batch / dp_size"),
-        ("micro_batches_per_mini_batch_per_rank", *micro),
-        ("optimizer_steps_per_step", plan.optimizer_steps_per_step, f"mini_batches_per_step x ppo_epochs {epochs}"),
-        ("critic", *_critic_row(plan)),
-    ]
-    width = max(len(name) for name, _, _ in rows)
-    value_width = max(len(str(value)) for _, value, _ in rows)
-    return "\n".join(f"batch plan: {name:<{width}}  {str(value):>{value_width}}  ({why})" for name, value, why in rows)

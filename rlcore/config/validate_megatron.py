@@ -4,6 +4,10 @@ callers that build it directly."""
 
 from __future__ import annotations
 
+from typing import List, Optional
+
+from rlcore.config.suggest import _nearest, _suggest, _use
+
 # <role>.megatron.<key>: (the value rlcore supports, what any other value would ask for)
 MEGATRON_UNSUPPORTED = {
     "context_parallel_size": (1, "context parallelism"),
@@ -33,3 +37,37 @@ def check_same_layout(c, ref: str, actor: str) -> None:
         if c.get(f"{ref}.{key}") != c.get(f"{actor}.{key}"):
             c.error(f"{ref}.{key}={c.get(f'{ref}.{key}')} differs from {actor}.{key}={c.get(f'{actor}.{key}')}: the reference "
                     f"runs in the actor's processes, which hold one megatron layout; use {ref}.{key}={c.get(f'{actor}.{key}')}")
+
+
+def _megatron_model_parallel(c: _Checker, section: str, world: int, per_node: int) -> Optional[int]:
+    """Megatron's layout: world = TP x PP x CP x DP. Returns TP x PP x CP (devices per model replica)."""
+    keys = [f"{section}.{name}_parallel_size" for name in ("tensor_model", "pipeline_model", "context")]
+    if not all([c.at_least(key, 1) for key in keys]):
+        return None
+    tp, pp, cp = (c.get(key) for key in keys)
+    if world % (tp * pp * cp):
+        fixes = _suggest(pp, [lambda v: world % (tp * v * cp) == 0 and c.batch_splits(world // (tp * v * cp)),
+                              lambda v: world % (tp * v * cp) == 0], 1, world)
+        c.error(f"{keys[0]}={tp} x {keys[1]}={pp} x {keys[2]}={cp} = {tp * pp * cp} devices per model replica does not "
+                f"divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node; world = TP x PP x CP x DP); "
+                + (_use(keys[1], fixes) or _use(keys[0], _suggest(tp, [lambda v: world % (v * pp * cp) == 0 and c.megatron_tp_splits_heads(v) and c.batch_splits(world // (v * pp * cp))], 1, world))
+                   or _both(c, keys, tp, world // cp)))
+        return None
+    if per_node % tp:
+        c.error(f"{keys[0]}={tp} must divide the ranks per node ({per_node}): a TP group is contiguous ranks, and ranks are "
+                "placed node by node, so it would straddle two nodes (TP's collectives run every layer); "
+                + _use(keys[0], _suggest(tp, [lambda v: per_node % v == 0 and c.megatron_tp_splits_heads(v),
+                                              lambda v: per_node % v == 0], 1, per_node)))
+        return None
+    return tp * pp * cp
+
+
+def _both(c: _Checker, keys: List[str], tp: int, room: int) -> str:
+    """TP and PP together, when no change of one alone divides the world: the largest TP (up to the current one)
+    that splits the heads, with the largest PP that then fits."""
+    for v in range(min(tp, room), 0, -1):
+        if room % v == 0 and c.megatron_tp_splits_heads(v):
+            pps = [p for p in range(1, room // v + 1) if (room // v) % p == 0 and p <= c.get(keys[1]) and c.batch_splits(room // (v * p))]
+            if pps:
+                return f"use {keys[0]}={v} {keys[1]}={max(pps)}"
+    return ""

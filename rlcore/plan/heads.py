@@ -7,9 +7,11 @@ doctor and the pre-launch check name it first. Imports neither torch nor ray.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.plan.arch import Arch
+from rlcore.plan.arch import Arch, resolve_arch
 
 ARR = "actor_rollout_ref"
 
@@ -60,3 +62,10 @@ def head_errors(cfg: DictConfig, arch: Arch, model_key: str) -> list[str]:
             errors.append(f"{key}={sp} does not split {heads} (Ulysses gives each rank whole heads); "
                           + _fix(key, _nearest(sp, ok)))
     return errors
+
+
+def policy_heads(cfg: DictConfig) -> Optional[tuple[int, int]]:
+    """(attention heads, KV heads) of the policy when its shapes are known (config.json or the built-in table), for
+    the validator's TP suggestions."""
+    arch, _ = resolve_arch(OmegaConf.select(cfg, f"{ARR}.model.path"))
+    return (arch.heads, arch.kv_heads) if arch else None

@@ -27,6 +27,7 @@ Each role names the largest lever with its estimated saving. Imports neither tor
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -281,7 +282,9 @@ class Estimator:
         if role.trainable and not role.ckpt:
             ckpt_act, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head)
             levers.append((f"{role.ckpt_key}=True", act - ckpt_act))
-        levers.append((f"{role.budget_key} halved ({role.tokens} -> {role.tokens // 2} tokens)", (act + logits) / 2))
+        smaller = self._smaller_budget(role)
+        if smaller:
+            levers.append((smaller, (act + logits) / 2))
         if not role.fsdp.reshard_after_forward:
             levers.append((f"{role.section}.fsdp_config.reshard_after_forward=True (ZeRO-3)",
                            s["gathered"] - (role.arch.root_params() + 2 * role.arch.layer_params()) * compute / GIB))
@@ -312,9 +315,16 @@ class Estimator:
                       + (", sequence parallel" if m["sp"] else ""), act))
         if logits:
             items.append((f"log-prob head: one chunk of logits x {role.arch.vocab} / TP", logits))
-        levers = [(f"trainer.nnodes doubled (the distributed optimizer splits AdamW over DP{m['dp'] * 2})", s["optim"] / 2)]
-        if self.c("trainer.nnodes") * self.c("trainer.n_gpus_per_node") % (m["tp"] * m["pp"] * 2) == 0:
-            levers.append((f"{section}.pipeline_model_parallel_size={m['pp'] * 2}", (s["weights"] + s["grads"]) / 2))
+        levers = []
+        if self._batches_split(2 * m["dp"]):
+            levers.append((f"trainer.nnodes={2 * self.c('trainer.nnodes')} (the distributed optimizer splits AdamW over "
+                           f"DP{m['dp'] * 2})", s["optim"] / 2))
+        if self.c("trainer.nnodes") * self.c("trainer.n_gpus_per_node") % (m["tp"] * m["pp"] * 2) == 0 \
+                and role.arch.layers % (m["pp"] * 2) == 0:
+            # actor and reference share one layout (validate_megatron): both move together
+            pair = [f"{ARR}.actor.megatron", f"{ARR}.ref.megatron"]
+            keys = pair if section in pair and self.c(f"{ARR}.ref.strategy") == "megatron" else [section]
+            levers.append((" ".join(f"{k}.pipeline_model_parallel_size={m['pp'] * 2}" for k in keys), (s["weights"] + s["grads"]) / 2))
         if role.trainable and not m["recompute"]:
             full, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head, **split_kw)
             levers.append((f"{section}.override_transformer_config.recompute_granularity=full", act - full))
@@ -322,8 +332,32 @@ class Estimator:
             with_sp, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, m["recompute"], role.trainable,
                                       role.value_head, tp=m["tp"], sp=True)
             levers.append((f"{section}.sequence_parallel=True", act - with_sp))
-        levers.append((f"{role.budget_key} halved", (act + logits) / 2))
+        smaller = self._smaller_budget(role)
+        if smaller:
+            levers.append((smaller, (act + logits) / 2))
         return items, levers
+
+    def _smaller_budget(self, role: _Role) -> Optional[str]:
+        """`key=value` halving a role's micro-batch: a token budget down to half (not below one full-length
+        sequence, which the validator requires), or a micro-batch size down to its largest proper divisor (which
+        still divides whatever the old size divided); None when it cannot shrink."""
+        if "max_token_len" in role.budget_key:
+            half = role.tokens // 2
+            return f"{role.budget_key}={half}" if half >= self.max_len else None
+        micro = self.c(role.budget_key)
+        if not micro or micro < 2:
+            return None
+        smaller = max(d for d in range(1, micro) if micro % d == 0)
+        return f"{role.budget_key}={smaller}"
+
+    def _batches_split(self, dp: int) -> bool:
+        """Whether the step's and mini-batch's samples still split into whole micro-batches over `dp` ranks."""
+        p = self.plan
+        if p is None:
+            return False
+        micro = p.ppo_micro_batch_size_per_rank
+        return (p.samples_per_step % dp == 0 and p.samples_per_mini_batch % dp == 0
+                and (micro is None or (p.samples_per_mini_batch // dp) % micro == 0))
 
     def rollout(self, arch: Arch, world: int) -> tuple[list, str, list, float]:
         """(items, note, levers, resident GiB while asleep) of the rollout engine on one device."""
@@ -348,11 +382,30 @@ class Estimator:
         per_replica = self.plan.samples_per_step * tp // world if self.plan else 0
         note = (f"weights {weights:.1f} + reserve {reserve:.1f} + KV cache {max(kv, 0):.1f} GiB: {seqs} sequences of "
                 f"{max_len} tokens at once per TP{tp} replica" + (f" (of {per_replica} per step)" if per_replica else ""))
-        levers = [(f"{ARR}.rollout.tensor_model_parallel_size={tp * 2}", weights / 2)] if tp * 2 <= c("trainer.n_gpus_per_node") else []
+        levers = []
+        self.vllm_floor = (weights + reserve + arch.kv_bytes_per_token(rb, tp) * max_len / GIB) / self.capacity
         if seqs < 1:
             note = f"OOM: vLLM needs weights {weights:.1f} + reserve {reserve:.1f} GiB but gets {budget:.1f} GiB; " + note
-            levers.append((f"{ARR}.rollout.gpu_memory_utilization raised", weights + reserve - budget))
+            need = math.ceil(self.vllm_floor * 100) / 100
+            # vLLM takes its fraction whatever TP is: more TP leaves more of it for the KV cache, not less peak
+            if c("trainer.n_gpus_per_node") % (tp * 2) == 0:
+                levers.append((f"{ARR}.rollout.tensor_model_parallel_size={tp * 2} (halves each device's weights)", weights / 2))
+            if need < 1:
+                levers.append((f"{ARR}.rollout.gpu_memory_utilization={need:.2f} (room for one full-length sequence)", 0.0))
         return [(f"vLLM: gpu_memory_utilization {r.gpu_memory_utilization} x {self.capacity:.0f} GiB", budget)], note, levers, 0.0
+
+
+def offload_levers(est: Estimator, role: _Role) -> list[tuple[str, float]]:
+    """The offload flags that take a role's state off the device between its phases, and what that frees."""
+    kept = est.resident(role)
+    if kept <= 0:
+        return []
+    flags = (["param_offload", "grad_offload", "optimizer_offload"] if role.megatron else
+             ["param_offload"] + (["optimizer_offload"] if role.trainable else []))
+    where = ("critic.megatron" if role.section == "critic.model" else f"{role.section}.megatron") if role.megatron else f"{role.section}.fsdp_config"
+    off = role.megatron["cfg"] if role.megatron else role.fsdp
+    todo = [f"{where}.{flag}=True" for flag in flags if hasattr(off, flag) and not getattr(off, flag)]
+    return [(" ".join(todo) + " (between phases, slower)", kept)] if todo else []
 
 
 def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
@@ -425,8 +478,12 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         role = RoleMemory("rollout", f"{world} devices", rollout_items + others("rollout", 0) + [runtime(0)],
                           capacity, rollout_note, rollout_levers)
         fit = capacity * FIT - (role.peak - rollout_items[0][1]) if c(f"{ARR}.rollout.name") == "vllm" else None
-        if fit is not None and role.peak > capacity * FIT and fit > 0:
-            role.levers.append((f"{ARR}.rollout.gpu_memory_utilization={fit / capacity:.2f}", role.peak - capacity * FIT))
+        # Lowering vLLM's share helps only while it still holds its weights and one sequence's KV cache; below
+        # that the fix is to move what the other roles keep on the device.
+        if fit is not None and role.peak > capacity * FIT and fit / capacity >= getattr(est, "vllm_floor", 1.0):
+            role.levers.append((f"{ARR}.rollout.gpu_memory_utilization={math.floor(100 * fit / capacity) / 100:.2f}",
+                                role.peak - capacity * FIT))
+        role.levers += [lever for name, spec, pool in phases if pool == 0 for lever in offload_levers(est, spec)]
         roles.append(role)
     for name, spec, pool in phases:
         items, levers = est.train_items(spec)

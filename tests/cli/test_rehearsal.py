@@ -29,7 +29,7 @@ def rehearse(tmp_path, *overrides):
     args = ["recipe=qwen2_7b_grpo", f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=2",
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4608", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=3072",
             "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=3072", *overrides]
-    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--rehearse", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--elsewhere", "--rehearse", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=600)
     rows = {m[1]: (float(m[2]), None if m[3] == "-" else float(m[3]), m[5]) for m in map(ROW.match, proc.stdout.splitlines()) if m}
     return proc, rows
@@ -67,7 +67,7 @@ def test_a_phase_that_does_not_fit_fails_the_rehearsal(tmp_path):
 
 
 def test_megatron_is_named_as_not_rehearsed(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--config-name", "ppo_megatron_trainer", "--rehearse",
+    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--elsewhere", "--config-name", "ppo_megatron_trainer", "--rehearse",
                            "recipe=qwen2_32b_grpo_megatron"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 1
     assert "not rehearsed: the rehearsal covers strategy=fsdp2 only" in proc.stderr

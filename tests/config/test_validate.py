@@ -100,9 +100,11 @@ def test_validate_accepts_a_dataclass_instance():
 def test_brief_example_message_exactly():
     messages = _errors(VERL_8GPU + ["trainer.n_gpus_per_node=3", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=8",
                                     f"{ARR}.rollout.tensor_model_parallel_size=1"])
+    # No mini-batch size can divide 1024 prompts and give whole samples on 3 ranks: the fix names the batch first
+    # (it once suggested 240 or 264, which do not divide 1024: applying it made a new error).
     assert (f"{ARR}.actor.ppo_mini_batch_size=256 x {ARR}.rollout.n=5 = 1280 samples is not divisible by 3 "
-            f"data-parallel ranks; use {ARR}.actor.ppo_mini_batch_size=240 or {ARR}.actor.ppo_mini_batch_size=264"
-            ) in messages
+            f"data-parallel ranks; first make data.train_batch_size=1024 a multiple of 3 (then a mini-batch size "
+            "dividing it will exist)") in messages
     assert any(m.startswith("data.train_batch_size=1024 x") and "use data.train_batch_size=768 or "
                "data.train_batch_size=1536" in m for m in messages)
     assert len(messages) == 2
@@ -130,7 +132,7 @@ def test_many_violations_in_one_error():
         "data.truncation=lef is not one of error, left, right, middle; use data.truncation=left",
         "data.train_batch_size=1024 x actor_rollout_ref.rollout.n=5 = 5120 samples per step is not divisible by 6",
         f"{ARR}.actor.ppo_mini_batch_size=256 x {ARR}.rollout.n=5 = 1280 samples is not divisible by 6 data-parallel "
-        f"ranks; use {ARR}.actor.ppo_mini_batch_size=",
+        f"ranks; first make data.train_batch_size=1024 a multiple of 6",
         f"{ARR}.ref.log_prob_micro_batch_size_per_gpu is required unless {ARR}.ref.log_prob_use_dynamic_bsz=True",
     ]
     for fragment in expected:
