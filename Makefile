@@ -95,6 +95,7 @@ VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_dist.py tests/e
 test-vllm: $(VLLM_STAMP)
 	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m pytest -q --durations=10 -m vllm $(VLLM_TESTS) $(ARGS)
 	$(VLLM_PY) -m pytest -q tests/config/test_validate.py -k vllm
+	$(VLLM_PY) -m pytest -q tests/test_readme.py -k vllm_venv
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests $(ARGS)

@@ -195,7 +195,7 @@ def refuse_what_does_not_compose(argv: list[str], default_config: str, compose_w
     if not plain:
         return
     try:
-        for job in expand_sweep(overrides) if sweep else [overrides]:
+        for job in expand_sweep(overrides, basic=sweep is True) if sweep else [overrides]:
             compose_explained(lambda o: compose_with(o, config_name=config_name), job)
     except ComposeError as err:
         raise SystemExit(f"rlcore: the config does not compose: {err}") from None

@@ -20,14 +20,17 @@ class ComposeError(ValueError):
     """A command line that does not compose; the message is one line with the fix."""
 
 
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """Every job of a basic sweep (`a=1,2 b=x,y` -> four override lists), in Hydra's order."""
+def expand_sweep(overrides: list[str], basic: bool = True) -> list[list[str]]:
+    """Every job of a basic sweep (`a=1,2 b=x,y` -> four override lists), in Hydra's order. With another sweeper
+    (`hydra/sweeper=optuna`: its jobs are chosen at run time) one job of the overrides that are not sweeps."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
+        if not basic:
+            return [[o.input_line for o in parsed if not o.is_sweep_override()]]
         return BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
     except HydraException as err:
         raise ComposeError(_one_line(str(err))) from None
@@ -95,13 +98,16 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def split_argv(argv: list[str], default_config: str) -> tuple[str, list[str], bool, bool]:
-    """(config name, overrides, sweep?, plain?) of a Hydra command line; plain is False when it asks Hydra for
-    something else than a run (--help, --cfg, --info, ...), which the pre-check then leaves alone."""
+def split_argv(argv: list[str], default_config: str) -> tuple[str, list[str], bool | str, bool]:
+    """(config name, overrides, sweep, plain) of a Hydra command line. sweep: False, True (-m, basic sweeper) or
+    "other" (another sweeper chosen); plain is False when it asks Hydra for something else than a run (--help,
+    --cfg, --info, ...), which the pre-check then leaves alone."""
     config_name, overrides, sweep, plain, args = default_config, [], False, True, iter(argv)
     for arg in args:
+        if arg.startswith("hydra/sweeper=") and arg != "hydra/sweeper=basic":
+            sweep = "other"  # a sweeper that picks its jobs itself: check the fixed overrides only
         if arg in SWEEP_FLAGS:
-            sweep = True
+            sweep = sweep or True
         elif arg in HYDRA_FLAGS_WITH_VALUE:
             value = next(args, "")
             if arg in ("--config-name", "-cn"):

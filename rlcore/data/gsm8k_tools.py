@@ -1,6 +1,6 @@
 """GSM8K rows for multi-turn training with the calculator tool (recipes/qwen2_5_3b_gsm8k_tools.yaml).
 
-Takes verl's GSM8K parquet (examples/data_preprocess/gsm8k.py: a user turn ending "Let's think step by step and
+Takes verl's GSM8K parquet (rlcore.data.gsm8k, or verl's examples/data_preprocess/gsm8k.py: a user turn ending "Let's think step by step and
 output the final answer after "####".", `reward_model.ground_truth`) and puts a system turn first that offers the
 calculator, as verl's gsm8k_multiturn_w_tool preprocessing does for its tool. The tool's schema itself is not written
 here: the chat template renders it from the tool config (RLHFDataset's `tools`). Ground truths and data_source stay,
@@ -35,8 +35,8 @@ def convert(in_dir: str, out_dir: str) -> list[str]:
     for split in ("train", "test"):
         src = os.path.join(os.path.expanduser(in_dir), f"{split}.parquet")
         if not os.path.isfile(src):
-            raise FileNotFoundError(f"{src} not found: write verl's GSM8K parquet first (verl examples/data_preprocess/gsm8k.py "
-                                    f"--local_dir {in_dir})")
+            raise FileNotFoundError(f"{src} not found: write verl's GSM8K parquet first (python -m rlcore.data.gsm8k --raw_dir "
+                                    f"<a copy of openai/gsm8k> --out_dir {in_dir}, or verl's examples/data_preprocess/gsm8k.py)")
         rows, _ = read_rows([src])
         written.append(write_parquet([with_calculator(r) for r in rows], os.path.join(os.path.expanduser(out_dir), f"{split}.parquet")))
     return written
