@@ -1,0 +1,50 @@
+"""Command lines the way Hydra composes them, explained in one line when they do not; the doctor's sweeps."""
+
+import pytest
+
+from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, split_argv, varying
+from rlcore.cli.plan import main as plan
+from rlcore.config import compose
+
+
+def refusal(overrides):
+    with pytest.raises(ComposeError) as err:
+        compose_explained(compose, overrides)
+    return str(err.value)
+
+
+def test_group_options_keys_tildes_and_commas_are_explained():
+    assert refusal(["recipe=tiny_cpu_ppp"]).startswith("recipe=tiny_cpu_ppp is not one of the recipe options; did you mean "
+                                                        "recipe=tiny_cpu_ppo? available: llama3_8b_rm_lora, ")
+    assert refusal(["recipe=tiny_cpu", "trainer.n_gpu_per_node=2"]) == "trainer.n_gpu_per_node is not a config key; did you mean trainer.n_gpus_per_node?"
+    assert "write data.val_files=$HOME/x.parquet" in refusal(["data.val_files=~/x.parquet"])
+    assert refusal(["trainer.device_memory_gb=80,40"]).endswith("to plan or train each value, add -m (a sweep); for a list use key=[a,b]")
+    assert refusal(["tools=tiny_add"]).startswith("tools is not a config key")  # tool configs are files, not a group
+
+
+def test_sweeps_expand_like_hydras_basic_sweeper():
+    jobs = expand_sweep(["recipe=tiny_cpu", "a.b=1,2", "c=x,y"])
+    assert jobs == [["recipe=tiny_cpu", "a.b=1", "c=x"], ["recipe=tiny_cpu", "a.b=1", "c=y"],
+                    ["recipe=tiny_cpu", "a.b=2", "c=x"], ["recipe=tiny_cpu", "a.b=2", "c=y"]]
+    assert varying(jobs)[3] == ["a.b=2", "c=y"]
+    assert expand_sweep(["a=1", "lr=interval(0, 1)"], basic=False) == [["a=1"]]  # Optuna's search space is Optuna's
+    assert split_argv(["-m", "--config-name", "ppo_megatron_trainer", "hydra.run.dir=x", "a=1"], "ppo_trainer") == (
+        "ppo_megatron_trainer", ["a=1"], True, True)
+    assert split_argv(["--cfg", "job"], "ppo_trainer")[3] is False  # Hydra's questions are left to Hydra
+
+
+def test_the_doctor_sweeps_and_prints_one_table(capsys):
+    code = plan(["--elsewhere", "-m", "recipe=qwen2_7b_grpo", "trainer.device_memory_gb=80,24"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1  # the 24 GB job does not fit
+    header = out.index("rlcore-plan sweep summary (2 jobs; per role: peak GiB per device and verdict)")
+    assert out[header + 1].split()[:4] == ["#", "overrides", "errors", "rollout"]
+    rows = [line.split() for line in out[header + 2:]]
+    assert rows[0][:3] == ["0", "trainer.device_memory_gb=80", "0"] and rows[0][-1] == "ok" and "fits" in rows[0]
+    assert rows[1][:3] == ["1", "trainer.device_memory_gb=24", "0"] and rows[1][-1] == "FAIL" and "OOM" in rows[1]
+
+
+def test_a_sweep_job_with_an_error_shows_it_and_fails(capsys):
+    assert plan(["--elsewhere", "-m", "recipe=qwen2_7b_grpo", "actor_rollout_ref.rollout.tensor_model_parallel_size=2,8"]) == 1
+    out = capsys.readouterr().out
+    assert "job 1 (actor_rollout_ref.rollout.tensor_model_parallel_size=8): error 1: actor_rollout_ref.rollout.tensor_model_parallel_size=8 does not split" in out

@@ -1,0 +1,30 @@
+"""Attention heads against rollout TP (vLLM), Megatron TP and Ulysses SP, named before any engine is built."""
+
+from rlcore.config import compose
+from rlcore.plan.arch import builtin_arch
+from rlcore.plan.heads import head_errors, policy_heads
+
+QWEN7B = builtin_arch("qwen2.5-7b")  # 28 heads, 4 KV heads
+
+
+def test_vllm_splits_query_heads_and_splits_or_replicates_kv_heads():
+    for tp, ok in ((1, True), (2, True), (4, True), (7, False), (8, False)):
+        cfg = compose(["recipe=qwen2_7b_grpo", f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"])
+        assert (head_errors(cfg, QWEN7B, "actor_rollout_ref.model.path") == []) == ok, tp
+    llama70 = builtin_arch("llama3-70b")  # 64 heads, 8 KV heads: TP 16 replicates each KV head twice
+    cfg = compose(["recipe=llama_70b_multinode", "trainer.n_gpus_per_node=16", "actor_rollout_ref.rollout.tensor_model_parallel_size=16"])
+    assert head_errors(cfg, llama70, "m") == []
+    cfg = compose(["recipe=llama_70b_multinode", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"])
+    assert "use actor_rollout_ref.rollout.tensor_model_parallel_size=2 or actor_rollout_ref.rollout.tensor_model_parallel_size=4" in head_errors(cfg, llama70, "m")[0]
+
+
+def test_megatron_needs_both_head_counts_divisible_and_the_fix_fits_the_node():
+    cfg = compose(["recipe=qwen2_7b_grpo", "actor_rollout_ref.actor.strategy=megatron",
+                   "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    [error] = [e for e in head_errors(cfg, QWEN7B, "m") if e.startswith("actor_rollout_ref.actor.megatron")]
+    assert error.endswith("use actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4")
+
+
+def test_the_policys_heads_come_from_its_config_or_the_table():
+    assert policy_heads(compose(["recipe=qwen2_7b_grpo"])) == (28, 4)
+    assert policy_heads(compose(["actor_rollout_ref.model.path=/models/unknown-model"])) is None
