@@ -126,9 +126,10 @@ def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
 def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict[str, float]:
     """Runs fit() on fresh worker groups; if a worker process dies, rebuilds them and continues from this run's
     last checkpoint, up to trainer.max_worker_restarts times (default 0: fail at once, like verl)."""
-    from ray.exceptions import RayActorError
+    from ray.exceptions import RayActorError, RayTaskError
 
     from rlcore.controller.ray_group import WorkerHang
+    from rlcore.models.hf import ModelLoadError
     from rlcore.trainer.lifecycle import teardown
 
     restarts_left, restart, restart_from, val_history = cfg.trainer.max_worker_restarts, False, None, None
@@ -145,6 +146,10 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
             crashed = True
             where = f"Rerun the same command to resume from {trainer.last_checkpoint}" if trainer.last_checkpoint else "No checkpoint was written yet"
             raise SystemExit(f"rlcore: workers stopped answering at global step {trainer.global_step}:\n{err}\n{where}.") from err
+        except RayTaskError as err:
+            if not isinstance(err.cause, ModelLoadError):
+                raise
+            raise SystemExit(f"rlcore: {err.cause}") from None  # the worker's own traceback is in its log
         except RayActorError as err:
             crashed = True
             where = trainer.last_checkpoint or "no checkpoint yet (trainer.save_freq)"

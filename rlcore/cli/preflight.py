@@ -155,6 +155,22 @@ def _model_dir(key: str, path, strategy: str, missing, out: Preflight) -> None:
     if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(full)):
         # a config-only copy is how a model is planned on a laptop (--elsewhere): a warning there
         missing(key, path, f"no weights in {os.path.abspath(full)} (no *.safetensors or *.bin: a download of the config alone?)")
+    out.errors += [f"{key}={path}: {problem}" for problem in _unreadable_shards(full)]
+
+
+def _unreadable_shards(full: str) -> list[str]:
+    """safetensors files whose header does not parse or promises more bytes than the file has (an interrupted
+    download): read from each file's first bytes only, so a 70B checkpoint costs milliseconds."""
+    from safetensors import safe_open
+
+    problems = []
+    for name in sorted(n for n in os.listdir(full) if n.endswith(".safetensors")):
+        try:
+            with safe_open(os.path.join(full, name), framework="numpy") as shard:
+                shard.keys()
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+            problems.append(f"{name} does not load ({type(err).__name__}: {_one_line(err)[:200]}); download it again")
+    return problems
 
 
 # The embedded demos' assets and the make target that builds them.

@@ -39,6 +39,24 @@ def resolve_model_path(path: str, config_key: str = "actor_rollout_ref.model.pat
     return full
 
 
+class ModelLoadError(ValueError):
+    """A model or tokenizer directory the config names that exists but does not load; the message names the key.
+    Raised in the workers, it reaches the driver as the cause of Ray's task error (rlcore.train says it in one line)."""
+
+
+@contextlib.contextmanager
+def named_load(key: str, path: str, what: str = "the model"):
+    """Loading errors from inside transformers / safetensors (a truncated shard, a config.json of another
+    version, a tokenizer file that is not one) become one line naming the config key that points at them."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        reason = " ".join(str(err).split())[:500]
+        raise ModelLoadError(f"{key}={path}: {what} does not load: {type(err).__name__}: {reason}") from err
+
+
 def load_config(path: str, override_config: dict[str, Any] | None = None) -> PretrainedConfig:
     config = AutoConfig.from_pretrained(resolve_model_path(path), local_files_only=True)
     for key, value in (override_config or {}).items():

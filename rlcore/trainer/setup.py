@@ -32,8 +32,10 @@ def loading(key: str, value, what: str):
 
     try:
         yield
+    except ConfigError:
+        raise
     except (OSError, ValueError, ImportError, KeyError, pa.ArrowException) as err:
-        reason = " ".join(str(err).split())
+        reason = str(err).strip()  # a data report keeps its lines (one per bad row)
         raise ConfigError([f"{key}={value}: {what} does not load: {type(err).__name__}: {reason}"]) from err
 
 

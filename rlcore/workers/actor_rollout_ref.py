@@ -12,6 +12,7 @@ from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.factory import build_engine, engine_spec
+from rlcore.models.hf import named_load
 from rlcore.protocol import DataProto
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
@@ -37,15 +38,19 @@ class ActorRolloutRefWorker(RoleWorker):
         cfg = self.config.actor_rollout_ref
         seed = self.config.trainer.seed
         torch.manual_seed(seed)  # identical init on every rank before sharding
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
+        tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if cfg.model.tokenizer_path else "actor_rollout_ref.model.path"
+        with named_load(tokenizer_key, cfg.model.tokenizer_path or cfg.model.path, "the tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
         actor_spec = engine_spec(cfg.actor.strategy, cfg.model, cfg.actor, cfg.actor.optim, cfg.actor.grad_clip, total_steps)
-        self.actor = build_engine(cfg.actor.strategy, actor_spec, self.device)
+        with named_load("actor_rollout_ref.model.path", cfg.model.path):
+            self.actor = build_engine(cfg.actor.strategy, actor_spec, self.device)
         self.layouts["actor"] = layout_of(self.actor)  # the reference shares the actor's layout (verl: ref follows actor)
         self.ref = None
         # With LoRA the reference is the actor's own base with the adapters off: no second copy of the weights.
         if (cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward) and self.actor.spec.lora is None:
             ref_spec = engine_spec(cfg.ref.strategy, cfg.model, cfg.ref, None, 0.0, total_steps)
-            self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
+            with named_load("actor_rollout_ref.model.path", cfg.model.path, "the reference model"):
+                self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
             phases.leave(self.ref)
         # The training state leaves the device before the rollout engine is built: vLLM sizes its KV cache from the
         # free memory it finds at start-up.

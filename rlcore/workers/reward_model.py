@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.factory import build_engine, engine_spec
+from rlcore.models.hf import named_load
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import decode_responses
 from rlcore.data.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
@@ -23,10 +24,12 @@ class RewardModelWorker(RoleWorker):
     def init_model(self, total_steps: int) -> None:
         cfg = self.config.reward_model
         spec = engine_spec(cfg.strategy, cfg.model, cfg, None, 0.0, total_steps, kind="reward")
-        self.engine = build_engine(cfg.strategy, spec, self.device, key="reward_model.strategy")
+        with named_load("reward_model.model.path", cfg.model.path):
+            self.engine = build_engine(cfg.strategy, spec, self.device, key="reward_model.strategy")
+            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
         self.layouts["reward_model"] = layout_of(self.engine)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
-        self.input_tokenizer = AutoTokenizer.from_pretrained(cfg.model.input_tokenizer, local_files_only=True)
+        with named_load("reward_model.model.input_tokenizer", cfg.model.input_tokenizer, "the tokenizer"):
+            self.input_tokenizer = AutoTokenizer.from_pretrained(cfg.model.input_tokenizer, local_files_only=True)
         # verl's rule: a reward model with another tokenizer reads the conversation re-rendered in its own template.
         self.retokenize = not same_tokenization(self.tokenizer, self.input_tokenizer)
         phases.leave(self.engine)

@@ -149,3 +149,29 @@ def test_data_that_exists_but_does_not_load_names_its_key(tiny_model_dir, tmp_pa
     with pytest.raises(ConfigError, match=rf"actor_rollout_ref.model.tokenizer_path={tokenizer}: the tokenizer does not load: "):
         build_data(cfg)
     assert json.loads((tokenizer / "tokenizer.json").read_text()) == {}  # nothing the user had is touched
+
+
+def test_an_interrupted_download_is_named_before_launch(tiny_model_dir, tiny_task_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    shard = model / "model.safetensors"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    [error] = errors(tiny(model, tiny_task_dir), "train")
+    assert error.startswith(f"actor_rollout_ref.model.path={model}: model.safetensors does not load (SafetensorError: ")
+    assert error.endswith("download it again")
+
+
+def test_a_model_that_fails_inside_the_workers_is_one_line_naming_its_key(tiny_model_dir, tiny_task_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    del tensors["model.layers.0.mlp.down_proj.weight"]  # a valid file without one tensor: only loading finds it
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    done = train(*tiny(model, tiny_task_dir, "trainer.total_training_steps=1"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"rlcore: actor_rollout_ref.model.path={model}: the model does not load: KeyError: "
+        "'the checkpoint has no tensor for model.layers.0.mlp.down_proj.weight'")
