@@ -115,6 +115,10 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
         missing(tokenizer_key, tokenizer_dir, f"no tokenizer in {full} (none of {', '.join(TOKENIZER_FILES)})")
     elif ar.model.tokenizer_path and not os.path.isdir(full):
         missing(tokenizer_key, tokenizer_dir, "no such directory")
+    if cfg.reward_model.enable and cfg.reward_model.model.input_tokenizer:
+        value = cfg.reward_model.model.input_tokenizer  # the policy's tokenizer, read by the reward model's workers
+        if not os.path.isdir(os.path.expanduser(str(value))):
+            missing("reward_model.model.input_tokenizer", value, "no such directory")
     for key in ("data.train_files", "data.val_files"):
         value = OmegaConf.select(cfg, key)
         files = [] if value is None else [value] if isinstance(value, str) else list(value)

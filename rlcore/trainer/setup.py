@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from functools import partial
 
+import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
@@ -24,18 +25,16 @@ def _files(value) -> list[str]:
 
 
 @contextmanager
-def loading(key: str, value, what: str):
+def loading(key: str, value, what: str, catch: tuple = (OSError, ValueError, ImportError, KeyError)):
     """A file the config points at that exists but does not load (a broken tokenizer, a parquet file that is not
     one, a reward file that raises on import) becomes one line naming the key, not a traceback from inside the
-    library."""
-    import pyarrow as pa
-
+    library. `catch`: the errors that mean "does not load" (the dataset's own row report is already a message)."""
     try:
         yield
     except ConfigError:
         raise
-    except (OSError, ValueError, ImportError, KeyError, pa.ArrowException) as err:
-        reason = str(err).strip()  # a data report keeps its lines (one per bad row)
+    except catch as err:
+        reason = " ".join(str(err).split())
         raise ConfigError([f"{key}={value}: {what} does not load: {type(err).__name__}: {reason}"]) from err
 
 
@@ -53,7 +52,7 @@ def build_data(cfg: DictConfig):
     tools = tool_schemas(cfg)  # rendered into the prompt by the chat template, as verl's dataset does
 
     def dataset(files, max_samples, checks, key):
-        with loading(key, files, "the data"):
+        with loading(key, files, "the data", catch=(OSError, KeyError, pa.ArrowException)):
             return RLHFDataset(
                 _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                 filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,

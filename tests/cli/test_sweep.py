@@ -45,7 +45,7 @@ def test_missing_numbers_render_as_nan():
 def test_multirun_runs_each_job_in_its_own_directory_and_prints_the_table(tiny_model_dir, tiny_task_dir, tmp_path):
     sweep_dir = tmp_path / "sweep"
     command = [
-        sys.executable, "-m", "rlcore.train", "-m", "recipe=tiny_cpu", "algorithm.kl_ctrl.kl_coef=0.0,0.01",
+        sys.executable, "-m", "rlcore.train", "-m", "recipe=tiny_cpu", "actor_rollout_ref.actor.optim.lr=1e-4,3e-4",  # the README's sweep
         "trainer.total_training_steps=2", f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"data.train_files={tiny_task_dir}/train.parquet", f"data.val_files={tiny_task_dir}/test.parquet",
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
@@ -63,7 +63,7 @@ def test_multirun_runs_each_job_in_its_own_directory_and_prints_the_table(tiny_m
         assert (sweep_dir / job / "metrics.jsonl").is_file()  # each job logged into its own directory
     table = done.stdout[done.stdout.index("rlcore sweep summary"):].splitlines()
     assert table[0].startswith("rlcore sweep summary (2 jobs")
-    assert "algorithm.kl_ctrl.kl_coef=0.0 " in table[2] and "algorithm.kl_ctrl.kl_coef=0.01 " in table[3]
+    assert "actor_rollout_ref.actor.optim.lr=0.0001 " in table[2] and "actor_rollout_ref.actor.optim.lr=0.0003 " in table[3]
     assert [len(row.split()) for row in table[2:4]] == [len(table[2].split())] * 2  # numbers, not "failed"
     # each job started its own local Ray cluster and shut it down: two sessions, and no Ray process left behind
     assert done.stdout.count("memory plan: rollout") == 2  # the doctor ran before each job's Ray start
