@@ -17,17 +17,22 @@ def test_schema_and_runtime_problems_are_reported_together():
     assert "loss_agg_mode" in text and "token-mean" in text
 
 
-def test_valid_recipe_yields_the_batch_and_memory_plan(tiny_model_dir):
-    report = check_config(compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}"])).splitlines()
+def tiny(model_dir, task_dir, *extra):
+    """The tiny recipe on the fixtures' model and data (a fresh clone has no .cache/tiny_cpu: the checks look)."""
+    return ["recipe=tiny_cpu", f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={task_dir}/train.parquet",
+            f"data.val_files={task_dir}/test.parquet", *extra]
+
+
+def test_valid_recipe_yields_the_batch_and_memory_plan(tiny_model_dir, tiny_task_dir):
+    report = check_config(compose(tiny(tiny_model_dir, tiny_task_dir))).splitlines()
     assert any(line.split()[2:4] == ["samples_per_step", "256"] for line in report)
     assert any(line.split()[2:4] == ["mini_batches_per_step", "1"] for line in report)
     assert any(line.startswith("memory plan: actor update") and line.endswith("fits") for line in report)
     assert not any(line.startswith("WARNING") for line in report)
 
 
-def test_an_oom_estimate_warns_before_ray_starts(tiny_model_dir):
-    report = check_config(compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}",
-                                   "trainer.device_memory_gb=0.1"]))
+def test_an_oom_estimate_warns_before_ray_starts(tiny_model_dir, tiny_task_dir):
+    report = check_config(compose(tiny(tiny_model_dir, tiny_task_dir, "trainer.device_memory_gb=0.1")))
     assert "WARNING rlcore: actor update is estimated at" in report and "more than 0.1 GiB" in report
 
 
