@@ -7,6 +7,7 @@ is to prepend `+`, which the validator then refuses: rlcore/config/keys.py).
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Callable
 
@@ -68,8 +69,8 @@ def _key_tree(compose, overrides: list[str]) -> DictConfig | None:
 
 
 def explain(message: str, key_tree: Callable[[], DictConfig | None]) -> str:
-    """One line for Hydra's message: a missing group option lists the options (closest first), a refused key
-    names the closest schema key, a comma list says to add -m."""
+    """One line for Hydra's message: a missing group option names the closest option and lists them all, a refused
+    key names the closest schema key, a `~` value says how to write it, a comma list says to add -m."""
     from rlcore.config.keys import explain_compose_error
 
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", message)
@@ -77,8 +78,6 @@ def explain(message: str, key_tree: Callable[[], DictConfig | None]) -> str:
         group, name = missing.groups()
         listing = message.split("Available options in", 1)[1].split("Config search path", 1)[0]
         options = [line.strip() for line in listing.splitlines()[1:] if line.strip()]
-        import difflib
-
         close = difflib.get_close_matches(name, options, n=1)
         hint = f"did you mean {group}={close[0]}? " if close else ""
         return f"{group}={name} is not one of the {group} options; {hint}available: {', '.join(options)}"
