@@ -115,6 +115,7 @@ class FSDPConfig:
     offload_policy: bool = False  # FSDP2 CPUOffloadPolicy (params + grads + optimizer step on CPU)
     reshard_after_forward: bool = True  # free gathered params after forward (ZeRO-3); False = ZeRO-2
     fsdp_size: int = -1  # ranks per shard group; -1 = all data-parallel ranks (otherwise HSDP)
+    ulysses_sequence_parallel_size: int = 1  # verl's newer place for the role's ulysses_sequence_parallel_size
     forward_prefetch: bool = False  # prefetch the next unit's all-gather during forward
     model_dtype: str = "fp32"  # dtype the weights are loaded and kept in: fp32 | bf16 | fp16 (long names ok)
     dtype: str = "bfloat16"  # mixed-precision compute dtype: bfloat16 | float16 | float32 (short names ok)
@@ -194,7 +195,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.001  # weight of that KL term
     kl_loss_type: str = "low_var_kl"  # kl|k1 | abs | mse|k2 | low_var_kl|k3, each optionally with "+"
     grad_clip: float = 1.0  # max global grad norm (verl's actor key; optim.clip_grad is the engine's)
-    ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size (> 1 not supported yet)
+    ulysses_sequence_parallel_size: int = 1  # Ulysses: ranks sharing each sample's tokens (FSDP2, use_remove_padding)
     use_torch_compile: bool = True  # torch.compile the log-prob/entropy helpers
     entropy_from_logits_with_chunking: bool = False  # compute entropy in chunks to save memory
     entropy_checkpointing: bool = False  # recompute entropy in backward to save memory
@@ -434,7 +435,7 @@ class RewardModelConfig:
     max_length: Optional[int] = None  # max tokens per scored sequence (longer ones keep their last max_length)
     use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")  # token budgets instead of micro_batch_size_per_gpu
     forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")  # token budget per forward
-    ulysses_sequence_parallel_size: int = 1  # sequence-parallel group size (only 1)
+    ulysses_sequence_parallel_size: int = 1  # Ulysses: ranks sharing each sample's tokens (use_remove_padding)
     # verl's newer reward loop (an RM served by a rollout engine, scored by reward workers): composed, refused
     # with reward_model.enable=True; rlcore runs the reward model as a worker group (verl's legacy worker path).
     use_reward_loop: bool = False

@@ -26,6 +26,7 @@ from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_vllm_rollout
 from rlcore.config.validate_rollout_corr import check_rollout_correction
+from rlcore.config.validate_ulysses import SP_KEYS, check_ulysses, role_sp
 
 ARR = "actor_rollout_ref"
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
@@ -213,12 +214,9 @@ def _check_reward_manager(c: _Checker) -> None:
 
 
 def _check_unsupported(c: _Checker) -> None:
-    actor_sp = c.get(f"{ARR}.actor.ulysses_sequence_parallel_size")
-    for role in ("actor", "ref"):
-        key = f"{ARR}.{role}.ulysses_sequence_parallel_size"
-        sp = c.get(key)
-        if sp > 1 and (role == "actor" or sp != actor_sp):
-            c.error(f"{key}={sp} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
+    for role in ("actor", "ref", "critic", "reward_model"):
+        if (role != "critic" or uses_critic(c.cfg)) and (role != "reward_model" or c.get("reward_model.enable")):
+            check_ulysses(c, role)
     for model, strategy in ((f"{ARR}.model", f"{ARR}.actor.strategy"), ("critic.model", "critic.strategy")):
         if model == "critic.model" and not uses_critic(c.cfg):
             continue
@@ -226,9 +224,6 @@ def _check_unsupported(c: _Checker) -> None:
     if c.get("algorithm.adv_estimator") == "gae" and c.get("critic.enable") is False:
         c.error("algorithm.adv_estimator=gae needs the critic's values but critic.enable=False; use critic.enable=null "
                 "(on for gae) or a critic-free estimator such as algorithm.adv_estimator=grpo")
-    key = "critic.ulysses_sequence_parallel_size"
-    if uses_critic(c.cfg) and c.get(key) > 1:
-        c.error(f"{key}={c.get(key)} (Ulysses sequence parallelism) is not supported yet by rlcore; use {key}=1")
     check_vllm_rollout(c)
     check_multi_turn(c)
     check_reward_model(c)
@@ -345,7 +340,8 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
               c.at_least(f"{actor}.ulysses_sequence_parallel_size", 1), c.at_least("data.train_batch_size", 1),
               c.at_least(f"{actor}.ppo_mini_batch_size", 1)])
     nodes, per_node = c.get("trainer.nnodes"), c.get("trainer.n_gpus_per_node")
-    sp = c.get(f"{actor}.ulysses_sequence_parallel_size")
+    sp = role_sp(c.get, "actor")
+    sp_key = next(k for k in SP_KEYS["actor"][:2] if c.get(k) == sp)
     n, epochs = c.get(f"{rollout}.n"), c.get(f"{actor}.ppo_epochs")
     if not ok or n < 1 or epochs < 1:  # n and ppo_epochs are reported by _check_ranges
         return None
@@ -355,10 +351,11 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
         sp = _megatron_model_parallel(c, f"{actor}.megatron", world, per_node)
         if sp is None:
             return None
-    elif world % sp:
-        c.error(f"{actor}.ulysses_sequence_parallel_size={sp} does not divide the world size {world} "
-                f"(trainer.nnodes={nodes} x trainer.n_gpus_per_node={per_node}); "
-                + _use(f"{actor}.ulysses_sequence_parallel_size", _nearest(sp, lambda v: world % v == 0, 1, world)))
+    elif world % sp or per_node % sp:
+        # An sp group exchanges activations twice per layer (all-to-all): it stays inside a node, as verl's.
+        c.error(f"{sp_key}={sp} must divide the ranks per node (trainer.n_gpus_per_node={per_node}) and the world size "
+                f"{world}: a sequence-parallel group runs two all-to-alls per layer and stays inside a node; "
+                + _use(sp_key, _nearest(sp, lambda v: world % v == 0 and per_node % v == 0, 1, per_node)))
         return None
     dp = world // sp
     tbs, mini = c.get("data.train_batch_size"), c.get(f"{actor}.ppo_mini_batch_size")
@@ -494,6 +491,12 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
         if model_parallel is None:
             return None
         world //= model_parallel  # from here on: the critic's data-parallel ranks
+    elif role_sp(c.get, "critic") > 1:
+        sp, key = role_sp(c.get, "critic"), "critic.ulysses_sequence_parallel_size"
+        if world % sp:
+            c.error(f"{key}={sp} does not divide the critic's {world} ranks; " + _use(key, _nearest(sp, lambda v: world % v == 0, 1, world)))
+            return None
+        world //= sp
     if not (c.at_least("critic.ppo_mini_batch_size", 1) and c.at_least("critic.ppo_epochs", 1)):
         return None
     for key in ("critic.optim.lr", "critic.cliprange_value"):

@@ -10,7 +10,12 @@ from rlcore.config.suggest import _nearest, _suggest, _use
 
 # <role>.megatron.<key>: (the value rlcore supports, what any other value would ask for)
 MEGATRON_UNSUPPORTED = {
-    "context_parallel_size": (1, "context parallelism"),
+    # megatron-core's context parallelism runs only inside TransformerEngine's attention (its local
+    # DotProductAttention asserts context_parallel_size == 1), and rlcore builds the local spec (no TE on CPU, none
+    # required on CUDA).
+    "context_parallel_size": (1, "context parallelism: megatron-core runs it only in TransformerEngine's attention, and rlcore "
+                                 "builds megatron's local layer spec; for long sequences use strategy=fsdp2 with "
+                                 "ulysses_sequence_parallel_size (Ulysses)"),
     "expert_model_parallel_size": (1, "expert parallelism (MoE)"),
     "use_dist_checkpointing": (False, "initial weights from a Megatron dist checkpoint; rlcore reads the HF checkpoint at model.path"),
 }

@@ -16,9 +16,6 @@ def check_reward_model(c) -> None:
     if c.get(f"{RM}.use_reward_loop"):
         c.error(f"{RM}.use_reward_loop=True (verl's reward loop: the reward model served by a rollout engine) is not supported by "
                 f"rlcore, which scores with a reward-model worker group (verl's legacy worker path); use {RM}.use_reward_loop=False")
-    if c.get(f"{RM}.ulysses_sequence_parallel_size") > 1:
-        c.error(f"{RM}.ulysses_sequence_parallel_size={c.get(f'{RM}.ulysses_sequence_parallel_size')} (Ulysses sequence "
-                f"parallelism) is not supported yet by rlcore; use {RM}.ulysses_sequence_parallel_size=1")
     if c.get("trainer.use_legacy_worker_impl") == "disable":
         c.error("trainer.use_legacy_worker_impl=disable selects verl's new worker implementation for the reward model, which rlcore "
                 "does not have; use trainer.use_legacy_worker_impl=auto")

@@ -57,6 +57,7 @@ class EngineSpec:
     offload_policy: bool = False          # FSDP2-native CPUOffloadPolicy: params live on CPU, streamed per block
     reshard_after_forward: bool = True
     use_remove_padding: bool = False      # pack micro-batches (varlen attention) instead of computing on padding
+    ulysses_sp: int = 1                   # sequence-parallel group size (FSDP2, packed only): each rank a slice of the tokens
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.01

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 
+from rlcore.config.validate_ulysses import sequence_parallel_size
 from rlcore.engine.base import EngineSpec, TrainEngine
 from rlcore.models.lora import LoraSpec
 
@@ -45,6 +46,8 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     else:
         spec.param_dtype, spec.param_offload, spec.reshard_after_forward = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
         spec.offload_policy = fsdp_cfg.offload_policy
+        # Ulysses: the role's key or its fsdp_config's (verl reads either); validation refuses two sizes.
+        spec.ulysses_sp = sequence_parallel_size(role_cfg.get("ulysses_sequence_parallel_size"), fsdp_cfg.get("ulysses_sequence_parallel_size"))
         if "model_dtype" in fsdp_cfg:  # the reward model's section has no such key (its weights load as fp32)
             spec.model_dtype = fsdp_cfg.model_dtype
         if optim_cfg is not None:  # a frozen role has no optimizer to offload

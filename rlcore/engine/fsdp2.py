@@ -26,6 +26,7 @@ from rlcore.models import lora
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
+from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
 
@@ -61,9 +62,18 @@ class FSDP2Engine(TrainEngine):
         self.spec = spec
         self.device = device
         world = dist.get_world_size() if dist.is_initialized() else 1
-        self.dp_rank, self.dp_size = (dist.get_rank() if dist.is_initialized() else 0), world
+        rank, sp = (dist.get_rank() if dist.is_initialized() else 0), spec.ulysses_sp
+        if world % sp:
+            raise ValueError(f"ulysses_sequence_parallel_size={sp} does not divide the {world} ranks of the role")
+        # Ranks d*sp .. d*sp+sp-1 form sequence-parallel group d: they hold data-parallel replica d's samples, each a
+        # slice of the tokens. FSDP still shards the parameters over every rank.
+        self.dp_rank, self.dp_size, self.is_output_rank = rank // sp, world // sp, rank % sp == 0
+        self.ulysses: Ulysses | None = None
         with unset_fake_temporarily():  # the mesh is rank bookkeeping on real tensors, also in a rehearsal's fake mode
             self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+            if sp > 1:
+                groups = init_device_mesh(device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
+                self.dp_group, self.ulysses = groups.get_group("dp"), Ulysses(groups.get_group("sp"))
         self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
         load = load_causal_lm if spec.kind == "causal_lm" else load_value_model  # value / reward: a scalar head
         attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
@@ -87,6 +97,11 @@ class FSDP2Engine(TrainEngine):
             self.model = lora.apply_lora(self.model, spec.lora, value_head=spec.kind != "causal_lm")
             self._scalings = lora.scalings(self.model)
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
+        if self.ulysses is not None:
+            reason = check_heads(self.hf_config.num_attention_heads, sp)
+            if reason:
+                raise ValueError(f"ulysses_sequence_parallel_size={sp}: {reason}; use a size that divides the heads")
+            attach_ulysses(blocks, self.ulysses)
         apply_fsdp2(self.model, blocks, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy,
                     spec.gradient_checkpointing and spec.trainable)
         if on_meta:
@@ -126,21 +141,28 @@ class FSDP2Engine(TrainEngine):
         response_len = responses.shape[-1]
         if self.spec.use_remove_padding:
             packed = pack_sequences(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"], response_len)
-            kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
             index, tokens = packed.response_index, responses[packed.response_valid][None]
         else:
             width = inputs["input_ids"].shape[-1]
             kwargs = dict(**inputs, use_cache=False)
             index, tokens = torch.arange(width - response_len - 1, width - 1, device=self.device), responses
+        if self.spec.kind == "reward":  # a reward model's score is read AT each token, not before it
+            index = index + 1
+        shard = None
+        if self.ulysses is not None:  # this rank's slice of the packed row, and the outputs its states give
+            packed, shard = self.ulysses.shard(packed, index)
+            index, tokens = shard.local_index, self.ulysses.mine(shard, tokens)
+        if self.spec.use_remove_padding:
+            kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
         if self.head is None:  # a scalar per position, cheap to compute everywhere
-            if self.spec.kind == "reward":  # a reward model's score is read AT each token, not before it
-                index = index + 1
             out = self.model(**kwargs).logits[:, index]
             channels = {"scores" if self.spec.kind == "reward" else "values": 0}
         else:
             with self.head.computing(tokens, request.temperature, request.entropy):
                 out = self.model(**kwargs, logits_to_keep=index).logits
             channels = {name: TOKEN_CHANNELS.index(name) for name in channel_names(request.entropy)}
+        if shard is not None:
+            out = self.ulysses.gather(shard, out[0])[None]
         if self.spec.use_remove_padding:
             out = unpack_responses(out[0], packed.response_valid)
         return {name: out[..., i].float() for name, i in channels.items()}

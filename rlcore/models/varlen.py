@@ -125,7 +125,13 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   "per-sequence SDPA path does not implement for longer sequences; set use_remove_padding="
                                   "False (or run on CUDA in bf16 with flash-attn installed)")
     max_len = kwargs.get("max_length_q") or int(cu_seq_lens.diff().max())
-    return packed_causal_attention(query[0], key[0], value[0], cu_seq_lens, max_len, scaling, dropout)[None], None
+    ulysses = getattr(module, "rlcore_ulysses", None)  # rlcore.models.ulysses.attach_ulysses
+    if ulysses is None:
+        return packed_causal_attention(query[0], key[0], value[0], cu_seq_lens, max_len, scaling, dropout)[None], None
+    # This rank holds a slice of the tokens for every head: whole sequences for heads / sp, attention, and back.
+    heads = query.shape[1]
+    q, k, v = (ulysses.heads_to_sequence(t[0], heads) for t in (query, key, value))
+    return ulysses.sequence_to_heads(packed_causal_attention(q, k, v, cu_seq_lens, max_len, scaling, dropout))[None], None
 
 
 def _segment_mask(**kwargs):

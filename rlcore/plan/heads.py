@@ -11,6 +11,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.validate_ulysses import SP_KEYS, role_sp
 from rlcore.plan.arch import Arch, resolve_arch
 
 ARR = "actor_rollout_ref"
@@ -55,11 +56,12 @@ def head_errors(cfg: DictConfig, arch: Arch, model_key: str) -> list[str]:
                 errors.append(f"{key}={tp} does not split {heads} (megatron-core needs both divisible by TP); "
                               + _fix(key, _nearest(tp, ok)))
     else:
-        key = f"{ARR}.actor.ulysses_sequence_parallel_size"
-        sp = OmegaConf.select(cfg, key)
-        if sp and sp > 1 and (arch.heads % sp or (arch.kv_heads % sp and sp % arch.kv_heads)):
-            ok = [v for v in range(1, arch.heads + 1) if arch.heads % v == 0 and (arch.kv_heads % v == 0 or v % arch.kv_heads == 0)]
-            errors.append(f"{key}={sp} does not split {heads} (Ulysses gives each rank whole heads); "
+        get = lambda k: OmegaConf.select(cfg, k)  # noqa: E731
+        sp = role_sp(get, "actor")
+        key = next((k for k in SP_KEYS["actor"][:2] if get(k) == sp), SP_KEYS["actor"][0])
+        if sp > 1 and arch.heads % sp:  # K/V heads are repeated when sp does not divide them
+            ok = [v for v in _divisors_up_to(per_node, per_node) if arch.heads % v == 0]
+            errors.append(f"{key}={sp} does not split {heads} (Ulysses gives each rank heads / sp whole query heads); "
                           + _fix(key, _nearest(sp, ok)))
     return errors
 

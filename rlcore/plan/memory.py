@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.config.validate_ulysses import role_sp
 from rlcore.plan.heads import head_errors
 
 GIB = 2 ** 30
@@ -181,15 +182,18 @@ class _Role:
     ckpt_key: str
     trainable: bool
     megatron: Optional[dict] = None  # {"cfg", "tp", "pp", "dp", "recompute"} under strategy=megatron
+    sp: int = 1  # Ulysses: ranks sharing each micro-batch; `tokens` / `response_tokens` are one rank's slice
 
 
-def _micro_tokens(c: _Cfg, dynamic_key: str, budget_key: str, micro: Optional[int], max_len: int, resp: int):
-    """Tokens (all, response) of the largest micro-batch, and the key that sets it."""
+def _micro_tokens(c: _Cfg, dynamic_key: str, budget_key: str, micro: Optional[int], max_len: int, resp: int, sp: int = 1):
+    """Tokens (all, response) of the largest micro-batch on one rank, and the key that sets it. With Ulysses (sp
+    ranks share a micro-batch, each holding 1/sp of its tokens) a token budget is per rank (verl: budget x sp per
+    micro-batch) and a micro-batch of rows is split sp ways."""
     if c(dynamic_key):
         budget = c(budget_key)
         return budget, min(budget, -(-budget * resp // max_len)), budget_key
     rows = micro or 1
-    return rows * max_len, rows * resp, budget_key.replace("max_token_len", "micro_batch_size")
+    return -(-rows * max_len // sp), -(-rows * resp // sp), budget_key.replace("max_token_len", "micro_batch_size")
 
 
 class Estimator:
@@ -204,37 +208,43 @@ class Estimator:
     def training_role(self, name: str, arch: Arch, kind: str, world: int) -> _Role:
         c = self.c
         if kind == "critic":
-            fsdp = c("critic.model.fsdp_config")
+            fsdp, sp = c("critic.model.fsdp_config"), self._sp("critic")
             toks = _micro_tokens(c, "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
-                                 c("critic.ppo_micro_batch_size_per_gpu"), self.max_len, self.resp)
+                                 c("critic.ppo_micro_batch_size_per_gpu"), self.max_len, self.resp, sp)
             return _Role(name, arch, "critic.model", fsdp, self._shards(fsdp, world), c("critic.model.lora_rank"), True,
                          *toks, c("critic.model.enable_gradient_checkpointing"),
-                         "critic.model.enable_gradient_checkpointing", True, self._megatron("critic", world))
+                         "critic.model.enable_gradient_checkpointing", True, self._megatron("critic", world), sp)
         if kind == "actor":
-            micro = self.plan.ppo_micro_batch_size_per_rank if self.plan else None
+            micro, sp = (self.plan.ppo_micro_batch_size_per_rank if self.plan else None), self._sp("actor")
             toks = _micro_tokens(c, f"{ARR}.actor.use_dynamic_bsz", f"{ARR}.actor.ppo_max_token_len_per_gpu", micro,
-                                 self.max_len, self.resp)
+                                 self.max_len, self.resp, sp)
             trainable, section = True, f"{ARR}.actor"
         else:  # reference log-probs
-            micro = self.plan.ref_log_prob_micro_batch_size_per_rank if self.plan else None
+            micro, sp = (self.plan.ref_log_prob_micro_batch_size_per_rank if self.plan else None), self._sp("ref")
             toks = _micro_tokens(c, f"{ARR}.ref.log_prob_use_dynamic_bsz", f"{ARR}.ref.log_prob_max_token_len_per_gpu",
-                                 micro, self.max_len, self.resp)
+                                 micro, self.max_len, self.resp, sp)
             trainable, section = False, f"{ARR}.ref"
         fsdp = c(f"{section}.fsdp_config")
         return _Role(name, arch, section, fsdp, self._shards(fsdp, world), c(f"{ARR}.model.lora_rank"), False, *toks,
                      c(f"{ARR}.model.enable_gradient_checkpointing"), f"{ARR}.model.enable_gradient_checkpointing",
-                     trainable, self._megatron(section, world))
+                     trainable, self._megatron(section, world), sp)
+
+    def _sp(self, role: str) -> int:
+        """A role's Ulysses size on FSDP2 (1 under Megatron, whose validation refuses it)."""
+        strategy = self.c("critic.strategy" if role == "critic" else f"{ARR}.{role}.strategy")
+        return 1 if strategy == "megatron" else role_sp(self.c, role)
 
     def reward_role(self, name: str, arch: Arch, world: int) -> _Role:
         """The frozen reward model's forward (reward_model.*): a scalar head, no optimizer."""
         c, r = self.c, self.c("reward_model")
         max_len = r.max_length or self.max_len
+        sp = role_sp(c, "reward_model")
         if r.use_dynamic_bsz:
             tokens, key = r.forward_max_token_len_per_gpu, "reward_model.forward_max_token_len_per_gpu"
         else:
-            tokens, key = (r.micro_batch_size_per_gpu or 1) * max_len, "reward_model.micro_batch_size_per_gpu"
+            tokens, key = -(-(r.micro_batch_size_per_gpu or 1) * max_len // sp), "reward_model.micro_batch_size_per_gpu"
         fsdp = c("reward_model.model.fsdp_config")
-        return _Role(name, arch, "reward_model.model", fsdp, self._shards(fsdp, world), 0, True, tokens, 0, key, False, "", False)
+        return _Role(name, arch, "reward_model.model", fsdp, self._shards(fsdp, world), 0, True, tokens, 0, key, False, "", False, sp=sp)
 
     def _megatron(self, section: str, world: int) -> Optional[dict]:
         """TP/PP/DP of a strategy=megatron role (None for FSDP2)."""
@@ -274,8 +284,9 @@ class Estimator:
         if role.trainable:
             items += [(f"gradients / {role.shards}", s["grads"]), (f"AdamW moments / {role.shards}", s["optim"])]
         zero = "ZeRO-3: root + 2 blocks" if role.fsdp.reshard_after_forward else "ZeRO-2-like: all blocks"
+        ulysses = f" (1/{role.sp} of each micro-batch: Ulysses)" if role.sp > 1 else ""
         items += [(f"gathered {role.fsdp.dtype} weights ({zero})", s["gathered"]),
-                  (f"activations, {role.tokens} tokens" + (", checkpointed" if role.ckpt and role.trainable else ""), act)]
+                  (f"activations, {role.tokens} tokens{ulysses}" + (", checkpointed" if role.ckpt and role.trainable else ""), act)]
         if logits:
             items.append((f"log-prob head: one chunk of logits x {role.arch.vocab}", logits))
         levers = []

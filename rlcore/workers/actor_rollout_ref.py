@@ -49,6 +49,7 @@ class ActorRolloutRefWorker(RoleWorker):
         # With LoRA the reference is the actor's own base with the adapters off: no second copy of the weights.
         if (cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward) and self.actor.spec.lora is None:
             ref_spec = engine_spec(cfg.ref.strategy, cfg.model, cfg.ref, None, 0.0, total_steps)
+            ref_spec.ulysses_sp = actor_spec.ulysses_sp  # the actor's batches, sliced the actor's way
             with named_load("actor_rollout_ref.model.path", cfg.model.path, "the reference model"):
                 self.ref = build_engine(cfg.ref.strategy, ref_spec, self.device, key="actor_rollout_ref.ref.strategy")
             phases.leave(self.ref)
@@ -144,11 +145,10 @@ class ActorRolloutRefWorker(RoleWorker):
     def _micro_batches(self, role: str) -> MicroBatchSpec:
         """role: "actor" (the update), "rollout" (old log-probs) or "ref"."""
         cfg = self.config.actor_rollout_ref
-        packed, dp_size = self.actor.spec.use_remove_padding, self.actor.dp_size  # the engine packs iff this is on
         if role == "actor":
-            return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", dp_size, packed)
+            return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.actor)
         return micro_batch_spec(cfg[role], "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-                                dp_size, packed)
+                                self.actor)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_log_prob(self, data: DataProto) -> DataProto:

@@ -55,13 +55,16 @@ def layout_of(engine: TrainEngine) -> DataLayout:
     return DataLayout(engine.dp_rank, engine.dp_size, engine.is_output_rank)
 
 
-def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, dp_size: int, packed: bool) -> MicroBatchSpec:
+def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, engine: TrainEngine) -> MicroBatchSpec:
     """A pass's micro-batching from its role's verl keys: `{base}_per_gpu` samples (or the deprecated global
-    `{base}` over dp ranks), or, when `section[dynamic_key]`, the token budget `section[budget_key]`."""
+    `{base}` over dp ranks), or, when `section[dynamic_key]`, the token budget `section[budget_key]` per device,
+    times the Ulysses size (verl's rule: each of the sp ranks that share a micro-batch holds 1/sp of its tokens).
+    The engine packs iff its spec says use_remove_padding."""
+    packed = engine.spec.use_remove_padding
     if section[dynamic_key]:
-        return MicroBatchSpec(max_tokens=section[budget_key], packed=packed)
+        return MicroBatchSpec(max_tokens=section[budget_key] * engine.spec.ulysses_sp, packed=packed)
     rows = section[f"{base}_per_gpu"]
-    return MicroBatchSpec(rows=rows if rows is not None else section[base] // dp_size, packed=packed)
+    return MicroBatchSpec(rows=rows if rows is not None else section[base] // engine.dp_size, packed=packed)
 
 
 def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: ForwardFn, request: TokenRequest = TokenRequest()) -> DataProto:

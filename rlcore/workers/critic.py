@@ -71,8 +71,7 @@ class CriticWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="critic")
     def compute_values(self, data: DataProto) -> DataProto:
         cfg = self.config.critic
-        micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine.dp_size,
-                                 self.engine.spec.use_remove_padding)
+        micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine)
         with phases.running(self.engine, "values"):
             return compute_values(self.engine, data, micro)
 
@@ -81,8 +80,7 @@ class CriticWorker(RoleWorker):
         cfg = self.config.critic
         start = time.perf_counter()
         phases.reset_peak(self.device)
-        micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.engine.dp_size,
-                                 self.engine.spec.use_remove_padding)
+        micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.engine)
         with phases.running(self.engine, "update_critic"):
             metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n)
             metrics.update(phases.ledger("update_critic", {"critic": self.engine}, device=self.device))

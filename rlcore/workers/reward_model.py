@@ -47,8 +47,7 @@ class RewardModelWorker(RoleWorker):
         start = time.perf_counter()
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         inputs = DataProto.from_dict(right_aligned(self._sequences(data), pad, cfg.max_length))
-        micro = micro_batch_spec(cfg, "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine.dp_size,
-                                 self.engine.spec.use_remove_padding)
+        micro = micro_batch_spec(cfg, "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine)
         with phases.running(self.engine, "reward_model"):
             out = run_forward(self.engine, inputs, micro, lambda outputs, mb: {"scores": outputs["scores"]})
         if not len(out):

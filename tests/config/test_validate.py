@@ -163,7 +163,8 @@ def test_mini_batch_suggestions_satisfy_every_rule():
      f"use {ARR}.actor.ppo_mini_batch_size=32"),  # the only divisor of 32 that also fits micro-batches of 128
     (f"{ARR}.actor.ppo_mini_batch_size=64", "is larger than data.train_batch_size=32"),
     (f"{ARR}.rollout.tensor_model_parallel_size=4", f"use {ARR}.rollout.tensor_model_parallel_size=2"),
-    (f"{ARR}.actor.ulysses_sequence_parallel_size=2", "(Ulysses sequence parallelism) is not supported yet"),
+    (f"{ARR}.actor.ulysses_sequence_parallel_size=4", f"{ARR}.actor.ulysses_sequence_parallel_size=4 must divide the ranks "
+     "per node (trainer.n_gpus_per_node=2)"),
     ("trainer.device=npu", "trainer.device=npu is not supported by rlcore; use trainer.device=cuda"),
     ("trainer.resume_mode=resume_path", "trainer.resume_mode=resume_path needs trainer.resume_from_path"),
     ("trainer.resume_mode=latest", "trainer.resume_mode=latest is not one of auto, disable, resume_path"),
@@ -235,7 +236,9 @@ def test_gae_turns_the_critic_on_and_plans_its_batches():
     ("critic.ppo_mini_batch_size=12", "critic.ppo_mini_batch_size=12 does not divide data.train_batch_size=32"),
     ("critic.cliprange_value=0", "critic.cliprange_value=0.0 must be > 0"),
     ("critic.loss_agg_mode=mean", "critic.loss_agg_mode=mean is not one of"),
-    ("critic.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2 (Ulysses"),
+    ("critic.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2 slices the packed sequence, which "
+     "needs critic.model.use_remove_padding=True"),
+    ("critic.ulysses_sequence_parallel_size=4", "critic.ulysses_sequence_parallel_size=4 does not divide the critic's 2 ranks"),
 ])
 def test_critic_violations(override, fragment):
     messages = _errors(CRITIC + [override], recipe="tiny_cpu")
@@ -274,7 +277,7 @@ def test_format_plan_is_an_aligned_table():
 def test_a_megatron_critic_is_checked_on_its_own_layout():
     megatron = CRITIC + ["critic.strategy=megatron"]
     messages = _errors(megatron + ["critic.megatron.context_parallel_size=2"], recipe="tiny_cpu")
-    assert any(m.startswith("critic.megatron.context_parallel_size=2 (context parallelism) is not supported by rlcore") for m in messages)
+    assert any(m.startswith("critic.megatron.context_parallel_size=2 (context parallelism: megatron-core runs it only in TransformerEngine's attention") for m in messages)
     # tiny_cpu has 2 ranks: a TP=2 critic is one data-parallel replica, so its 32-prompt mini-batch x 8 samples all
     # go to one rank in micro-batches of 32: valid, while TP=3 cannot split 2 devices.
     assert diagnose(compose(["recipe=tiny_cpu", *megatron, "critic.megatron.tensor_model_parallel_size=2"]))[1] == []
