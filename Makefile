@@ -151,6 +151,7 @@ bench: $(STAMP)
 	$(PY) bench/dynamic_bsz.py $(if $(BENCH_QUICK),--samples 16 --reps 1) $(ARGS)
 	$(PY) bench/megatron_layouts.py $(if $(BENCH_QUICK),--reps 1)
 	$(PY) bench/weight_sync.py
+	$(PY) bench/ulysses_memory.py $(if $(BENCH_QUICK),--tokens 2048 --reps 1)
 	$(PY) bench/rollout.py
 	$(MAKE) vllm-env
 	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) bench/rollout_vllm.py

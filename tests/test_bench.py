@@ -75,3 +75,11 @@ def test_gpu_step_benchmark_runs_a_family_through_every_mode_on_cpu(tmp_path):
     rows = re.findall(r"^tiny-qwen3 fsdp2 (padded|packed)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["padded", "packed"] and all(float(r[5]) > 0 for r in rows), out
     assert re.search(r"^tiny-qwen3 fsdp2: packed/padded update time [\d.]+x$", out, re.MULTILINE), out
+
+
+def test_ulysses_memory_benchmark_prints_both_sizes_and_sp2_holds_less():
+    script = BENCH.parent / "ulysses_memory.py"
+    args = ["--rows", "1", "--tokens", "256", "--hidden", "128", "--layers", "2", "--vocab", "256", "--reps", "1"]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = dict(re.findall(r"^sp=(\d)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)x memory", out, re.MULTILINE))
+    assert rows.keys() == {"1", "2"} and rows["1"] == "1.00" and float(rows["2"]) < 1.0, out

@@ -189,6 +189,10 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
     notes = [f"rank 0 of a fake world of {world}; {arch.name if where.startswith('built-in') else where}; "
              f"micro-batches of full-length rows ({max_len} tokens): update {rows['actor']} rows, log-probs {rows['ref']} rows; "
              "attention as padded SDPA"]
+    if actor_role.sp > 1:
+        # The all-to-alls need the packed row's lengths, which fake tensors do not have: a rank's share is
+        # rehearsed directly, as the rows of its 1/sp slice of every micro-batch.
+        notes.append(f"Ulysses sp={actor_role.sp}: each rank rehearsed with its slice (1/{actor_role.sp}) of every micro-batch")
     rollout = arr.rollout
     # The rollout engine is not rehearsed (vLLM allocates for itself): the plan's terms for it, its weights alone
     # while the sync streams into them.
@@ -208,7 +212,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
         def build(role: str, optim):
             section = arr[role]
             spec = engine_spec(section.strategy, model_cfg, section, optim, arr.actor.grad_clip, 1)
-            spec.load_weights = False
+            spec.load_weights, spec.ulysses_sp = False, 1  # a Ulysses rank's slice is rehearsed as its rows (notes)
             return build_engine(section.strategy, spec, device)
 
         engines = {}

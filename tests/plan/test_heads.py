@@ -25,6 +25,15 @@ def test_megatron_needs_both_head_counts_divisible_and_the_fix_fits_the_node():
     assert error.endswith("use actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4")
 
 
+def test_ulysses_needs_the_query_heads_divisible_and_repeats_kv_heads():
+    for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"):
+        cfg = compose(["recipe=qwen2_7b_grpo", f"{key}=8"])  # 28 heads do not split 8 ways
+        [error] = head_errors(cfg, QWEN7B, "m")
+        assert error.startswith(f"{key}=8 does not split") and error.endswith(f"use {key}=4"), error
+    # 4 ways: 7 query heads per rank; the 4 KV heads split one each (8 ways they would be repeated)
+    assert head_errors(compose(["recipe=qwen2_7b_grpo", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"]), QWEN7B, "m") == []
+
+
 def test_the_policys_heads_come_from_its_config_or_the_table():
     assert policy_heads(compose(["recipe=qwen2_7b_grpo"])) == (28, 4)
     assert policy_heads(compose(["actor_rollout_ref.model.path=/models/unknown-model"])) is None
