@@ -71,3 +71,19 @@ def test_megatron_is_named_as_not_rehearsed(tmp_path):
                            "recipe=qwen2_32b_grpo_megatron"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 1
     assert "not rehearsed: the rehearsal covers strategy=fsdp2 only" in proc.stderr
+
+
+def test_ulysses_halves_a_ranks_activations_for_the_same_micro_batch(tmp_path):
+    fixed = ["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
+             "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+             "actor_rollout_ref.model.enable_gradient_checkpointing=False"]  # activations, not gathered weights, dominate
+    work = {}
+    for sp in (1, 2):
+        proc, rows = rehearse(tmp_path, *fixed, f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # the activations at the update's peak (the backward temporaries beside them are the head's and the
+        # gradients' reduce buffers, the same for both)
+        work[sp] = float(re.search(r"act ([\d.]+)", measured(proc.stdout, "update_actor"))[1])
+        assert ("Ulysses sp=2: each rank rehearsed with its slice (1/2)" in proc.stdout) == (sp == 2)
+    assert 0.45 <= work[2] / work[1] <= 0.55, work  # 8 full-length rows per rank, then 4 (half of each micro-batch)
