@@ -17,8 +17,7 @@ from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.models.lora import LoraSpec
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import compute_log_prob
-from rlcore.workers.common import mini_batch_counts
-from rlcore.workers.critic import compute_values
+from rlcore.workers.common import mini_batch_counts, run_forward
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts: re-run under other CPU kernels (make test-numerics)
 
@@ -89,10 +88,12 @@ def _rank_main(rank, world, port, dirs, out_dir):
             runs[sp] = _run(engine, share, rows)
         results[variant] = runs
     values = {}
-    for sp, share, rows in ((1, mine, 2), (2, data, 4)):
-        torch.manual_seed(0)  # the value head is initialised at build: the same for both
-        engine = FSDP2Engine(EngineSpec(model_path=dirs["qwen2"], kind="value", use_remove_padding=True, ulysses_sp=sp), torch.device("cpu"))
-        values[sp] = compute_values(engine, share, MicroBatchSpec(rows=rows, packed=True)).batch["values"]
+    for kind in ("value", "reward"):  # a critic reads its head before each response token, a reward model at it
+        for sp, share, rows in ((1, mine, 2), (2, data, 4)):
+            torch.manual_seed(0)  # the scalar head is initialised at build: the same for both
+            engine = FSDP2Engine(EngineSpec(model_path=dirs["qwen2"], kind=kind, use_remove_padding=True, ulysses_sp=sp), torch.device("cpu"))
+            spec = MicroBatchSpec(rows=rows, packed=True)
+            values[kind, sp] = run_forward(engine, share, spec, lambda outputs, mb: {"v": next(iter(outputs.values()))}).batch["v"]
     torch.save({"results": results, "values": values}, os.path.join(out_dir, f"rank{rank}.pt"))
     close_gloo()
 
@@ -135,7 +136,10 @@ def test_sp2_equals_sp1(parity, model):
     print(f"{model}: max |sp2 - sp1|", {k: f"{v:.1e}" for k, v in diffs.items()})
 
 
-def test_values_sp2_equal_sp1(parity):
-    sp1 = torch.cat([p["values"][1] for p in parity])
+@pytest.mark.parametrize("kind", ["value", "reward"])
+def test_values_and_scores_sp2_equal_sp1(parity, kind):
+    mask = rollout_batch()["attention_mask"][:, -9:].bool()  # every response token
+    sp1 = torch.cat([p["values"][kind, 1] for p in parity])
     for p in parity:
-        torch.testing.assert_close(p["values"][2], sp1, atol=1e-5, rtol=0)
+        torch.testing.assert_close(p["values"][kind, 2][mask], sp1[mask], atol=1e-5, rtol=0)
+    print(f"{kind}: max |sp2 - sp1| {(parity[0]['values'][kind, 2] - sp1)[mask].abs().max().item():.1e}")
