@@ -1,7 +1,7 @@
 """Ulysses sequence parallelism in the FSDP2 engine is exact: on 2 gloo ranks, sp=2 (both ranks share every sample,
 each holding half of its packed tokens) against sp=1 (each rank its own half of the samples), the same samples:
 log-probs, entropy and values within 1e-5, the loss equal, gradients and the clipped norm within 1e-5. Qwen2
-(untied, 2 KV heads), Llama (tied, 8 heads over 2 KV heads) and Qwen3 (q/k norms, 1 KV head: repeated for sp=2),
+(untied and tied, 2 KV heads), Llama (tied, 8 heads over 2 KV heads) and Qwen3 (q/k norms, 1 KV head: repeated for sp=2),
 with gradient checkpointing and with LoRA; the micro-batches' packed lengths are odd (padded to a multiple of sp),
 and the loss mask has holes inside responses (multi-turn: tool output is attended to, not trained on)."""
 
@@ -22,6 +22,18 @@ from rlcore.workers.common import mini_batch_counts, run_forward
 pytestmark = pytest.mark.numerics  # compares floats across layouts: re-run under other CPU kernels (make test-numerics)
 
 ROWS, MICRO_ROWS = 8, 4  # samples, and samples per micro-batch of the sp=2 engine (sp=1: half of each, per rank)
+
+
+def build_tied_qwen2_dir(path: str) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from conftest import build_tiny_model_dir
+
+    build_tiny_model_dir(path, seed=3)
+    config = AutoConfig.from_pretrained(path)
+    config.tie_word_embeddings = True
+    torch.manual_seed(3)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
 
 
 def build_tiny_qwen3_dir(path: str) -> str:
@@ -70,7 +82,8 @@ def rollout_batch():
     return batch
 
 
-VARIANTS = {"qwen2": {}, "qwen2_ckpt": {"gradient_checkpointing": True}, "qwen2_lora": {"lora": LoraSpec(4, 8)}, "llama": {}, "qwen3": {}}
+VARIANTS = {"qwen2": {}, "qwen2_ckpt": {"gradient_checkpointing": True}, "qwen2_lora": {"lora": LoraSpec(4, 8)}, "qwen2tied": {},
+            "llama": {}, "qwen3": {}}
 
 
 def _rank_main(rank, world, port, dirs, out_dir):
@@ -103,7 +116,8 @@ def parity(tmp_path_factory):
     from conftest import build_tiny_llama_dir, build_tiny_model_dir
 
     root = tmp_path_factory.mktemp("ulysses")
-    dirs = {"qwen2": build_tiny_model_dir(str(root / "qwen2")), "llama": build_tiny_llama_dir(str(root / "llama")),
+    dirs = {"qwen2": build_tiny_model_dir(str(root / "qwen2")), "qwen2tied": build_tied_qwen2_dir(str(root / "qwen2tied")),
+            "llama": build_tiny_llama_dir(str(root / "llama")),
             "qwen3": build_tiny_qwen3_dir(str(root / "qwen3"))}
     spawn_ranks(_rank_main, 2, lambda port: (2, port, dirs, str(root)))
     return [torch.load(root / f"rank{r}.pt", weights_only=False) for r in range(2)]
