@@ -337,11 +337,11 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
     """Derives the batch plan, reporting divisibility violations; None when sizes are inconsistent."""
     actor, rollout = f"{ARR}.actor", f"{ARR}.rollout"
     ok = all([c.at_least("trainer.nnodes", 1), c.at_least("trainer.n_gpus_per_node", 1),
-              c.at_least(f"{actor}.ulysses_sequence_parallel_size", 1), c.at_least("data.train_batch_size", 1),
+              c.at_least("data.train_batch_size", 1),
               c.at_least(f"{actor}.ppo_mini_batch_size", 1)])
     nodes, per_node = c.get("trainer.nnodes"), c.get("trainer.n_gpus_per_node")
     sp = role_sp(c.get, "actor")
-    sp_key = next(k for k in SP_KEYS["actor"][:2] if c.get(k) == sp)
+    sp_key = next((k for k in SP_KEYS["actor"][:2] if c.get(k) == sp), SP_KEYS["actor"][0])
     n, epochs = c.get(f"{rollout}.n"), c.get(f"{actor}.ppo_epochs")
     if not ok or n < 1 or epochs < 1:  # n and ppo_epochs are reported by _check_ranges
         return None

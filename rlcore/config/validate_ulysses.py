@@ -37,11 +37,13 @@ def check_ulysses(c, role: str) -> None:
     use_remove_padding, since the slices are cut from the packed row)."""
     role_key, fsdp_key, model, strategy_key = SP_KEYS[role]
     values = {key: c.get(key) for key in (role_key, fsdp_key) if key}
+    if role == "ref" and values[role_key] == c.get(SP_KEYS["actor"][0]):
+        values.pop(role_key)  # the actor's value, interpolated (verl's default): the actor's checks cover it
     for key, value in values.items():
         if value is None or value < 1:
             c.error(f"{key}={value} must be >= 1; use {key}=1")
             return
-    if len({v for v in values.values() if v != 1}) > 1:
+    if len({v for v in values.values() if v != 1}) > 1 and fsdp_key in values and role_key in values:
         c.error(f"{role_key}={values[role_key]} and {fsdp_key}={values[fsdp_key]} disagree (verl reads either place); "
                 f"set one of them, e.g. {role_key}={values[role_key]} {fsdp_key}=1")
         return
