@@ -23,14 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlcore.models.varlen import PackedBatch
-
-
-def _exchange(x: torch.Tensor, group) -> torch.Tensor:
-    # Contiguous first: empty_like keeps a transposed input's strides, and the collective writes rows in memory order.
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
-    return out
+from rlcore.utils.dist import all_gather_flat, all_to_all
 
 
 class _AllToAll(torch.autograd.Function):
@@ -40,11 +33,11 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
-        return _exchange(x, group)
+        return all_to_all(x, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _exchange(grad, ctx.group), None
+        return all_to_all(grad, ctx.group), None
 
 
 class _GatherSlices(torch.autograd.Function):
@@ -56,8 +49,9 @@ class _GatherSlices(torch.autograd.Function):
         ctx.rank, ctx.counts = rank, counts
         width = max(counts)
         padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, width - x.shape[0])).contiguous()
-        pieces = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(pieces, padded, group=group)
+        gathered = padded.new_empty(len(counts) * padded.numel())
+        all_gather_flat(gathered, padded.reshape(-1), group)
+        pieces = gathered.view(len(counts), *padded.shape)
         return torch.cat([p[:n] for p, n in zip(pieces, counts)])
 
     @staticmethod

@@ -60,6 +60,16 @@ def all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, group=None) -> N
         output.copy_(moved_out)
 
 
+def all_to_all(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """`tensor`'s dim 0 split into world equal chunks, chunk j sent to rank j; returns the chunks received, in rank
+    order, on `tensor`'s device. Contiguous first: an `empty_like` of a transposed view keeps its strides, and the
+    collective writes in memory order."""
+    moved, copied = _on_group_device(tensor.contiguous(), group)
+    out = torch.empty_like(moved)
+    dist.all_to_all_single(out, moved, group=group)
+    return out.to(tensor.device) if copied else out
+
+
 def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
     """In-place broadcast from global rank `src`; returns `tensor`."""
     moved, copied = _on_group_device(tensor, group)

@@ -70,3 +70,5 @@ def test_helpers_reduce_and_gather_on_a_gloo_group():
     rdist.all_gather_flat(out, torch.tensor([4.0, 5.0]))
     assert out.tolist() == [4.0, 5.0]
     assert rdist.broadcast(torch.tensor([7.0]), src=0).tolist() == [7.0]
+    transposed = torch.arange(6.0).view(2, 3).t()  # a view whose memory order differs from its shape's
+    assert rdist.all_to_all(transposed).tolist() == transposed.tolist()
