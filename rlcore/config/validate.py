@@ -26,7 +26,7 @@ from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_vllm_rollout
 from rlcore.config.validate_rollout_corr import check_rollout_correction
-from rlcore.config.validate_ulysses import SP_KEYS, check_ulysses, role_sp
+from rlcore.config.validate_ulysses import check_ulysses, role_sp, sp_key
 
 ARR = "actor_rollout_ref"
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
@@ -341,7 +341,6 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
               c.at_least(f"{actor}.ppo_mini_batch_size", 1)])
     nodes, per_node = c.get("trainer.nnodes"), c.get("trainer.n_gpus_per_node")
     sp = role_sp(c.get, "actor")
-    sp_key = next((k for k in SP_KEYS["actor"][:2] if c.get(k) == sp), SP_KEYS["actor"][0])
     n, epochs = c.get(f"{rollout}.n"), c.get(f"{actor}.ppo_epochs")
     if not ok or n < 1 or epochs < 1:  # n and ppo_epochs are reported by _check_ranges
         return None
@@ -353,9 +352,10 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
             return None
     elif world % sp or per_node % sp:
         # An sp group exchanges activations twice per layer (all-to-all): it stays inside a node, as verl's.
-        c.error(f"{sp_key}={sp} must divide the ranks per node (trainer.n_gpus_per_node={per_node}) and the world size "
+        key = sp_key(c.get, "actor")
+        c.error(f"{key}={sp} must divide the ranks per node (trainer.n_gpus_per_node={per_node}) and the world size "
                 f"{world}: a sequence-parallel group runs two all-to-alls per layer and stays inside a node; "
-                + _use(sp_key, _nearest(sp, lambda v: world % v == 0 and per_node % v == 0, 1, per_node)))
+                + _use(key, _nearest(sp, lambda v: world % v == 0 and per_node % v == 0, 1, per_node)))
         return None
     dp = world // sp
     tbs, mini = c.get("data.train_batch_size"), c.get(f"{actor}.ppo_mini_batch_size")

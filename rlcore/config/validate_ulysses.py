@@ -18,10 +18,10 @@ SP_KEYS = {
 }
 
 
-def sequence_parallel_size(role_value, fsdp_value) -> int:
-    """The size from a role's two keys: the one that is not 1 (validation refuses two different sizes)."""
-    sizes = {int(v) for v in (role_value, fsdp_value) if v is not None and v > 1}
-    return max(sizes, default=1)
+def sequence_parallel_size(*values) -> int:
+    """The size from a role's keys (None: a key the section does not have): the one that is not 1 (validation
+    refuses two different sizes)."""
+    return max((int(v) for v in values if v is not None and v > 1), default=1)
 
 
 def role_sp(get, role: str) -> int:
@@ -30,6 +30,12 @@ def role_sp(get, role: str) -> int:
     role_key, fsdp_key, _, _ = SP_KEYS[role]
     own = sequence_parallel_size(get(role_key), get(fsdp_key) if fsdp_key else None)
     return role_sp(get, "actor") if role == "ref" and own == 1 else own
+
+
+def sp_key(get, role: str) -> str:
+    """The key that sets a role's size, for messages (the role's own key when neither does)."""
+    sp = role_sp(get, role)
+    return next((k for k in SP_KEYS[role][:2] if k and get(k) == sp), SP_KEYS[role][0])
 
 
 def check_ulysses(c, role: str) -> None:
@@ -47,7 +53,7 @@ def check_ulysses(c, role: str) -> None:
         c.error(f"{role_key}={values[role_key]} and {fsdp_key}={values[fsdp_key]} disagree (verl reads either place); "
                 f"set one of them, e.g. {role_key}={values[role_key]} {fsdp_key}=1")
         return
-    sp = sequence_parallel_size(*values.values(), *([None] if len(values) == 1 else []))
+    sp = sequence_parallel_size(*values.values())
     if sp == 1:  # (a reference left at 1 follows the actor, whose checks cover it)
         return
     key = next(k for k, v in values.items() if v == sp)

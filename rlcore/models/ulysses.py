@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlcore.models.varlen import PackedBatch
+from rlcore.models.varlen import ULYSSES_ATTR, PackedBatch
 from rlcore.utils.dist import all_gather_flat, all_to_all
 
 
@@ -126,9 +126,6 @@ class Ulysses:
         chunks = out.reshape(self.size, tokens // self.size, heads, dim)         # chunk j: rank j's tokens
         received = _AllToAll.apply(chunks, self.group)                           # [sp, tokens / sp, heads / sp, dim]
         return received.permute(1, 0, 2, 3).reshape(tokens // self.size, self.size * heads, dim)
-
-
-ULYSSES_ATTR = "rlcore_ulysses"  # set on each attention module; read by rlcore.models.varlen.segment_attention
 
 
 def attach_ulysses(blocks: torch.nn.ModuleList, ulysses: Ulysses) -> None:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 VARLEN_ATTENTION = "rlcore_varlen"
+ULYSSES_ATTR = "rlcore_ulysses"  # an attention module's Ulysses group (rlcore.models.ulysses.attach_ulysses)
 
 
 def segment_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor,
@@ -125,7 +126,7 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   "per-sequence SDPA path does not implement for longer sequences; set use_remove_padding="
                                   "False (or run on CUDA in bf16 with flash-attn installed)")
     max_len = kwargs.get("max_length_q") or int(cu_seq_lens.diff().max())
-    ulysses = getattr(module, "rlcore_ulysses", None)  # rlcore.models.ulysses.attach_ulysses
+    ulysses = getattr(module, ULYSSES_ATTR, None)
     if ulysses is None:
         return packed_causal_attention(query[0], key[0], value[0], cu_seq_lens, max_len, scaling, dropout)[None], None
     # This rank holds a slice of the tokens for every head: whole sequences for heads / sp, attention, and back.

@@ -11,7 +11,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config.validate_ulysses import SP_KEYS, role_sp
+from rlcore.config.validate_ulysses import role_sp, sp_key
 from rlcore.plan.arch import Arch, resolve_arch
 
 ARR = "actor_rollout_ref"
@@ -57,8 +57,7 @@ def head_errors(cfg: DictConfig, arch: Arch, model_key: str) -> list[str]:
                               + _fix(key, _nearest(tp, ok)))
     else:
         get = lambda k: OmegaConf.select(cfg, k)  # noqa: E731
-        sp = role_sp(get, "actor")
-        key = next((k for k in SP_KEYS["actor"][:2] if get(k) == sp), SP_KEYS["actor"][0])
+        sp, key = role_sp(get, "actor"), sp_key(get, "actor")
         if sp > 1 and arch.heads % sp:  # K/V heads are repeated when sp does not divide them
             ok = [v for v in _divisors_up_to(per_node, per_node) if arch.heads % v == 0]
             errors.append(f"{key}={sp} does not split {heads} (Ulysses gives each rank heads / sp whole query heads); "
