@@ -96,8 +96,12 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
 def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """The device pools `[(nnodes, n_gpus_per_node)]` and the pool of each worker group. The critic shares the
     actor's devices unless critic.enable_resource_pool; the reward model shares the critic's (OpenRLHF's
-    --colocate_critic_reward; the actor's when there is no critic) unless reward_model.enable_resource_pool."""
+    --colocate_critic_reward; the actor's when there is no critic) unless reward_model.enable_resource_pool. With
+    actor_rollout_ref.hybrid_engine=False the rollout has a pool of its own (rollout.nnodes x rollout.n_gpus_per_node)."""
     pools, where = [(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node)], {"actor_rollout": 0}
+    if not cfg.actor_rollout_ref.hybrid_engine:  # split pools: the rollout on devices of its own (rollout.*)
+        pools.append((cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node))
+        where["rollout"] = 1
     for role, section, follows in (("critic", cfg.critic, "actor_rollout"), ("reward_model", cfg.reward_model, "critic")):
         if not (uses_critic(cfg) if role == "critic" else cfg.reward_model.enable):
             continue
@@ -116,9 +120,10 @@ def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
     from rlcore.workers.critic import CriticWorker
     from rlcore.workers.reward_model import RewardModelWorker
+    from rlcore.workers.rollout import RolloutWorker
 
     shapes, where = placement(cfg)
-    classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker}
+    classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker, "rollout": RolloutWorker}
     check_dir = cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode != "disable"
     return build_groups(cfg.trainer, OmegaConf.to_container(cfg, resolve=True), shapes, where, classes, check_dir)
 

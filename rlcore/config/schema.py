@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II, MISSING
 
+from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
 from rlcore.config.multi_turn_schema import AgentConfig, MultiTurnConfig
 
 
@@ -298,7 +299,7 @@ class RolloutConfig:
 class ActorRolloutRefConfig:
     """Actor, rollout and reference colocated on the same devices (`actor_rollout_ref.*`)."""
 
-    hybrid_engine: bool = True  # rollout shares the actor's devices and weights (rlcore requires True)
+    hybrid_engine: bool = True  # rollout shares the actor's devices; False: its own pool (rollout.*), async_training.*
     nccl_timeout: int = 600  # seconds before a collective times out
     model: ModelConfig = field(default_factory=ModelConfig)  # the policy model
     actor: ActorConfig = field(default_factory=ActorConfig)  # training
@@ -590,3 +591,5 @@ class PPOConfig:
     custom_algorithms: CustomAlgorithmsConfig = field(default_factory=CustomAlgorithmsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)  # with actor_rollout_ref.hybrid_engine=False
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # with hybrid_engine=False

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.keys import unknown_key_errors
 from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
+from rlcore.config.validate_async import check_async, split_pools
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
@@ -227,9 +228,7 @@ def _check_unsupported(c: _Checker) -> None:
     check_vllm_rollout(c)
     check_multi_turn(c)
     check_reward_model(c)
-    if not c.get(f"{ARR}.hybrid_engine"):
-        c.error(f"{ARR}.hybrid_engine=False is not supported: rlcore colocates actor and rollout; "
-                f"use {ARR}.hybrid_engine=True")
+    check_async(c)
 
 
 def _check_sampling(c: _Checker, prefix: str) -> None:
@@ -515,13 +514,17 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
 
 
 def _check_rollout_tp(c: _Checker, per_node: int) -> None:
+    if split_pools(c.get):  # the rollout's own pool
+        per_node, pool_key = c.get("rollout.n_gpus_per_node"), "rollout.n_gpus_per_node"
+    else:
+        pool_key = "trainer.n_gpus_per_node"
     key = f"{ARR}.rollout.tensor_model_parallel_size"
     tp = c.get(key)
     if not c.at_least(key, 1):
         return
     if per_node % tp:
         fixes = _suggest(tp, [lambda v: per_node % v == 0 and c.rollout_tp_splits_heads(v), lambda v: per_node % v == 0], 1, per_node)
-        c.error(f"{key}={tp} must divide trainer.n_gpus_per_node={per_node}: ranks are placed node by node, and a rollout "
+        c.error(f"{key}={tp} must divide {pool_key}={per_node}: ranks are placed node by node, and a rollout "
                 "replica's TP group (contiguous ranks) must not straddle two nodes; " + _use(key, fixes))
 
 

@@ -9,7 +9,7 @@ FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # verl's na
 def check_dynamic_sampling(c) -> None:
     train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
     if not c.get("algorithm.filter_groups.enable"):
-        if gen != train:
+        if gen != train and c.get("actor_rollout_ref.hybrid_engine") is not False:  # split pools: prompts per rollout call
             c.error(f"data.gen_batch_size={gen} differs from data.train_batch_size={train} but only applies with DAPO's dynamic "
                     "sampling; set algorithm.filter_groups.enable=True, or drop data.gen_batch_size")
         return

@@ -76,6 +76,10 @@ class RayWorkerGroup:
             self._layouts[mesh] = ray.get([w.data_layout.remote(mesh) for w in self.workers])
         return self._layouts[mesh]
 
+    def rank0_address(self) -> tuple[str, int]:
+        """Rank 0's node and a port free there: where a group of its own (beside the default one) meets."""
+        return ray.get(self.workers[0].get_master_addr_port.remote())
+
     def dp_size(self, mesh: str | None = None) -> int:
         return self.layouts(mesh)[0].dp_size
 

@@ -41,3 +41,63 @@ def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int
     release()
     rollout.wake_up(["kv_cache"])
     return sent
+
+
+# ----------------------------------------------------------------------------------------- between pools
+# With split pools (actor_rollout_ref.hybrid_engine=False) the rollout's weights live in other processes, on other
+# devices. The training ranks gather full tensors as for the hybrid engine (a collective of their own group), and
+# training rank 0 broadcasts them, a bucket at a time, over a group spanning it and every rollout rank
+# (rlcore.utils.dist.standalone_group): one small message naming the bucket's tensors, then the bucket as one flat
+# byte buffer. Peak extra memory on either side is one bucket; a sync costs the same at every step.
+
+
+def send_weights(engine: WeightSource, group, rank: int, bucket_bytes: int = WEIGHT_BUCKET_BYTES, stats: dict | None = None) -> int:
+    """Training side: every training rank calls it (the gather is collective); rank 0, the cross-pool group's root,
+    sends. Returns the number of tensors sent."""
+    from rlcore.utils.dist import group_broadcast, group_broadcast_object
+
+    stats = {} if stats is None else stats
+    stats.update(bytes=0, largest=0, buckets=0)
+    bucket: list[tuple[str, torch.Tensor]] = []
+    held, sent = 0, 0
+
+    def flush() -> None:
+        nonlocal bucket, held
+        if bucket:
+            group_broadcast_object(group, [(name, t.shape, t.dtype) for name, t in bucket], 0, 0)
+            group_broadcast(group, torch.cat([t.reshape(-1).view(torch.uint8) for _, t in bucket]), 0)
+            stats["buckets"] += 1
+        bucket, held = [], 0
+
+    for name, tensor in engine.rollout_weights(bucket_bytes, transient=True):
+        sent += 1
+        if rank != 0:
+            continue
+        nbytes = tensor.numel() * tensor.element_size()
+        if held and held + nbytes > bucket_bytes:
+            flush()
+        bucket.append((name, tensor.detach().contiguous().clone()))  # transient: the engine reuses its buffer
+        held += nbytes
+        stats["bytes"] += nbytes
+        stats["largest"] = max(stats["largest"], nbytes)
+    if rank == 0:
+        flush()
+        group_broadcast_object(group, None, 0, 0)  # the end of this sync
+    return sent
+
+
+def receive_weights(group, rank: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Rollout side: the tensors training rank 0 sends, one bucket at a time (each rollout rank feeds its own
+    engine; a tensor is valid until the next bucket arrives)."""
+    from rlcore.utils.dist import group_broadcast, group_broadcast_object
+
+    while True:
+        names = group_broadcast_object(group, None, 0, rank)
+        if names is None:
+            return
+        sizes = [shape.numel() * torch.empty((), dtype=dtype).element_size() for _, shape, dtype in names]
+        flat = group_broadcast(group, torch.empty(sum(sizes), dtype=torch.uint8), 0)
+        offset = 0
+        for (name, shape, dtype), size in zip(names, sizes):
+            yield name, flat[offset:offset + size].view(dtype).reshape(shape)
+            offset += size

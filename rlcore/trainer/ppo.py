@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import nullcontext
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
 from rlcore.config.tool_config import tools_enabled
+from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import TURN_COUNTERS
@@ -18,6 +21,7 @@ from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.metrics import data_metrics, multi_turn_metrics, throughput_metrics
 from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
+from rlcore.trainer.split_pools import SplitPools
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 from rlcore.utils import checkpoint
 
@@ -58,6 +62,18 @@ class PPOTrainer:
         self.rollout_corr, self.bypass = rc, rc.bypass_mode
         self.on_policy = (cfg.data.train_batch_size == actor.ppo_mini_batch_size and actor.ppo_epochs == 1
                           and not cfg.algorithm.use_kl_in_reward and rc.rollout_is is None and rc.rollout_rs is None)
+        # Split pools: the rollout group generates (a background thread; rlcore.trainer.split_pools). Samples may
+        # then be stale, so the step is on-policy only when every sample is fresh (staleness 0, a sync every
+        # step, no partial rollouts: the synchronous trainer); otherwise the old policy is the rollout's own
+        # log-probs (use_rollout_log_probs: bypass) or a pass with the trainer's weights (compute_prox_log_prob).
+        self.rollout_group = groups.get("rollout")
+        self.split = None
+        if self.rollout_group is not None:
+            self.split = SplitPools(cfg, self.actor_rollout, self.rollout_group, lambda m: self.generate_and_score(self.next_batch(), m, timer)[0])
+            a = cfg.async_training
+            if not always_fresh(lambda key: OmegaConf.select(cfg, key)):
+                self.on_policy = False
+                self.bypass = self.bypass or (a.use_rollout_log_probs and not a.compute_prox_log_prob)
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.multi_turn = tools_enabled(cfg)  # rollouts run the agent loop: rows carry their tools_kwargs
         self.global_step = 0
@@ -75,24 +91,37 @@ class PPOTrainer:
             self.maybe_resume()
         self.perf = start_step_perf(self.cfg, self.groups, os.path.dirname(self.tracker.jsonl_path))
         metrics: dict[str, float] = {}
+        if self.split is not None:
+            self.split.connect(self.global_step)
         if not self.restart and (self.cfg.trainer.val_before_train or self.cfg.trainer.val_only) and self.val_loader is not None:
             self.tracker.log(self.validate(), step=self.global_step)
         if self.cfg.trainer.val_only:
             return metrics
-        while self.global_step < self.total_steps:
-            self.global_step += 1
-            metrics = self.train_step()
-            last = self.global_step == self.total_steps
-            if self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None:
-                with self.perf.phase("testing", metrics):
-                    metrics.update(self.validate())
-            if self._due(self.cfg.trainer.save_freq, last):
-                with self.perf.phase("save_checkpoint", metrics):
-                    self.save_checkpoint()
-            metrics.update(self.perf.end_step(self.global_step, metrics))
-            self.tracker.log(metrics, step=self.global_step)
-            self.tracker.advance()
+        try:
+            while self.global_step < self.total_steps:
+                self.global_step += 1
+                metrics = self.train_step()
+                last = self.global_step == self.total_steps
+                if self.split is not None:
+                    self.split.after_step(self.global_step, metrics, self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None, last)
+                with self.quiet_rollout():
+                    if self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None:
+                        with self.perf.phase("testing", metrics):
+                            metrics.update(self.validate())
+                    if self._due(self.cfg.trainer.save_freq, last):
+                        with self.perf.phase("save_checkpoint", metrics):
+                            self.save_checkpoint()
+                metrics.update(self.perf.end_step(self.global_step, metrics))
+                self.tracker.log(metrics, step=self.global_step)
+                self.tracker.advance()
+        finally:
+            if self.split is not None:
+                self.split.close()
         return metrics
+
+    def quiet_rollout(self):
+        """Split pools: no generation in flight (validation shares the rollout pool; a checkpoint its data position)."""
+        return self.split.quiet() if self.split is not None else nullcontext()
 
     def _due(self, freq: int, last: bool) -> bool:
         return freq > 0 and (self.global_step % freq == 0 or last)
@@ -151,6 +180,8 @@ class PPOTrainer:
     def collect_samples(self, metrics: dict[str, float]) -> DataProto:
         """The step's generated and scored samples: one generation batch, or with algorithm.filter_groups (DAPO's
         dynamic sampling) the informative groups of as many batches as it takes to fill data.train_batch_size."""
+        if self.split is not None:
+            return self.split.take(metrics, self.global_step)
         groups = self.cfg.algorithm.filter_groups
         if not groups.enable:
             return self.generate_and_score(self.next_batch(), metrics)[0]
@@ -164,22 +195,24 @@ class PPOTrainer:
                                 "train/kept_group_ratio": collector.prompts / collector.num_groups_seen})
                 return collector.batch()
 
-    def generate_and_score(self, batch: DataProto, metrics: dict[str, float]) -> tuple[DataProto, dict[str, list[float]]]:
-        """rollout.n samples per prompt (one uid per prompt's group), with token_level_scores; and the scorer's extras."""
+    def generate_and_score(self, batch: DataProto, metrics: dict[str, float], phase=None) -> tuple[DataProto, dict[str, list[float]]]:
+        """rollout.n samples per prompt (one uid per prompt's group), with token_level_scores; and the scorer's extras.
+        `phase`: how each part is timed (the step's phases; the split pools' rollouter thread passes a plain timer)."""
+        phase = phase or self.perf.phase
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         if self.cfg.algorithm.adv_estimator == "remax":
-            with self.perf.phase("gen_max", metrics):
+            with phase("gen_max", metrics):
                 batch.batch["reward_baselines"] = self.greedy_baseline(batch)
         batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
-        with self.perf.phase("gen", metrics):
+        with phase("gen", metrics):
             batch = self.generate(batch, metrics=metrics)
         if self.reward_model is not None:
-            with self.perf.phase("reward_model", metrics):
+            with phase("reward_model", metrics):
                 raw = [k for k in ("raw_prompt",) if k in batch.non_tensor_batch]  # re-rendered if the RM's template differs
                 rm = self.reward_model.compute_rm_score(batch.select(FORWARD_KEYS + ["response_mask"], raw, meta_keys=[]))
                 metrics.update(rm.meta_info.pop("timing", {}))
                 batch.union(rm)
-        with self.perf.phase("reward", metrics):
+        with phase("reward", metrics):
             scores, extras = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
         metrics.update(self.reward_fn.health)
@@ -194,7 +227,7 @@ class PPOTrainer:
         if self.multi_turn and "extra_info" in batch.non_tensor_batch:  # verl's per-row tool arguments: extra_info.tools_kwargs
             prompts.non_tensor_batch["tools_kwargs"] = np.array([(e or {}).get("tools_kwargs") or {} for e in batch.non_tensor_batch["extra_info"]],
                                                                 dtype=object)
-        out = self.actor_rollout.generate_sequences(prompts)
+        out = (self.rollout_group or self.actor_rollout).generate_sequences(prompts)
         if metrics is not None:
             metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds, KV slots, prefills
             metrics.update(out.meta_info["memory"])  # rank 0's memory ledger (rlcore.workers.phases)
@@ -304,7 +337,11 @@ class PPOTrainer:
         if self.critic is not None:
             critic_dir = os.path.join(tmp, "critic")
             self.critic.save_checkpoint(critic_dir, os.path.join(critic_dir, "huggingface"))
-        extra = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "val_history": self.val_history}
+        if self.rollout_group is not None:  # its sampling RNG; the samples it queued are dropped, not saved
+            self.rollout_group.save_checkpoint(os.path.join(tmp, "rollout"))
+        # param_version: the weights version the rollout held (split pools sync every trigger_parameter_sync_step)
+        extra = {"global_step": self.global_step, "kl_coef": self.kl_ctrl.value, "val_history": self.val_history,
+                 "param_version": self.split.version if self.split is not None else self.global_step}
         torch.save(checkpoint.controller_state(self.train_loader.state_dict(), extra), os.path.join(tmp, "data.pt"))
         self.last_checkpoint = checkpoint.publish(root, self.global_step, tmp, self.cfg.trainer.max_actor_ckpt_to_keep)
         return self.last_checkpoint
@@ -318,6 +355,8 @@ class PPOTrainer:
         self.actor_rollout.load_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.load_checkpoint(os.path.join(path, "critic"))
+        if self.rollout_group is not None and os.path.isdir(os.path.join(path, "rollout")):
+            self.rollout_group.load_checkpoint(os.path.join(path, "rollout"))
         state = checkpoint.checkpoint_load(os.path.join(path, "data.pt"))
         self.train_loader.load_state_dict(state["loader"])
         checkpoint.restore_controller_rng(state)

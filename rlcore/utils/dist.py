@@ -10,7 +10,9 @@ direct calls.
 
 from __future__ import annotations
 
-from typing import Sequence
+import pickle
+from datetime import timedelta
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -77,6 +79,37 @@ def broadcast(tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
     if copied:
         tensor.copy_(moved)
     return tensor
+
+
+def standalone_group(host: str, port: int, rank: int, world_size: int, device: torch.device, timeout_s: float = 1800.0):
+    """A process group of its own, beside each process's default one: the ranks of two worker groups (the trainer's
+    and the rollout's pools) cannot join each other's default group, so the weight stream between them gets this
+    one. Rank 0 hosts the rendezvous store at `host:port`; the call returns once all `world_size` ranks joined.
+    NCCL on a CUDA device, gloo otherwise. Its collectives are the `group_*` functions below."""
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, world_size)
+    return dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timedelta(seconds=timeout_s))
+
+
+def group_broadcast(group, tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """In-place broadcast over a `standalone_group` from its rank `root`; returns `tensor`."""
+    device = torch.device("cuda", torch.cuda.current_device()) if isinstance(group, getattr(dist, "ProcessGroupNCCL", ())) else torch.device("cpu")
+    moved = tensor if tensor.device.type == device.type else tensor.to(device)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    group.broadcast([moved], opts).wait()
+    if moved is not tensor:
+        tensor.copy_(moved)
+    return tensor
+
+
+def group_broadcast_object(group, obj: Any, root: int, rank: int) -> Any:
+    """`obj` of rank `root`, on every rank of a `standalone_group` (pickled: its length, then its bytes)."""
+    payload = pickle.dumps(obj) if rank == root else b""
+    size = group_broadcast(group, torch.tensor([len(payload)], dtype=torch.int64), root)
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if rank == root else torch.empty(int(size.item()), dtype=torch.uint8)
+    return pickle.loads(group_broadcast(group, data, root).numpy().tobytes())
 
 
 # torch 2.13 renamed all_gather_into_tensor (a deprecation warning per call); older torch has only the old name.

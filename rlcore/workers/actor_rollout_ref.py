@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from rlcore.algos.custom import load_custom_algorithms
@@ -14,16 +13,13 @@ from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import named_load
 from rlcore.protocol import DataProto
-from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
-from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
-from rlcore.rollout.base import SamplingParams, assemble_sequences
-from rlcore.rollout.factory import build_rollout
-from rlcore.rollout.weight_sync import sync_weights
-from rlcore.tools.runner import ToolRunner
+from rlcore.rollout.weight_sync import send_weights, sync_weights
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
 from rlcore.workers import phases
+from rlcore.utils.dist import standalone_group
 from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, save_rng_state
+from rlcore.workers.rollout_parts import build_rollout_parts, generate, sampling_params
 
 
 class ActorRolloutRefWorker(RoleWorker):
@@ -56,58 +52,16 @@ class ActorRolloutRefWorker(RoleWorker):
         # The training state leaves the device before the rollout engine is built: vLLM sizes its KV cache from the
         # free memory it finds at start-up.
         phases.leave(self.actor)
-        self.rollout = build_rollout(cfg.rollout.name, **self._rollout_kwargs(seed))
-        self.agent_loop = self._agent_loop() if tools_enabled(self.config) else None
+        self.rollout, self.agent_loop = None, None
+        if cfg.hybrid_engine:  # split pools: the rollout is another group's (rlcore.workers.rollout)
+            self.rollout, self.agent_loop = build_rollout_parts(self.config, self.tokenizer, self.device, self.rank)
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
-
-    def _rollout_kwargs(self, seed: int) -> dict:
-        cfg = self.config.actor_rollout_ref
-        rollout = cfg.rollout
-        kwargs = dict(
-            model_path=cfg.model.path, pad_token_id=self.tokenizer.pad_token_id, device=self.device,
-            dtype="float32" if self.device.type == "cpu" else rollout.dtype,
-            override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + self.rank,
-        )
-        kwargs.update(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                      gpu_memory_utilization=rollout.gpu_memory_utilization,
-                      max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length)
-        if rollout.name != "vllm":
-            sizes = rollout.cudagraph_capture_sizes
-            kwargs.update(enforce_eager=rollout.enforce_eager, cudagraph_capture_sizes=None if sizes is None else list(sizes))
-            kwargs.update(OmegaConf.to_container(rollout.engine_kwargs.native, resolve=True))
-        else:
-            kwargs.update(
-                tensor_parallel_size=rollout.tensor_model_parallel_size,
-                enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
-                enforce_eager=rollout.enforce_eager, load_format=rollout.load_format,
-                engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
-            )
-            kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
-        return kwargs
-
-    def _agent_loop(self) -> AgentLoop:
-        """Multi-turn rollouts with tools: the tool processes start once and serve every rollout of this worker."""
-        rollout = self.config.actor_rollout_ref.rollout
-        mt = rollout.multi_turn
-        specs = load_tool_config(OmegaConf.select(self.config, tool_config_key_of(self.config)))
-        settings = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
-                                     max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
-                                     tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
-        return AgentLoop(self.rollout, self.tokenizer, ToolRunner(specs, rollout.agent.num_workers, mt.tool_timeout_s), settings)
+        self.weight_group = None  # split pools: the group spanning training rank 0 and every rollout rank
 
     def shutdown(self) -> None:
         if getattr(self, "agent_loop", None) is not None:
             self.agent_loop.tools.close()
         super().shutdown()
-
-    def _sampling(self, meta: dict) -> SamplingParams:
-        rollout = self.config.actor_rollout_ref.rollout
-        kw = rollout.val_kwargs if meta.get("validate") else rollout
-        return SamplingParams(
-            max_tokens=rollout.response_length, temperature=kw.temperature, top_p=kw.top_p, top_k=kw.top_k,
-            do_sample=kw.do_sample and not meta.get("greedy"),  # greedy: ReMax's baseline response
-            stop_token_ids=[] if rollout.ignore_eos else [self.tokenizer.eos_token_id],
-        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -124,19 +78,13 @@ class ActorRolloutRefWorker(RoleWorker):
                                                         release=lambda: phases.leave(self.actor), stats=streamed)
         self._rollout_has_base = self.actor.spec.lora is not None
         timing["timing_s/update_weights"] = time.perf_counter() - start
-        ids, mask, sampling = prompts.batch["input_ids"], prompts.batch["attention_mask"], self._sampling(prompts.meta_info)
-        counters = {}
-        if self.agent_loop is None:
-            out = self.rollout.generate(ids, mask, sampling)
-            timing.update({f"rollout/{k}": v for k, v in getattr(self.rollout, "stats", {}).items()})  # KV slots, prefills
-        else:
-            out, counters = self.agent_loop.run(ids, mask, sampling, list(prompts.non_tensor_batch.get("tools_kwargs", [])) or None)
-            timing.update(self.agent_loop.stats)  # engine calls, prefill tokens computed and reused across turns
+        out, stats = generate(self.rollout, self.agent_loop, prompts, sampling_params(self.config, self.tokenizer, prompts.meta_info))
+        timing.update(stats)
         memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]), device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
-        return DataProto.from_dict({**assemble_sequences(ids, mask, out), **counters}, meta_info={"timing": timing, "memory": memory})
+        return DataProto.from_dict(out, meta_info={"timing": timing, "memory": memory})
 
     def _engines(self) -> dict:
         """The training engines sharing this worker's device (the memory ledger sums them)."""
@@ -188,6 +136,25 @@ class ActorRolloutRefWorker(RoleWorker):
         metrics["perf/max_memory_allocated_gb"] = peak_memory_gib(self.device)
         return metrics
 
+    # ------------------------------------------------------------------------------------------- split pools
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """Training rank 0 becomes rank 0 of the group that carries weights to the rollout pool (the other training
+        ranks only take part in the gathers). Returns once every rollout rank joined too."""
+        if self.rank == 0:
+            self.weight_group = standalone_group(host, port, 0, world_size, self.device)
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def send_weights(self) -> dict[str, float]:
+        """Split pools: streams the actor's current weights to every rollout rank (which call receive_weights at the
+        same time); the sync's seconds and size, as rank 0 measured them."""
+        start, streamed = time.perf_counter(), {}
+        bucket_bytes = self.config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes * 2**20
+        with phases.running(self.actor, "sync"):
+            sent = send_weights(self.actor, self.weight_group, self.rank, bucket_bytes, stats=streamed)
+        return {"async/weight_sync_s": time.perf_counter() - start, "async/weight_sync_gib": streamed["bytes"] / 2**30,
+                "rollout/weights_synced": sent}
+
     # ------------------------------------------------------------------------------------------- checkpoint
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str) -> None:
@@ -195,10 +162,12 @@ class ActorRolloutRefWorker(RoleWorker):
             self.actor.save(path, hf_dir=hf_dir)
         if self.rank == 0:
             self.tokenizer.save_pretrained(hf_dir)
-        save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()})
+        save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()} if self.rollout is not None else {})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         with phases.running(self.actor, "checkpoint"):
             self.actor.load(path)
-        self.rollout.load_state_dict(load_rng_state(path, self.rank)["rollout"])
+        state = load_rng_state(path, self.rank)
+        if self.rollout is not None:
+            self.rollout.load_state_dict(state["rollout"])

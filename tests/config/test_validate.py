@@ -181,7 +181,6 @@ def test_mini_batch_suggestions_satisfy_every_rule():
     (f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=10 is smaller than "
      "data.max_prompt_length + data.max_response_length = 13 tokens"),
     ("critic.enable=True", "critic.ppo_micro_batch_size_per_gpu is required unless critic.use_dynamic_bsz=True"),
-    (f"{ARR}.hybrid_engine=False", "hybrid_engine=False is not supported"),
     (f"{ARR}.rollout.multi_turn.enable=True", f"multi-turn rollouts ({ARR}.rollout.multi_turn.enable=True or "
      f"{ARR}.rollout.agent.default_agent_loop=tool_agent) need tools"),
     (f"{ARR}.rollout.multi_turn.tool_config_path=tools.yaml", "tool_config_path=tools.yaml gives tools, but multi-turn "

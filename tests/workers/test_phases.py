@@ -104,11 +104,11 @@ def check_ledgers(backend: str, offload: bool, steps: list[dict[str, dict[str, f
 def test_fsdp2_phases_hold_what_they_need(offload, tiny_model_dir, tiny_task_dir, tmp_path, monkeypatch):
     init_gloo(0, 1, free_port())
     seen = []  # the actor's resident state when the rollout engine is built
-    real = arr.build_rollout
+    real = arr.build_rollout_parts
     original_init = ActorRolloutRefWorker.init_model
 
     def init_model(self, total_steps):
-        monkeypatch.setattr(arr, "build_rollout", lambda name, **kw: (seen.append(self.actor.resident), real(name, **kw))[1])
+        monkeypatch.setattr(arr, "build_rollout_parts", lambda *a: (seen.append(self.actor.resident), real(*a))[1])
         original_init(self, total_steps)
 
     monkeypatch.setattr(ActorRolloutRefWorker, "init_model", init_model)
@@ -121,11 +121,11 @@ def test_fsdp2_phases_hold_what_they_need(offload, tiny_model_dir, tiny_task_dir
 def _megatron_phases(rank, port, model_dir, task_dir, out_dir, offload):
     init_gloo(rank, 1, port)
     seen = []
-    real = arr.build_rollout
+    real = arr.build_rollout_parts
     original_init = ActorRolloutRefWorker.init_model
 
     def init_model(self, total_steps):
-        arr.build_rollout = lambda name, **kw: (seen.append(self.actor.resident), real(name, **kw))[1]
+        arr.build_rollout_parts = lambda *a: (seen.append(self.actor.resident), real(*a))[1]
         original_init(self, total_steps)
 
     ActorRolloutRefWorker.init_model = init_model  # a spawned process of its own: nothing to restore

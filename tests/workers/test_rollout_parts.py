@@ -1,19 +1,15 @@
-"""What the actor/rollout worker hands the native engine from `actor_rollout_ref.rollout.*`."""
-
-from types import SimpleNamespace
+"""What a rollout-holding worker (hybrid or split pools) hands the native engine from `actor_rollout_ref.rollout.*`."""
 
 import torch
 
 from rlcore.config import compose
-from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
+from rlcore.workers.rollout_parts import rollout_kwargs
 
 ROLLOUT = "actor_rollout_ref.rollout"
 
 
 def kwargs_for(overrides: list[str]) -> dict:
-    worker = SimpleNamespace(config=compose(["recipe=tiny_cpu", *overrides]), tokenizer=SimpleNamespace(pad_token_id=0),
-                             device=torch.device("cpu"), rank=0)
-    return ActorRolloutRefWorker._rollout_kwargs(worker, seed=1)
+    return rollout_kwargs(compose(["recipe=tiny_cpu", "trainer.seed=1", *overrides]), 0, torch.device("cpu"), rank=0)
 
 
 def test_graph_keys_reach_the_native_engine():

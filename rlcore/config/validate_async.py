@@ -1,0 +1,47 @@
+"""Rules for asynchronous training on split pools (`actor_rollout_ref.hybrid_engine=False`, `async_training.*`,
+`rollout.*`). `c` is validate's checker (get / error)."""
+
+from __future__ import annotations
+
+ARR = "actor_rollout_ref"
+
+
+def split_pools(get) -> bool:
+    """Whether the rollout runs on its own devices (`get`: a config getter by dotted key)."""
+    return get(f"{ARR}.hybrid_engine") is False
+
+
+def staleness_window(get) -> int:
+    """Trainer steps' worth of samples the rollout may produce between two weight syncs (verl's bound:
+    `(staleness_threshold + 1) x trigger_parameter_sync_step`, in steps instead of samples; at least the steps the
+    trainer takes before the next sync, or the trainer would wait for samples the rollout may not make)."""
+    trigger = get("async_training.trigger_parameter_sync_step")
+    return max(trigger, int((get("async_training.staleness_threshold") + 1) * trigger))
+
+
+def always_fresh(get) -> bool:
+    """Whether every sample is generated with the weights the trainer updates from (staleness 0, a sync every step,
+    no partial rollouts): the asynchronous loop is then the synchronous one, step for step."""
+    return (get("async_training.staleness_threshold") == 0 and get("async_training.trigger_parameter_sync_step") == 1
+            and not get("async_training.partial_rollout"))
+
+
+def check_async(c) -> None:
+    if not split_pools(c.get):
+        return
+    for key in ("rollout.nnodes", "rollout.n_gpus_per_node", "async_training.trigger_parameter_sync_step", "async_training.require_batches"):
+        c.at_least(key, 1)
+    if c.get("async_training.staleness_threshold") < 0:
+        c.error(f"async_training.staleness_threshold={c.get('async_training.staleness_threshold')} must be >= 0 "
+                "(0: the rollout waits for every sync); use async_training.staleness_threshold=0.1")
+    train, mini, need = c.get("data.train_batch_size"), c.get(f"{ARR}.actor.ppo_mini_batch_size"), c.get("async_training.require_batches")
+    if isinstance(mini, int) and isinstance(need, int) and train != need * mini:
+        c.error(f"data.train_batch_size={train}: with {ARR}.hybrid_engine=False a trainer step consumes async_training.require_batches="
+                f"{need} x {ARR}.actor.ppo_mini_batch_size={mini} = {need * mini} prompts; use data.train_batch_size={need * mini}")
+    gen = c.get("data.gen_batch_size")
+    if not isinstance(gen, int) or gen < 1 or train % gen:
+        c.error(f"data.gen_batch_size={gen} (prompts per rollout call) must divide data.train_batch_size={train} so a step takes "
+                f"whole generation batches; use data.gen_batch_size={train} or a divisor of it")
+    if c.get("algorithm.filter_groups.enable"):
+        c.error("algorithm.filter_groups (dynamic sampling) with actor_rollout_ref.hybrid_engine=False is not supported yet: "
+                "set algorithm.filter_groups.enable=False, or actor_rollout_ref.hybrid_engine=True")

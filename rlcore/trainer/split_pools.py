@@ -1,0 +1,190 @@
+"""Asynchronous training on split pools (`actor_rollout_ref.hybrid_engine=False`): the rollout pool generates and
+scores in a background thread of the controller while the trainer pool trains, and the trainer's weights reach the
+rollout every `async_training.trigger_parameter_sync_step` steps.
+
+Staleness is bounded by counting generation batches per sync window: between two syncs the rollouter makes at most
+`staleness_window` trainer steps' worth (rlcore.config.validate_async), and the batches still queued at a sync count
+against the next window, so no sample is ever more than that many windows old. Every sample carries the version
+(trainer steps at the last sync) of the weights it was generated with; a step logs `async/staleness_{mean,max}` as
+the trainer's version minus the samples'. With staleness_threshold=0, trigger_parameter_sync_step=1 the window is
+one step: the rollouter makes one step's samples, waits for the sync, makes the next, which is the synchronous
+trainer's order, step for step (tests/e2e/test_tiny_async.py checks the losses agree).
+
+A sync waits for the generation batch in flight (no partial rollouts yet) with the rollouter paused, then streams
+the weights from training rank 0 to every rollout rank (rlcore.rollout.weight_sync.send_weights).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from rlcore.config.validate_async import staleness_window
+from rlcore.protocol import DataProto
+
+
+@dataclass
+class Samples:
+    """One generation batch, scored: its samples, the weights version they were generated with, its metrics."""
+
+    batch: DataProto
+    version: int
+    metrics: dict[str, float]
+
+
+class RolloutFailed(RuntimeError):
+    """The rollouter's thread stopped on an error (a rollout worker died, a scorer failed the step)."""
+
+
+class Rollouter:
+    """Calls `produce(metrics) -> DataProto` (generate and score one batch) in a thread, as long as the current
+    window has room (`capacity` batches per sync); the trainer `take`s whole batches in order."""
+
+    def __init__(self, produce: Callable[[dict], DataProto], capacity: int) -> None:
+        self.produce, self.capacity = produce, capacity
+        self.queue: deque[Samples] = deque()
+        self.cond = threading.Condition()
+        self.version, self.made, self.busy, self.hold, self.stopped = 0, 0, False, 0, False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="rollouter", daemon=True)
+
+    def start(self, version: int) -> None:
+        self.version = version
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.stopped or (not self.hold and self.made < self.capacity))
+                if self.stopped:
+                    return
+                self.busy, self.made, version = True, self.made + 1, self.version
+            try:
+                metrics: dict[str, float] = {}
+                samples = Samples(self.produce(metrics), version, metrics)
+            except BaseException as err:  # noqa: BLE001: handed to the trainer's thread, which raises it
+                with self.cond:
+                    self.error, self.busy = err, False
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                self.queue.append(samples)
+                self.busy = False
+                self.cond.notify_all()
+
+    def take(self, count: int) -> tuple[list[Samples], float]:
+        """The next `count` batches (waiting for them) and the seconds the trainer waited."""
+        start = time.perf_counter()
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.queue) >= count or self.error is not None)
+            if self.error is not None:
+                raise RolloutFailed(f"the rollout stopped: {type(self.error).__name__}: {self.error}") from self.error
+            return [self.queue.popleft() for _ in range(count)], time.perf_counter() - start
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Within it no generation is in flight or starts (the one in flight finishes first)."""
+        with self.cond:
+            self.hold += 1
+            self.cond.wait_for(lambda: not self.busy)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.hold -= 1
+                self.cond.notify_all()
+
+    def synced(self, version: int) -> None:
+        """New weights on the rollout: a new window, in which the batches still queued count already."""
+        with self.cond:
+            self.version, self.made = version, len(self.queue)
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        """Ends the thread after the batch in flight (its samples are dropped with the queue's)."""
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        if self.thread.is_alive():
+            self.thread.join()
+        self.queue.clear()
+
+
+class SplitPools:
+    """The trainer's side of split pools: connects the pools' weight group, runs the rollouter, syncs weights."""
+
+    def __init__(self, cfg, trainer_group, rollout_group, produce: Callable[[dict], DataProto]) -> None:
+        a = cfg.async_training
+        self.trainer_group, self.rollout_group = trainer_group, rollout_group
+        self.trigger = a.trigger_parameter_sync_step
+        self.batches_per_step = cfg.data.train_batch_size // cfg.data.gen_batch_size
+        self.rollouter = Rollouter(produce, self.batches_per_step * staleness_window(lambda key: OmegaConf.select(cfg, key)))
+        self.version = 0  # trainer steps at the last sync: the version of the rollout's weights
+        self.connected = False
+
+    def connect(self, step: int) -> dict[str, float]:
+        """Joins the weight group, gives the rollout the trainer's weights (fresh or resumed) and starts generating."""
+        world = self.rollout_group.world_size + 1
+        host, port = self.trainer_group.rank0_address()
+        self._both(lambda: self.trainer_group.join_weight_group(host, port, world), lambda: self.rollout_group.join_weight_group(host, port, world))
+        self.connected = True
+        metrics = self._send(step)
+        self.rollouter.start(step)
+        return metrics
+
+    def take(self, metrics: dict[str, float], step: int) -> DataProto:
+        """The samples of trainer step `step`: whole generation batches, with their staleness and the rollout's metrics."""
+        taken, waited = self.rollouter.take(self.batches_per_step)
+        staleness = [step - 1 - s.version for s in taken for _ in range(len(s.batch))]
+        for key in taken[0].metrics:  # the rollout's timings and counters: mean over the step's generation batches
+            metrics[key] = float(np.mean([s.metrics.get(key, 0.0) for s in taken]))
+        metrics.update({"async/staleness_mean": float(np.mean(staleness)), "async/staleness_max": float(max(staleness)),
+                        "async/wait_for_samples_s": waited, "async/queued_batches": len(self.rollouter.queue),
+                        "async/param_version": self.version})
+        return DataProto.concat([s.batch for s in taken])
+
+    def after_step(self, step: int, metrics: dict[str, float], validating: bool = False, last: bool = False) -> None:
+        """Syncs every `trigger_parameter_sync_step` steps but after the last, and before a validation (which must
+        see this step's weights)."""
+        if (step % self.trigger == 0 and not last) or validating:
+            self.sync(step, metrics)
+
+    def sync(self, step: int, metrics: dict[str, float]) -> None:
+        """The trainer's weights (after `step` steps) to the rollout, with the rollouter paused."""
+        if self.version == step:
+            return
+        with self.rollouter.paused():
+            metrics.update(self._send(step))
+            self.rollouter.synced(step)
+
+    def _send(self, step: int) -> dict[str, float]:
+        sent, _ = self._both(self.trainer_group.send_weights, self.rollout_group.receive_weights)
+        self.version = step
+        return sent
+
+    @staticmethod
+    def _both(first: Callable, second: Callable) -> tuple:
+        """Two group calls that meet in one collective: issued together, each from its own thread."""
+        with ThreadPoolExecutor(2) as pool:
+            a, b = pool.submit(first), pool.submit(second)
+            return a.result(), b.result()
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """The rollout pool idle and up to date (validation generates there; a checkpoint records the version)."""
+        if not self.rollouter.thread.is_alive():
+            yield
+            return
+        with self.rollouter.paused():
+            yield
+
+    def close(self) -> None:
+        self.rollouter.stop()

@@ -1,0 +1,81 @@
+"""What every worker that holds a rollout engine builds the same way, colocated with the actor (the hybrid engine,
+rlcore.workers.actor_rollout_ref) or on its own pool (rlcore.workers.rollout): the engine's arguments from config,
+the multi-turn agent loop, sampling parameters, and one generation call."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
+from rlcore.protocol import DataProto
+from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
+from rlcore.rollout.base import RolloutEngine, SamplingParams, assemble_sequences
+from rlcore.rollout.factory import build_rollout
+from rlcore.tools.runner import ToolRunner
+
+
+def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
+    """The rollout engine's arguments. Sampling seeds differ per data-parallel replica (vLLM's TP peers share one)."""
+    cfg, seed = config.actor_rollout_ref, config.trainer.seed
+    rollout = cfg.rollout
+    kwargs = dict(
+        model_path=cfg.model.path, pad_token_id=pad_token_id, device=device,
+        dtype="float32" if device.type == "cpu" else rollout.dtype,
+        override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + rank,
+    )
+    kwargs.update(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                  gpu_memory_utilization=rollout.gpu_memory_utilization,
+                  max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length)
+    if rollout.name != "vllm":
+        sizes = rollout.cudagraph_capture_sizes
+        kwargs.update(enforce_eager=rollout.enforce_eager, cudagraph_capture_sizes=None if sizes is None else list(sizes))
+        kwargs.update(OmegaConf.to_container(rollout.engine_kwargs.native, resolve=True))
+    else:
+        kwargs.update(
+            tensor_parallel_size=rollout.tensor_model_parallel_size,
+            enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
+            enforce_eager=rollout.enforce_eager, load_format=rollout.load_format,
+            engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
+        )
+        kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
+    return kwargs
+
+
+def build_rollout_parts(config, tokenizer, device, rank: int) -> tuple[RolloutEngine, AgentLoop | None]:
+    """The rollout engine and, with tools configured, the agent loop around it."""
+    rollout = build_rollout(config.actor_rollout_ref.rollout.name, **rollout_kwargs(config, tokenizer.pad_token_id, device, rank))
+    return rollout, (agent_loop(config, rollout, tokenizer) if tools_enabled(config) else None)
+
+
+def agent_loop(config, rollout: RolloutEngine, tokenizer) -> AgentLoop:
+    """Multi-turn rollouts with tools: the tool processes start once and serve every rollout of this worker."""
+    settings = config.actor_rollout_ref.rollout
+    mt = settings.multi_turn
+    specs = load_tool_config(OmegaConf.select(config, tool_config_key_of(config)))
+    turns = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
+                              max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
+                              tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
+    return AgentLoop(rollout, tokenizer, ToolRunner(specs, settings.agent.num_workers, mt.tool_timeout_s), turns)
+
+
+def sampling_params(config, tokenizer, meta: dict) -> SamplingParams:
+    """Training sampling, validation sampling (`meta["validate"]`: val_kwargs) or greedy (`meta["greedy"]`)."""
+    rollout = config.actor_rollout_ref.rollout
+    kw = rollout.val_kwargs if meta.get("validate") else rollout
+    return SamplingParams(
+        max_tokens=rollout.response_length, temperature=kw.temperature, top_p=kw.top_p, top_k=kw.top_k,
+        do_sample=kw.do_sample and not meta.get("greedy"),  # greedy: ReMax's baseline response
+        stop_token_ids=[] if rollout.ignore_eos else [tokenizer.eos_token_id],
+    )
+
+
+def generate(rollout: RolloutEngine, loop: AgentLoop | None, prompts: DataProto, sampling: SamplingParams) -> tuple[dict, dict]:
+    """One generation call: the assembled sequences (+ multi-turn counters) and the engine's stats as metrics."""
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    if loop is None:
+        out, counters = rollout.generate(ids, mask, sampling), {}
+        stats = {f"rollout/{k}": v for k, v in getattr(rollout, "stats", {}).items()}  # KV slots, prefills
+    else:
+        out, counters = loop.run(ids, mask, sampling, list(prompts.non_tensor_batch.get("tools_kwargs", [])) or None)
+        stats = dict(loop.stats)  # engine calls, prefill tokens computed and reused across turns
+    return {**assemble_sequences(ids, mask, out), **counters}, stats
