@@ -38,4 +38,9 @@ class RolloutPoolConfig:
     nnodes: int = 1  # machines
     n_gpus_per_node: int = 8  # rollout ranks per machine (also with device=cpu)
     total_rollout_steps: Optional[int] = None  # prompts to generate in all; sets the trainer's steps when
-    # trainer.total_training_steps is unset (verl: total_rollout_steps / (require_batches x ppo_mini_batch_size))
+    # trainer.total_training_steps is unset (total_rollout_steps / data.train_batch_size)
+    # verl's copies of trainer keys, honoured when set: responses per prompt (must equal actor_rollout_ref.rollout.n),
+    # epochs (trainer.total_epochs), and validation every test_freq weight syncs (trainer.test_freq = this x trigger)
+    n: Optional[int] = None
+    total_epochs: Optional[int] = None
+    test_freq: Optional[int] = None

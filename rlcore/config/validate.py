@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.keys import unknown_key_errors
 from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
-from rlcore.config.validate_async import check_async, split_pools
+from rlcore.config.validate_async import check_async, derive_async_sizes, split_pools
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
@@ -548,6 +548,8 @@ def diagnose(cfg: DictConfig, heads: Optional[tuple[int, int]] = None) -> tuple[
     """Every violation, and the batch plan whenever the sizes are consistent (even if, say, a feature is not
     supported yet: rlcore-plan still shows the sizes and memory for such a config). `heads`: the policy's
     (attention heads, KV heads) when known (rlcore.plan.heads.policy_heads), so that a suggested TP splits them."""
+    if isinstance(cfg, DictConfig):
+        derive_async_sizes(cfg)
     checker = _Checker(cfg, heads)
     checker.errors += unknown_key_errors(cfg)
     _check_choices(checker)

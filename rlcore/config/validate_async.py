@@ -26,6 +26,24 @@ def always_fresh(get) -> bool:
             and not get("async_training.partial_rollout"))
 
 
+def derive_async_sizes(cfg) -> None:
+    """verl's fully-async command lines set `data.train_batch_size=0`: a trainer step then consumes
+    `require_batches x ppo_mini_batch_size` prompts, written into the config here (every entry point derives its
+    sizes through validate.diagnose), so the loader, the batch plan and the memory plan see one number. The
+    rollout's total prompts `rollout.total_rollout_steps` likewise set the trainer's steps when they are unset."""
+    if cfg.actor_rollout_ref.hybrid_engine is not False:
+        return
+    a, mini = cfg.async_training, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if not cfg.data.train_batch_size and isinstance(mini, int) and isinstance(a.require_batches, int):
+        cfg.data.train_batch_size = a.require_batches * mini
+    if cfg.rollout.total_rollout_steps and not cfg.trainer.total_training_steps and cfg.data.train_batch_size:
+        cfg.trainer.total_training_steps = max(1, cfg.rollout.total_rollout_steps // cfg.data.train_batch_size)
+    if cfg.rollout.total_epochs is not None:
+        cfg.trainer.total_epochs = cfg.rollout.total_epochs
+    if cfg.rollout.test_freq is not None and cfg.rollout.test_freq > 0:
+        cfg.trainer.test_freq = cfg.rollout.test_freq * a.trigger_parameter_sync_step
+
+
 def check_async(c) -> None:
     if not split_pools(c.get):
         return
@@ -42,6 +60,10 @@ def check_async(c) -> None:
     if not isinstance(gen, int) or gen < 1 or train % gen:
         c.error(f"data.gen_batch_size={gen} (prompts per rollout call) must divide data.train_batch_size={train} so a step takes "
                 f"whole generation batches; use data.gen_batch_size={train} or a divisor of it")
+    n, copy = c.get(f"{ARR}.rollout.n"), c.get("rollout.n")
+    if copy is not None and copy != n:
+        c.error(f"rollout.n={copy} differs from {ARR}.rollout.n={n}: rlcore samples {ARR}.rollout.n responses per prompt; "
+                f"drop rollout.n or set both to the same value")
     if c.get("algorithm.filter_groups.enable"):
         c.error("algorithm.filter_groups (dynamic sampling) with actor_rollout_ref.hybrid_engine=False is not supported yet: "
                 "set algorithm.filter_groups.enable=False, or actor_rollout_ref.hybrid_engine=True")

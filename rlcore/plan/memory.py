@@ -434,6 +434,10 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     if reward:
         pool_of["reward"] = 2 if c("reward_model.enable_resource_pool") else pool_of.get("critic", 0)
     procs = {pool: sum(p == pool for p in pool_of.values()) for pool in set(pool_of.values())}  # processes per device
+    # Split pools (hybrid_engine=False): the rollout has devices of its own (pool 3), holding nothing of training's.
+    split = c(f"{ARR}.hybrid_engine") is False
+    rollout_pool, rollout_world = (3, c("rollout.nnodes") * c("rollout.n_gpus_per_node")) if split else (0, world)
+    procs.setdefault(rollout_pool, 1)
     capacity, source = device_capacity(cfg, t.n_gpus_per_node * procs[0])
     est = Estimator(cfg, plan, capacity, t.device)
     archs = {}
@@ -478,7 +482,8 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     resident = {name: (est.resident(role), pool) for name, role, pool in phases}
     rollout_items, rollout_note, rollout_levers, rollout_asleep = ([], "", [], 0.0)
     if archs["policy"] is not None:
-        rollout_items, rollout_note, rollout_levers, rollout_asleep = est.rollout(archs["policy"], world)
+        rollout_items, rollout_note, rollout_levers, rollout_asleep = est.rollout(archs["policy"], rollout_world)
+        rollout_asleep = 0.0 if split else rollout_asleep
 
     def others(me: str, pool: int) -> list:
         shared = [(f"{name.split()[0] if name != 'reward model scores' else 'reward model'} state kept between phases", gib)
@@ -486,19 +491,19 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         return shared + ([("rollout engine asleep", rollout_asleep)] if pool == 0 and me != "rollout" and rollout_asleep else [])
 
     if archs["policy"] is not None:
-        role = RoleMemory("rollout", f"{world} devices", rollout_items + others("rollout", 0) + [runtime(0)],
-                          capacity, rollout_note, rollout_levers)
+        role = RoleMemory("rollout", f"{rollout_world} devices" + (", own pool" if split else ""),
+                          rollout_items + others("rollout", rollout_pool) + [runtime(rollout_pool)], capacity, rollout_note, rollout_levers)
         fit = capacity * FIT - (role.peak - rollout_items[0][1]) if c(f"{ARR}.rollout.name") == "vllm" else None
         # Lowering vLLM's share helps only while it still holds its weights and one sequence's KV cache; below
         # that the fix is to move what the other roles keep on the device.
         if fit is not None and role.peak > capacity * FIT and fit / capacity >= getattr(est, "vllm_floor", 1.0):
             role.levers.append((f"{ARR}.rollout.gpu_memory_utilization={math.floor(100 * fit / capacity) / 100:.2f}",
                                 role.peak - capacity * FIT))
-        role.levers += [lever for name, spec, pool in phases if pool == 0 for lever in offload_levers(est, spec)]
+        role.levers += [lever for name, spec, pool in phases if pool == rollout_pool for lever in offload_levers(est, spec)]
         roles.append(role)
     for name, spec, pool in phases:
         items, levers = est.train_items(spec)
-        where = f"{spec.shards if not spec.megatron else world} devices" + (", shared with the rollout" if pool == 0 else ", own pool")
+        where = f"{spec.shards if not spec.megatron else world} devices" + (", shared with the rollout" if pool == rollout_pool else ", own pool")
         roles.append(RoleMemory(name, where, items + others(name, pool) + [runtime(pool)], capacity, "", levers))
     for role in roles:
         role.levers.sort(key=lambda lever: -lever[1])

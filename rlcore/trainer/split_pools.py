@@ -40,10 +40,6 @@ class Samples:
     metrics: dict[str, float]
 
 
-class RolloutFailed(RuntimeError):
-    """The rollouter's thread stopped on an error (a rollout worker died, a scorer failed the step)."""
-
-
 class Rollouter:
     """Calls `produce(metrics) -> DataProto` (generate and score one batch) in a thread, as long as the current
     window has room (`capacity` batches per sync); the trainer `take`s whole batches in order."""
@@ -85,8 +81,8 @@ class Rollouter:
         start = time.perf_counter()
         with self.cond:
             self.cond.wait_for(lambda: len(self.queue) >= count or self.error is not None)
-            if self.error is not None:
-                raise RolloutFailed(f"the rollout stopped: {type(self.error).__name__}: {self.error}") from self.error
+            if self.error is not None:  # as raised (a dead rollout worker is a RayActorError: the restart path)
+                raise self.error
             return [self.queue.popleft() for _ in range(count)], time.perf_counter() - start
 
     @contextmanager

@@ -1,0 +1,83 @@
+"""Split-pool keys as verl's fully-async recipe writes them: the sizes it leaves to be derived, the rules, the
+staleness window, and its 4+4 GPU command line composing, validating and planning on two pools."""
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlcore.config import compose
+from rlcore.config.validate import diagnose
+from rlcore.config.validate_async import always_fresh, staleness_window
+from rlcore.plan import memory_plan
+
+ARR = "actor_rollout_ref"
+SPLIT = [f"{ARR}.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+VERL_4_4 = Path(__file__).parents[1] / "e2e" / "verl_fully_async_dapo_7b_4_4.args"
+
+
+def _errors(*overrides):
+    return diagnose(compose(["recipe=tiny_cpu", *SPLIT, *overrides]))[1]
+
+
+def _get(cfg):
+    return lambda key: OmegaConf.select(cfg, key)
+
+
+def test_the_tiny_recipe_on_split_pools_validates():
+    assert _errors() == []
+
+
+@pytest.mark.parametrize("threshold, trigger, window", [(0, 1, 1), (1, 1, 2), (0.1, 4, 4), (0.5, 4, 6), (1, 32, 64)])
+def test_staleness_window_in_trainer_steps(threshold, trigger, window):
+    cfg = compose(["recipe=tiny_cpu", *SPLIT, f"async_training.staleness_threshold={threshold}",
+                   f"async_training.trigger_parameter_sync_step={trigger}"])
+    assert staleness_window(_get(cfg)) == window
+
+
+def test_only_staleness_zero_with_a_sync_every_step_and_no_partial_rollouts_is_always_fresh():
+    fresh = ["async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=False"]
+    assert always_fresh(_get(compose(["recipe=tiny_cpu", *SPLIT, *fresh])))
+    for changed in ("async_training.staleness_threshold=0.1", "async_training.trigger_parameter_sync_step=2", "async_training.partial_rollout=True"):
+        assert not always_fresh(_get(compose(["recipe=tiny_cpu", *SPLIT, *fresh, changed])))
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["data.train_batch_size=16"], "a trainer step consumes async_training.require_batches=1 x actor_rollout_ref.actor.ppo_mini_batch_size=32 "
+                                   "= 32 prompts; use data.train_batch_size=32"),
+    (["data.gen_batch_size=5"], "data.gen_batch_size=5 (prompts per rollout call) must divide data.train_batch_size=32"),
+    (["async_training.staleness_threshold=-1"], "async_training.staleness_threshold=-1.0 must be >= 0"),
+    (["async_training.trigger_parameter_sync_step=0"], "async_training.trigger_parameter_sync_step=0 must be >= 1"),
+    (["rollout.n_gpus_per_node=0"], "rollout.n_gpus_per_node=0 must be >= 1"),
+    (["rollout.n=4"], "rollout.n=4 differs from actor_rollout_ref.rollout.n=8"),
+    (["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"], "algorithm.filter_groups (dynamic sampling) with"),
+    ([f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.tensor_model_parallel_size=2"],
+     f"{ARR}.rollout.tensor_model_parallel_size=2 must divide rollout.n_gpus_per_node=1"),
+])
+def test_each_rule_names_the_key_and_a_fix(overrides, fragment):
+    errors = _errors(*overrides)
+    assert any(fragment in e for e in errors), errors
+
+
+def test_train_batch_size_zero_is_derived_as_verl_does():
+    cfg = compose(["recipe=tiny_cpu", *SPLIT, "data.train_batch_size=0", "async_training.require_batches=2",
+                   f"{ARR}.actor.ppo_mini_batch_size=8", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=8", "data.gen_batch_size=1", "rollout.total_rollout_steps=160", "trainer.total_training_steps=null"])
+    plan, errors = diagnose(cfg)
+    assert errors == [] and cfg.data.train_batch_size == 16 and plan.prompts_per_step == 16
+    assert cfg.trainer.total_training_steps == 10  # 160 prompts / 16 per step
+
+
+def test_verl_fully_async_4_4_command_line_composes_validates_and_plans_two_pools():
+    script = [line for line in VERL_4_4.read_text().splitlines() if line and not line.startswith("#")]
+    cfg = compose(script)
+    plan, errors = diagnose(cfg)
+    assert errors == [], errors
+    assert cfg.data.train_batch_size == 64 and cfg.trainer.total_training_steps == 1280 and cfg.trainer.total_epochs == 10
+    assert plan.world_size == 8 and plan.dp_size == 8  # the trainer's pool: 2 nodes x 4
+    mem = memory_plan(cfg, plan)
+    roles = {r.role: r for r in mem.roles}
+    assert roles["rollout"].where == "8 devices, own pool" and roles["actor update"].where.endswith("own pool")
+    rollout_items = dict(roles["rollout"].items)
+    assert "rollout engine asleep" not in dict(roles["actor update"].items)  # nothing of the rollout on the trainer's devices
+    assert not any("state kept between phases" in k for k in rollout_items)  # nothing of training's on the rollout's
+    assert all(r.verdict == "fits" for r in mem.roles), {r.role: (r.verdict, r.peak) for r in mem.roles}
