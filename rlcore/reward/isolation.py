@@ -8,9 +8,19 @@ the scorers run in `reward_model.score_workers` spawned processes, one call at a
 rest of the batch. The processes also keep a slow scorer from serialising the step on the controller.
 score_workers=0 calls the scorer in the controller (no timeout: for debugging a scorer).
 
+Waiting calls overlap (rlcore.utils.process_pool): a call still running after the pool's suspect time (2 s, or a
+quarter of score_timeout_s if that is shorter) is parked -- it keeps its process and its whole score_timeout_s --
+while fresh processes score the next samples, so a slow scorer (an LLM judge, a sandbox) runs on more processes than
+score_workers and hung calls wait out their timeouts side by side. The pool is back to score_workers processes after
+each step.
+
 A step's scoring is bounded: given `max_failures` (the step's tolerance, floor(max_error_rate x n)), scoring stops
-at the failure that passes it, killing the calls still running, so at most max_failures + 1 timeouts are ever
-waited for -- score_workers of them side by side -- instead of every hung sample queueing behind the workers.
+at the failure that passes it, killing the calls still running, and the step holds at most score_workers +
+max_failures + 1 processes (at most 64): enough for the max_failures + 1 hung calls that end it to run side by side.
+A step whose samples hang thus fails about one score_timeout_s after it starts (plus parking and the fresh
+processes' set-up, seconds), whatever its size while max_failures + 1 + score_workers <= 64 (n up to ~600 at the
+default max_error_rate 0.1); beyond that the hung calls wait in rounds of up to 64 -- instead of every hung sample
+queueing behind score_workers processes (ceil((max_failures + 1) / score_workers) timeouts).
 """
 
 from __future__ import annotations

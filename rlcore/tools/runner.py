@@ -1,11 +1,18 @@
 """Runs the model's tool calls isolated in processes, with a time limit per call: a tool that raises, hangs or kills
 its process costs that call an error text for the model, never the rollout step.
 
-`num_workers` spawned processes each build every tool once (rlcore.utils.process_pool runs them). Calls of
-trajectory i always go to process i % num_workers, so a stateful tool keeps one trajectory's instance in one place;
-calls routed to different processes run side by side. A process whose call passes `timeout_s`, or that dies, is
-killed and replaced: the instances it held are lost and are created again on their next call, so a stateful tool
-restarts from its create_kwargs after a timeout.
+`num_workers` spawned processes each build every tool once (rlcore.utils.process_pool runs them). A trajectory's
+first call goes to any free process and its later calls to the same one (the trajectory is the pool's key), so a
+stateful tool keeps one trajectory's instance in one place; calls of different trajectories run side by side. A
+process whose call passes `timeout_s`, or that dies, is killed and replaced: the instances it held are lost (every
+trajectory whose instances lived there) and are created again on their next call, which may go to any process, so
+a stateful tool restarts from its create_kwargs after a timeout.
+
+A call past the pool's suspect time is parked: it keeps its process (and its trajectory's instances there), while
+fresh processes take the calls of trajectories that have no instances yet or lost them; a trajectory whose instances
+share the parked call's process waits for it rather than silently losing its state. So hung calls of many
+trajectories in one `execute` time out side by side, within about two `timeout_s` (one for the calls ahead in a
+shared process, one for the calls behind them, which go elsewhere once it is killed), up to the pool's process cap.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ class _ToolHost:
 
     def handle(self, request: tuple) -> tuple[bool, Any]:
         kind, payload = request
-        return call_catching(self.execute, **payload) if kind == "execute" else (True, self.release_all(payload))
+        return call_catching(self.execute, **payload) if kind == "execute" else (True, self.release(**payload))
 
     def execute(self, instance_id: str, name: str, arguments: dict, kwargs: dict) -> tuple[Any, ...]:
         tool = self.tools[name]
@@ -68,13 +75,13 @@ class _ToolHost:
             raise TypeError(f"{type(tool).__name__}.execute returned a {len(result)}-tuple; return (text, reward, metrics) or a str")
         return result
 
-    def release_all(self, tools_kwargs: dict[str, dict]) -> int:
-        """Releases every instance (best effort: a failing release is skipped); returns how many failed."""
+    def release(self, instance_id: str, release_kwargs: dict[str, dict]) -> int:
+        """Releases one trajectory's instances ({tool name: release_kwargs}; best effort: a failing release is
+        skipped); returns how many failed."""
         failed = 0
-        for (instance_id, name), created_id in self.instances.items():
-            kwargs = tools_kwargs.get(instance_id, {}).get(name, {}).get("release_kwargs", {})
-            failed += not call_catching(self.tools[name].release, created_id, **kwargs)[0]
-        self.instances.clear()
+        for key in [key for key in self.instances if key[0] == instance_id]:
+            created_id = self.instances.pop(key)
+            failed += not call_catching(self.tools[key[1]].release, created_id, **release_kwargs.get(key[1], {}))[0]
         return failed
 
 
@@ -103,12 +110,12 @@ class ToolRunner:
         self.tools_kwargs, self.started = [kwargs or {} for kwargs in tools_kwargs], True
 
     def execute(self, calls: list[ToolCall]) -> list[ToolResult]:
-        """One ToolResult per call, in call order. Calls of one trajectory run one after another in its process."""
+        """One ToolResult per call, in call order. Calls of one trajectory run one after another, in its process."""
         results: list[ToolResult | None] = [self._refuse(call) for call in calls]
         todo = [i for i, result in enumerate(results) if result is None]
         requests = [("execute", {"instance_id": str(calls[i].trajectory), "name": calls[i].name, "arguments": calls[i].arguments or {},
                                  "kwargs": self._kwargs(calls[i].trajectory).get(calls[i].name, {})}) for i in todo]
-        outcomes = self.pool.run(requests, [calls[i].trajectory % self.num_workers for i in todo])
+        outcomes = self.pool.run(requests, [calls[i].trajectory for i in todo])
         for i, outcome in zip(todo, outcomes):
             results[i] = self._result(calls[i].name, outcome)
         return results  # type: ignore[return-value]  # every call has its result now
@@ -139,10 +146,13 @@ class ToolRunner:
         return ToolResult(f"error: {outcome.value}", None, {}, "error")
 
     def finish(self) -> None:
-        """Releases every trajectory's tool instances in every process (best effort, each bounded by timeout_s)."""
-        alive = [w for w, proc in enumerate(self.pool.procs) if proc.process.is_alive()]  # a dead one holds no instances
-        by_instance = {str(i): kwargs for i, kwargs in enumerate(self.tools_kwargs)}
-        self.pool.run([("release", by_instance)] * len(alive), alive)
+        """Releases every trajectory's tool instances in their processes (best effort, each bounded by timeout_s)."""
+        held = self.pool.held_keys()  # a trajectory whose process was killed or died has no instances left
+        requests = [("release", {"instance_id": str(t), "release_kwargs": {name: kwargs.get("release_kwargs", {})
+                                                                           for name, kwargs in self._kwargs(t).items()}}) for t in held]
+        if requests:
+            self.pool.run(requests, held)
+        self.pool.forget_keys()
         self.started = False
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ def test_a_hung_tool_times_out_and_its_replacement_serves_the_next_call(runner):
     took = time.monotonic() - start
     assert results == [ToolResult("error: tool sleep timed out after 1s", None, {}, "timeout"), ToolResult("2", None, {}, "ok")]
     assert TIMEOUT_S <= took < TIMEOUT_S + SLACK_S
-    [after] = runner.execute([ToolCall(2, "sleep", {"seconds": 0})])  # trajectory 2 goes to the same process as 0
+    [after] = runner.execute([ToolCall(0, "sleep", {"seconds": 0})])  # trajectory 0 lost its process
     assert after.status == "ok" and after.text != before.text  # another process id
 
 
@@ -90,4 +90,46 @@ def test_a_timeout_restarts_a_stateful_tool(runner):
     assert runner.execute([ToolCall(0, "count", {})])[0].text == "1"
     assert runner.execute([ToolCall(0, "sleep", {"seconds": 1000})])[0].status == "timeout"
     assert runner.execute([ToolCall(0, "count", {})])[0].text == "1"  # the instance was lost with its process
+    runner.finish()
+
+
+def test_hung_calls_of_many_trajectories_time_out_side_by_side(runner):
+    # 8 trajectories whose tool hangs, 2 processes: queued behind them the calls would take 4 rounds of 1 s (and a
+    # respawn each); parked, they time out side by side on fresh processes while the other trajectories' calls are
+    # answered: 1 s plus parking (0.25 s) plus the fresh processes' set-up (~0.2 s of CPU each on 2 cores here)
+    runner.start([{}] * 10)
+    calls = [ToolCall(t, "sleep", {"seconds": 1000}) for t in range(8)] + [ToolCall(t, "add", {"a": t, "b": 1}) for t in range(8, 10)]
+    start = time.monotonic()
+    results = runner.execute(calls)
+    took = time.monotonic() - start
+    print(f"8 hung tool calls on 2 workers: answered after {took:.2f} s")
+    assert [r.status for r in results] == ["timeout"] * 8 + ["ok"] * 2 and [r.text for r in results[8:]] == ["9", "10"]
+    assert TIMEOUT_S <= took < 2 * TIMEOUT_S + SLACK_S
+    runner.finish()
+    assert len(runner.pool.procs) == 2  # the pool is back to its workers
+
+
+def test_a_slow_call_keeps_its_trajectorys_state_while_other_trajectories_go_on(runner):
+    runner.start([{}] * 3)
+    [first] = runner.execute([ToolCall(0, "count", {})])
+    start = time.monotonic()
+    results = runner.execute([ToolCall(0, "sleep", {"seconds": 0.8}), ToolCall(0, "count", {}), ToolCall(1, "count", {}), ToolCall(2, "count", {})])
+    assert [r.text for r in results[1:]] == ["2", "1", "1"]  # trajectory 0's instance survived its parked call
+    assert results[0].text == str(first.metrics["pid"]) == str(results[1].metrics["pid"])  # all in trajectory 0's process
+    assert time.monotonic() - start < 0.8 + SLACK_S
+    runner.finish()
+
+
+def test_hung_calls_of_trajectories_sharing_a_process_end_within_two_timeouts(runner):
+    # 8 trajectories with instances in the 2 processes, then every tool hangs: the calls ahead in each process time
+    # out after 1 s, which frees the trajectories queued behind them (their instances died with the process): those
+    # go to fresh processes and time out side by side -- about 2 timeouts (plus set-up), not 4 rounds behind 2 processes
+    runner.start([{}] * 8)
+    assert [r.text for r in runner.execute([ToolCall(t, "count", {}) for t in range(8)])] == ["1"] * 8
+    start = time.monotonic()
+    results = runner.execute([ToolCall(t, "sleep", {"seconds": 1000}) for t in range(8)])
+    took = time.monotonic() - start
+    print(f"8 hung tool calls of trajectories sharing 2 processes: answered after {took:.2f} s")
+    assert [r.status for r in results] == ["timeout"] * 8 and 2 * TIMEOUT_S <= took < 3 * TIMEOUT_S + SLACK_S
+    assert [r.text for r in runner.execute([ToolCall(t, "count", {}) for t in range(8)])] == ["1"] * 8  # instances lost
     runner.finish()
