@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: help env vllm-env test-vllm train train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: help env vllm-env test-vllm train train-async train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 # A bare `make` prints this list: it must not start installing (the first target is the default).
 help:
@@ -16,6 +16,7 @@ help:
 	@echo "  make test           venv + the whole suite, then the vLLM tests in their own venv (~40 min on 2 cores)"
 	@echo "  make test-fast      the suite without the slow end-to-end runs"
 	@echo "  make train-tools    the multi-turn tool-use demo;  make train-rm: the reward-model demo"
+	@echo "  make train-async    the tiny demo trained asynchronously: 1 training + 1 rollout rank (split pools)"
 	@echo "  make env            only the venv;  make vllm-env: vLLM's CPU venv (.cache/vllm_venv)"
 	@echo "  make test-vllm      the vLLM tests;  make test-numerics / test-numerics-other: floats under other CPU kernels"
 	@echo "  make test-latest    the fast suite at the newest releases setup.cfg allows;  make test-oldest: at the lowest"
@@ -66,6 +67,11 @@ $(VLLM_STAMP): setup.cfg pyproject.toml $(VLLM_LOCK) Makefile
 train: $(STAMP)
 	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
 	$(PY) -m rlcore.train recipe=tiny_cpu $(ARGS)
+
+# The tiny demo on split pools: one rank trains while the other generates (verl's fully-async keys).
+train-async: $(STAMP)
+	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
+	$(PY) -m rlcore.train recipe=tiny_cpu_async $(ARGS)
 
 # The tool-use demo: sums of three 3-digit numbers with an add(a, b) tool. Builds the task, tokenizer, model and
 # an SFT warm-start on tool-call traces (cached), then runs GRPO with multi-turn tool-calling rollouts.
@@ -152,6 +158,7 @@ bench: $(STAMP)
 	$(PY) bench/megatron_layouts.py $(if $(BENCH_QUICK),--reps 1)
 	$(PY) bench/weight_sync.py
 	$(PY) bench/ulysses_memory.py $(if $(BENCH_QUICK),--tokens 2048 --reps 1)
+	$(PY) bench/async_training.py $(if $(BENCH_QUICK),--steps 20 --val 200)
 	$(PY) bench/rollout.py
 	$(MAKE) vllm-env
 	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) bench/rollout_vllm.py

@@ -83,3 +83,14 @@ def test_ulysses_memory_benchmark_prints_both_sizes_and_sp2_holds_less():
     out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, check=True).stdout
     rows = dict(re.findall(r"^sp=(\d)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)x memory", out, re.MULTILINE))
     assert rows.keys() == {"1", "2"} and rows["1"] == "1.00" and float(rows["2"]) < 1.0, out
+
+
+@pytest.mark.slow
+def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path):
+    script = BENCH.parent / "async_training.py"
+    args = ["--steps", "2", "--val", "8", "--plot", str(tmp_path / "curves.png")]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = re.findall(r"^(synchronous|one-step-off|fully async).*?\s([\d.]+)x\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["synchronous", "one-step-off", "fully async"], out
+    assert rows[0][1] == "1.00" and rows[0][5] == "0" and int(rows[1][5]) <= 1 and int(rows[2][5]) <= 2, out  # staleness max
+    assert (tmp_path / "curves.png").stat().st_size > 10_000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from contextlib import nullcontext
 
@@ -97,6 +98,9 @@ class PPOTrainer:
             self.tracker.log(self.validate(), step=self.global_step)
         if self.cfg.trainer.val_only:
             return metrics
+        if self.split is not None:
+            self.split.start()
+        start = time.perf_counter()
         try:
             while self.global_step < self.total_steps:
                 self.global_step += 1
@@ -112,6 +116,7 @@ class PPOTrainer:
                         with self.perf.phase("save_checkpoint", metrics):
                             self.save_checkpoint()
                 metrics.update(self.perf.end_step(self.global_step, metrics))
+                metrics["timing_s/elapsed"] = time.perf_counter() - start  # wall clock since the first step began
                 self.tracker.log(metrics, step=self.global_step)
                 self.tracker.advance()
         finally:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -124,17 +124,18 @@ class SplitPools:
         self.batches_per_step = cfg.data.train_batch_size // cfg.data.gen_batch_size
         self.rollouter = Rollouter(produce, self.batches_per_step * staleness_window(lambda key: OmegaConf.select(cfg, key)))
         self.version = 0  # trainer steps at the last sync: the version of the rollout's weights
-        self.connected = False
 
     def connect(self, step: int) -> dict[str, float]:
-        """Joins the weight group, gives the rollout the trainer's weights (fresh or resumed) and starts generating."""
+        """Joins the weight group and gives the rollout the trainer's weights (fresh or resumed)."""
         world = self.rollout_group.world_size + 1
         host, port = self.trainer_group.rank0_address()
         self._both(lambda: self.trainer_group.join_weight_group(host, port, world), lambda: self.rollout_group.join_weight_group(host, port, world))
-        self.connected = True
-        metrics = self._send(step)
-        self.rollouter.start(step)
-        return metrics
+        return self._send(step)
+
+    def start(self) -> None:
+        """Starts generating. After the validation before training: the scorer's process pool serves one thread
+        at a time, so the rollouter and a validation never score at once (`quiet` pauses it for later ones)."""
+        self.rollouter.start(self.version)
 
     def take(self, metrics: dict[str, float], step: int) -> DataProto:
         """The samples of trainer step `step`: whole generation batches, with their staleness and the rollout's metrics."""
@@ -168,10 +169,19 @@ class SplitPools:
 
     @staticmethod
     def _both(first: Callable, second: Callable) -> tuple:
-        """Two group calls that meet in one collective: issued together, each from its own thread."""
-        with ThreadPoolExecutor(2) as pool:
-            a, b = pool.submit(first), pool.submit(second)
-            return a.result(), b.result()
+        """Two group calls that meet in one collective: issued together, each from its own thread. The first
+        error is raised at once: if a rollout rank died, the training side may still be waiting in the collective
+        with it, and the restart path (which kills every worker) must not wait for that call to end."""
+        pool = ThreadPoolExecutor(2, thread_name_prefix="weight-sync")
+        calls = [pool.submit(first), pool.submit(second)]
+        try:
+            done, _ = wait(calls, return_when=FIRST_EXCEPTION)
+            for call in done:
+                if call.exception() is not None:
+                    raise call.exception()
+            return calls[0].result(), calls[1].result()
+        finally:
+            pool.shutdown(wait=False)
 
     @contextmanager
     def quiet(self) -> Iterator[None]:

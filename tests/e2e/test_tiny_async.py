@@ -30,6 +30,7 @@ def test_staleness_zero_is_the_synchronous_trainer(tiny_model_dir, tiny_task_dir
     assert [r["step"] for r in split] == [r["step"] for r in sync] == [0, 1, 2, 3]
     for a, s in zip(split[1:], sync[1:]):
         assert a["async/staleness_max"] == 0 and a["async/param_version"] == a["step"] - 1
+        assert a["rollout/log_prob_abs_diff"] < 1e-5  # the streamed weights are the trainer's: same log-probs
         for key in COMPARED:
             assert a[key] == pytest.approx(s[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], s[key])
     assert split[-1]["val-core/tiny_add/reward/mean@1"] == sync[-1]["val-core/tiny_add/reward/mean@1"]
@@ -41,7 +42,7 @@ def test_one_step_off_bounds_staleness_and_syncs_in_constant_time(tiny_model_dir
     same time at every step. A checkpoint records the version; the run stops cleanly (no Ray left)."""
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *SPLIT, "trainer.total_training_steps=6", "trainer.test_freq=-1",
                    "trainer.save_freq=6", "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-                   "data.gen_batch_size=4", "async_training.require_batches=2", "reward_model.score_workers=0")
+                   "data.gen_batch_size=4", "async_training.require_batches=2")
     run(cfg, str(tmp_path / "run"))
     assert not ray.is_initialized()
     rows = read_metrics(tmp_path / "run")[1:]
@@ -53,3 +54,16 @@ def test_one_step_off_bounds_staleness_and_syncs_in_constant_time(tiny_model_dir
     assert max(sync_s[2:]) < 3 * max(sync_s[0], 0.05), sync_s  # does not grow with the step
     state = torch.load(os.path.join(tmp_path, "ckpt", "global_step_6", "data.pt"), weights_only=False)
     assert state["param_version"] == 5 and state["global_step"] == 6  # no sync after the last step
+
+
+def test_megatron_weights_reach_the_rollout_pool(tiny_model_dir, tiny_task_dir, tmp_path):
+    """A Megatron trainer as the source: its gathered TP/PP pieces, in HF names, streamed to the other pool; at
+    staleness 0 the rollout's log-probs are the update's own."""
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *SPLIT, "trainer.total_training_steps=2", "trainer.val_before_train=False",
+                   "trainer.test_freq=-1", "trainer.save_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                   "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
+                   "async_training.partial_rollout=False", config_name="ppo_megatron_trainer")
+    run(cfg, str(tmp_path / "run"))
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["rollout/log_prob_abs_diff"] < 1e-5 for r in rows), rows
+    assert rows[0]["async/weight_sync_s"] > 0 and rows[0]["rollout/weights_synced"] > 0

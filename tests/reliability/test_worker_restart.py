@@ -32,3 +32,25 @@ def test_without_restarts_a_dead_worker_stops_with_a_resume_hint(tiny_model_dir,
                    "reward_model.score_workers=0")  # one process counts the calls
     with pytest.raises(SystemExit, match=r"(?s)worker process died at global step 1.*No checkpoint was written yet.*max_worker_restarts"):
         run(cfg, str(tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_split_pools_a_killed_rollout_worker_restarts_from_the_checkpoint(tiny_model_dir, tiny_task_dir, tmp_path, capsys):
+    """Split pools: the rollout rank is SIGKILLed while step 3's samples are scored; the sync after step 3 fails at
+    once (not after a collective's timeout), every worker is rebuilt and the run resumes from global_step_2, whose
+    checkpoint holds the rollout's RNG and the parameter version. Staleness 0 keeps the scorer's call count exact."""
+    samples_per_step, val_samples = 8 * 4, 8
+    reward_file = signalling_scorer(tmp_path, "killer.py", at=val_samples + 2 * samples_per_step + 1, sig="SIGKILL", worker="RolloutWorker")
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=4", "trainer.save_freq=2",
+                   "trainer.test_freq=-1", "data.val_max_samples=8", "trainer.max_worker_restarts=1",
+                   f"custom_reward_function.path={reward_file}", "reward_model.score_workers=0",
+                   "actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=8", "async_training.staleness_threshold=0",
+                   "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=False")
+    final = run(cfg, str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert "a worker process died at global step 3" in out and "global_step_2" in out
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert steps == [0, 1, 2, 3, 4]
+    assert final["training/global_step"] == 4 and final["async/param_version"] == 3
+    assert (tmp_path / "ckpt" / "global_step_4" / "rollout" / "rng_rank0.pt").is_file()  # the rollout RNG beside the actor
