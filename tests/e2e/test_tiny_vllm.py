@@ -52,3 +52,20 @@ def test_resume_with_vllm_rollouts_continues_exactly(demo_assets, tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "b2")] == [3]  # only the missing step ran
     for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm"):
         assert resumed[key] == pytest.approx(straight[key], rel=1e-4, abs=1e-6), key
+
+
+def test_vllm_on_its_own_pool_gets_the_trainers_weights(demo_assets, tmp_path):
+    """Split pools (actor_rollout_ref.hybrid_engine=False): 1 FSDP2 rank trains, 1 vLLM rank generates, the weights
+    streamed between them after every step; at staleness 0 vLLM's log-probs are the update's own."""
+    cfg = tiny_cfg(f"{demo_assets}/sft_model", f"{demo_assets}/data", tmp_path, "actor_rollout_ref.rollout.name=vllm",
+                   "actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.hybrid_engine=False",
+                   "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                   "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
+                   "async_training.partial_rollout=False", "trainer.total_training_steps=3", "trainer.val_before_train=False",
+                   "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=['jsonl']")
+    run(cfg, str(tmp_path / "run"))
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rollout/requests"] == 32 for r in rows)  # 8 prompts x 4 samples, all on the one vLLM rank
+    assert max(r["rollout/log_prob_abs_diff"] for r in rows) < 1e-4  # vLLM holds the weights the trainer updates from
+    assert rows[0]["rollout/weights_synced"] == rows[1]["rollout/weights_synced"] > 0
