@@ -67,3 +67,17 @@ def test_megatron_weights_reach_the_rollout_pool(tiny_model_dir, tiny_task_dir, 
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2] and all(r["rollout/log_prob_abs_diff"] < 1e-5 for r in rows), rows
     assert rows[0]["async/weight_sync_s"] > 0 and rows[0]["rollout/weights_synced"] > 0
+
+
+def test_compute_prox_log_prob_recomputes_the_old_policy_and_corrects_with_is_weights(tiny_model_dir, tiny_task_dir, tmp_path):
+    """Decoupled PPO: stale samples' old log-probs come from the trainer's weights (the proximal policy), and the
+    rollout correction weighs proximal against behaviour (the rollout's log-probs) with token-level TIS."""
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *SPLIT, "trainer.total_training_steps=3", "trainer.val_before_train=False",
+                   "trainer.test_freq=-1", "trainer.save_freq=-1", "async_training.staleness_threshold=1",
+                   "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=2",
+                   "async_training.compute_prox_log_prob=True", "algorithm.rollout_correction.rollout_is=token")
+    run(cfg, str(tmp_path / "run"))
+    rows = read_metrics(tmp_path / "run")
+    assert all("timing_s/old_log_prob" in r for r in rows)  # the proximal pass ran every step
+    stale = [r for r in rows if r["async/staleness_max"] == 1]
+    assert stale and all(r["rollout_corr/log_ppl_abs_diff"] > 0 for r in stale), rows  # behaviour != proximal there
