@@ -19,6 +19,7 @@ from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, 
 from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
 from rlcore.config.validate import diagnose, uses_critic
+from rlcore.config.validate_async import async_warnings
 from rlcore.plan import format_memory, memory_plan
 from rlcore.plan.heads import policy_heads
 
@@ -41,6 +42,7 @@ def check_config(cfg: DictConfig) -> str:
             report.append(f"WARNING rlcore: {role.role} is estimated at {role.peak:.1f} GiB per device, more than "
                           f"{role.capacity:.1f} GiB: it will likely run out of memory{lever} (rlcore-plan explains)")
     report.extend(cpu_dtype_warnings(cfg))
+    report.extend(async_warnings(lambda key: OmegaConf.select(cfg, key)))
     return "\n".join(report)
 
 

@@ -67,3 +67,13 @@ def check_async(c) -> None:
     if c.get("algorithm.filter_groups.enable"):
         c.error("algorithm.filter_groups (dynamic sampling) with actor_rollout_ref.hybrid_engine=False is not supported yet: "
                 "set algorithm.filter_groups.enable=False, or actor_rollout_ref.hybrid_engine=True")
+
+
+def async_warnings(get) -> list[str]:
+    """What a verl user's split-pool keys ask for that rlcore does differently (printed, not refused)."""
+    if not split_pools(get) or not get("async_training.partial_rollout"):
+        return []
+    gen = get("data.gen_batch_size")
+    return [f"WARNING rlcore: async_training.partial_rollout=True: rlcore does not interrupt generations at a weight sync yet; "
+            f"the sync waits for the generation batch in flight (data.gen_batch_size={gen} prompts). Set "
+            f"async_training.partial_rollout=False to silence this, or a smaller data.gen_batch_size to wait less"]

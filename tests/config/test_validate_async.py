@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from rlcore.config import compose
 from rlcore.config.validate import diagnose
-from rlcore.config.validate_async import always_fresh, staleness_window
+from rlcore.config.validate_async import always_fresh, async_warnings, staleness_window
 from rlcore.plan import memory_plan
 
 ARR = "actor_rollout_ref"
@@ -81,3 +81,10 @@ def test_verl_fully_async_4_4_command_line_composes_validates_and_plans_two_pool
     assert "rollout engine asleep" not in dict(roles["actor update"].items)  # nothing of the rollout on the trainer's devices
     assert not any("state kept between phases" in k for k in rollout_items)  # nothing of training's on the rollout's
     assert all(r.verdict == "fits" for r in mem.roles), {r.role: (r.verdict, r.peak) for r in mem.roles}
+
+
+def test_partial_rollout_is_named_as_not_interrupting_yet():
+    assert async_warnings(_get(compose(["recipe=tiny_cpu"]))) == []  # the hybrid engine: nothing to say
+    assert async_warnings(_get(compose(["recipe=tiny_cpu", *SPLIT, "async_training.partial_rollout=False"]))) == []
+    (warning,) = async_warnings(_get(compose(["recipe=tiny_cpu", *SPLIT, "data.gen_batch_size=8"])))
+    assert "partial_rollout=True" in warning and "data.gen_batch_size=8 prompts" in warning
