@@ -7,7 +7,6 @@ skipped (tests/engine/test_fsdp2_features.py), scorer isolation (tests/reward/te
 
 import errno
 import json
-import math
 import os
 import time
 
@@ -65,12 +64,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def test_a_hanging_scorer_fails_the_step_within_the_stated_bound(tiny_model_dir, tiny_task_dir, tmp_path):
     # Defaults but a 5 s timeout: 8 prompts x 4 samples = 32 samples tolerate floor(0.1 x 32) = 3 failures, so the
-    # step fails at the 4th timeout; 2 score_workers wait for them side by side: ceil(4 / 2) x 5 s = 10 s of scoring.
-    # Before the bound, all ~20 hung samples queued behind the 2 workers: 20 x 5 s / 2 = 50 s.
+    # step fails at the 4th timeout. Hung calls are parked after the pool's suspect time (a quarter of the timeout
+    # here) and fresh processes take the next samples, so the 4 timeouts run side by side: the step fails about one
+    # timeout after scoring starts, plus the suspect times and process starts; the bound is two timeouts. Without
+    # parking the 2 workers waited for them two at a time (10 s), and before the failure count stopped the step,
+    # all ~20 hung samples queued behind them (50 s).
     scorer = tmp_path / "hanging.py"
     scorer.write_text(HANGING.format(first=str(tmp_path / "first_call")))
-    timeout_s, workers, rate, n = 5.0, 2, 0.1, 8 * 4
-    bound_s = math.ceil((math.floor(rate * n) + 1) / workers) * timeout_s
+    timeout_s, workers, rate = 5.0, 2, 0.1
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
                    "trainer.val_before_train=False", f"custom_reward_function.path={scorer}", f"reward_model.score_timeout_s={timeout_s}",
                    "data.shuffle=False")
@@ -82,8 +83,9 @@ def test_a_hanging_scorer_fails_the_step_within_the_stated_bound(tiny_model_dir,
         run(cfg, str(tmp_path / "run"))
     end = time.time()
     scoring_s = end - float((tmp_path / "first_call").read_text())
-    print(f"hanging scorer: scoring took {scoring_s:.1f} s (bound {bound_s:g} s + process starts), the run {end - start:.1f} s")
-    assert bound_s <= scoring_s < bound_s + 5  # 5 s: spawning the replacement processes and shutting the run down
+    print(f"hanging scorer: scoring took {scoring_s:.1f} s (bound 2 x {timeout_s:g} s), the run {end - start:.1f} s")
+    # measured 7.9 s in a full-suite run on 2 cores; 2 s of slack for process starts on a loaded machine
+    assert timeout_s <= scoring_s < 2 * timeout_s + 2
 
 
 def test_bad_rows_stop_the_run_before_ray_starts_with_their_locations(tiny_model_dir, tmp_path):
