@@ -24,8 +24,8 @@ class AsyncTrainingConfig:
     staleness_threshold: float = 0.1
     trigger_parameter_sync_step: int = 4  # trainer steps between weight syncs to the rollout pool
     require_batches: int = 1  # ppo mini-batches a trainer step consumes (data.train_batch_size = this x ppo_mini_batch_size)
-    # A sync interrupts in-flight generations, which resume under the new weights (verl). rlcore: the sync waits for
-    # the generation batch in flight (data.gen_batch_size prompts) instead; see README "Asynchronous training"
+    # A sync interrupts in-flight generations, which resume under the new weights (verl; rlcore's native engine). With
+    # rollout.name=vllm the sync waits for the call in flight instead; see README "Asynchronous training"
     partial_rollout: bool = True
     use_rollout_log_probs: bool = True  # old log-probs = the rollout's (bypass): the ratio is taken against the sampler
     compute_prox_log_prob: bool = False  # recompute old log-probs with the trainer's weights (decoupled PPO's proximal policy)

@@ -71,9 +71,10 @@ def check_async(c) -> None:
 
 def async_warnings(get) -> list[str]:
     """What a verl user's split-pool keys ask for that rlcore does differently (printed, not refused)."""
-    if not split_pools(get) or not get("async_training.partial_rollout"):
+    if not split_pools(get) or not get("async_training.partial_rollout") or get("actor_rollout_ref.rollout.name") != "vllm":
         return []
     gen = get("data.gen_batch_size")
-    return [f"WARNING rlcore: async_training.partial_rollout=True: rlcore does not interrupt generations at a weight sync yet; "
-            f"the sync waits for the generation batch in flight (data.gen_batch_size={gen} prompts). Set "
-            f"async_training.partial_rollout=False to silence this, or a smaller data.gen_batch_size to wait less"]
+    return [f"WARNING rlcore: async_training.partial_rollout=True with rollout.name=vllm: rlcore's vLLM engine runs each "
+            f"generation call to its end (LLM.generate has no step to pause at), so a weight sync waits for the batch in "
+            f"flight (data.gen_batch_size={gen} prompts) instead of interrupting it; the native engine (rollout.name=native) "
+            f"parks and resumes. Set async_training.partial_rollout=False to silence this, or a smaller data.gen_batch_size to wait less"]

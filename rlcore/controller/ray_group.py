@@ -55,6 +55,7 @@ class RayWorkerGroup:
                 num_gpus=share.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(*pool.rank_bundle(rank)),
                 runtime_env={"env_vars": env} if env else None,
+                max_concurrency=getattr(worker_cls, "max_concurrency", 1),  # >1: calls run in threads of the actor
             ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
             for rank in range(self.world_size)
         ]

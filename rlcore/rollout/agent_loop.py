@@ -93,6 +93,7 @@ class Trajectory:
     stats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TURN_COUNTERS, 0))
     user_turns: int = 0
     done: bool = False
+    versions: list[int] | None = None  # the weights versions of its first and last turn (start, end), if versioned
 
     def append(self, ids: list[int], log_probs: list[float] | None = None) -> None:
         self.ids += ids
@@ -147,6 +148,9 @@ class AgentLoop:
             n = min(int(out.response_mask[j].sum()), budget - len(t.ids))
             tokens = out.responses[j, :n].tolist()
             t.append(tokens, out.response_log_probs[j, :n].tolist())
+            if out.versions is not None:  # a sync between turns (or within one) makes a trajectory span versions
+                start, end = out.versions[j].tolist()
+                t.versions = [t.versions[0] if t.versions else start, end]
             t.stats["num_turns"] += 1
             ended = n > 0 and tokens[-1] in sampling.stop_token_ids
             parsed = self.parse(self.tokenizer.decode(tokens, skip_special_tokens=False)) if ended else []
@@ -194,6 +198,7 @@ class AgentLoop:
             response_log_probs=fill([t.log_probs for t in rows], 0.0).float(),
             response_mask=fill([[1] * len(t.ids) for t in rows], 0),
             loss_mask=fill([t.sampled for t in rows], 0),
+            versions=torch.tensor([t.versions for t in rows]) if all(t.versions for t in rows) else None,
         )
 
 

@@ -6,8 +6,11 @@ The vLLM adapter strips the padding into token-id lists (vLLM's `TokensPrompt`) 
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Iterator, Protocol
 
 import torch
@@ -50,6 +53,62 @@ class RolloutOutput:
     # [batch, max_tokens] 1 on the tokens the policy sampled, when not all response tokens were: a multi-turn
     # trajectory's tool responses are context (response_mask 1, attended to) but not trained on (loss_mask 0).
     loss_mask: torch.Tensor | None = None
+    # [batch, 2] the weights versions (WeightGate.version) each row's generation started and ended under, where the
+    # engine's weights are versioned (split pools); end > start: the row was resumed under newer weights.
+    versions: torch.Tensor | None = None
+
+
+class WeightGate:
+    """Between the threads of a rollout worker on split pools: one generates, the other loads the trainer's weights
+    (rlcore.workers.rollout). `updating()` waits until no generate() call is computing: an engine that can resume
+    (`RolloutEngine.resumes_generation`, the native one) parks its calls at the next decode step (`park()`) and
+    rebuilds their KV under the new weights after the update (a partial rollout); any other finishes its call first.
+    Engines take `generating()` around each call. `version` counts the loads, as the trainer numbers them."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.pending = False  # an update waits or runs
+        self.active = 0       # generate() calls computing (not parked)
+        self.version: int | None = None  # None: never loaded through the gate (the hybrid engine)
+
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        with self.cond:
+            self.cond.wait_for(lambda: not self.pending)
+            self.active += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.active -= 1
+                self.cond.notify_all()
+
+    def park(self) -> bool:
+        """At a step boundary of a generate() call: if an update waits, lets it run and returns True once it is done
+        (the call must then rebuild its KV); else False at the cost of reading one attribute."""
+        if not self.pending:
+            return False
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: not self.pending)
+            self.active += 1
+        return True
+
+    @contextmanager
+    def updating(self, version: int) -> Iterator[None]:
+        """Exclusive use of the weights; on success they become `version`."""
+        with self.cond:
+            self.cond.wait_for(lambda: not self.pending)
+            self.pending = True
+            self.cond.wait_for(lambda: self.active == 0)
+        try:
+            yield
+            self.version = version  # before the parked calls wake: their rows' versions read it
+        finally:
+            with self.cond:
+                self.pending = False
+                self.cond.notify_all()
 
 
 class RolloutEngine(ABC):
@@ -59,6 +118,13 @@ class RolloutEngine(ABC):
     # Whether generate() takes keep_kv / prefix_of: a multi-turn trajectory's next turn then prefills only what the
     # last turn appended (the native engine). vLLM finds such prefixes itself (enable_prefix_caching).
     keeps_kv_across_calls: bool = False
+    # Whether generate() parks at a step boundary while WeightGate.updating() runs and goes on under the new weights
+    # (partial rollouts on split pools). Else an update waits for the call in flight to finish.
+    resumes_generation: bool = False
+
+    @cached_property
+    def gate(self) -> WeightGate:
+        return WeightGate()
 
     @abstractmethod
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
@@ -101,7 +167,7 @@ def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out:
     attention_mask = torch.cat([prompt_mask, out.response_mask.to(prompt_mask.dtype)], dim=-1)
     sampled = out.response_mask if out.loss_mask is None else out.loss_mask
     position_ids = position_ids_from_mask(attention_mask)
-    return {
+    sequences = {
         "prompts": prompt_ids,
         "responses": out.responses,
         "input_ids": torch.cat([prompt_ids, out.responses], dim=-1),
@@ -110,3 +176,6 @@ def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out:
         "response_mask": sampled.to(prompt_mask.dtype),
         "rollout_log_probs": out.response_log_probs,
     }
+    if out.versions is not None:
+        sequences["rollout_versions"] = out.versions
+    return sequences

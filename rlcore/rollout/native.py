@@ -80,9 +80,15 @@ class NativeRollout(RolloutEngine):
     last one appended.
 
     On CUDA, unless `enforce_eager`, a fusable model's decode step runs as CUDA graphs captured per bucketed batch
-    size (`cudagraph_capture_sizes`, default 1, 2, 4, 8, 16, ... max_num_seqs; rollout/graphs.py)."""
+    size (`cudagraph_capture_sizes`, default 1, 2, 4, 8, 16, ... max_num_seqs; rollout/graphs.py).
+
+    Partial rollouts (split pools): when another thread loads new weights (`gate.updating`), the running sequences
+    park after their current decode step, then their KV (prompt and tokens so far) is recomputed under the new
+    weights and decoding goes on, each row within its own token budget; its log-probs are those of the weights that
+    sampled each token, and `versions` records the weights each row started and ended under."""
 
     keeps_kv_across_calls = True
+    resumes_generation = True
 
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
@@ -115,6 +121,7 @@ class NativeRollout(RolloutEngine):
         self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
         self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running (graph_captures on CUDA)
         self.kept: list[KeptKV | None] | None = None  # per row of the last generate(keep_kv=True)
+        self.kept_under: int | None = None  # the weights version the kept KV was computed with
         # Graphs need the fused decoder (the HF-module path builds masks and caches in Python each step) and CUDA.
         self.graphs: DecodeGraphs | None = None
         if self.decoder is not None and device.type == "cuda" and not enforce_eager:
@@ -140,7 +147,8 @@ class NativeRollout(RolloutEngine):
         if self.decoder is None:  # HF modules read the pool through the registered attention function
             self.model.config._attn_implementation = ATTENTION_NAME
         try:
-            return self._generate(input_ids, attention_mask, sampling, keep_kv, prefix_of)
+            with self.gate.generating():
+                return self._generate(input_ids, attention_mask, sampling, keep_kv, prefix_of)
         finally:
             # A model passed in (SFT, benchmarks) goes back to training with its own attention.
             self.model.train(was_training)
@@ -174,7 +182,9 @@ class NativeRollout(RolloutEngine):
         # Prefix sharing: the n samples of a prompt arrive as n identical rows; each prompt is prefilled once and its
         # KV copied to its samples' slots.
         n = group_size(input_ids, attention_mask) if prefix_of is None else 1
-        previous, self.kept = self.kept, [None] * batch if keep_kv else None
+        # KV kept under other weights (a sync between two turns) is stale: those rows are prefilled whole.
+        previous = self.kept if self.kept_under == self.gate.version else None
+        self.kept, self.kept_under = [None] * batch if keep_kv else None, self.gate.version
         reuse = [previous[r] if previous and r is not None and r < len(previous) else None for r in prefix_of] if prefix_of else None
         pool = self.pool
         if not (pool.keys and pool.max_len >= prompt_len + max_tokens and pool.num_slots >= n):  # else: the pool wake_up made
@@ -189,7 +199,10 @@ class NativeRollout(RolloutEngine):
         req = steps = pos = torch.zeros(0, dtype=torch.long, device=self.device)
         done = torch.zeros(0, dtype=torch.bool, device=self.device)
         logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
-        self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0, "prefill_tokens": 0, "reused_tokens": 0,
+                      "resumed_rows": 0, "rebuilt_tokens": 0}
+        # Each row's weights versions (start, end), when the weights are versioned (split pools).
+        versions = None if self.gate.version is None else torch.full((batch, 2), self.gate.version, dtype=torch.long, device=self.device)
         num_steps, captures_before = 0, self.graphs.num_captures if self.graphs is not None else 0
         # A host-side upper bound of pos.max(), exact after each check: how many key positions a decode step reads,
         # known without asking the device.
@@ -200,6 +213,8 @@ class NativeRollout(RolloutEngine):
                 new_logits, new_pos = self._prefill(input_ids[admitted], attention_mask[admitted], len(req), n,
                                                     [reuse[r] for r in admitted] if reuse else None)
                 rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
+                if versions is not None:
+                    versions[rows] = self.gate.version
                 req, steps = torch.cat([req, rows]), torch.cat([steps, torch.zeros_like(rows)])
                 pos, logits = torch.cat([pos, new_pos]), torch.cat([logits, new_logits])
                 done = torch.cat([done, torch.zeros_like(rows, dtype=torch.bool)])
@@ -224,10 +239,19 @@ class NativeRollout(RolloutEngine):
             logits = self._decode(token, pos, max_pos + 1) if len(req) else logits[:0]
             # Only a finished row's extra steps reach the end of its slot.
             pos, max_pos = (pos + 1).clamp_(max=pool.max_len - 1), min(max_pos + 1, pool.max_len - 1)
+            if self.gate.park():  # new weights were loaded meanwhile: the running rows go on under them
+                keep = self._compact(done, max_pos) if bool(done.any()) else torch.arange(len(req), device=self.device)
+                req, steps, pos, done = req[keep], steps[keep], pos[keep], done[keep]
+                max_pos = int(pos.max()) if len(req) else 0
+                logits = self._rebuild(req, steps, pos, input_ids, attention_mask, responses)
+                if versions is not None:
+                    versions[req, 1] = self.gate.version
+                reuse = None  # KV kept from the last call is the old weights'; so is what this call kept so far
+                self.kept, self.kept_under = [None] * batch if keep_kv else None, self.gate.version
         if self.graphs is not None:
             self.stats["graph_captures"] = self.graphs.num_captures - captures_before
         return RolloutOutput(responses=responses[:, :max_tokens].cpu(), response_log_probs=log_probs[:, :max_tokens].cpu(),
-                             response_mask=alive[:, :max_tokens].long().cpu())
+                             response_mask=alive[:, :max_tokens].long().cpu(), versions=None if versions is None else versions.cpu())
 
     def _admit(self, waiting: deque, running: int, n: int, prompt_len: int) -> list[int]:
         """Groups that join now: all n samples need a free slot, and the prefill stays within the token budget
@@ -260,6 +284,31 @@ class NativeRollout(RolloutEngine):
         for j in range(1, n):
             pool.copy_slots(shared, slice(first + j, first + groups * n, n), length)
         return logits.repeat_interleave(n, dim=0), torch.full((groups * n,), length, dtype=torch.long, device=self.device)
+
+    def _rebuild(self, req: torch.Tensor, steps: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 responses: torch.Tensor) -> torch.Tensor:
+        """After new weights were loaded mid-call: recomputes each running slot's KV in place (its prompt and the
+        tokens sampled so far, at the positions they hold) and returns the next-token logits `[rows, vocab]`. Runs
+        of neighbouring slots that end at the same position (rows admitted together) are one forward each."""
+        ends, starts, rows, sampled = pos.tolist(), self.pool.start[: len(req)].tolist(), req.tolist(), steps.tolist()
+        logits, first = [], 0
+        while first < len(rows):
+            last = first
+            while last + 1 < len(rows) and ends[last + 1] == ends[first]:
+                last += 1
+            length, count = ends[first], last - first + 1
+            ids = torch.full((count, length), self.pad_token_id, dtype=torch.long, device=self.device)
+            for k, slot in enumerate(range(first, last + 1)):
+                row = rows[slot]
+                ids[k, starts[slot]:] = torch.cat([input_ids[row][attention_mask[row].bool()], responses[row, : sampled[slot]]])
+            start = self.pool.start[first : last + 1]
+            position_ids = (torch.arange(length, device=self.device) - start[:, None]).clamp_(min=0)
+            cache = SlotCache(self.pool, first, count, positions=0, kv_len=length)
+            logits.append(self._forward(ids, position_ids, prefill_mask(start, length), cache))
+            self.stats["rebuilt_tokens"] += sum(ends[s] - starts[s] for s in range(first, last + 1))
+            first = last + 1
+        self.stats["resumed_rows"] += len(rows)
+        return torch.cat(logits) if logits else torch.zeros(0, self.model.config.vocab_size, device=self.device)
 
     def _keep(self, done: torch.Tensor, req: torch.Tensor, steps: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               responses: torch.Tensor) -> None:

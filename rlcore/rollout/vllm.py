@@ -280,6 +280,12 @@ class VLLMRollout(RolloutEngine):
         return [(base + (first + k) * self.dp_size + self.dp_rank) % SEED_SPACE for k in range(num_requests)]
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
+        # On split pools a weight load waits for this call to end: LLM.generate runs vLLM's engine loop to the end,
+        # with no step boundary for rlcore to park at (resumes_generation stays False).
+        with self.gate.generating():
+            return self._generate(input_ids, attention_mask, sampling)
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
         all_prompts, mine = self._gather_tp(prompts)
         # A request's tokens stop at the context length: a multi-turn wave asks for the longest remaining budget, which

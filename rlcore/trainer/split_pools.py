@@ -10,8 +10,11 @@ the trainer's version minus the samples'. With staleness_threshold=0, trigger_pa
 one step: the rollouter makes one step's samples, waits for the sync, makes the next, which is the synchronous
 trainer's order, step for step (tests/e2e/test_tiny_async.py checks the losses agree).
 
-A sync waits for the generation batch in flight (no partial rollouts yet) with the rollouter paused, then streams
-the weights from training rank 0 to every rollout rank (rlcore.rollout.weight_sync.send_weights).
+A sync streams the weights from training rank 0 to every rollout rank (rlcore.rollout.weight_sync.send_weights).
+With `partial_rollout` it does not wait for the generation batch in flight: the rollout engine parks its sequences
+at a decode step, loads the weights and goes on under them (rlcore.rollout.base.WeightGate; the native engine does,
+vLLM finishes its call first), and each sample records the versions its generation started and ended under. Without
+it the sync waits for the batch in flight to finish, with the rollouter paused.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
+import torch
 from omegaconf import OmegaConf
 
 from rlcore.config.validate_async import staleness_window
@@ -86,11 +90,12 @@ class Rollouter:
             return [self.queue.popleft() for _ in range(count)], time.perf_counter() - start
 
     @contextmanager
-    def paused(self) -> Iterator[None]:
-        """Within it no generation is in flight or starts (the one in flight finishes first)."""
+    def paused(self, drain: bool = True) -> Iterator[None]:
+        """Within it no generation batch starts; with `drain` none is in flight either (the one in flight finishes
+        first), else the one in flight may go on."""
         with self.cond:
             self.hold += 1
-            self.cond.wait_for(lambda: not self.busy)
+            self.cond.wait_for(lambda: not (drain and self.busy))
         try:
             yield
         finally:
@@ -99,9 +104,9 @@ class Rollouter:
                 self.cond.notify_all()
 
     def synced(self, version: int) -> None:
-        """New weights on the rollout: a new window, in which the batches still queued count already."""
+        """New weights on the rollout: a new window, in which the batches still queued (or in flight) count already."""
         with self.cond:
-            self.version, self.made = version, len(self.queue)
+            self.version, self.made = version, len(self.queue) + int(self.busy)
             self.cond.notify_all()
 
     def stop(self) -> None:
@@ -120,7 +125,7 @@ class SplitPools:
     def __init__(self, cfg, trainer_group, rollout_group, produce: Callable[[dict], DataProto]) -> None:
         a = cfg.async_training
         self.trainer_group, self.rollout_group = trainer_group, rollout_group
-        self.trigger = a.trigger_parameter_sync_step
+        self.trigger, self.partial = a.trigger_parameter_sync_step, a.partial_rollout
         self.batches_per_step = cfg.data.train_batch_size // cfg.data.gen_batch_size
         self.rollouter = Rollouter(produce, self.batches_per_step * staleness_window(lambda key: OmegaConf.select(cfg, key)))
         self.version = 0  # trainer steps at the last sync: the version of the rollout's weights
@@ -140,13 +145,20 @@ class SplitPools:
     def take(self, metrics: dict[str, float], step: int) -> DataProto:
         """The samples of trainer step `step`: whole generation batches, with their staleness and the rollout's metrics."""
         taken, waited = self.rollouter.take(self.batches_per_step)
-        staleness = [step - 1 - s.version for s in taken for _ in range(len(s.batch))]
         for key in taken[0].metrics:  # the rollout's timings and counters: mean over the step's generation batches
             metrics[key] = float(np.mean([s.metrics.get(key, 0.0) for s in taken]))
-        metrics.update({"async/staleness_mean": float(np.mean(staleness)), "async/staleness_max": float(max(staleness)),
+        batch = DataProto.concat([s.batch for s in taken])
+        # Each sample's weights versions (start, end) as the engine recorded them, else the batch's at its start.
+        if "rollout_versions" in batch.batch.keys():
+            versions = batch.pop(["rollout_versions"]).batch["rollout_versions"]
+        else:
+            versions = torch.tensor([[s.version, s.version] for s in taken for _ in range(len(s.batch))])
+        staleness = (step - 1 - versions[:, 0]).float()
+        metrics.update({"async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
+                        "async/partial_ratio": float((versions[:, 1] > versions[:, 0]).float().mean()),
                         "async/wait_for_samples_s": waited, "async/queued_batches": len(self.rollouter.queue),
                         "async/param_version": self.version})
-        return DataProto.concat([s.batch for s in taken])
+        return batch
 
     def after_step(self, step: int, metrics: dict[str, float], validating: bool = False, last: bool = False) -> None:
         """Syncs every `trigger_parameter_sync_step` steps but after the last, and before a validation (which must
@@ -158,12 +170,15 @@ class SplitPools:
         """The trainer's weights (after `step` steps) to the rollout, with the rollouter paused."""
         if self.version == step:
             return
-        with self.rollouter.paused():
+        start = time.perf_counter()
+        with self.rollouter.paused(drain=not self.partial):
+            # Without partial rollouts, the wait for the generation batch in flight to finish.
+            metrics["async/pause_s"] = time.perf_counter() - start
             metrics.update(self._send(step))
             self.rollouter.synced(step)
 
     def _send(self, step: int) -> dict[str, float]:
-        sent, _ = self._both(self.trainer_group.send_weights, self.rollout_group.receive_weights)
+        sent, _ = self._both(self.trainer_group.send_weights, lambda: self.rollout_group.receive_weights(step))
         self.version = step
         return sent
 

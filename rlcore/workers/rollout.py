@@ -19,7 +19,12 @@ from rlcore.workers.rollout_parts import build_rollout_parts, generate, sampling
 
 
 class RolloutWorker(RoleWorker):
-    """Generates; holds no training state. Its weights change only when the trainer sends them."""
+    """Generates; holds no training state. Its weights change only when the trainer sends them.
+
+    Two calls may run at once (Ray runs them in threads of the actor): a sync's `receive_weights` beside the
+    rollouter's `generate_sequences`, which the engine's WeightGate parks at a decode step (partial rollouts)."""
+
+    max_concurrency = 2
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
@@ -41,11 +46,13 @@ class RolloutWorker(RoleWorker):
         self.weight_group = standalone_group(host, port, self.rank + 1, world_size, self.device)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def receive_weights(self) -> None:
-        """The trainer's weights, into this rank's engine (training rank 0 calls send_weights at the same time)."""
-        self.rollout.wake_up(["weights"])
-        self.rollout.update_weights(receive_weights(self.weight_group, self.rank + 1))
-        self.rollout.wake_up(["kv_cache"])
+    def receive_weights(self, version: int) -> None:
+        """The trainer's weights after `version` steps, into this rank's engine (training rank 0 calls send_weights
+        at the same time). A generation in flight parks meanwhile, or finishes first (rlcore.rollout.base.WeightGate)."""
+        with self.rollout.gate.updating(version):
+            self.rollout.wake_up(["weights"])
+            self.rollout.update_weights(receive_weights(self.weight_group, self.rank + 1))
+            self.rollout.wake_up(["kv_cache"])
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -4,6 +4,7 @@ the multi-turn agent loop, sampling parameters, and one generation call."""
 
 from __future__ import annotations
 
+import torch
 from omegaconf import OmegaConf
 
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
@@ -72,10 +73,13 @@ def sampling_params(config, tokenizer, meta: dict) -> SamplingParams:
 def generate(rollout: RolloutEngine, loop: AgentLoop | None, prompts: DataProto, sampling: SamplingParams) -> tuple[dict, dict]:
     """One generation call: the assembled sequences (+ multi-turn counters) and the engine's stats as metrics."""
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    before = rollout.gate.version
     if loop is None:
         out, counters = rollout.generate(ids, mask, sampling), {}
         stats = {f"rollout/{k}": v for k, v in getattr(rollout, "stats", {}).items()}  # KV slots, prefills
     else:
         out, counters = loop.run(ids, mask, sampling, list(prompts.non_tensor_batch.get("tools_kwargs", [])) or None)
         stats = dict(loop.stats)  # engine calls, prefill tokens computed and reused across turns
+    if out.versions is None and before is not None:  # an engine that does not say: the versions around the call
+        out.versions = torch.tensor([[before, rollout.gate.version]]).expand(len(ids), 2).clone()
     return {**assemble_sequences(ids, mask, out), **counters}, stats

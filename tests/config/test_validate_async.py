@@ -83,8 +83,11 @@ def test_verl_fully_async_4_4_command_line_composes_validates_and_plans_two_pool
     assert all(r.verdict == "fits" for r in mem.roles), {r.role: (r.verdict, r.peak) for r in mem.roles}
 
 
-def test_partial_rollout_is_named_as_not_interrupting_yet():
+def test_partial_rollout_is_named_where_the_engine_cannot_interrupt():
+    """The native engine parks at a sync and resumes (partial rollouts); vLLM's runs each call to its end."""
     assert async_warnings(_get(compose(["recipe=tiny_cpu"]))) == []  # the hybrid engine: nothing to say
-    assert async_warnings(_get(compose(["recipe=tiny_cpu", *SPLIT, "async_training.partial_rollout=False"]))) == []
-    (warning,) = async_warnings(_get(compose(["recipe=tiny_cpu", *SPLIT, "data.gen_batch_size=8"])))
-    assert "partial_rollout=True" in warning and "data.gen_batch_size=8 prompts" in warning
+    assert async_warnings(_get(compose(["recipe=tiny_cpu", *SPLIT, "data.gen_batch_size=8"]))) == []  # native: it interrupts
+    vllm = [*SPLIT, "actor_rollout_ref.rollout.name=vllm", "data.gen_batch_size=8"]
+    assert async_warnings(_get(compose(["recipe=tiny_cpu", *vllm, "async_training.partial_rollout=False"]))) == []
+    (warning,) = async_warnings(_get(compose(["recipe=tiny_cpu", *vllm])))
+    assert "partial_rollout=True with rollout.name=vllm" in warning and "data.gen_batch_size=8 prompts" in warning
