@@ -6,6 +6,7 @@ checkpoint's exactly in both modes.
     python bench/load_memory.py                       # a Qwen2.5-0.5B-shaped random model (2 GB fp32), 2 ranks
     python bench/load_memory.py --shape small         # ~60M parameters (what tests/engine/test_sharded_load.py runs)
     python bench/load_memory.py --backend megatron    # the Megatron engine at TP2: each rank reads its TP pieces
+    python bench/load_memory.py --kind value          # a critic (value model) over the causal LM's checkpoint
 """
 
 from __future__ import annotations
@@ -33,29 +34,35 @@ def rss_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def _rank(rank, port, world, model_dir, whole, out):
+def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
     import rlcore.engine.fsdp2 as fsdp2
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.sharded_load import parameters_on_meta
-    from rlcore.models.hf import load_causal_lm
+    from rlcore.models.hf import load_causal_lm, load_value_model
 
     init_gloo(rank, world, port)
     if whole:  # the load before: the whole checkpoint on every rank, sharded after
         fsdp2.safetensors_files = lambda path: None
     with parameters_on_meta():  # imports and first-use set-up of the modeling code are not the load's memory
-        load_causal_lm(model_dir, weights=False)
+        (load_causal_lm if kind == "causal_lm" else load_value_model)(model_dir, weights=False)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak resident set (VmHWM) to the current one
     before = rss_kib("VmRSS")
-    engine = fsdp2.FSDP2Engine(EngineSpec(model_path=model_dir, trainable=False), torch.device("cpu"))
+    engine = fsdp2.FSDP2Engine(EngineSpec(model_path=model_dir, kind=kind, trainable=False), torch.device("cpu"))
     growth = (rss_kib("VmHWM") - before) * 1024
-    weights = dict(engine.rollout_weights())  # collective; gathered after the measurement
+    if kind == "causal_lm":
+        weights = dict(engine.rollout_weights())  # collective; gathered after the measurement
+    else:  # a critic: its trunk is the checkpoint's (its head is drawn, the checkpoint's lm_head unused)
+        weights = {name: p.full_tensor() for name, p in engine.model.named_parameters() if name != "score.weight"}
     if rank == 0:
         from safetensors.torch import load_file
 
         checkpoint = load_file(os.path.join(model_dir, "model.safetensors"))
+        full_bytes = sum(t.numel() * 4 for t in checkpoint.values())
+        if kind != "causal_lm":
+            checkpoint = {k: v for k, v in checkpoint.items() if k != "lm_head.weight"}
         exact = weights.keys() == checkpoint.keys() and all(torch.equal(weights[k], v) for k, v in checkpoint.items())
-        torch.save({"growth": growth, "exact": exact, "full_bytes": sum(t.numel() * 4 for t in checkpoint.values())}, out)
+        torch.save({"growth": growth, "exact": exact, "full_bytes": full_bytes}, out)
     close_gloo()
 
 
@@ -85,6 +92,7 @@ def main() -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--backend", choices=("fsdp2", "megatron"), default="fsdp2")
+    parser.add_argument("--kind", choices=("causal_lm", "value"), default="causal_lm", help="value: a critic over the causal LM")
     args = parser.parse_args()
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -102,10 +110,10 @@ def main() -> int:
             return 0 if r["exact"] else 1
         for mode, whole in (("sharded", False), ("whole-then-shard", True)):
             out = os.path.join(tmp, f"{mode}.pt")
-            spawn_ranks(_rank, args.world, lambda port: (port, args.world, model_dir, whole, out))
+            spawn_ranks(_rank, args.world, lambda port: (port, args.world, model_dir, whole, out, args.kind))
             results[mode] = torch.load(out)
     full = results["sharded"]["full_bytes"]
-    print(f"{args.shape}: {full / 4 / 1e6:.0f}M parameters, {full / 2**30:.2f} GiB in fp32, {args.world} ranks")
+    print(f"{args.shape} ({args.kind}): {full / 4 / 1e6:.0f}M parameters, {full / 2**30:.2f} GiB in fp32, {args.world} ranks")
     for mode, r in results.items():
         print(f"  {mode:<18} peak host-memory growth per rank {r['growth'] / 2**30:6.2f} GiB = {r['growth'] / full:.2f} of the model"
               f"  weights exact: {r['exact']}")

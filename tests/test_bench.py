@@ -94,3 +94,15 @@ def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path
     assert [r[0] for r in rows] == ["synchronous", "one-step-off", "fully async"], out
     assert rows[0][1] == "1.00" and rows[0][5] == "0" and int(rows[1][5]) <= 1 and int(rows[2][5]) <= 2, out  # staleness max
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_partial_rollout_benchmark_compares_waiting_and_interrupting_syncs(tmp_path):
+    """One-step-off for 3 steps, with and without partial rollouts: an interrupting sync does not wait for the batch
+    in flight (its sync wait is ~0), and staleness stays within one version."""
+    script = BENCH.parent / "partial_rollout.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "3", "--modes", "one-step-off", "--out", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = re.findall(r"^one-step-off, partial_rollout=(True|False)\s+[\d.]+\s+([\d.]+)x\s+[\d.]+\s+([\d.]+)\s.*/ (\d+)$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["False", "True"] and rows[0][1] == "1.00", out
+    assert float(rows[1][2]) < 0.01 and all(int(r[3]) <= 1 for r in rows), out

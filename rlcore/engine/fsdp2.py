@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
-from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files
+from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files, value_head_init
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
@@ -80,16 +80,20 @@ class FSDP2Engine(TrainEngine):
         # Full fine-tuning keeps fp32 masters; frozen weights (a reference, a LoRA base) are stored in model_dtype
         # (bf16: half the memory, as verl's reference).
         dtype = to_torch_dtype(spec.model_dtype) if spec.lora or not spec.trainable else torch.float32
-        # A causal LM in safetensors is built on the meta device and each rank reads only its shard's rows after
-        # sharding: no rank holds the whole model. A value model's head and LoRA's adapters are initialised at
-        # build, so those load whole and are sharded after.
-        on_meta = spec.kind == "causal_lm" and not spec.lora
+        # A model in safetensors is built on the meta device and each rank reads only its shard's rows after
+        # sharding: no rank holds the whole model. A value model over a causal LM's checkpoint draws its scalar head
+        # (one row) whole on every rank. LoRA's adapters are initialised at build, so a LoRA model loads whole and
+        # is sharded after.
+        on_meta = not spec.lora
         files = safetensors_files(resolve_model_path(spec.model_path)) if on_meta and spec.load_weights else None
         on_meta = on_meta and (files is not None or not spec.load_weights)
+        initial = {}
         if on_meta:
             with parameters_on_meta():
-                self.model = load_causal_lm(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn)
-        else:
+                self.model = load(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn)
+            initial = value_head_init(self.model, files) if files is not None else {}
+            on_meta = initial is not None  # None: names the checkpoint does not have (another layout): load whole
+        if not on_meta:
             self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn)
         self.hf_config = self.model.config
         blocks = decoder_layers(self.model)
@@ -107,7 +111,7 @@ class FSDP2Engine(TrainEngine):
         if on_meta:
             materialize(self.model, torch.device("cpu") if spec.offload_policy else device)
             if files is not None:
-                load_shards(self.model, files)
+                load_shards(self.model, files, initial)
         if spec.offload_policy:
             # FSDP2 keeps the sharded parameters (and so their gradients and AdamW state) in host memory and streams
             # each block to the device for its compute: moving the model here would undo that. Buffers (rotary

@@ -92,18 +92,41 @@ def materialize(model: nn.Module, device: torch.device) -> None:
             buffer.copy_(buffers[name])
 
 
+def value_head_init(model: nn.Module, files: dict[str, str]) -> dict[str, torch.Tensor] | None:
+    """A value model built on meta over a causal LM's checkpoint: the scalar head the checkpoint lacks, drawn as HF
+    initialises it (normal, std `initializer_range`, the process's RNG), whole (it is one row). {} when the
+    checkpoint has it (a reward model's), None when other parameters are missing (the caller loads whole)."""
+    missing = [name for name, _ in model.named_parameters() if name not in files]
+    if not missing:
+        return {}
+    if missing != ["score.weight"]:
+        return None
+    shape = model.get_parameter("score.weight").shape
+    return {"score.weight": torch.empty(shape).normal_(0.0, model.config.initializer_range)}
+
+
 @torch.no_grad()
-def load_shards(model: nn.Module, files: dict[str, str]) -> None:
-    """Fills each parameter's local shard from the checkpoint rows it covers. A parameter the checkpoint does not
-    have is an error naming it (a tied head is one parameter with the embedding, listed once)."""
+def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torch.Tensor] | None = None) -> None:
+    """Fills each parameter's local shard from the checkpoint rows it covers, or from `initial` (whole tensors of
+    parameters the checkpoint does not have). Any other parameter the checkpoint lacks is an error naming it (a
+    tied head is one parameter with the embedding, listed once)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    missing = [name for name, _ in model.named_parameters() if name not in files]
+    initial = initial or {}
+    for name, tensor in initial.items():
+        param = model.get_parameter(name)
+        if isinstance(param, DTensor):
+            shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+            param.to_local().copy_(tensor[offset[0] : offset[0] + shape[0]])
+        else:
+            param.copy_(tensor)
+    missing = [name for name, _ in model.named_parameters() if name not in files and name not in initial]
     if missing:
         raise KeyError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     by_file: dict[str, list[tuple[str, nn.Parameter]]] = {}
     for name, param in model.named_parameters():
-        by_file.setdefault(files[name], []).append((name, param))
+        if name not in initial:
+            by_file.setdefault(files[name], []).append((name, param))
     for file, params in by_file.items():
         with open(file, "rb") as f:
             data_start, header = read_header(f)

@@ -77,7 +77,7 @@ def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dty
 
 
 def load_value_model(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32,
-                     attn_implementation: str = "sdpa") -> torch.nn.Module:
+                     weights: bool = True, attn_implementation: str = "sdpa") -> torch.nn.Module:
     """A critic: the LM trunk at `path` with a scalar head `score` [hidden -> 1] on every position.
 
     The head is HF's token-classification `score` with no bias and no dropout, i.e. exactly the head of an HF
@@ -88,6 +88,8 @@ def load_value_model(path: str, override_config: dict[str, Any] | None = None, d
     config.num_labels = 1
     config.classifier_dropout = 0.0  # dropout on the value head only adds noise to regression targets
     config.token_classification_bias = False
+    if not weights:  # the architecture only (a sharded load fills it: rlcore.engine.sharded_load)
+        return AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     return AutoModelForTokenClassification.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation)
 
 

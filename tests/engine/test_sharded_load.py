@@ -53,3 +53,57 @@ def test_a_megatron_tp_rank_reads_only_its_pieces():
     assert out.returncode == 0, out.stdout + out.stderr  # non-zero: a loaded weight differs from the checkpoint
     fraction = float(re.search(r"= ([\d.]+) of the fp32 model", out.stdout).group(1))
     assert fraction <= MEGATRON_BOUND, out.stdout
+
+
+def _value_rank(rank, port, model_dir, out):
+    """A value model (critic) on 2 FSDP2 ranks, built on meta from `model_dir`: its gathered weights, and which load
+    path ran (the parameters' storage was never the whole model's)."""
+    import rlcore.engine.fsdp2 as fsdp2
+    from dist_utils import close_gloo, init_gloo
+    from rlcore.engine.base import EngineSpec
+
+    init_gloo(rank, 2, port)
+    torch.manual_seed(7)
+    loads = []
+    whole = fsdp2.load_value_model
+    fsdp2.load_value_model = lambda *a, **k: loads.append(k.get("weights", True)) or whole(*a, **k)
+    engine = fsdp2.FSDP2Engine(EngineSpec(model_path=model_dir, kind="value", trainable=True), torch.device("cpu"))
+    weights = {name: p.full_tensor().detach().clone() for name, p in engine.model.named_parameters()}
+    if rank == 0:
+        torch.save({"weights": weights, "loads": loads}, out)
+    close_gloo()
+
+
+@pytest.mark.parametrize("checkpoint", ["causal_lm", "reward_model"])
+def test_a_value_model_loads_sharded_with_its_head_drawn_or_read(tiny_model_dir, tmp_path, checkpoint):
+    """A critic over a causal LM's checkpoint is built on meta like the actor (no rank reads the whole model) and
+    draws its one-row head as HF would (normal, std initializer_range); over a reward model's it reads the head.
+    The trunk equals the checkpoint's exactly either way."""
+    from safetensors.torch import load_file, save_file
+
+    from dist_utils import spawn_ranks
+
+    model_dir = tiny_model_dir
+    if checkpoint == "reward_model":  # the causal LM's trunk with a trained-looking head, in a copy of its directory
+        import shutil
+
+        model_dir = str(tmp_path / "rm")
+        shutil.copytree(tiny_model_dir, model_dir)
+        tensors = load_file(f"{model_dir}/model.safetensors")
+        tensors["score.weight"] = torch.full((1, tensors["model.norm.weight"].numel()), 0.125)
+        save_file(tensors, f"{model_dir}/model.safetensors")
+    out = tmp_path / "value.pt"
+    spawn_ranks(_value_rank, 2, lambda port: (port, model_dir, str(out)))
+    got = torch.load(out)
+    checkpoint_tensors = load_file(f"{model_dir}/model.safetensors")
+    assert got["loads"] == [False]  # the architecture on meta, then each rank's rows: never the whole model
+    trunk = {name: t for name, t in got["weights"].items() if name != "score.weight"}
+    assert trunk and all(torch.equal(t, checkpoint_tensors[name]) for name, t in trunk.items())
+    head = got["weights"]["score.weight"]
+    if checkpoint == "reward_model":
+        assert torch.equal(head, checkpoint_tensors["score.weight"])
+    else:
+        from transformers import AutoConfig
+
+        std = AutoConfig.from_pretrained(model_dir).initializer_range
+        assert head.shape == (1, trunk["model.norm.weight"].numel()) and 0.5 * std < float(head.std()) < 1.5 * std
