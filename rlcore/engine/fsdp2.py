@@ -91,8 +91,9 @@ class FSDP2Engine(TrainEngine):
         if on_meta:
             with parameters_on_meta():
                 self.model = load(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn)
-            initial = value_head_init(self.model, files) if files is not None else {}
-            on_meta = initial is not None  # None: names the checkpoint does not have (another layout): load whole
+            if files is not None and spec.kind != "causal_lm":
+                initial = value_head_init(self.model, files)
+                on_meta = initial is not None  # None: the checkpoint names its tensors otherwise: load whole
         if not on_meta:
             self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn)
         self.hf_config = self.model.config

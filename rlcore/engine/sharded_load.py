@@ -94,13 +94,14 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 
 def value_head_init(model: nn.Module, files: dict[str, str]) -> dict[str, torch.Tensor] | None:
     """A value model built on meta over a causal LM's checkpoint: the scalar head the checkpoint lacks, drawn as HF
-    initialises it (normal, std `initializer_range`, the process's RNG), whole (it is one row). {} when the
-    checkpoint has it (a reward model's), None when other parameters are missing (the caller loads whole)."""
-    missing = [name for name, _ in model.named_parameters() if name not in files]
-    if not missing:
-        return {}
-    if missing != ["score.weight"]:
+    initialises it (normal, std `initializer_range`, the process's RNG), whole (it is one row); {} when the
+    checkpoint has it (a reward model's). None when no parameter's name is in the checkpoint (another naming: the
+    caller loads whole, through HF's mapping); other missing tensors are left for load_shards to name."""
+    names = [name for name, _ in model.named_parameters()]
+    if not any(name in files for name in names):
         return None
+    if "score.weight" in files or "score.weight" not in names:
+        return {}
     shape = model.get_parameter("score.weight").shape
     return {"score.weight": torch.empty(shape).normal_(0.0, model.config.initializer_range)}
 

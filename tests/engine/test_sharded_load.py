@@ -107,3 +107,22 @@ def test_a_value_model_loads_sharded_with_its_head_drawn_or_read(tiny_model_dir,
 
         std = AutoConfig.from_pretrained(model_dir).initializer_range
         assert head.shape == (1, trunk["model.norm.weight"].numel()) and 0.5 * std < float(head.std()) < 1.5 * std
+
+
+def test_a_value_model_names_what_its_checkpoint_lacks_and_loads_another_naming_whole(tiny_model_dir):
+    """Over a causal LM's checkpoint only the value head may be missing (drawn); a missing trunk tensor is left for
+    load_shards to name, as for the actor; a checkpoint whose names match nothing goes through HF's own mapping."""
+    from rlcore.engine.sharded_load import load_shards, parameters_on_meta, value_head_init
+    from rlcore.models.hf import load_value_model
+
+    files = safetensors_files(tiny_model_dir)
+    with parameters_on_meta():
+        model = load_value_model(tiny_model_dir, weights=False)
+    head = value_head_init(model, files)
+    assert list(head) == ["score.weight"] and head["score.weight"].shape == model.get_parameter("score.weight").shape
+    assert value_head_init(model, {**files, "score.weight": files["model.norm.weight"]}) == {}  # a reward model's
+    assert value_head_init(model, {f"transformer.{name}": f for name, f in files.items()}) is None
+    broken = {name: f for name, f in files.items() if name != "model.layers.0.mlp.down_proj.weight"}
+    model.to_empty(device="cpu")
+    with pytest.raises(KeyError, match="model.layers.0.mlp.down_proj.weight"):
+        load_shards(model, broken, value_head_init(model, broken))
