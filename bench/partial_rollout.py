@@ -51,6 +51,7 @@ def run_mode(extra: list[str], args, run_dir: str) -> dict:
             "median_step_s": statistics.median(intervals), "pause_s": statistics.mean(pauses),
             "wait_s": statistics.mean(r["async/wait_for_samples_s"] for r in steps[1:]),
             "partial": statistics.mean(r["async/partial_ratio"] for r in steps),
+            "response_length": statistics.mean(r["response_length/mean"] for r in steps),
             "staleness_mean": statistics.mean(r["async/staleness_mean"] for r in steps),
             "staleness_max": max(r["async/staleness_max"] for r in steps)}
 
