@@ -81,4 +81,3 @@ def test_compute_prox_log_prob_recomputes_the_old_policy_and_corrects_with_is_we
     assert all("timing_s/old_log_prob" in r for r in rows)  # the proximal pass ran every step
     stale = [r for r in rows if r["async/staleness_max"] == 1]
     assert stale and all(r["rollout_corr/log_ppl_abs_diff"] > 0 for r in stale), rows  # behaviour != proximal there
-
