@@ -138,8 +138,9 @@ class RolloutEngine(ABC):
         the stream must not be cut into several calls at arbitrary boundaries.
         """
 
-    def sleep(self) -> None:
-        """Frees generation memory (KV cache; with vLLM also the weights) between rollouts."""
+    def sleep(self, level: int = 2) -> None:
+        """Frees generation memory between rollouts: level 1 the KV cache (and what points into it), level 2 the
+        weights as well, for a sync that sends every weight anyway (vLLM's levels; rlcore.workers.phases)."""
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-acquires what sleep() freed: "weights" before a weight update, "kv_cache" before generating."""

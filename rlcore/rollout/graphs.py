@@ -12,10 +12,12 @@ shapes and the same buffers every time. So the static step:
   and nothing asks the device for it (`int(pos.max())` is a host sync); a graph per (batch, key-length) bucket;
 - writes its logits into a persistent output buffer `[num_slots, vocab]`.
 
-A captured graph holds the pool's addresses: a pool allocated anew (another shape, or after sleep/wake_up) drops
-the graphs and they are captured again on first use. Weight updates copy into the same parameter storage, so
-graphs stay valid across them. Safety net: the first replay of each bucket is compared with the eager decode;
-a capture that raises or a replay that differs makes the engine warn once and decode eagerly from then on.
+A captured graph holds the addresses of the pool and of the weights. Weight updates copy into the same storage, so
+the graphs stay valid across them, and an engine that never sleeps captures each bucket once. sleep() frees the
+pool (and at level 2 the weights): `release()` drops the graphs with their private memory pool and static buffers,
+and they are captured again on first use after the wake-up; so is a pool allocated anew in another shape. Safety
+net: the first replay of every capture is compared with the eager decode; a capture that raises or a replay that
+differs makes the engine warn once and decode eagerly from then on.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class DecodeGraphs:
         self.decoder, self.pool, self.vocab_size, self.kv_block = decoder, pool, vocab_size, kv_block
         self.sizes, self.capture = sorted(set(sizes)), capture
         self.disabled = False  # set once, by the safety net: this engine decodes eagerly from then on
-        self.verified: set[tuple[int, int]] = set()  # buckets whose replay matched the eager decode (kept across re-captures)
+        self.verified: set[tuple[int, int]] = set()  # buckets whose current graph's replay matched the eager decode
         self.check_first_replay = True  # tests turn it off to see every step take the static path
         self.graphs: dict[tuple[int, int], Callable[[], None]] = {}  # (batch, key length) bucket -> replay
         self.num_captures = 0  # over the engine's life: a rollout's share shows what re-capturing costs
@@ -110,10 +112,16 @@ class DecodeGraphs:
         key = (pool.num_slots, pool.max_len, tuple(t.data_ptr() for t in (*pool.keys, *pool.values)))
         if key == self._pool_key:
             return
-        self.graphs, self._pool_key = {}, key
+        self.graphs, self.verified, self._pool_key = {}, set(), key
         slots, device = pool.num_slots, pool.device
         self.token, self.pos, self.start = (torch.zeros(slots, dtype=torch.long, device=device) for _ in range(3))
         self.out = torch.zeros(slots, self.vocab_size, dtype=pool.geometry.dtype, device=device)
+
+    def release(self) -> None:
+        """Drops every graph, their memory pool and the static buffers (the engine's sleep: what they point at is
+        freed); the next decode captures again, each bucket checked against the eager decode again."""
+        self.graphs, self.verified, self._pool_key, self._mempool = {}, set(), None, None
+        self.token = self.pos = self.start = self.out = None
 
     def _fill_inputs(self, token: torch.Tensor, pos: torch.Tensor, size: int) -> None:
         """Device-to-device copies into the static inputs; padding rows get token 0 at position 0 from start 0."""

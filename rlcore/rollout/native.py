@@ -110,6 +110,11 @@ class NativeRollout(RolloutEngine):
         # so a stream that carries it (or leaves it out, as rlcore's engines do) loads either way.
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         self._params.update(dict(self.model.named_buffers()))
+        # sleep(level=2) frees the parameters' storages in place (fused views share theirs) and wake_up(["weights"])
+        # re-allocates them, so every view and the fused GEMMs follow; `_unfilled` names what no sync has refilled yet.
+        self._storages = list({p.untyped_storage().data_ptr(): p for p in self.model.parameters()}.values()) if self._owns_model else []
+        self._storage_bytes = [p.untyped_storage().nbytes() for p in self._storages]
+        self._unfilled: dict[int, str] = {}  # id(parameter) -> its first name, while the weights await a sync
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.gpu_memory_utilization, self.kv_cache_memory_bytes = gpu_memory_utilization, kv_cache_memory_bytes
@@ -130,10 +135,14 @@ class NativeRollout(RolloutEngine):
 
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self._weights_freed():
+            raise RuntimeError("update_weights() while the native rollout's weights sleep (sleep(level=2)): call wake_up(['weights']) "
+                               "first (rlcore.rollout.weight_sync.sync_weights does)")
         for name, tensor in weights:
             if name not in self._params:
                 raise KeyError(f"rollout model has no weight {name!r}; the training and rollout architectures differ")
             self._params[name].copy_(tensor.to(self.device))
+            self._unfilled.pop(id(self._params[name]), None)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams, keep_kv: bool = False,
@@ -142,6 +151,14 @@ class NativeRollout(RolloutEngine):
         `prefix_of[r]`: row r continues row `prefix_of[r]` of the previous call (its ids start with that row's ids
         and sampled tokens): its kept KV is copied in and only the rest is prefilled (multi-turn: the last sampled
         token and the appended tool response). A row whose ids do not continue the kept ones is prefilled whole."""
+        if self._weights_freed():
+            raise RuntimeError("native rollout: generate() while sleep(level=2) has freed the weights: wake_up(['weights']) and sync "
+                               "them first (rlcore.rollout.weight_sync.sync_weights)")
+        if self._unfilled:
+            names = sorted(self._unfilled.values())
+            raise RuntimeError(f"native rollout: generate() after sleep(level=2) freed the weights, and the sync since filled all but "
+                               f"{len(names)} of them ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): sync every weight "
+                               f"after wake_up(['weights']), or sleep(level=1) to keep them (LoRA's adapted-only syncs)")
         was_training, attention = self.model.training, self.model.config._attn_implementation
         self.model.eval()
         if self.decoder is None:  # HF modules read the pool through the registered attention function
@@ -370,12 +387,6 @@ class NativeRollout(RolloutEngine):
         return self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
                           **{self.cache_keyword: cache}).logits[:, -1]
 
-    def memory_bytes(self) -> dict[str, int]:
-        # A model passed in is the training model itself (no copy of its own): its bytes are the engine's params.
-        own = self._owns_model
-        weights = sum(t.numel() * t.element_size() for t in {id(p): p for p in self._params.values()}.values()) if own else 0
-        return {"rollout_weights": weights, "kv_cache": self.pool.nbytes}
-
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
 
@@ -383,14 +394,35 @@ class NativeRollout(RolloutEngine):
         self.generator.set_state(state["generator"])
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """With a KV budget (explicit bytes, or CUDA), "kv_cache" allocates the whole pool now, as vLLM does:
+        """"weights" re-allocates what sleep(level=2) freed (uninitialised: the sync that follows fills every weight).
+        With a KV budget (explicit bytes, or CUDA), "kv_cache" allocates the whole pool now, as vLLM does:
         `max_num_seqs` sequences of `max_model_len` tokens, or as many as the budget holds. Without one (CPU), the
         pool is sized to each generate() call instead (a batch rarely needs max_num_seqs x max_model_len)."""
+        if (tags is None or "weights" in tags) and self._weights_freed():
+            for param, nbytes in zip(self._storages, self._storage_bytes):
+                param.untyped_storage().resize_(nbytes)
+            self._unfilled = {id(p): name for name, p in reversed(list(self.model.named_parameters(remove_duplicate=False)))}
         if (tags is None or "kv_cache" in tags) and self.max_model_len and self.kv_budget_bytes() is not None:
             self.pool.acquire(self._num_slots(self.max_num_seqs, 1, self.max_model_len), self.max_model_len)
 
-    def sleep(self) -> None:
+    def sleep(self, level: int = 2) -> None:
+        """Level 1 frees the KV cache, the KV kept between turns and the decode graphs (their memory pool and static
+        buffers: a graph holds the pool's addresses, so it is captured again after the wake-up, and checked again).
+        Level 2 frees the engine's own weights as well (a model passed in is not the engine's): the next sync must
+        refill every one of them after wake_up(["weights"]), which a full sync does and LoRA's adapted-only one does not."""
         self.pool.release()
         self.kept = None
+        if self.graphs is not None:
+            self.graphs.release()
+        if level >= 2 and self._storages and not self._weights_freed():
+            for param in self._storages:
+                param.untyped_storage().resize_(0)
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # hand the pool's blocks back to the device
+            torch.cuda.empty_cache()  # hand the freed blocks back to the device
+
+    def _weights_freed(self) -> bool:
+        return bool(self._storages) and self._storages[0].untyped_storage().nbytes() == 0
+
+    def memory_bytes(self) -> dict[str, int]:
+        # A model passed in is the training model itself (no copy of its own): the ledger counts it as params.
+        return {"rollout_weights": sum(p.untyped_storage().nbytes() for p in self._storages), "kv_cache": self.pool.nbytes}

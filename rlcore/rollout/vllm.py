@@ -240,9 +240,9 @@ class VLLMRollout(RolloutEngine):
             self.llm.wake_up(tags=tags)
             self._awake |= set(tags or ("weights", "kv_cache"))
 
-    def sleep(self) -> None:
+    def sleep(self, level: int = 2) -> None:
         if self.device.type == "cuda":  # CPU: vLLM has no sleep mode (it would log a warning and do nothing)
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=level)  # level 1 keeps the weights in host memory; either way they leave the device
             self._awake.clear()
 
     def memory_bytes(self) -> dict[str, int]:

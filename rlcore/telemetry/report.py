@@ -188,7 +188,7 @@ def format_report(run_dir: str) -> str | None:
 
 
 LEDGER_PHASES = ("generate", "old_log_prob", "ref", "update_actor", "update_critic")
-LEDGER_CATEGORIES = ("params", "grads", "optimizer", "rollout_weights", "kv_cache", "transient", "peak")
+LEDGER_CATEGORIES = ("params", "grads", "optimizer", "rollout_weights", "kv_cache", "transient", "allocated", "peak")
 
 
 def memory_lines(rows: list[dict], facts: dict) -> list[str]:

@@ -82,7 +82,8 @@ class ActorRolloutRefWorker(RoleWorker):
         timing.update(stats)
         memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]), device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
-            self.rollout.sleep()
+            # Level 2 frees the rollout's weights too, unless the next sync sends only LoRA's adapted ones.
+            self.rollout.sleep(level=1 if self._rollout_has_base and self.rollout.keeps_weights else 2)
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
         return DataProto.from_dict(out, meta_info={"timing": timing, "memory": memory})
 

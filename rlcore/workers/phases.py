@@ -14,6 +14,8 @@ the same order):
 `enter` brings onto the device what the next phase needs, of the state the role's offload flags send away
 (`param_offload`, `grad_offload`, `optimizer_offload`); `leave` sends the flagged state back to the host. State a
 flag does not offload stays on the device throughout, which the memory plan (rlcore.plan.memory) counts as such.
+After generating, the rollout sleeps (`free_cache_engine`): level 2 frees its KV cache and its weights, since the
+next sync refills every weight; with LoRA, whose syncs send only the adapted weights, level 1 keeps them.
 `ledger` reports what a phase holds, by category, from the engines' own account of where their state is.
 """
 
@@ -88,7 +90,9 @@ def ledger(phase: str, engines: dict[str, TrainEngine], rollout: RolloutEngine |
            device: torch.device | None = None) -> dict[str, float]:
     """`perf/memory/<phase>/<category>_gib`: what this rank holds on its compute device during `phase`, summed over
     its engines (actor and reference share a device), plus the rollout's weights and KV cache, the largest transient
-    buffer (the weight sync's bucket), and on CUDA the allocator's peak since the phase began (`peak_gib`)."""
+    buffer (the weight sync's bucket), and on CUDA what the allocator holds as the ledger is read (`allocated_gib`: the
+    categories but the transient one, and but FSDP2's gradients after an update, which its optimizer step freed;
+    the rest is what nothing accounts for) and its peak since the phase began (`peak_gib`)."""
     held = dict.fromkeys(STATE_KINDS, 0)
     for engine in engines.values():
         for kind, nbytes in engine_ledger(engine, phase).items():
@@ -98,6 +102,7 @@ def ledger(phase: str, engines: dict[str, TrainEngine], rollout: RolloutEngine |
     held["transient"] = transient_bytes
     out = {f"perf/memory/{phase}/{kind}_gib": nbytes / 2**30 for kind, nbytes in held.items()}
     if device is not None and device.type == "cuda":
+        out[f"perf/memory/{phase}/allocated_gib"] = torch.cuda.memory_allocated(device) / 2**30
         out[f"perf/memory/{phase}/peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
 

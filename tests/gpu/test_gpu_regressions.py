@@ -4,24 +4,11 @@ kept as regression tests, the packed path's kernels against padding in bf16, and
     python -m pytest -m gpu tests/gpu            # on a CUDA machine
 """
 
-import os
-from datetime import timedelta
-
 import pytest
 import torch
-import torch.distributed as dist
-from dist_utils import free_port, make_rollout_batch
+from dist_utils import make_rollout_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-@pytest.fixture
-def nccl():
-    """A one-rank NCCL group: what a GPU worker has, and where a CPU tensor in a collective raises."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1, timeout=timedelta(seconds=60))
-    yield torch.device("cuda", 0)
 
 
 def test_dynamic_bsz_counts_and_loss_normalisers_run_on_an_nccl_group(nccl):

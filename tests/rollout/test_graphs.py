@@ -101,7 +101,8 @@ def test_a_new_pool_drops_the_graphs_and_the_same_pool_keeps_them(model_dir):
     static.generate(ids, mask, SamplingParams(max_tokens=4, do_sample=False))  # the pool is kept: same graphs
     assert static.stats["graph_captures"] == 0
     assert all(graphs.graphs[size] is replay for size, replay in kept.items())
-    static.sleep()
+    static.sleep(level=1)  # the KV cache only: the weights stay
+    assert graphs.graphs == {} and graphs.verified == set() and graphs.out is None
     static.pool.acquire(6, 32)  # another shape, as wake_up with another budget would allocate
     graphs._follow_pool()
     assert graphs.graphs == {} and graphs.out.shape[0] == 6 and graphs.token.shape[0] == 6

@@ -110,7 +110,7 @@ def test_pool_bytes_are_keys_and_values_of_every_layer(tiny_model_dir, model):
     ids, mask = grouped_prompts(3, 2)
     rollout.generate(ids, mask, SamplingParams(max_tokens=5, stop_token_ids=[EOS], seed=0))
     assert rollout.pool.nbytes == 6 * (6 + 5) * geometry.bytes_per_token  # one slot per row, prompt + response long
-    rollout.sleep()
+    rollout.sleep(level=1)
     assert rollout.pool.nbytes == 0 and rollout.pool.keys == []
     rollout.generate(ids, mask, SamplingParams(max_tokens=5, stop_token_ids=[EOS], seed=0))  # wakes by itself
     assert rollout.pool.nbytes > 0

@@ -129,3 +129,36 @@ def test_checking_for_finished_rows_every_few_steps_changes_nothing_but_the_work
     torch.testing.assert_close(expected, sampled.response_log_probs, atol=1e-5, rtol=1e-5)
     for row, row_mask in zip(sampled.responses, sampled.response_mask):
         assert (row[int(row_mask.sum()):] == 0).all()
+
+
+def test_sleep_level_2_frees_the_weights_and_only_a_full_sync_brings_them_back(tiny_model_dir):
+    """The hybrid engine's sleep between steps: level 1 keeps the engine's own weight copy (LoRA syncs send only the
+    adapted weights), level 2 frees it in place, views into the fused GEMMs included, and a sync refills it."""
+    model = load_causal_lm(tiny_model_dir).eval()
+    rollout = NativeRollout(tiny_model_dir, pad_token_id=0, device=torch.device("cpu"), seed=0)
+    weights = list(model.state_dict().items())
+    rollout.update_weights(weights)
+    ids, mask = torch.randint(6, 40, (4, 5), generator=torch.Generator().manual_seed(0)), torch.ones(4, 5, dtype=torch.long)
+    greedy = SamplingParams(max_tokens=6, do_sample=False)
+    before = rollout.generate(ids, mask, greedy)
+    held = rollout.memory_bytes()["rollout_weights"]
+    assert rollout.decoder is not None and held == sum(p.numel() * 4 for p in model.parameters())  # fp32, a tied head once
+    rollout.sleep(level=1)
+    assert rollout.memory_bytes() == {"rollout_weights": held, "kv_cache": 0}
+    torch.testing.assert_close(rollout.generate(ids, mask, greedy).response_log_probs, before.response_log_probs, atol=0, rtol=0)
+
+    rollout.sleep(level=2)
+    assert rollout.memory_bytes() == {"rollout_weights": 0, "kv_cache": 0}
+    with pytest.raises(RuntimeError, match=r"wake_up\(\['weights'\]\)"):
+        rollout.generate(ids, mask, greedy)
+    with pytest.raises(RuntimeError, match=r"call wake_up\(\['weights'\]\) first"):
+        rollout.update_weights(weights)
+    rollout.wake_up(["weights"])
+    assert rollout.memory_bytes()["rollout_weights"] == held
+    rollout.update_weights(w for w in weights if w[0] != "model.layers.0.self_attn.k_proj.weight")
+    with pytest.raises(RuntimeError, match=r"all but 1 of them \(model.layers.0.self_attn.k_proj.weight\)"):
+        rollout.generate(ids, mask, greedy)
+    rollout.update_weights(weights)
+    after = rollout.generate(ids, mask, greedy)
+    assert torch.equal(after.responses, before.responses)
+    torch.testing.assert_close(after.response_log_probs, before.response_log_probs, atol=0, rtol=0)

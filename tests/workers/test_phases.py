@@ -82,6 +82,8 @@ def check_ledgers(backend: str, offload: bool, steps: list[dict[str, dict[str, f
         # The sync's bucket as gathered: the whole (tiny) model here, not the 2 GiB the bucket setting allows.
         assert 0 < gen["transient"] <= 1.01 * upd["params"], (gen["transient"], upd["params"])
         assert old["kv_cache"] == ref["kv_cache"] == upd["kv_cache"] == 0  # free_cache_engine: slept after generating
+        # ...at level 2: the native engine's own weight copy left too (the next sync refills every weight)
+        assert old["rollout_weights"] == ref["rollout_weights"] == upd["rollout_weights"] == 0
         assert upd["params"] > 0 and upd["grads"] > 0 and upd["optimizer"] > 0
         assert old["params"] > 0 and ref["params"] > 0
         if offload:

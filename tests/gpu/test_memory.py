@@ -1,0 +1,165 @@
+"""Memory on a real GPU (marker `gpu`; skipped without CUDA), what a CPU cannot show because device and host are one
+memory there (rlcore.workers.phases):
+
+- the ledger's categories add up to what the CUDA allocator holds, per phase, offload on and off;
+- FSDP2's `offload_policy` keeps the parameters in pinned host memory on CUDA and computes what the resident model does;
+- the native engine in bf16 through sleep(level=2) -> wake -> sync -> re-captured CUDA graphs: its weights, KV cache and
+  graph pool leave the device, and the graphs it captures again are checked again and decode the same tokens.
+
+    python -m pytest -m gpu -s tests/gpu/test_memory.py   (-s prints the measured tables)
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "workers"))  # the GRPO step's helpers, shared with the CPU ledger test
+from test_model_families import grpo_batch, prompts_batch  # noqa: E402
+from test_phases import OFFLOAD, gib  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def half_b_dir(tmp_path_factory) -> str:
+    """A random Qwen2.5-0.5B-shaped model over the character tokenizer: large enough that the allocator's own
+    overhead (cuBLAS workspaces, rounding) is small beside the state the ledger counts."""
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.models.random_init import build_model_dir
+
+    return build_model_dir(str(tmp_path_factory.mktemp("m") / "qwen2.5-0.5b"), "qwen2.5-0.5b", build_char_tokenizer())
+
+
+@pytest.mark.parametrize("offload", [True, False], ids=["offload", "resident"])
+def test_the_ledger_adds_up_to_the_allocator_per_phase(nccl, half_b_dir, tiny_task_dir, tmp_path, offload):
+    from e2e_utils import tiny_cfg
+    from omegaconf import OmegaConf
+
+    from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    overrides = OFFLOAD["fsdp2"] if offload else []
+    cfg = OmegaConf.to_container(tiny_cfg(half_b_dir, tiny_task_dir, tmp_path, "actor_rollout_ref.rollout.n=4",
+                                          "actor_rollout_ref.rollout.response_length=16", "data.train_batch_size=3",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.dtype=bfloat16",
+                                          "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", *overrides), resolve=True)
+    worker = ActorRolloutRefWorker(cfg, 0, 1, "cuda")
+    worker.init_model(total_steps=2)
+    rows = {}
+    for _ in range(2):  # the second step: AdamW's moments exist
+        out = worker.generate_sequences(prompts_batch(worker.actor.hf_config.vocab_size))
+        metrics = {"generate": out.meta_info["memory"]}
+        old, ref = worker.compute_log_prob(out), worker.compute_ref_log_prob(out)
+        metrics["old_log_prob"], metrics["ref"] = old.meta_info["memory"], ref.meta_info["memory"]
+        metrics["update_actor"] = worker.update_actor(grpo_batch(out, worker))
+        rows = {phase: gib(m, phase) | {"allocated": m[f"perf/memory/{phase}/allocated_gib"], "peak": m[f"perf/memory/{phase}/peak_gib"]}
+                for phase, m in metrics.items()}
+    print(f"\nledger vs allocator, {torch.cuda.get_device_name()}, offload={offload} (GiB)")
+    for phase, row in rows.items():
+        print(f"  {phase:<13}" + " ".join(f"{k}={v:.3f}" for k, v in row.items()))
+    for phase, row in rows.items():
+        held = sum(row[c] for c in ("params", "grads", "optimizer", "rollout_weights", "kv_cache"))
+        if phase == "update_actor":
+            # Read after the optimizer step, which frees FSDP2's gradients: they count in the phase, not at its end.
+            held -= row["grads"]
+            assert row["peak"] >= row["params"] + row["grads"] + row["optimizer"]
+        assert abs(row["allocated"] - held) <= 0.05 * row["allocated"], (phase, row)
+    assert rows["old_log_prob"]["rollout_weights"] == rows["old_log_prob"]["kv_cache"] == 0  # slept at level 2
+    if offload:
+        assert rows["generate"]["params"] == rows["generate"]["optimizer"] == 0
+        assert rows["old_log_prob"]["optimizer"] == 0 and rows["old_log_prob"]["allocated"] < 0.5 * rows["update_actor"]["peak"]
+
+
+def test_offload_policy_keeps_parameters_in_pinned_host_memory_on_cuda(nccl, half_b_dir):
+    from dist_utils import make_rollout_batch
+
+    from rlcore.data.micro_batches import MicroBatchSpec
+    from rlcore.engine.base import EngineSpec
+    from rlcore.engine.fsdp2 import FSDP2Engine
+    from rlcore.protocol import DataProto
+    from rlcore.workers.actor import compute_log_prob
+
+    data = DataProto.from_dict(make_rollout_batch(8, 12, 24, 100, seed=3))
+    mask = data.batch["response_mask"].bool()
+    out = {}
+    for policy in (True, False):
+        before = torch.cuda.memory_allocated()
+        engine = FSDP2Engine(EngineSpec(model_path=half_b_dir, param_dtype="bf16", offload_policy=policy), nccl)
+        locals_ = [p.to_local() for p in engine.model.parameters()]
+        on_device = torch.cuda.memory_allocated() - before
+        if policy:
+            assert all(t.device.type == "cpu" and t.is_pinned() for t in locals_)
+            assert on_device < 16 * MIB, on_device  # nothing of the 2 GB fp32 model
+        else:
+            assert all(t.device.type == "cuda" for t in locals_)
+        out[policy] = compute_log_prob(engine, data, MicroBatchSpec(rows=8), 1.0, with_entropy=False).batch["log_probs"]
+        if policy:
+            assert all(p.to_local().device.type == "cpu" for p in engine.model.parameters())  # resharded back to host
+        del engine, locals_
+        torch.cuda.empty_cache()
+    torch.testing.assert_close(out[True][mask], out[False][mask], atol=0, rtol=0)  # the same bf16 compute on the same weights
+
+
+def test_native_graphs_in_bf16_through_sleep_wake_and_recapture(half_b_dir):
+    """The hybrid engine's step, on the native engine: sync, generate on graphs, sleep(level=2), and again."""
+    from rlcore.models.hf import load_causal_lm
+    from rlcore.rollout.base import SamplingParams
+    from rlcore.rollout.native import NativeRollout
+
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 0)
+    weights = [(name, t.detach().to(device, torch.bfloat16)) for name, t in load_causal_lm(half_b_dir).named_parameters()]
+    sampling = SamplingParams(max_tokens=64, do_sample=False)
+    ids = torch.randint(6, 40, (32, 16), generator=torch.Generator().manual_seed(0)).repeat_interleave(4, 0)
+    mask = torch.ones_like(ids)
+
+    def step(rollout) -> tuple:
+        rollout.wake_up(["weights"])
+        rollout.update_weights(iter(weights))
+        rollout.wake_up(["kv_cache"])
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = rollout.generate(ids, mask, sampling)
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - start
+
+    eager = NativeRollout(half_b_dir, pad_token_id=0, device=device, dtype="bfloat16", max_num_seqs=128, max_model_len=96,
+                          kv_cache_memory_bytes=2 * 2**30, enforce_eager=True)
+    reference, eager_s = step(eager)
+    del eager
+    torch.cuda.empty_cache()
+    base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    rollout = NativeRollout(half_b_dir, pad_token_id=0, device=device, dtype="bfloat16", max_num_seqs=128, max_model_len=96,
+                            kv_cache_memory_bytes=2 * 2**30)
+    graphs = rollout.graphs
+    first, first_s = step(rollout)
+    captures, checked = rollout.stats["graph_captures"], set(graphs.verified)
+    awake = rollout.memory_bytes()
+    start = time.perf_counter()
+    replayed = rollout.generate(ids, mask, sampling)  # kept pool: replays only
+    torch.cuda.synchronize()
+    replay_s = time.perf_counter() - start
+    assert rollout.stats["graph_captures"] == 0
+    held = torch.cuda.memory_allocated() - base
+
+    rollout.sleep(level=2)
+    asleep, asleep_reserved = torch.cuda.memory_allocated() - base, torch.cuda.memory_reserved() - base_reserved
+    assert rollout.memory_bytes() == {"rollout_weights": 0, "kv_cache": 0} and graphs.graphs == {} and graphs.verified == set()
+    second, second_s = step(rollout)
+    print(f"\nnative rollout, bf16, 0.5B shape, {torch.cuda.get_device_name()}: weights {awake['rollout_weights'] / MIB:.0f} MiB, "
+          f"KV {awake['kv_cache'] / MIB:.0f} MiB, held awake {held / MIB:.0f} MiB, after sleep(level=2) {asleep / MIB:.1f} MiB "
+          f"allocated / {asleep_reserved / MIB:.1f} MiB reserved above the start; {captures} captures; generate: eager "
+          f"{eager_s:.2f} s, first with captures {first_s:.2f} s, replays only {replay_s:.2f} s, after wake (re-capture) {second_s:.2f} s")
+    assert not graphs.disabled and captures > 0 and checked
+    assert rollout.stats["graph_captures"] > 0 and graphs.verified == checked  # captured again, and checked again
+    assert asleep < 8 * MIB and asleep_reserved < 64 * MIB  # weights, KV cache, graph pool and static buffers all left
+    assert held >= awake["rollout_weights"] + awake["kv_cache"]
+    for out in (replayed, second):
+        assert torch.equal(out.responses, first.responses)
+    # bf16 graphs sum attention over more (masked) keys than the eager decode: a greedy tie may flip late in a row.
+    agree = (first.responses == reference.responses).float().mean().item()
+    assert agree > 0.9, agree
