@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Hashable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 class HostBuffers:
@@ -21,9 +22,14 @@ class HostBuffers:
         self.buffers: dict[Hashable, torch.Tensor] = {}
 
     def to_host(self, key: Hashable, tensor: torch.Tensor) -> torch.Tensor:
-        """A host tensor holding `tensor`'s values (the same buffer for the same key while its shape holds)."""
+        """A host tensor holding `tensor`'s values (the same buffer for the same key while its shape holds). A DTensor
+        (FSDP2's sharded optimizer state) keeps its layout: its local shard goes into the buffer and comes back wrapped
+        the same way, so the onload's `.to(device)` restores it as it was."""
         if not self.keep:
             return tensor.detach().to("cpu", copy=True)
+        if isinstance(tensor, DTensor):
+            local = self.to_host(key, tensor.to_local())
+            return DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape, stride=tensor.stride())
         buffer = self.buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
             buffer = self.buffers[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=self.pin)

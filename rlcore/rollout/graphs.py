@@ -145,7 +145,9 @@ class DecodeGraphs:
         # is a full decode step of the current inputs; the replay repeats it.
         device = self.pool.device
         if self._mempool is None:
-            self._mempool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+            self._mempool = torch.cuda.graph_pool_handle()
+        if self._stream is None:  # kept across release(): cuBLAS keeps a workspace per stream for the process's life
+            self._stream = torch.cuda.Stream(device)
         current = torch.cuda.current_stream(device)
         self._stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()

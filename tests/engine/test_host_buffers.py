@@ -21,3 +21,22 @@ def test_a_cpu_engine_gets_fresh_copies_and_keeps_nothing():
     copy = host.to_host("w", source)
     assert copy.data_ptr() != source.data_ptr() and torch.equal(copy, source)
     assert host.to_host("w", source) is not copy and host.buffers == {}
+
+
+def test_a_dtensor_keeps_its_layout_through_a_kept_buffer():
+    """FSDP2's AdamW moments are DTensors: copying one into a plain host buffer raised "got mixed torch.Tensor and
+    DTensor" at the first optimizer offload on an H200 (CPU engines take the fresh-copy path, which never showed it)."""
+    from dist_utils import close_gloo, free_port, init_gloo
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    init_gloo(0, 1, free_port())
+    mesh = init_device_mesh("cpu", (1,))
+    moment = distribute_tensor(torch.arange(12.0).reshape(4, 3), mesh, [Shard(0)])
+    host = HostBuffers(torch.device("cpu"), keep=True)
+    first = host.to_host("exp_avg", moment)
+    again = host.to_host("exp_avg", moment * 2)
+    assert isinstance(again, DTensor) and again.placements == moment.placements and again.device_mesh == mesh
+    assert again.to_local().data_ptr() == first.to_local().data_ptr() == host.buffers["exp_avg"].data_ptr()  # refilled in place
+    assert torch.equal(again.full_tensor(), torch.arange(12.0).reshape(4, 3) * 2)
+    close_gloo()
