@@ -233,7 +233,7 @@ class FSDP2Engine(TrainEngine):
             for key, value in state.items():
                 # 0-dim entries (AdamW's step count) stay where the optimizer keeps them.
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
-                    state[key] = host.to_host((index, key), value) if device.type == "cpu" else value.to(device, non_blocking=True)
+                    state[key] = host.to_host((index, key), value) if device.type == "cpu" else host.to_device((index, key), value, device)
         host.sync()
 
     # Gradients exist only between a backward and the optimizer step (zero_grad(set_to_none=True)); there is no

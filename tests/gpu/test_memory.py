@@ -9,6 +9,7 @@ memory there (rlcore.workers.phases):
     python -m pytest -m gpu -s tests/gpu/test_memory.py   (-s prints the measured tables)
 """
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -164,6 +165,7 @@ def test_native_graphs_in_bf16_through_sleep_wake_and_recapture(half_b_dir):
                           kv_cache_memory_bytes=2 * 2**30, enforce_eager=True)
     reference, eager_s = step(eager)
     del eager
+    gc.collect()  # an earlier test's engines, if a cycle still holds them, must not leave during the measurement
     torch.cuda.empty_cache()
     base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     rollout = NativeRollout(half_b_dir, pad_token_id=0, device=device, dtype="bfloat16", max_num_seqs=128, max_model_len=96,

@@ -8,6 +8,7 @@ from dist_utils import close_gloo, free_port, init_gloo, spawn_ranks
 from test_model_families import family_cfg, grpo_batch, prompts_batch
 
 import rlcore.workers.actor_rollout_ref as arr
+from rlcore.engine.megatron.offload import _owners
 from rlcore.rollout.base import RolloutEngine
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.workers import phases
@@ -135,6 +136,15 @@ def _megatron_phases(rank, port, model_dir, task_dir, out_dir, offload):
     steps = [run_step(worker), run_step(worker)]
     check_ledgers("megatron", offload, steps, seen[0])
     assert worker.actor.resident == (frozenset() if offload else {"params", "grads", "optimizer"})
+    # The ledger counts an fp32 model's AdamW moments, two per parameter, not the parameters a second time...
+    sizes = worker.actor.state_bytes()
+    assert sizes["optimizer"] == pytest.approx(2 * sizes["params"], rel=0.01), sizes  # the DDP buffer pads the parameters
+    # ...and the device really lets them go (each storage's bytes, not the engine's account): parameters brought
+    # back alone leave again, although the optimizer that steps them is offloaded (they stayed, on an H200).
+    phases.enter(worker.actor, "old_log_prob")
+    phases.leave(worker.actor)
+    held = sum(t.untyped_storage().nbytes() for t in _owners(worker.actor, params=True, grads=True, optimizer=True))
+    assert (held == 0) if offload else held >= sum(sizes.values())
     close_gloo()
 
 
