@@ -24,6 +24,7 @@ from test_phases import OFFLOAD, gib  # noqa: E402
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 MIB = 2**20
+RUNTIME_GIB = 0.125  # the allocator's bytes that belong to no engine (cuBLAS workspaces, NCCL), measured below 0.11 GiB
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +98,13 @@ def test_the_ledger_adds_up_to_the_allocator_per_phase(half_b_dir, tiny_task_dir
     print(f"\nledger vs allocator, {backend}, offload={offload} (GiB above {found['base']:.3f} before the worker)")
     for phase, row in rows.items():
         print(f"  {phase:<13}" + " ".join(f"{k}={v:.3f}" for k, v in row.items()) + f" unaccounted={row['allocated'] - held(phase, row):+.3f}")
+    # What nothing accounts for is the runtime's: cuBLAS's workspaces (one more for the graphs' capture stream) and
+    # NCCL's buffers, 0.064-0.105 GiB in every phase on an H200 at 76dc662. Left-behind state shows as a jump between
+    # phases (before the offload fixes: +1.4 and +2.7 GiB where the state had "left"), so the rest must be constant.
+    unaccounted = [row["allocated"] - held(phase, row) for phase, row in rows.items()]
     for phase, row in rows.items():
-        assert abs(row["allocated"] - held(phase, row)) <= 0.05 * row["allocated"], (phase, row)
+        assert abs(row["allocated"] - held(phase, row)) <= 0.05 * row["allocated"] + RUNTIME_GIB, (phase, row)
+    assert max(unaccounted) - min(unaccounted) < 0.0625, unaccounted
     update = rows["update_actor"]
     assert update["peak"] >= update["params"] + update["grads"] + update["optimizer"]
     assert rows["old_log_prob"]["rollout_weights"] == rows["old_log_prob"]["kv_cache"] == 0  # slept at level 2
