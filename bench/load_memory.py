@@ -7,6 +7,7 @@ checkpoint's exactly in both modes.
     python bench/load_memory.py --shape small         # ~60M parameters (what tests/engine/test_sharded_load.py runs)
     python bench/load_memory.py --backend megatron    # the Megatron engine at TP2: each rank reads its TP pieces
     python bench/load_memory.py --kind value          # a critic (value model) over the causal LM's checkpoint
+    python bench/load_memory.py --kind lora           # LoRA (rank 8, every linear) over the causal LM's checkpoint
 """
 
 from __future__ import annotations
@@ -39,18 +40,22 @@ def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.sharded_load import parameters_on_meta
     from rlcore.models.hf import load_causal_lm, load_value_model
+    from rlcore.models.lora import LoraSpec
 
     init_gloo(rank, world, port)
+    torch.manual_seed(0)  # LoRA's A: every rank draws the same
     if whole:  # the load before: the whole checkpoint on every rank, sharded after
         fsdp2.safetensors_files = lambda path: None
     with parameters_on_meta():  # imports and first-use set-up of the modeling code are not the load's memory
-        (load_causal_lm if kind == "causal_lm" else load_value_model)(model_dir, weights=False)
+        (load_value_model if kind == "value" else load_causal_lm)(model_dir, weights=False)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the peak resident set (VmHWM) to the current one
     before = rss_kib("VmRSS")
-    engine = fsdp2.FSDP2Engine(EngineSpec(model_path=model_dir, kind=kind, trainable=False), torch.device("cpu"))
+    spec = EngineSpec(model_path=model_dir, kind="value" if kind == "value" else "causal_lm", trainable=kind == "lora",
+                      lora=LoraSpec(8, 16) if kind == "lora" else None)
+    engine = fsdp2.FSDP2Engine(spec, torch.device("cpu"))
     growth = (rss_kib("VmHWM") - before) * 1024
-    if kind == "causal_lm":
+    if kind != "value":  # LoRA: merged weights, W + s * B @ A with B still zero: the checkpoint's exactly
         weights = dict(engine.rollout_weights())  # collective; gathered after the measurement
     else:  # a critic: its trunk is the checkpoint's (its head is drawn, the checkpoint's lm_head unused)
         weights = {name: p.full_tensor() for name, p in engine.model.named_parameters() if name != "score.weight"}
@@ -59,7 +64,7 @@ def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
 
         checkpoint = load_file(os.path.join(model_dir, "model.safetensors"))
         full_bytes = sum(t.numel() * 4 for t in checkpoint.values())
-        if kind != "causal_lm":
+        if kind == "value":
             checkpoint = {k: v for k, v in checkpoint.items() if k != "lm_head.weight"}
         exact = weights.keys() == checkpoint.keys() and all(torch.equal(weights[k], v) for k, v in checkpoint.items())
         torch.save({"growth": growth, "exact": exact, "full_bytes": full_bytes}, out)
@@ -92,7 +97,8 @@ def main() -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--backend", choices=("fsdp2", "megatron"), default="fsdp2")
-    parser.add_argument("--kind", choices=("causal_lm", "value"), default="causal_lm", help="value: a critic over the causal LM")
+    parser.add_argument("--kind", choices=("causal_lm", "value", "lora"), default="causal_lm",
+                        help="value: a critic over the causal LM; lora: LoRA adapters over it")
     args = parser.parse_args()
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

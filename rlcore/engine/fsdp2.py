@@ -82,12 +82,13 @@ class FSDP2Engine(TrainEngine):
         dtype = to_torch_dtype(spec.model_dtype) if spec.lora or not spec.trainable else torch.float32
         # A model in safetensors is built on the meta device and each rank reads only its shard's rows after
         # sharding: no rank holds the whole model. A value model over a causal LM's checkpoint draws its scalar head
-        # (one row) whole on every rank. LoRA's adapters are initialised at build, so a LoRA model loads whole and
-        # is sharded after.
-        on_meta = not spec.lora
+        # (one row) whole on every rank; so does LoRA its adapters (r rows each; B starts at zero), and its base is
+        # read under the checkpoint's names. An adapter read from disk (lora_adapter_path) or a LoRA value model
+        # (a trained copy of its head) loads whole and is sharded after.
+        on_meta = not spec.lora or (spec.kind == "causal_lm" and not spec.lora.adapter_path)
         files = safetensors_files(resolve_model_path(spec.model_path)) if on_meta and spec.load_weights else None
         on_meta = on_meta and (files is not None or not spec.load_weights)
-        initial = {}
+        initial, rename = {}, (lambda name: name)
         if on_meta:
             with parameters_on_meta():
                 self.model = load(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn)
@@ -101,6 +102,8 @@ class FSDP2Engine(TrainEngine):
         if spec.lora:  # before sharding: fully_shard then sees the adapters as parameters of their blocks
             self.model = lora.apply_lora(self.model, spec.lora, value_head=spec.kind != "causal_lm")
             self._scalings = lora.scalings(self.model)
+            if on_meta:
+                initial, rename = lora.initial_adapters(self.model), lora.hf_name
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
         if self.ulysses is not None:
             reason = check_heads(self.hf_config.num_attention_heads, sp)
@@ -112,7 +115,7 @@ class FSDP2Engine(TrainEngine):
         if on_meta:
             materialize(self.model, torch.device("cpu") if spec.offload_policy else device)
             if files is not None:
-                load_shards(self.model, files, initial)
+                load_shards(self.model, files, initial, rename)
         if spec.offload_policy:
             # FSDP2 keeps the sharded parameters (and so their gradients and AdamW state) in host memory and streams
             # each block to the device for its compute: moving the model here would undo that. Buffers (rotary

@@ -15,7 +15,7 @@ import math
 import os
 import struct
 from contextlib import contextmanager
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import torch
 from torch import nn
@@ -107,10 +107,12 @@ def value_head_init(model: nn.Module, files: dict[str, str]) -> dict[str, torch.
 
 
 @torch.no_grad()
-def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torch.Tensor] | None = None) -> None:
+def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torch.Tensor] | None = None,
+                rename: Callable[[str], str] = lambda name: name) -> None:
     """Fills each parameter's local shard from the checkpoint rows it covers, or from `initial` (whole tensors of
     parameters the checkpoint does not have). Any other parameter the checkpoint lacks is an error naming it (a
-    tied head is one parameter with the embedding, listed once)."""
+    tied head is one parameter with the embedding, listed once). `rename`: a parameter's name in the checkpoint
+    (a peft model's base weights are the HF checkpoint's under other names)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     initial = initial or {}
@@ -121,13 +123,13 @@ def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torc
             param.to_local().copy_(tensor[offset[0] : offset[0] + shape[0]])
         else:
             param.copy_(tensor)
-    missing = [name for name, _ in model.named_parameters() if name not in files and name not in initial]
+    missing = [rename(name) for name, _ in model.named_parameters() if rename(name) not in files and name not in initial]
     if missing:
         raise KeyError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     by_file: dict[str, list[tuple[str, nn.Parameter]]] = {}
     for name, param in model.named_parameters():
         if name not in initial:
-            by_file.setdefault(files[name], []).append((name, param))
+            by_file.setdefault(files[rename(name)], []).append((rename(name), param))
     for file, params in by_file.items():
         with open(file, "rb") as f:
             data_start, header = read_header(f)

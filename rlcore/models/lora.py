@@ -10,6 +10,7 @@ computed tensor by tensor as the stream passes (the training model itself is nev
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -59,6 +60,19 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, value_head: bool = False)
             # Adapters train in fp32 whatever the frozen base is stored in (model_dtype=bf16 halves the base).
             param.data = param.data.float()
     return wrapped
+
+
+def initial_adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Whole initial values of every adapter factor of a peft model built on the meta device (where peft's own
+    initialisation drew nothing): A as peft draws it (kaiming-uniform, a=sqrt(5)), B zero, so the adapted model
+    starts as the base. A is r rows, small: every rank draws it whole from the same RNG stream and keeps its shard."""
+    out = {}
+    for name, param in model.named_parameters():
+        if f".lora_A.{ADAPTER}." in name:
+            out[name] = torch.nn.init.kaiming_uniform_(torch.empty(param.shape, dtype=param.dtype), a=math.sqrt(5))
+        elif f".lora_B.{ADAPTER}." in name:
+            out[name] = torch.zeros(param.shape, dtype=param.dtype)
+    return out
 
 
 def scalings(model: torch.nn.Module) -> dict[str, float]:

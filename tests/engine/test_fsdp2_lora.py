@@ -189,3 +189,24 @@ def test_two_sharded_ranks_stream_the_same_merged_weights(tiny_model_dir, data, 
     for name in single:
         diff = (sharded[name] - single[name]).abs()
         assert diff.max() <= bound and (diff <= 1e-5).float().mean() >= 0.95, (name, diff.max())
+
+
+def test_lora_loads_on_meta_with_adapters_drawn_as_peft_draws_them(pg, tiny_model_dir):
+    """No whole model on any rank: the peft model is built on meta, its base read by HF name, its adapters drawn
+    whole (A kaiming-uniform within 1/sqrt(fan_in), B zero: the adapted model starts as the base)."""
+    import rlcore.engine.fsdp2 as fsdp2
+
+    loads = []
+    whole = fsdp2.load_causal_lm
+    fsdp2.load_causal_lm = lambda *a, **k: loads.append(k.get("weights", True)) or whole(*a, **k)
+    try:
+        engine = lora_engine(tiny_model_dir)
+    finally:
+        fsdp2.load_causal_lm = whole
+    assert loads == [False]
+    factors = {name: p.full_tensor() for name, p in engine.model.named_parameters() if ".lora_" in name}
+    a = [t for name, t in factors.items() if ".lora_A." in name]
+    assert a and all(t.abs().max() <= 1 / t.shape[1] ** 0.5 and t.std() > 0.3 / t.shape[1] ** 0.5 for t in a)
+    assert all(not t.any() for name, t in factors.items() if ".lora_B." in name)
+    base = load_causal_lm(tiny_model_dir).state_dict()
+    assert all(torch.equal(t, base[name]) for name, t in engine.rollout_weights())  # merged with B = 0: the checkpoint
