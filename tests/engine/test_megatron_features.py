@@ -19,10 +19,10 @@ def nll(outputs, mb):
     return -(outputs["log_probs"] * mask).sum() / mask.sum(), {"nll": 0.0}
 
 
-def spec(model_dir, tp, **kw):
+def spec(model_dir, tp, transformer=None, **kw):
     from rlcore.engine.base import EngineSpec
 
-    megatron = dict(tensor_model_parallel_size=tp, use_distributed_optimizer=True, seed=1)
+    megatron = dict(tensor_model_parallel_size=tp, use_distributed_optimizer=True, seed=1, override_transformer_config=transformer or {})
     return EngineSpec(model_path=model_dir, megatron=megatron, param_dtype="float32", lr=1e-2, weight_decay=0.1, **kw)
 
 
@@ -44,6 +44,14 @@ def _tp2_main(rank, port, model_dir, out):
     init_gloo(rank, 2, port)
     cpu = torch.device("cpu")
     data = DataProto.from_dict(make_rollout_batch(6, 6, 5, 100, seed=1))
+
+    def tp_attributes(engine):
+        return {f"{c}.{n}": (getattr(p, "tensor_model_parallel", False), getattr(p, "partition_dim", -1), getattr(p, "partition_stride", 1))
+                for c, chunk in enumerate(engine.model) for n, p in chunk.named_parameters()}
+
+    # rlcore builds without megatron-core's init (the checkpoint fills every weight) and sets the TP attributes itself
+    attributes = [tp_attributes(build_engine("megatron", spec(model_dir, 2, transformer=t), cpu))
+                  for t in (None, {"perform_initialization": True})]
     grads = []
     for checkpointing in (False, True):
         engine = build_engine("megatron", spec(model_dir, 2, gradient_checkpointing=checkpointing), cpu)
@@ -60,7 +68,7 @@ def _tp2_main(rank, port, model_dir, out):
     after = engine.optimizer_step()
     moved = any(not torch.equal(before[k], v) for k, v in weights(engine).items())  # collective: every rank
     if rank == 0:
-        torch.save({"recompute": engine.config.recompute_granularity, "grads": grads, "skipped": skipped, "unchanged": unchanged,
+        torch.save({"attributes": attributes, "recompute": engine.config.recompute_granularity, "grads": grads, "skipped": skipped, "unchanged": unchanged,
                     "after": after, "moved": moved}, out)
     close_gloo()
 
@@ -120,6 +128,11 @@ def test_gradient_checkpointing_recomputes_every_layer_with_identical_gradients(
     plain, recomputed = tp2["grads"]
     for key, grad in plain.items():
         torch.testing.assert_close(recomputed[key], grad, atol=1e-7, rtol=1e-6, msg=key)
+
+
+def test_weights_left_to_the_checkpoint_are_marked_tensor_parallel_as_megatron_core_marks_them(tp2):
+    ours, theirs = tp2["attributes"]
+    assert ours == theirs and sum(split for split, _, _ in ours.values()) >= 5  # qkv, proj, fc1, fc2, embedding
 
 
 def test_non_finite_gradients_skip_the_step_on_every_rank(tp2):

@@ -80,9 +80,10 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         attention_softmax_in_fp32=True,
         use_cpu_initialization=device.type == "cpu",
-        # Initialised although the HF weights overwrite it right after: megatron-core marks a weight as TP-split
-        # (which grad-norm and the optimizer rely on) only inside its init functions.
-        perform_initialization=True,
+        # Nothing drawn: the HF weights fill every parameter right after (weights.load_hf). On CPU megatron-core's
+        # init builds each weight whole before keeping the rank's piece, which put 0.66-0.79 of a 0.5B model on every
+        # TP2 rank during its load; build_chunks sets the TP attributes its init functions would have.
+        perform_initialization=False,
         # Token-budget micro-batches differ in length: pipeline stages exchange each activation's shape first.
         variable_seq_lengths=True,
         moe_token_dispatcher_type="alltoall",  # no MoE here, but the default ("allgather") refuses variable lengths
@@ -162,5 +163,24 @@ def build_chunks(hf_config, config: TransformerConfig, kind: str, device: torch.
         )
         if kind == "value" and model.post_process:
             model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
+        mark_tensor_parallel(model)
         chunks.append(model.to(device))
     return chunks
+
+
+def mark_tensor_parallel(model: torch.nn.Module) -> None:
+    """The attributes megatron-core's init functions set on a TP-split weight (grad-norm and the optimizer count a
+    split weight on every TP rank, a replicated one once): column-parallel layers and the vocabulary split dim 0,
+    row-parallel ones dim 1; a gated MLP's fc1 holds [gate; up] per rank, stride 2 (megatron-core's MLP passes it).
+    Biases and the rest get theirs at construction. tests/engine/test_megatron_features.py compares them with
+    megatron-core's own."""
+    from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                                      set_tensor_model_parallel_attributes)
+
+    gated = model.config.gated_linear_unit
+    for name, module in model.named_modules():
+        dim = 0 if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)) else 1 if isinstance(module, RowParallelLinear) else None
+        weight = getattr(module, "weight", None) if dim is not None else None
+        if weight is not None and not hasattr(weight, "tensor_model_parallel"):  # perform_initialization=True set them
+            stride = 2 if gated and name.endswith("mlp.linear_fc1") else 1
+            set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=dim, stride=stride)

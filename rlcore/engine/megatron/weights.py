@@ -22,6 +22,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from safetensors import safe_open
 
+from rlcore.engine.sharded_load import read_header, read_rows
 from rlcore.utils.dist import all_gather_flat, broadcast
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
@@ -107,6 +108,19 @@ class HFCheckpoint:
             return t[r, slice(*cols)] if cols else t[r]
 
 
+    def read_into(self, name: str, first_row: int, out: torch.Tensor) -> None:
+        """Rows `[first_row, first_row + len(out))` of `name` straight into `out`: plain reads, no mapping, and no
+        buffer of their own when the dtype matches (rlcore.engine.sharded_load.read_rows). The vocabulary's pieces,
+        a TP rank's largest, are read this way: as a slice of their own they were the load's largest transient."""
+        with open(self.file_of[name], "rb") as f:
+            start, header = read_header(f)
+            shape = header[name]["shape"]
+            if list(shape[1:]) != list(out.shape[1:]) or first_row + len(out) > (shape[0] if shape else 1):
+                raise ValueError(f"{name} has shape {tuple(shape)} in {self.file_of[name]}: rows {first_row}..{first_row + len(out)} "
+                                 f"of {tuple(out.shape[1:])} do not fit; the checkpoint does not match its config.json")
+            read_rows(f, start, header[name], first_row, out)
+
+
 def _qkv_geometry(config) -> tuple[int, int, int, int]:
     """(query groups per TP rank, query heads per group, head dim, tp)."""
     tp = config.tensor_model_parallel_size
@@ -153,6 +167,13 @@ def load_hf(chunks: list[torch.nn.Module], model_path: str, config, vocab_size: 
         if entry.hf_names == ("score.weight",) and "score.weight" not in ckpt:
             generator = torch.Generator().manual_seed(0)
             param.copy_(torch.randn(param.shape, generator=generator) * value_head_std)
+            continue
+        if entry.kind in ("vocab", "copy") and param.is_contiguous():  # whole rows: read in place
+            rows = padded_vocab // config.tensor_model_parallel_size
+            first = min(mpu.get_tensor_model_parallel_rank() * rows, vocab_size) if entry.kind == "vocab" else 0
+            count = min(first + rows, vocab_size) - first if entry.kind == "vocab" else param.shape[0]
+            ckpt.read_into(entry.hf_names[0], first, param[:count])
+            param[count:].zero_()  # the vocabulary's padding rows
             continue
         piece = local_piece(ckpt, entry, config, vocab_size, padded_vocab, param.shape)
         # Copied into the parameter as read (no padded copy: one piece is the load's whole transient).
