@@ -10,6 +10,7 @@ by its shard plus one slice, not by the model: at 32B in fp32, 16 GB per rank on
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -59,7 +60,9 @@ def read_rows(f: BinaryIO, data_start: int, meta: dict, start: int, out: torch.T
         target = out.reshape(-1).view(torch.uint8)
     else:
         target = torch.empty(nbytes, dtype=torch.uint8)
-    if f.readinto(memoryview(target.numpy())) != nbytes:
+    # A buffer over the tensor's memory, not `target.numpy()`: exporting a storage to numpy marks it non-resizable
+    # for good, and offloading (rlcore.engine.megatron.offload) frees a parameter by resizing its storage to 0.
+    if f.readinto(memoryview((ctypes.c_char * nbytes).from_address(target.data_ptr())).cast("B")) != nbytes:
         raise EOFError(f"{f.name}: the file ends inside a tensor (truncated checkpoint?)")
     if target.data_ptr() != out.data_ptr():
         out.copy_(target.view(dtype).reshape(out.shape))

@@ -40,6 +40,7 @@ def test_rows_are_read_in_place_or_converted(tmp_path):
         rows = torch.empty(2, 4)
         read_rows(f, start, header["a"], 3, rows)  # in place: same dtype, contiguous
         assert torch.equal(rows, tensors["a"][3:5])
+        rows.untyped_storage().resize_(0)  # still resizable, as Megatron's offload needs (numpy's export pinned it)
         upcast = torch.empty(4, dtype=torch.float32)
         read_rows(f, start, header["b"], 6, upcast)  # through a buffer: bf16 on disk, fp32 in the model
         assert torch.equal(upcast, tensors["b"][6:].float())
