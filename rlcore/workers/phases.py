@@ -90,9 +90,9 @@ def ledger(phase: str, engines: dict[str, TrainEngine], rollout: RolloutEngine |
            device: torch.device | None = None) -> dict[str, float]:
     """`perf/memory/<phase>/<category>_gib`: what this rank holds on its compute device during `phase`, summed over
     its engines (actor and reference share a device), plus the rollout's weights and KV cache, the largest transient
-    buffer (the weight sync's bucket), and on CUDA what the allocator holds as the ledger is read (`allocated_gib`: the
-    categories but the transient one, and but FSDP2's gradients after an update, which its optimizer step freed;
-    the rest is what nothing accounts for) and its peak since the phase began (`peak_gib`)."""
+    buffer (the weight sync's bucket), and on CUDA what the allocator holds as the ledger is read (`allocated_gib`:
+    the categories without the transient one, and after an FSDP2 update without the gradients its optimizer step
+    freed, plus the runtime's share that no category accounts for) and its peak since the phase began (`peak_gib`)."""
     held = dict.fromkeys(STATE_KINDS, 0)
     for engine in engines.values():
         for kind, nbytes in engine_ledger(engine, phase).items():

@@ -107,7 +107,6 @@ class HFCheckpoint:
             r = slice(*rows) if rows else slice(None)
             return t[r, slice(*cols)] if cols else t[r]
 
-
     def read_into(self, name: str, first_row: int, out: torch.Tensor) -> None:
         """Rows `[first_row, first_row + len(out))` of `name` straight into `out`: plain reads, no mapping, and no
         buffer of their own when the dtype matches (rlcore.engine.sharded_load.read_rows). The vocabulary's pieces,
