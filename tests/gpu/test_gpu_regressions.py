@@ -6,6 +6,7 @@ kept as regression tests, the packed path's kernels against padding in bf16, and
 
 import pytest
 import torch
+from gpu_fixtures import nccl  # noqa: F401  (a fixture)
 from dist_utils import make_rollout_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

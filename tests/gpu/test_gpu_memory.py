@@ -6,7 +6,7 @@ memory there (rlcore.workers.phases):
 - the native engine in bf16 through sleep(level=2) -> wake -> sync -> re-captured CUDA graphs: its weights, KV cache and
   graph pool leave the device, and the graphs it captures again are checked again and decode the same tokens.
 
-    python -m pytest -m gpu -s tests/gpu/test_memory.py   (-s prints the measured tables)
+    python -m pytest -m gpu -s tests/gpu/test_gpu_memory.py   (-s prints the measured tables)
 """
 
 import gc
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_fixtures import nccl  # noqa: F401  (a fixture)
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "workers"))  # the GRPO step's helpers, shared with the CPU ledger test
 from test_model_families import grpo_batch, prompts_batch  # noqa: E402

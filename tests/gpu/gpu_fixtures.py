@@ -1,3 +1,6 @@
+"""Fixtures of the GPU tests, imported by name into each file (a conftest.py here would shadow tests/conftest.py for the
+files that import its helpers: pytest's default import mode keys modules by file name)."""
+
 import os
 from datetime import timedelta
 
