@@ -1,9 +1,15 @@
-"""Shared fixtures: a real (tiny) HF model + tokenizer saved to a local directory, and the tiny task data."""
+"""Shared fixtures: a real (tiny) HF model + tokenizer saved to a local directory, the tiny task data, and the one
+local Ray cluster that the tests training through Ray join."""
 
 from __future__ import annotations
 
+import os
+from contextlib import ExitStack, contextmanager
+
 import pytest
 import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build_tiny_model_dir(path: str, seed: int = 0, layers: int = 2, hidden: int = 64, max_position_embeddings: int = 64) -> str:
@@ -69,14 +75,86 @@ def tiny_task_dir(tmp_path_factory) -> str:
     return out
 
 
+@contextmanager
+def _locked(path: str):
+    """One builder at a time for a folder under .cache (another pytest run, `make train`): the others wait."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield path
+
+
 @pytest.fixture(scope="session")
-def demo_assets(tmp_path_factory) -> str:
-    """The demo's own assets (task data + SFT warm-start that stops at 25% train-pool accuracy), built once."""
+def demo_assets() -> str:
+    """The demo's own assets (task data + SFT warm-start that stops at 25% train-pool accuracy) where `make train`
+    keeps them, .cache/tiny_cpu: prepare() reuses a build whose settings stamp matches and rebuilds a stale one, so
+    the SFT (about a minute) runs once for the main suite, the vLLM suite, the benchmarks and the demo together."""
     from rlcore.cli.prepare_tiny import prepare
 
-    out = tmp_path_factory.mktemp("demo_assets")
-    prepare(str(out))
-    return str(out)
+    with _locked(os.path.join(REPO, ".cache", "tiny_cpu")) as out:
+        prepare(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tools_assets() -> str:
+    """The tool-use demo's assets and SFT warm-start (~100 s) where `make train-tools` keeps them, .cache/tiny_tools,
+    reused in the same way."""
+    from rlcore.cli.prepare_tiny_tools import prepare
+
+    with _locked(os.path.join(REPO, ".cache", "tiny_tools")) as out:
+        prepare(out)
+    return out
+
+
+# The pytest run's local Ray cluster: started by the first test that asks for `ray_cluster`, shut down (with any of
+# its processes that outlive ray.shutdown) at the end of the run, or before a test that starts its own.
+_SHARED_RAY = ExitStack()
+
+
+def close_shared_ray() -> None:
+    """For a test that needs a driver without the shared cluster (it is started again by the next test asking)."""
+    _SHARED_RAY.close()
+
+
+@pytest.fixture
+def ray_cluster(request):
+    """For tests that train through Ray: rlcore's run() joins a running cluster instead of starting and stopping its
+    own (~6 s of each run on 2 cores), so they all join this one. After the test nothing of it is left on the
+    cluster: no live actor, no placement group, every CPU free, no worker process (what "Ray shut down" used to show).
+
+    A test marked `own_ray_cluster` runs as a user's run does instead: without the shared cluster, its run() starts
+    a cluster of its own (ray_kwargs.ray_init.num_cpus: split pools and extra resource pools need more logical CPUs
+    than the shared cluster's 2, which set each rank's threads) and must have shut it down at the end."""
+    import ray
+
+    from e2e_utils import assert_no_workers_left
+    from rlcore.controller.ray_session import ray_cluster as local_cluster
+
+    if request.node.get_closest_marker("own_ray_cluster"):
+        close_shared_ray()
+        yield
+        assert not ray.is_initialized(), "run() left the cluster it started running"
+        return
+    if not ray.is_initialized():  # first use, or a test shut it down (a test with a cluster of its own)
+        close_shared_ray()
+        _SHARED_RAY.enter_context(local_cluster(None, None))
+    yield
+    assert_no_workers_left()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    close_shared_ray()
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A test that sets torch's thread count (a toy SFT on one thread) does not slow every later test down."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,9 @@
 """Shared e2e set-up: the tiny recipe pointed at the test fixtures, small enough for CI."""
 
+import time
+
+import pytest
+
 from rlcore.config import compose
 
 
@@ -14,6 +18,60 @@ def tiny_cfg(model_dir, task_dir, out_dir, *overrides, config_name="ppo_trainer"
         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         *overrides,
     ], config_name=config_name)
+
+
+# The straight run of an exact-resume test keeps every step's checkpoint (the tiny recipe keeps only the newest).
+KEEP_EVERY_STEP = ("trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=null", "trainer.max_critic_ckpt_to_keep=null")
+
+
+def resume_overrides(ckpt_dir, step: int) -> tuple[str, str]:
+    """A run that resumes from `ckpt_dir`/global_step_`step` (verl's trainer.resume_mode=resume_path)."""
+    return "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt_dir}/global_step_{step}"
+
+
+def assert_same_steps(resumed: list[dict], straight: list[dict], keys, first: int) -> None:
+    """Exact resume, checked in two runs instead of three: `straight` trained every step (saving each), `resumed`
+    restarted from its checkpoint of step first - 1 and ran only steps first..end, each equal to the straight run's."""
+    by_step = {row["step"]: row for row in straight}
+    assert [row["step"] for row in resumed] == list(range(first, max(by_step) + 1))  # only the missing steps ran
+    for row in resumed:
+        for key in keys:
+            assert row[key] == pytest.approx(by_step[row["step"]][key], rel=1e-4, abs=1e-6), (row["step"], key)
+
+
+def assert_no_workers_left(timeout_s: float = 30.0) -> None:
+    """A run on a cluster it joined (the tests' shared one) ended everything it started there: no actor alive, no
+    placement group kept, every CPU free and no actor's process still running. Killing is asynchronous: waits up to
+    `timeout_s` for it, then names what is left."""
+    import psutil
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    def left() -> list[str]:
+        table = ray._private.state.actors().values()
+        actors = [f"actor {a['ActorClassName']} ({a['State']})" for a in table if a["State"] != "DEAD"]
+        groups = [f"placement group {pg_id[:8]} ({pg['state']})" for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"]
+        free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU")
+        cpus = [] if free == total else [f"{free} of {total} CPUs free"]
+        # An actor's process is titled ray::<its class> (ray::<class>.<method> while in a call).
+        titles = tuple(f"ray::{a['ActorClassName']}" for a in table)
+        procs = [f"process {p.pid} {p.info['name']}" for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith(titles)]
+        return actors + groups + cpus + procs
+
+    deadline = time.monotonic() + timeout_s
+    while (found := left()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not found, f"the run left on the cluster: {found}"
+
+
+def refuse_ray(monkeypatch) -> None:
+    """For runs that must stop before Ray starts (their errors are found first): reaching Ray fails the test."""
+    import rlcore.controller.ray_session as session
+
+    def reached(*_, **__):
+        raise AssertionError("the run reached Ray: it should have stopped before")
+
+    monkeypatch.setattr(session, "init_ray", reached)
 
 
 # A compute_score that counts its calls in a file (with reward_model.score_workers=0 one process scores them all)

@@ -87,6 +87,9 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
 
     # The controller only does bookkeeping (batch reshaping, rewards, advantages) on small tensors; extra
     # intra-op threads there just contend with the workers for cores (measured: 8 ms vs 20 us per index op).
+    # The caller's setting comes back afterwards: a program that trains and then computes (the reward-model demo
+    # mines hard negatives with the model it just trained) would otherwise run on one thread.
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, project_name=cfg.trainer.project_name,
                       experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True), **tracker_kwargs)
@@ -95,4 +98,5 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
             yield tracker
     finally:
         tracker.close()
+        torch.set_num_threads(threads)
     finish_run(run_dir)

@@ -72,6 +72,8 @@ def write_manifest(folder: str) -> None:
 def damage(folder: str) -> str | None:
     """What is wrong with a published step (the first damaged file), or None when it verifies."""
     path = os.path.join(folder, MANIFEST)
+    if not os.path.isdir(folder):  # a mistyped path, or a step trainer.max_*_ckpt_to_keep deleted
+        return f"{folder} does not exist"
     if not os.path.isfile(path):
         return f"{folder} has no {MANIFEST} (its save never completed)"
     try:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.controller.decorator import Dispatch, register
-from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool, init_ray
+from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
 from rlcore.controller.worker import Worker
 from rlcore.protocol import DataProto
 
@@ -40,15 +40,7 @@ class ToyWorker(Worker):
         return torch.get_num_threads()
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    started = init_ray(address=None, num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
-
-
-def test_worker_group_dispatch_over_gloo(local_ray):
+def test_worker_group_dispatch_over_gloo(ray_cluster):
     pool = ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu")
     group = RayWorkerGroup(ToyWorker, pool, scale=10)
     try:
@@ -71,7 +63,7 @@ def test_worker_group_dispatch_over_gloo(local_ray):
     ray.get(ray.remote(num_cpus=2)(lambda: True).remote(), timeout=60)
 
 
-def test_two_groups_colocate_on_one_pool(local_ray):
+def test_two_groups_colocate_on_one_pool(ray_cluster):
     """A critic-like second group shares the devices: each rank takes half a bundle, each group its own gloo group."""
     pool = ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu", max_colocate_count=2)
     first = RayWorkerGroup(ToyWorker, pool, scale=1)
@@ -86,13 +78,13 @@ def test_two_groups_colocate_on_one_pool(local_ray):
         pool.release()
 
 
-def test_placement_group_too_large_says_how_to_fix(local_ray):
+def test_placement_group_too_large_says_how_to_fix(ray_cluster):
     with pytest.raises(RuntimeError, match="n_gpus_per_node"):
         ResourcePool(nnodes=1, n_gpus_per_node=8, device="cpu", timeout_s=3).placement_groups()
 
 
 @pytest.mark.parametrize("ranks, cpus_per_rank", [(1, 2), (2, 1)])
-def test_a_cpu_rank_computes_with_the_cores_of_its_bundle(local_ray, ranks, cpus_per_rank):
+def test_a_cpu_rank_computes_with_the_cores_of_its_bundle(ray_cluster, ranks, cpus_per_rank):
     """One rank on the 2 CPUs runs 2 torch threads (Ray alone would pin it to 1); two ranks run 1 each."""
     pool = ResourcePool(nnodes=1, n_gpus_per_node=ranks, device="cpu", cpus_per_rank=cpus_per_rank)
     group = RayWorkerGroup(ToyWorker, pool, scale=1)

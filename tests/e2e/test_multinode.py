@@ -21,6 +21,9 @@ MAP_LINE = re.compile(r"^  node (\d) ([0-9a-f]{8}) @ (\S+)( \(driver\))?: (.*)$"
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    from conftest import close_shared_ray
+
+    close_shared_ray()  # run() would join it rather than the address it is given
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()

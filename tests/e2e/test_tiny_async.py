@@ -4,18 +4,20 @@ rollout in a thread of the controller, weights streamed between the pools over a
 import os
 
 import pytest
-import ray
 import torch
 
-from e2e_utils import tiny_cfg
+from e2e_utils import assert_no_workers_left, tiny_cfg
 from rlcore.train import run
 from test_tiny_grpo import read_metrics
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 
 SPLIT = ["actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
          "trainer.logger=['jsonl']", "data.val_max_samples=32"]
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "response_length/mean", "actor/entropy")
 
 
+@pytest.mark.own_ray_cluster  # 2 and 4 Ray CPUs: each rank computes with 2 threads in both runs
 def test_staleness_zero_is_the_synchronous_trainer(tiny_model_dir, tiny_task_dir, tmp_path):
     """staleness_threshold=0, trigger_parameter_sync_step=1, partial_rollout=False: the same samples and the same
     losses as the hybrid engine from the same seed, step for step. Each rank computes with 2 threads in both runs
@@ -44,7 +46,7 @@ def test_one_step_off_bounds_staleness_and_syncs_in_constant_time(tiny_model_dir
                    "trainer.save_freq=6", "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
                    "data.gen_batch_size=4", "async_training.require_batches=2")
     run(cfg, str(tmp_path / "run"))
-    assert not ray.is_initialized()
+    assert_no_workers_left()
     rows = read_metrics(tmp_path / "run")[1:]
     assert len(rows) == 6
     assert max(r["async/staleness_max"] for r in rows) == 1 and rows[0]["async/staleness_max"] == 0

@@ -2,12 +2,13 @@
 and a step that cannot be filled stops the run with the reason."""
 
 import pytest
-import ray
 
-from e2e_utils import tiny_cfg
+from e2e_utils import assert_no_workers_left, tiny_cfg
 from rlcore.config import compose
 from rlcore.config.validate import diagnose
 from rlcore.train import run
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 
 # Prompts whose sum is even score 1.0 for every sample (an all-equal group); the others score the parity of the
 # response's length, which differs within most groups of a random model.
@@ -55,7 +56,7 @@ def test_a_step_that_cannot_be_filled_stops_with_the_reason(tiny_model_dir, tiny
                    "algorithm.filter_groups.max_num_gen_batches=1")
     with pytest.raises(RuntimeError, match=r"1 generation batches \(max_num_gen_batches=1\) kept \d of the 8 prompts"):
         run(cfg, str(tmp_path / "run"))
-    assert not ray.is_initialized()
+    assert_no_workers_left()
 
 
 def test_overlong_buffer_in_the_dapo_recipe_form_equals_the_reward_kwargs_form(tiny_model_dir):

@@ -6,12 +6,15 @@ import os
 
 import pytest
 import ray
+import torch
 from transformers import AutoModelForCausalLM
 
-from e2e_utils import tiny_cfg
+from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, resume_overrides, tiny_cfg
 from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
 from rlcore.train import run
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 
 
 def read_jsonl_file(path):
@@ -46,9 +49,11 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
                    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
                    # 16 samples per rank through 8 KV slots: groups queue and join as slots free up
                    "actor_rollout_ref.rollout.max_num_seqs=8")
+    threads = torch.get_num_threads()
     final = run(cfg, str(tmp_path / "run"))
     assert final["rollout/kv_slots"] == 8 and final["rollout/prefills"] >= 2 and final["rollout/peak_running"] == 8
-    assert not ray.is_initialized()  # the controller shut down the cluster it started
+    assert_no_workers_left()
+    assert torch.get_num_threads() == threads  # the controller's one thread was for the run only
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]  # val before train, then two steps
     generations = [r for r in read_jsonl(tmp_path / "run") if "val_generations" in r]
@@ -93,11 +98,13 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "ckpt").iterdir())
 
 
+@pytest.mark.own_ray_cluster
 def test_an_exactly_on_policy_step_skips_the_old_log_prob_pass(tiny_model_dir, tiny_task_dir, tmp_path):
     # one mini-batch (8 prompts) and one epoch; the KL loss keeps the reference pass on
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=1", "trainer.val_before_train=False",
                    "trainer.test_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
     final = run(cfg, str(tmp_path / "run"))
+    assert not ray.is_initialized()  # a run without a cluster to join starts its own, and shuts it down
     assert "timing_s/old_log_prob" not in final and "timing_s/ref" in final
     assert final["actor/ppo_kl"] == 0.0 and final["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
     assert 0 < final["actor/entropy"] < math.log(AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size)
@@ -105,11 +112,9 @@ def test_an_exactly_on_policy_step_skips_the_old_log_prob_pass(tiny_model_dir, t
 
 @pytest.mark.numerics
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny_model_dir, tiny_task_dir, tmp_path):
-    common = ("trainer.val_before_train=False", "trainer.test_freq=-1")
-    straight = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", "trainer.total_training_steps=3", *common), str(tmp_path / "a"))
-    run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", "trainer.total_training_steps=2", "trainer.save_freq=1", *common), str(tmp_path / "b1"))
-    resumed = run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", "trainer.total_training_steps=3", *common), str(tmp_path / "b2"))
-    assert [r["step"] for r in read_metrics(tmp_path / "b2")] == [3]  # only the missing step ran
-    # Same data, same sampling RNG, same weights and optimizer state: step 3 is the same step.
-    for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-        assert resumed[key] == pytest.approx(straight[key], rel=1e-4, abs=1e-6), key
+    common = ("trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3")
+    run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", *KEEP_EVERY_STEP, *common), str(tmp_path / "a"))
+    run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", *resume_overrides(tmp_path / "a" / "ckpt", 1), *common), str(tmp_path / "b"))
+    # Same data, same sampling RNG, same weights and optimizer state: steps 2 and 3 are the same steps.
+    assert_same_steps(read_metrics(tmp_path / "b"), read_metrics(tmp_path / "a"),
+                      ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)

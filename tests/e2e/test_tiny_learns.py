@@ -8,6 +8,8 @@ import pytest
 from rlcore.config import compose
 from rlcore.train import run
 
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+
 
 def train_demo(assets, tmp_path, recipe, steps, *extra, config_name="ppo_trainer"):
     cfg = compose([

@@ -4,39 +4,39 @@ checkpoint, HF export and exact resume) and PPO with a pipeline-parallel Megatro
 import math
 
 import pytest
-import ray
 from transformers import AutoModelForCausalLM
 
-from e2e_utils import tiny_cfg
+from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, resume_overrides, tiny_cfg
 from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
 from rlcore.train import run
 from test_tiny_grpo import read_metrics
 
 pytest.importorskip("megatron.core")
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+
 MEGATRON = ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",)
 COMMON = ("trainer.val_before_train=False", "trainer.test_freq=-1")
 
 
 def test_grpo_on_megatron_tp2_trains_saves_an_hf_model_and_resumes_exactly(tiny_model_dir, tiny_task_dir, tmp_path):
-    def cfg(name, steps, *extra):
-        return tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / name, *MEGATRON, *COMMON, f"trainer.total_training_steps={steps}",
+    def cfg(name, *extra):
+        return tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / name, *MEGATRON, *COMMON, "trainer.total_training_steps=3",
                         *extra, config_name="ppo_megatron_trainer")
 
-    straight = run(cfg("a", 3), str(tmp_path / "a"))
-    assert not ray.is_initialized()
+    straight = run(cfg("a", *KEEP_EVERY_STEP), str(tmp_path / "a"))
+    assert_no_workers_left()
     for key in ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "timing_s/update_actor"):
         assert math.isfinite(straight[key]), key
-    run(cfg("b", 2, "trainer.save_freq=1"), str(tmp_path / "b1"))
-    resumed = run(cfg("b", 3), str(tmp_path / "b2"))
-    assert [r["step"] for r in read_metrics(tmp_path / "b2")] == [3]
-    for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-        assert resumed[key] == pytest.approx(straight[key], rel=1e-4, abs=1e-6), key
+    run(cfg("b", *resume_overrides(tmp_path / "a" / "ckpt", 1)), str(tmp_path / "b"))
+    assert_same_steps(read_metrics(tmp_path / "b"), read_metrics(tmp_path / "a"),
+                      ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "b" / "ckpt" / "global_step_3" / "actor" / "huggingface", local_files_only=True)
     assert hf.config.num_hidden_layers == 2
     # rlcore-plan's Megatron estimate against the measured peak of the busiest rank (CPU: the process's RSS)
-    plan, _ = diagnose(cfg("a", 3))
-    estimate = max(role.peak for role in memory_plan(cfg("a", 3), plan).roles)
+    plan, _ = diagnose(cfg("a"))
+    estimate = max(role.peak for role in memory_plan(cfg("a"), plan).roles)
     print(f"peak memory per rank: measured {straight['perf/max_memory_allocated_gb']:.3f} GiB, rlcore-plan {estimate:.3f} GiB")
     assert 0.5 < straight["perf/max_memory_allocated_gb"] / estimate < 2, (straight["perf/max_memory_allocated_gb"], estimate)
 

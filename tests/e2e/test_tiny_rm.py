@@ -6,13 +6,15 @@ import json
 
 import numpy as np
 import pytest
-import ray
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from e2e_utils import assert_no_workers_left, refuse_ray
 from rlcore.config import ConfigError
 from rlcore.data.synthetic import make_addition_rows, preference_pairs, write_parquet
 from rlcore.train_rm import compose_rm, run
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 
 
 def rm_cfg(model_dir, tmp_path, *overrides):
@@ -29,7 +31,7 @@ def test_rm_training_through_ray_exports_an_hf_reward_model(tiny_model_dir, tmp_
     cfg = rm_cfg(tiny_model_dir, tmp_path, "trainer.total_epochs=2", "trainer.test_freq=2", "model.lora_rank=4", "model.lora_alpha=8",
                  "data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=64")
     final = run(cfg, str(tmp_path / "run"))
-    assert not ray.is_initialized()
+    assert_no_workers_left()
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8] and all("val/accuracy" in r for r in rows[1::2])
     assert final["val/rows"] == 32 and 0 <= final["val/accuracy"] <= 1 and final["train/grad_norm"] > 0
@@ -48,12 +50,13 @@ def test_rm_training_through_ray_exports_an_hf_reward_model(tiny_model_dir, tmp_
     assert (tmp_path / "ckpt" / "global_step_8" / "rm" / "lora_adapter" / "adapter_config.json").is_file()
 
 
-def test_rm_config_errors_come_together_before_ray_starts(tiny_model_dir, tmp_path):
+def test_rm_config_errors_come_together_before_ray_starts(tiny_model_dir, tmp_path, monkeypatch):
     cfg = rm_cfg(tiny_model_dir, tmp_path, "data.train_batch_size=15", "data.truncation=right", "model.strategy=megatron")
+    refuse_ray(monkeypatch)
     with pytest.raises(ConfigError) as info:
         run(cfg, str(tmp_path / "run"))
     messages = info.value.messages
-    assert len(messages) == 3 and not ray.is_initialized()
+    assert len(messages) == 3
     assert messages[0].startswith("model.strategy=megatron is not supported for reward-model training")
     assert messages[1].startswith("data.truncation=right: a reward model reads its score at the last token")
     assert messages[2] == ("data.train_batch_size=15 pairs is not divisible by 2 ranks (trainer.nnodes x trainer.n_gpus_per_node): "
@@ -72,7 +75,7 @@ def test_ppo_whose_reward_is_the_trained_reward_model(tiny_model_dir, tiny_task_
                    f"reward_model.model.path={tmp_path}/rm", "reward_model.micro_batch_size_per_gpu=8",
                    "reward_model.model.fsdp_config.dtype=float32")
     final = run_ppo(cfg, str(tmp_path / "ppo" / "run"))
-    assert not ray.is_initialized()
+    assert_no_workers_left()
     # the untrained fixture policy never answers right: rule scores would be all 0, reward-model scores are not
     assert final["critic/score/min"] < final["critic/score/max"] and final["timing_s/reward_model"] > 0
     assert final["critic/grad_norm"] > 0 and final["actor/grad_norm"] > 0

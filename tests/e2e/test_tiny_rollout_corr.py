@@ -7,6 +7,8 @@ import pytest
 from e2e_utils import tiny_cfg
 from rlcore.train import run
 
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+
 RC = "algorithm.rollout_correction"
 STEP = ("trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=False")
 

@@ -2,11 +2,14 @@
 
 import json
 
-import ray
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from e2e_utils import assert_no_workers_left, resume_overrides
 from rlcore.train_sft import compose_sft, run
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 
 
 def test_sft_through_ray_lowers_the_loss_and_exports_the_model(tiny_model_dir, tiny_task_dir, tmp_path):
@@ -17,7 +20,7 @@ def test_sft_through_ray_lowers_the_loss_and_exports_the_model(tiny_model_dir, t
                        "model.fsdp_config.dtype=float32", "model.lora_rank=8", "model.lora_alpha=16", "trainer.logger=[jsonl]",
                        f"trainer.default_local_dir={tmp_path}/ckpt", f"trainer.export_dir={tmp_path}/model"])
     final = run(cfg, str(tmp_path / "run"))
-    assert not ray.is_initialized()
+    assert_no_workers_left()
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     val = [r["val/loss"] for r in rows if "val/loss" in r]
     assert len(rows) == 12 and len(val) == 2 and final["val/rows"] == 64
@@ -32,17 +35,19 @@ def test_sft_through_ray_lowers_the_loss_and_exports_the_model(tiny_model_dir, t
 def test_sft_resumes_exactly_where_it_stopped(tiny_model_dir, tiny_task_dir, tmp_path):
     from safetensors.torch import load_file
 
-    def sft(out, steps):
+    def sft(out, *extra):
         cfg = compose_sft([f"model.partial_pretrain={tiny_model_dir}", f"data.train_files=[{tiny_task_dir}/sft.parquet]", "data.val_files=[]",
                            "data.max_length=16", "data.train_batch_size=16", "data.micro_batch_size_per_gpu=4", "optim.lr=3e-3",
-                           f"trainer.total_training_steps={steps}", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
-                           "model.fsdp_config.dtype=float32", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}/ckpt"])
+                           "trainer.total_training_steps=4", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+                           "model.fsdp_config.dtype=float32", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}/ckpt", *extra])
         return run(cfg, str(out / "run"))
 
-    straight = sft(tmp_path / "a", 4)
-    sft(tmp_path / "b", 2)
-    resumed = sft(tmp_path / "b", 4)  # an interrupted run, started again with the full length: picks up at step 2
-    rows = [json.loads(line) for line in open(tmp_path / "b" / "run" / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and resumed["train/loss"] == straight["train/loss"]
+    def losses(out):
+        return {row["step"]: row["train/loss"] for row in map(json.loads, open(out / "run" / "metrics.jsonl"))}
+
+    straight = sft(tmp_path / "a", "trainer.save_freq=1")
+    # Interrupted after step 2 and started again from that checkpoint: steps 3 and 4, bit for bit.
+    resumed = sft(tmp_path / "b", *resume_overrides(tmp_path / "a" / "ckpt", 2))
+    assert losses(tmp_path / "b") == {step: loss for step, loss in losses(tmp_path / "a").items() if step > 2}
     a, b = (load_file(f"{d}/model.safetensors") for d in (straight["checkpoint"], resumed["checkpoint"]))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical weights

@@ -7,18 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from rlcore.cli.prepare_tiny_tools import prepare
 from rlcore.config import compose
 from rlcore.train import run
 
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+
 STEPS = 20
-
-
-@pytest.fixture(scope="module")
-def tools_assets(tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("tools_assets"))
-    prepare(out)  # ~105 s: the warm-start's SFT
-    return out
 
 
 @pytest.mark.slow

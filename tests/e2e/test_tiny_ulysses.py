@@ -12,6 +12,8 @@ from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
 from rlcore.train import run
 
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+
 # examples/ppo_trainer/run_deepseek7b_llm_sp2.sh (verl 0.5; the KL lines as its config tree names them)
 VERL_PPO_SP2 = """
 data.train_files=$HOME/data/gsm8k/train.parquet data.val_files=$HOME/data/gsm8k/test.parquet data.train_batch_size=1024

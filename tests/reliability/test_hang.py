@@ -5,8 +5,11 @@ import time
 
 import pytest
 
-from e2e_utils import signalling_scorer, tiny_cfg
+from e2e_utils import assert_no_workers_left, signalling_scorer, tiny_cfg
 from rlcore.train import run
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_a_stopped_worker_ends_the_run_naming_it(tiny_model_dir, tiny_task_dir, tmp_path):
@@ -28,4 +31,7 @@ def test_a_stopped_worker_ends_the_run_naming_it(tiny_model_dir, tiny_task_dir, 
     assert took < 90, took
     import psutil
 
+    t = time.monotonic()
+    assert_no_workers_left()
+    print(f"workers gone {time.monotonic() - t:.1f} s after the run ended")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # the stopped rank is gone too

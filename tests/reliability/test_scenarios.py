@@ -11,14 +11,13 @@ import os
 import time
 
 import pytest
-import ray
 import torch
 
-from e2e_utils import tiny_cfg
+from e2e_utils import refuse_ray, tiny_cfg
 from rlcore.data.synthetic import make_addition_rows, write_parquet
 from rlcore.train import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 FLAKY = """
 import time
@@ -88,16 +87,16 @@ def test_a_hanging_scorer_fails_the_step_within_the_stated_bound(tiny_model_dir,
     assert timeout_s <= scoring_s < 2 * timeout_s + 2
 
 
-def test_bad_rows_stop_the_run_before_ray_starts_with_their_locations(tiny_model_dir, tmp_path):
+def test_bad_rows_stop_the_run_before_ray_starts_with_their_locations(tiny_model_dir, tmp_path, monkeypatch):
     rows = make_addition_rows(12, 1, 2, seed=0)
     rows[4]["prompt"] = []
     rows[7]["reward_model"] = {"style": "rule"}
     rows[9]["data_source"] = "gsm9k"
     bad = write_parquet(rows, str(tmp_path / "train.parquet"))
     write_parquet(make_addition_rows(8, 1, 2, seed=1), str(tmp_path / "test.parquet"))
+    refuse_ray(monkeypatch)
     with pytest.raises(ValueError) as info:
         run(tiny_cfg(tiny_model_dir, tmp_path, tmp_path), str(tmp_path / "run"))
-    assert not ray.is_initialized()
     report = str(info.value).splitlines()
     assert report[0] == "3 of 12 rows are unusable:" and f"{bad}:4" in report[2 if "empty" in report[2] else 1] + report[2] + report[3]
     assert report[-1] == "Fix the data, or set data.skip_bad_rows=True to train without these rows"

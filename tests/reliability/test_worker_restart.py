@@ -7,6 +7,8 @@ import pytest
 from e2e_utils import signalling_scorer, tiny_cfg
 from rlcore.train import run
 
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_training_resumes_from_checkpoint(tiny_model_dir, tiny_task_dir, tmp_path, capsys):
     samples_per_step, val_samples = 8 * 4, 8  # train_batch_size x rollout.n in tiny_cfg; data.val_max_samples

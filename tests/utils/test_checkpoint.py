@@ -55,6 +55,12 @@ def test_an_unfinished_save_is_never_resumed(tmp_path, capsys):
     assert "no complete checkpoint" in capsys.readouterr().out
 
 
+def test_a_resume_path_that_does_not_exist_is_named_as_such_with_the_step_to_use(tmp_path):
+    kept = save_step(tmp_path, 3)  # the older steps were deleted (trainer.max_actor_ckpt_to_keep)
+    with pytest.raises(ConfigError, match=f"{tmp_path}/global_step_1 does not exist; use trainer.resume_from_path={kept}"):
+        resume_from(trainer_cfg(tmp_path, "resume_path", str(tmp_path / "global_step_1")))
+
+
 class _Payload:
     def __init__(self, marker):
         self.marker = marker
