@@ -7,8 +7,8 @@ Prints per mode: samples/s over the steps after the first (the first pays start-
 greedy accuracy after the last step, staleness mean/max and the seconds of a weight sync; the ratios to the
 synchronous run; and writes the curves (mean reward by samples consumed and by wall clock) to --plot.
 
-    .venv/bin/python bench/async_training.py                      # 60 steps x 256 samples per mode, ~8 min
-    .venv/bin/python bench/async_training.py --steps 3 --val 16   # what tests/test_bench.py runs
+    .venv/bin/python bench/async_training.py                     # 60 steps x 256 samples per mode, ~8 min
+    .venv/bin/python bench/async_training.py --steps 2 --val 8   # what tests/test_bench.py runs
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from in_process import ROOT, demo_assets, demo_overrides, train
 
 SCORER = """
 import time, zlib
@@ -44,17 +42,13 @@ MODES = {
 }
 
 
-def run_mode(name: str, extra: list[str], args, workdir: str) -> dict:
+def run_mode(name: str, extra: list[str], args, workdir: str, assets: str) -> dict:
     run_dir = os.path.join(workdir, name.split()[0])
-    overrides = ["recipe=tiny_cpu", f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}",
+    overrides = [*demo_overrides(assets), f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}",
                  "trainer.save_freq=-1", f"data.val_max_samples={args.val}", "trainer.logger=['jsonl']",
                  f"custom_reward_function.path={workdir}/scorer.py", "custom_reward_function.name=compute_score",
-                 f"trainer.default_local_dir={run_dir}/ckpt", f"hydra.run.dir={run_dir}", *extra]
-    proc = subprocess.run([sys.executable, "-m", "rlcore.train", *overrides], cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if "val_generations" not in line]
+                 f"trainer.default_local_dir={run_dir}/ckpt", *extra]
+    rows = [r for r in train(overrides, run_dir) if "val_generations" not in r]
     steps = [r for r in rows if r["step"] >= 1]
     samples_per_step = 256  # tiny_cpu: 32 prompts x 8
     span = steps[-1]["timing_s/elapsed"] - steps[0]["timing_s/elapsed"]
@@ -86,18 +80,18 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--val", type=int, default=500, help="held-out prompts scored before and after")
     parser.add_argument("--sleep-ms", type=float, default=2.0, help="the scorer's wait per call (x10 for one call in ten)")
     parser.add_argument("--plot", default=os.path.join(ROOT, "bench", "async_training.png"))
-    args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "rlcore.cli.prepare_tiny", "--out_dir", ".cache/tiny_cpu"], cwd=ROOT, check=True, capture_output=True)
+    args = parser.parse_args(argv)
+    assets = demo_assets()
     with tempfile.TemporaryDirectory() as workdir:
         with open(os.path.join(workdir, "scorer.py"), "w") as f:
             f.write(SCORER.format(sleep_s=args.sleep_ms / 1000))
-        results = {name: run_mode(name, extra, args, workdir) for name, extra in MODES.items()}
+        results = {name: run_mode(name, extra, args, workdir, assets) for name, extra in MODES.items()}
     base = results[next(iter(MODES))]["samples_per_s"]
     print(f"tiny task, {args.steps} steps x 256 samples per mode, scorer {args.sleep_ms:g} ms per call (x10 for 1 in 10), "
           f"2 score workers; accuracy: greedy on {args.val} held-out prompts")

@@ -121,7 +121,7 @@ def time_modes(model_dir: str, data: DataProto, modes: dict, reps: int) -> dict[
     return seconds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=32, help="samples on the rank (one mini-batch)")
     ap.add_argument("--max_prompt", type=int, default=128)
@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="timed rounds per mode after a warm-up round (best is kept)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     quiet_transformers()

@@ -97,7 +97,7 @@ def _rank(rank: int, port: int, layout: str, model_dir: str, args, out: str) -> 
     dist.destroy_process_group()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=64)
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--reps", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")

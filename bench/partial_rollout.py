@@ -16,11 +16,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from in_process import ROOT, demo_assets, demo_overrides, train
 
 COMMON = ["actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
           "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
@@ -33,15 +31,10 @@ MODES = {
 }
 
 
-def run_mode(extra: list[str], args, run_dir: str) -> dict:
-    overrides = ["recipe=tiny_cpu", f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.val_before_train=False",
-                 "trainer.save_freq=-1", "trainer.logger=['jsonl']", f"trainer.default_local_dir={run_dir}/ckpt",
-                 f"hydra.run.dir={run_dir}", *COMMON, *extra]
-    proc = subprocess.run([sys.executable, "-m", "rlcore.train", *overrides], cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"{' '.join(extra)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        steps = [r for r in map(json.loads, f) if r.get("step", 0) >= 1 and "async/staleness_mean" in r]
+def run_mode(extra: list[str], args, run_dir: str, assets: str) -> dict:
+    overrides = [*demo_overrides(assets), f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.val_before_train=False",
+                 "trainer.save_freq=-1", "trainer.logger=['jsonl']", f"trainer.default_local_dir={run_dir}/ckpt", *COMMON, *extra]
+    steps = [r for r in train(overrides, run_dir) if r.get("step", 0) >= 1 and "async/staleness_mean" in r]
     span = steps[-1]["timing_s/elapsed"] - steps[0]["timing_s/elapsed"]
     pauses = [r["async/pause_s"] for r in steps if "async/pause_s" in r]
     intervals = [b["timing_s/elapsed"] - a["timing_s/elapsed"] for a, b in zip(steps, steps[1:])]
@@ -56,20 +49,20 @@ def run_mode(extra: list[str], args, run_dir: str) -> dict:
             "staleness_max": max(r["async/staleness_max"] for r in steps)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "partial_rollout.json"))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "rlcore.cli.prepare_tiny", "--out_dir", ".cache/tiny_cpu"], cwd=ROOT, check=True, capture_output=True)
+    args = parser.parse_args(argv)
+    assets = demo_assets()
     results = {}
     with tempfile.TemporaryDirectory() as workdir:
         for i, name in enumerate(args.modes):
             extra = MODES[name]
             for partial in (False, True):
                 run_dir = os.path.join(workdir, f"{i}_{partial}")
-                results[f"{name}, partial_rollout={partial}"] = run_mode([*extra, f"async_training.partial_rollout={partial}"], args, run_dir)
+                results[f"{name}, partial_rollout={partial}"] = run_mode([*extra, f"async_training.partial_rollout={partial}"], args, run_dir, assets)
     print(f"tiny task on split pools (1 + 1 CPU ranks), {args.steps} steps x 32 samples of 48 tokens per mode")
     print(f"{'mode':58} {'samples/s':>9} {'vs wait':>7} {'median step s':>13} {'sync wait s':>11} {'sample wait s':>13} {'resumed':>7} {'stale mean/max':>14}")
     for name in args.modes:

@@ -84,8 +84,8 @@ def length_case_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
-    args = length_case_parser(__doc__).parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = length_case_parser(__doc__).parse_args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     from transformers import AutoModelForCausalLM
 

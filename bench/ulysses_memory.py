@@ -67,7 +67,7 @@ def _rank(rank, world, port, model_dir, args, out):
     close_gloo()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2, help="sequences in the micro-batch")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per sequence (half of them the response)")
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from in_process import train  # noqa: E402  (bench/, this script's folder, is on the path)
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vs_trl"))
 from assets import DATA_SOURCE, build_assets  # noqa: E402
 
@@ -58,17 +60,13 @@ def rlcore_overrides(spec: dict, assets: str, steps: int, beta: float, ranks: in
         f"custom_reward_function.path={assets}/exact_sum.py", "custom_reward_function.name=exact_sum",
         "trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={ranks}", f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
-        f"trainer.default_local_dir={out}/ckpt", f"trainer.seed={spec['seed']}", f"hydra.run.dir={out}",
+        f"trainer.default_local_dir={out}/ckpt", f"trainer.seed={spec['seed']}",
     ]
 
 
 def run_rlcore(spec: dict, assets: str, steps: int, beta: float, ranks: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "rlcore.train", *rlcore_overrides(spec, assets, steps, beta, ranks, out)]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-        if proc.returncode:
-            sys.exit(f"rlcore failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl")) if '"timing_s/step"' in line]
+        rows = [r for r in train(rlcore_overrides(spec, assets, steps, beta, ranks, out), out) if "timing_s/step" in r]
     timed = rows[1:]  # step 1 warms up allocators and caches, as TRL's is skipped
     result = {"median_step_s": statistics.median(r["timing_s/step"] for r in timed),
               "mean_reward_last": rows[-1]["critic/score/mean"]}
@@ -110,14 +108,14 @@ def step_gflop(spec: dict, beta: float) -> dict[str, float]:
     return {"update": 3 * pass_gflop, "sampling": pass_gflop, **({"reference": pass_gflop} if beta > 0 else {})}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.04])
     parser.add_argument("--ranks", type=int, default=1, help="rlcore CPU ranks (1 rank uses all cores as threads, as TRL)")
     parser.add_argument("--no-trl", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     use_trl = not args.no_trl
     if use_trl and not os.path.exists(os.path.join(TRL_VENV, "bin", "python")):
         sys.exit(f"no TRL venv at {TRL_VENV}: run `bash bench/vs_trl/setup_trl_venv.sh` first (or pass --no-trl)")

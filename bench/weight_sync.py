@@ -84,14 +84,14 @@ def _rank(rank: int, port: int, model_dir: str, args, out: str) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--vocab", type=int, default=16384)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--lora_rank", type=int, default=64)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         params = build_model(os.path.join(tmp, "model"), args)
         out = os.path.join(tmp, "out.pt")

@@ -53,15 +53,25 @@ def assert_no_workers_left(timeout_s: float = 30.0) -> None:
         groups = [f"placement group {pg_id[:8]} ({pg['state']})" for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"]
         free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU")
         cpus = [] if free == total else [f"{free} of {total} CPUs free"]
-        # An actor's process is titled ray::<its class> (ray::<class>.<method> while in a call).
+        # An actor's process is titled ray::<its class> (ray::<class>.<method> while in a call); the cluster's
+        # processes are this one's descendants (it started the cluster), another pytest run's are not.
         titles = tuple(f"ray::{a['ActorClassName']}" for a in table)
-        procs = [f"process {p.pid} {p.info['name']}" for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith(titles)]
+        procs = [f"process {p.pid} {name}" for p in psutil.Process().children(recursive=True) if (name := _name(p)).startswith(titles)]
         return actors + groups + cpus + procs
 
     deadline = time.monotonic() + timeout_s
     while (found := left()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not found, f"the run left on the cluster: {found}"
+
+
+def _name(proc) -> str:
+    import psutil
+
+    try:
+        return proc.name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def refuse_ray(monkeypatch) -> None:

@@ -1,21 +1,32 @@
-"""The benchmark script keeps running (tiny settings; its figures are measured by hand, not asserted here)."""
+"""The benchmark scripts keep running (tiny settings; their figures are measured by hand, not asserted here).
 
+Each runs in this process, as `main(argv)`: the same code as `python bench/<name>.py argv`, without a fresh
+interpreter importing torch and rlcore again, and the training benchmarks' runs join the pytest run's Ray cluster."""
+
+import importlib
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "dynamic_bsz.py"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def test_dynamic_bsz_benchmark_prints_every_mode_and_the_ratios():
+def bench(capsys, name: str, *argv: str) -> str:
+    """What `python bench/<name>.py *argv` prints, run in this process."""
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))  # the scripts import their folder's helpers as `python bench/x.py` lets them
+    importlib.import_module(name).main(list(argv))
+    return capsys.readouterr().out
+
+
+def test_dynamic_bsz_benchmark_prints_every_mode_and_the_ratios(capsys):
     args = ["--samples", "4", "--max_prompt", "8", "--max_response", "24", "--median_response", "6", "--truncated", "1",
             "--micro_batch_size", "2", "--log_prob_micro_batch_size", "2", "--hidden", "128", "--layers", "1", "--vocab", "128",
             "--reps", "0", "--threads", "1"]
-    out = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300, check=True).stdout
+    out = bench(capsys, "dynamic_bsz", *args)
     for mode in ("(a) padded, fixed micro-batches", "(b) dynamic bsz", "(c) dynamic bsz + remove padding"):
         assert out.count(mode) == 2, out  # compute_log_prob and update_actor
     ratios = re.search(r"both passes\s+c/a = ([\d.]+)\s+b/a = ([\d.]+).*reaches ([\d.]+)% of the fp32 matmul peak", out)
@@ -23,31 +34,27 @@ def test_dynamic_bsz_benchmark_prints_every_mode_and_the_ratios():
 
 
 @pytest.mark.slow
-def test_megatron_layouts_benchmark_prints_every_layout_against_fsdp2():
+def test_megatron_layouts_benchmark_prints_every_layout_against_fsdp2(capsys):
     pytest.importorskip("megatron.core")
-    script = BENCH.parent / "megatron_layouts.py"
     args = ["--samples", "8", "--prompt", "4", "--response", "8", "--micro_batch_size", "2", "--hidden", "128", "--layers", "4",
             "--vocab", "128", "--reps", "1"]
-    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, check=True).stdout
+    out = bench(capsys, "megatron_layouts", *args)
     rows = re.findall(r"^(FSDP2, DP2|Megatron [^\n]+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", out, re.MULTILINE)
     assert len(rows) == 6 and rows[0][4] == "1.00", out
 
 
 @pytest.mark.slow
-def test_weight_sync_benchmark_prints_each_mode_against_memcpy():
-    script = BENCH.parent / "weight_sync.py"
+def test_weight_sync_benchmark_prints_each_mode_against_memcpy(capsys):
     args = ["--hidden", "128", "--layers", "2", "--vocab", "256", "--reps", "2"]
-    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, check=True).stdout
+    out = bench(capsys, "weight_sync", *args)
     rows = dict(re.findall(r"^(per tensor \(bucket 0\)|bucketed \(2048 MB\)|gloo all-gather alone|memcpy)\s+[\d.]+ ms\s+([\d.]+)x memcpy$",
                            out, re.MULTILINE))
     assert len(rows) == 4 and rows["memcpy"] == "1.0", out
 
 
 @pytest.mark.slow
-def test_vs_trl_benchmark_times_rlcore_on_the_spec_and_prints_the_flop_bound():
-    script = BENCH.parent / "vs_trl.py"
-    out = subprocess.run([sys.executable, str(script), "--no-trl", "--steps", "3", "--runs", "1", "--betas", "0.04"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+def test_vs_trl_benchmark_times_rlcore_on_the_spec_and_prints_the_flop_bound(capsys, ray_cluster):
+    out = bench(capsys, "vs_trl", "--no-trl", "--steps", "3", "--runs", "1", "--betas", "0.04")
     bound = re.search(r"beta 0.04: FLOP-bound minimum \(update ([\d.]+) \+ sampling ([\d.]+) \+ reference ([\d.]+)\)", out)
     assert bound and float(bound.group(1)) == pytest.approx(3 * float(bound.group(2)), abs=0.2), out  # ~64 GFLOP of fwd+bwd
     assert 60 < float(bound.group(1)) < 70, out
@@ -56,41 +63,36 @@ def test_vs_trl_benchmark_times_rlcore_on_the_spec_and_prints_the_flop_bound():
 
 
 @pytest.mark.slow
-def test_rollout_benchmark_prints_both_length_cases_against_hf_generate():
-    script = BENCH.parent / "rollout.py"
-    out = subprocess.run([sys.executable, str(script), "--prompts", "4", "--max_tokens", "16", "--reps", "1"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
+def test_rollout_benchmark_prints_both_length_cases_against_hf_generate(capsys):
+    out = bench(capsys, "rollout", "--prompts", "4", "--max_tokens", "16", "--reps", "1")
     rows = re.findall(r"^(skewed|uniform)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+([\d.]+)x$", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["skewed", "uniform"] and float(rows[1][1]) == 16.0, out  # uniform: every row to the limit
     assert float(rows[0][1]) < 16.0, out  # skewed: most rows stop early
 
 
 @pytest.mark.slow
-def test_gpu_step_benchmark_runs_a_family_through_every_mode_on_cpu(tmp_path):
+def test_gpu_step_benchmark_runs_a_family_through_every_mode_on_cpu(tmp_path, capsys, ray_cluster):
     """bench/gpu_step.py is for GPUs; on CPU with a tiny Qwen3 it must still compose verl's GPU defaults, train, and
     print a row per run plus the packed/padded update ratio (its figures are not asserted)."""
-    script = BENCH.parent / "gpu_step.py"
     args = ["--device", "cpu", "--dtype", "float32", "--models", "tiny-qwen3", "--engines", "fsdp2", "--modes", "padded,packed",
             "--steps", "2", "--prompts", "4", "--n", "2", "--response-length", "8", "--out", str(tmp_path)]
-    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, check=True).stdout
+    out = bench(capsys, "gpu_step", *args)
     rows = re.findall(r"^tiny-qwen3 fsdp2 (padded|packed)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["padded", "packed"] and all(float(r[5]) > 0 for r in rows), out
     assert re.search(r"^tiny-qwen3 fsdp2: packed/padded update time [\d.]+x$", out, re.MULTILINE), out
 
 
-def test_ulysses_memory_benchmark_prints_both_sizes_and_sp2_holds_less():
-    script = BENCH.parent / "ulysses_memory.py"
+def test_ulysses_memory_benchmark_prints_both_sizes_and_sp2_holds_less(capsys):
     args = ["--rows", "1", "--tokens", "256", "--hidden", "128", "--layers", "2", "--vocab", "256", "--reps", "1"]
-    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, check=True).stdout
+    out = bench(capsys, "ulysses_memory", *args)
     rows = dict(re.findall(r"^sp=(\d)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)x memory", out, re.MULTILINE))
     assert rows.keys() == {"1", "2"} and rows["1"] == "1.00" and float(rows["2"]) < 1.0, out
 
 
 @pytest.mark.slow
-def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path):
-    script = BENCH.parent / "async_training.py"
+def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path, capsys, ray_cluster):
     args = ["--steps", "2", "--val", "8", "--plot", str(tmp_path / "curves.png")]
-    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, check=True).stdout
+    out = bench(capsys, "async_training", *args)
     rows = re.findall(r"^(synchronous|one-step-off|fully async).*?\s([\d.]+)x\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["synchronous", "one-step-off", "fully async"], out
     assert rows[0][1] == "1.00" and rows[0][5] == "0" and int(rows[1][5]) <= 1 and int(rows[2][5]) <= 2, out  # staleness max
@@ -98,14 +100,12 @@ def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path
 
 
 @pytest.mark.slow
-def test_partial_rollout_benchmark_compares_waiting_and_interrupting_syncs(tmp_path):
+def test_partial_rollout_benchmark_compares_waiting_and_interrupting_syncs(tmp_path, capsys, ray_cluster):
     """One-step-off for 3 steps with 48-token responses (generation slower than training, so each sync lands while
     the rollout generates), with and without partial rollouts. With them the running rows are resumed under the new
     weights (each keeps its 48-token budget) and the sync does not wait; without, none is resumed and the sync waits
     for the batch in flight. Staleness stays within one version either way."""
-    script = BENCH.parent / "partial_rollout.py"
-    out = subprocess.run([sys.executable, str(script), "--steps", "3", "--modes", "one-step-off", "--out", str(tmp_path / "r.json")],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+    out = bench(capsys, "partial_rollout", "--steps", "3", "--modes", "one-step-off", "--out", str(tmp_path / "r.json"))
     rows = re.findall(r"^one-step-off, partial_rollout=(True|False)\s+[\d.]+\s+([\d.]+)x\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s.*/ (\d+)$",
                       out, re.MULTILINE)
     assert [r[0] for r in rows] == ["False", "True"] and rows[0][1] == "1.00", out

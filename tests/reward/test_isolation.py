@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from proc_utils import spawned_children
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.protocol import DataProto
 from rlcore.reward.isolation import IsolatedScorer
@@ -42,13 +43,6 @@ def manager(tmp_path, workers=2, timeout_s=2.0, **guard):
     return RewardManager(TOK, None, "data_source", IsolatedScorer(None, str(path), "compute_score", workers, timeout_s), ScoreGuard(**guard))
 
 
-def children():
-    import psutil
-
-    # multiprocessing's resource tracker lives as long as the interpreter: not a scorer
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
-
 
 def test_an_error_scores_the_default_and_is_counted_and_printed_once(tmp_path, capsys):
     reward = manager(tmp_path, error_score=-1.0, max_error_rate=0.5)
@@ -64,7 +58,7 @@ def test_an_error_scores_the_default_and_is_counted_and_printed_once(tmp_path, c
             reward(batch(["13"] * 3 + ["1"], ["1"] * 4))
     finally:
         reward.close()
-    assert children() == []
+    assert spawned_children() == []
 
 
 def test_a_hung_or_dying_scorer_costs_its_sample_not_the_run(tmp_path):
@@ -83,7 +77,7 @@ def test_a_hung_or_dying_scorer_costs_its_sample_not_the_run(tmp_path):
         assert scores.sum().item() == 1.0 and reward.health == {"reward/errors": 0.0, "reward/timeouts": 0.0}
     finally:
         reward.close()
-    assert children() == []
+    assert spawned_children() == []
 
 
 def test_hung_calls_past_the_error_rate_stop_the_step_within_about_two_timeouts(tmp_path):
@@ -107,7 +101,7 @@ def test_hung_calls_past_the_error_rate_stop_the_step_within_about_two_timeouts(
         assert scores.sum(-1).tolist() == [1.0, 1.0]
     finally:
         reward.close()
-    assert children() == []
+    assert spawned_children() == []
 
 
 def test_tolerated_hung_calls_overlap_and_the_other_samples_keep_their_scores(tmp_path):
@@ -126,7 +120,7 @@ def test_tolerated_hung_calls_overlap_and_the_other_samples_keep_their_scores(tm
         assert len(reward.scorer.procs) == 2
     finally:
         reward.close()
-    assert children() == []
+    assert spawned_children() == []
 
 
 def test_errors_past_the_error_rate_stop_scoring_in_the_controller_too(tmp_path):

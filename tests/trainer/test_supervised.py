@@ -89,5 +89,5 @@ def test_stop_rule_and_resume_keys_are_checked():
         "trainer.stop_mode=lowest is not max (stop once the metric is >= trainer.stop_threshold) or min (<=)",
         "trainer.stop_metric=train/loss is checked at validation: it needs a val/ metric, data.val_files and trainer.test_freq > 0 "
         "(how often to validate)"]
-    with pytest.raises(ConfigError, match="has no manifest.json"):
+    with pytest.raises(ConfigError, match="/nonexistent does not exist"):
         resume_point(compose_sft(["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent"]).trainer)

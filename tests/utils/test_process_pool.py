@@ -6,8 +6,7 @@ import os
 import threading
 import time
 
-import psutil
-
+from proc_utils import spawned_children
 from rlcore.utils.process_pool import ProcessPool, call_catching, serve
 
 
@@ -36,11 +35,6 @@ def sleep_or_echo(conn) -> None:
     serve(conn, lambda request: (True, (time.sleep(request) if isinstance(request, float) else request, os.getpid())))
 
 
-def children() -> list:
-    # multiprocessing's resource tracker lives as long as the interpreter: not a pool process
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
-
 
 def test_a_call_past_suspect_time_is_parked_and_its_result_still_counts():
     pool = ProcessPool(sleep_or_echo, (), num_workers=1, timeout_s=3.0, suspect_s=0.2)
@@ -50,10 +44,10 @@ def test_a_call_past_suspect_time_is_parked_and_its_result_still_counts():
         assert [(o.status, o.value[0]) for o in outcomes] == [("ok", None), ("ok", "a"), ("ok", "b")]
         slow_pid = outcomes[0].value[1]
         assert outcomes[1].value[1] != slow_pid  # a fresh process took the next calls while the slow one ran
-        assert [p.process.pid for p in pool.procs] == [slow_pid] and len(children()) == 1  # back to one process
+        assert [p.process.pid for p in pool.procs] == [slow_pid] and len(spawned_children()) == 1  # back to one process
     finally:
         pool.close()
-    assert children() == []
+    assert spawned_children() == []
 
 
 def test_hung_calls_wait_out_their_timeouts_side_by_side_on_a_bounded_number_of_processes():
@@ -78,11 +72,11 @@ def test_hung_calls_wait_out_their_timeouts_side_by_side_on_a_bounded_number_of_
         print(f"5 timeouts of 1 s, 2 workers: the run stopped after {took:.2f} s on at most {peak[0]} processes")
         assert [o.status for o in outcomes if o is not None] == ["timeout"] * 5 and outcomes.count(None) == 35
         assert took < 2.5 and 4 <= peak[0] <= 7
-        assert len(pool.procs) == 2 and len(children()) == 2  # the killed ones are gone, two fresh ones set up
+        assert len(pool.procs) == 2 and len(spawned_children()) == 2  # the killed ones are gone, two fresh ones set up
         assert [o.status for o in pool.run(["x", "y"])] == ["ok", "ok"]
     finally:
         pool.close()
-    assert children() == []
+    assert spawned_children() == []
 
 
 def test_a_keys_requests_stay_in_its_process_while_it_lives_and_move_once_it_is_killed():
@@ -100,4 +94,4 @@ def test_a_keys_requests_stay_in_its_process_while_it_lives_and_move_once_it_is_
         assert pool.held_keys() == [] and len(pool.procs) == 2
     finally:
         pool.close()
-    assert children() == []
+    assert spawned_children() == []
