@@ -84,7 +84,7 @@ def refuse_ray(monkeypatch) -> None:
     monkeypatch.setattr(session, "init_ray", reached)
 
 
-# A compute_score that counts its calls in a file (with reward_model.score_workers=0 one process scores them all)
+# A compute_score that counts its calls in a file (with reward_model.score_workers=0 the controller scores them all)
 # and, at call `at`, sends `sig` to the newest process of worker class `worker`, writing its pid to `pid_file`.
 SIGNALLING_SCORER = """
 import os, signal, psutil
@@ -94,7 +94,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     n = int(open(COUNT).read()) + 1 if os.path.exists(COUNT) else 1
     open(COUNT, "w").write(str(n))
     if n == {at}:
-        ranks = sorted((p for p in psutil.process_iter(["cmdline"]) if any({worker!r} in part for part in (p.info["cmdline"] or []))),
+        # the controller's descendants only (it runs this scorer): another pytest run's cluster has the same names
+        ranks = sorted((p for p in psutil.Process().children(recursive=True) if any({worker!r} in part for part in p.cmdline())),
                        key=lambda p: p.create_time())
         open({pid_file!r}, "w").write(str(ranks[-1].pid))
         ranks[-1].send_signal(signal.{sig})

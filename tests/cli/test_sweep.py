@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
@@ -55,17 +56,26 @@ def test_multirun_runs_each_job_in_its_own_directory_and_prints_the_table(tiny_m
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # A session of its own: every process the sweep starts (its Ray clusters' too) carries its session id, its pid.
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     for job in ("0", "1"):
         summary = json.loads((sweep_dir / job / "summary.json").read_text())
         assert summary["steps"] == 2 and 0 <= summary["final_reward"] <= 1 and summary["steps_per_s"] > 0
         assert (sweep_dir / job / "metrics.jsonl").is_file()  # each job logged into its own directory
-    table = done.stdout[done.stdout.index("rlcore sweep summary"):].splitlines()
+    table = stdout[stdout.index("rlcore sweep summary"):].splitlines()
     assert table[0].startswith("rlcore sweep summary (2 jobs")
     assert "actor_rollout_ref.actor.optim.lr=0.0001 " in table[2] and "actor_rollout_ref.actor.optim.lr=0.0003 " in table[3]
     assert [len(row.split()) for row in table[2:4]] == [len(table[2].split())] * 2  # numbers, not "failed"
-    # each job started its own local Ray cluster and shut it down: two sessions, and no Ray process left behind
-    assert done.stdout.count("memory plan: rollout") == 2  # the doctor ran before each job's Ray start
-    leftover = subprocess.run(["pgrep", "-f", f"raylet.*{tmp_path}|gcs_server"], capture_output=True, text=True)
-    assert leftover.stdout == ""
+    # each job started its own local Ray cluster and shut it down: two sessions, and no process of them left behind
+    assert stdout.count("memory plan: rollout") == 2  # the doctor ran before each job's Ray start
+    assert [p for p in psutil.process_iter() if alive_in_session(p, proc.pid)] == []
+
+
+def alive_in_session(proc, sid: int) -> bool:
+    """Whether `proc` runs in session `sid` (an exited one whose parent has not reaped it yet does not run)."""
+    try:
+        return os.getsid(proc.pid) == sid and proc.status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.Error):  # gone meanwhile
+        return False
