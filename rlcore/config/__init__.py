@@ -24,11 +24,25 @@ __all__ = [
 ]
 
 
-def register_configs() -> None:
-    """Stores the structured schema in Hydra's ConfigStore under SCHEMA_NAME (safe to call repeatedly)."""
+def _store_once(name: str, node: type) -> None:
+    """Stores a structured schema in Hydra's ConfigStore unless it is there already. Converting the dataclass tree
+    is a third of a compose (0.15 s of 0.39 s on 2 cores), and compose() registers before every call; Hydra copies
+    what it loads from the store, so the stored node is never changed."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=PPOConfig)
+    store = ConfigStore.instance()
+    if _STORED.get(name) is node and f"{name}.yaml" in store.repo:
+        return
+    store.store(name=name, node=node)
+    _STORED[name] = node
+
+
+_STORED: dict[str, type] = {}
+
+
+def register_configs() -> None:
+    """Stores the structured schema in Hydra's ConfigStore under SCHEMA_NAME (safe to call repeatedly)."""
+    _store_once(SCHEMA_NAME, PPOConfig)
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer", register: Callable[[], None] = register_configs) -> DictConfig:
@@ -51,9 +65,7 @@ def schema_registrar(name: str, node: type) -> Callable[[], None]:
     """A `register` for `compose`: stores `node` in Hydra's ConfigStore under `name` (idempotent)."""
 
     def register() -> None:
-        from hydra.core.config_store import ConfigStore
-
-        ConfigStore.instance().store(name=name, node=node)
+        _store_once(name, node)
 
     return register
 
