@@ -38,11 +38,11 @@ def policy_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> l
 def chat_sequences(tokenizer, prompts: list[list[dict]], responses: list[str]) -> list[list[int]]:
     """Each conversation (prompt messages + the response as the assistant's turn) in the reward model's own chat
     template: what it was trained on when its tokenizer differs from the policy's."""
-    out = []
-    for messages, response in zip(prompts, responses):
-        ids = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
+    conversations = [[*messages, {"role": "assistant", "content": response}] for messages, response in zip(prompts, responses)]
+    # What apply_chat_template(tokenize=True) does, rendered and encoded as one batch each: a third of the time of
+    # one call per conversation (the reward-model demo's mining scores 200k of them).
+    texts = tokenizer.apply_chat_template(conversations, tokenize=False)
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def same_tokenization(a, b) -> bool:
