@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: help env vllm-env test-vllm train train-async train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: help env vllm-env test-vllm test-durations train train-async train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 # A bare `make` prints this list: it must not start installing (the first target is the default).
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "  make train          venv (.venv) + the tiny GRPO demo on 2 CPU ranks (~4-10 min; ARGS=\"key=value ...\" overrides)"
 	@echo "  make test           venv + the whole suite, then the vLLM tests in their own venv (~40 min on 2 cores)"
 	@echo "  make test-fast      the suite without the slow end-to-end runs"
+	@echo "  make test-durations the last run's test seconds against the baseline: the tests that grew (budget: docs/contributing.md)"
 	@echo "  make train-tools    the multi-turn tool-use demo;  make train-rm: the reward-model demo"
 	@echo "  make train-async    the tiny demo trained asynchronously: 1 training + 1 rollout rank (split pools)"
 	@echo "  make env            only the venv;  make vllm-env: vLLM's CPU venv (.cache/vllm_venv)"
@@ -90,10 +91,15 @@ train-rm: $(STAMP)
 	$(PY) -m rlcore.train_rm --config-name rm_tiny_cpu_round2
 	$(PY) -m rlcore.train recipe=tiny_cpu_rm $(ARGS)
 
-# The main suite, then the vLLM tests in their own venv (they are skipped in the main one).
+# The main suite, then the vLLM tests in their own venv (they are skipped in the main one). The main suite prints
+# its 25 slowest tests and its total; `make test-durations` compares the run with the checked-in baseline
+# (tests/durations_baseline.json) and names what grew. Its budget: docs/contributing.md.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests $(ARGS)
+	$(PY) -m pytest -q --durations=25 tests $(ARGS)
 	$(MAKE) test-vllm
+
+test-durations:
+	$(PY) tests/durations.py $(ARGS)
 
 # The tests marked `vllm` (vLLM's CPU engine run for real: one process, 2 gloo ranks, a short GRPO run), and the
 # validator's vLLM rule on its accepting side.
@@ -137,14 +143,16 @@ lock-vllm:
 
 # The tests that compare floats across processes, layouts or kernels, again under the AVX2 kernels (what an AMD
 # EPYC without AVX-512 runs) and the scalar ones: a tolerance that only holds for one reduction order fails here.
+# Their seconds go to their own file: .cache/test_durations.json stays the main suite's.
+NUMERICS_DURATIONS := TEST_DURATIONS_FILE=.cache/test_durations_numerics.json
 test-numerics: $(STAMP)
-	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q -m numerics tests $(ARGS)
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m numerics tests $(ARGS)
+	$(NUMERICS_DURATIONS) ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q -m numerics tests $(ARGS)
+	$(NUMERICS_DURATIONS) ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q -m numerics tests $(ARGS)
 
 # CI's second pass (one, to keep CI short): the same tests under kernels other than the ones `make test` just used,
 # AVX2 on an AVX-512 machine and scalar on an AVX2-only one.
 test-numerics-other: $(STAMP)
-	ATEN_CPU_CAPABILITY=$$($(PY) -c "import torch; print('avx2' if torch.backends.cpu.get_cpu_capability().startswith('AVX512') else 'default')") \
+	$(NUMERICS_DURATIONS) ATEN_CPU_CAPABILITY=$$($(PY) -c "import torch; print('avx2' if torch.backends.cpu.get_cpu_capability().startswith('AVX512') else 'default')") \
 		$(PY) -m pytest -q -m numerics tests $(ARGS)
 
 # Every benchmark once, each printing ratios measured in its own run: padded vs dynamic bsz vs packing, each

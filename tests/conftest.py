@@ -145,8 +145,37 @@ def ray_cluster(request):
     assert_no_workers_left()
 
 
+# Each test's seconds (set-up + call + tear-down), written to .cache/test_durations.json (or $TEST_DURATIONS_FILE:
+# the numerics passes keep their own) at the end of the run for `make test-durations` (tests/durations.py) to compare
+# with the checked-in baseline.
+_DURATIONS: dict[str, float] = {}
+_STARTED = [0.0]
+
+
+def pytest_sessionstart(session):
+    import time
+
+    _STARTED[0] = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
 def pytest_sessionfinish(session, exitstatus):
+    import sys
+    import time
+
     close_shared_ray()
+    if not _DURATIONS:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:  # the vLLM suite's venv: the budget tracked is the main suite's
+        return
+    from durations import LAST, record
+
+    record(os.environ.get("TEST_DURATIONS_FILE", LAST), _DURATIONS, time.monotonic() - _STARTED[0], sys.argv[1:])
 
 
 @pytest.fixture(autouse=True)
