@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             f.write("\n")
         print(f"{os.path.relpath(BASELINE, ROOT)} := the last run ({len(last['tests'])} tests, {last['wall_s'] / 60:.1f} min)")
         return 0
+    if not os.path.isfile(BASELINE):
+        print(f"no {os.path.relpath(BASELINE, ROOT)} yet: after a full make test, --update makes that run the baseline", file=sys.stderr)
+        return 1
     with open(BASELINE) as f:
         base = json.load(f)
     print("\n".join(compare(last, base)))
