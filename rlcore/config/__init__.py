@@ -24,6 +24,9 @@ __all__ = [
 ]
 
 
+_STORED: dict[str, type] = {}  # what _store_once stored, by name
+
+
 def _store_once(name: str, node: type) -> None:
     """Stores a structured schema in Hydra's ConfigStore unless it is there already. Converting the dataclass tree
     is a third of a compose (0.15 s of 0.39 s on 2 cores), and compose() registers before every call; Hydra copies
@@ -35,9 +38,6 @@ def _store_once(name: str, node: type) -> None:
         return
     store.store(name=name, node=node)
     _STORED[name] = node
-
-
-_STORED: dict[str, type] = {}
 
 
 def register_configs() -> None:

@@ -39,6 +39,8 @@ def chat_sequences(tokenizer, prompts: list[list[dict]], responses: list[str]) -
     """Each conversation (prompt messages + the response as the assistant's turn) in the reward model's own chat
     template: what it was trained on when its tokenizer differs from the policy's."""
     conversations = [[*messages, {"role": "assistant", "content": response}] for messages, response in zip(prompts, responses)]
+    if not conversations:  # HF would read an empty batch as one empty conversation
+        return []
     # What apply_chat_template(tokenize=True) does, rendered and encoded as one batch each: a third of the time of
     # one call per conversation (the reward-model demo's mining scores 200k of them).
     texts = tokenizer.apply_chat_template(conversations, tokenize=False)
