@@ -4,7 +4,7 @@ local Ray cluster that the tests training through Ray join."""
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import pytest
 import torch
@@ -75,17 +75,6 @@ def tiny_task_dir(tmp_path_factory) -> str:
     return out
 
 
-@contextmanager
-def _locked(path: str):
-    """One builder at a time for a folder under .cache (another pytest run, `make train`): the others wait."""
-    import fcntl
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield path
-
-
 @pytest.fixture(scope="session")
 def demo_assets() -> str:
     """The demo's own assets (task data + SFT warm-start that stops at 25% train-pool accuracy) where `make train`
@@ -93,8 +82,8 @@ def demo_assets() -> str:
     the SFT (about a minute) runs once for the main suite, the vLLM suite, the benchmarks and the demo together."""
     from rlcore.cli.prepare_tiny import prepare
 
-    with _locked(os.path.join(REPO, ".cache", "tiny_cpu")) as out:
-        prepare(out)
+    out = os.path.join(REPO, ".cache", "tiny_cpu")
+    prepare(out)  # one builder at a time (another pytest run, the benchmarks, make train): the others wait
     return out
 
 
@@ -104,8 +93,8 @@ def tools_assets() -> str:
     reused in the same way."""
     from rlcore.cli.prepare_tiny_tools import prepare
 
-    with _locked(os.path.join(REPO, ".cache", "tiny_tools")) as out:
-        prepare(out)
+    out = os.path.join(REPO, ".cache", "tiny_tools")
+    prepare(out)
     return out
 
 

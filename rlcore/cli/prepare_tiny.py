@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 
 import pyarrow.parquet as pq
 import torch
@@ -53,8 +54,25 @@ def tiny_config(tokenizer, s: dict, max_position_embeddings: int = 64) -> Qwen2C
     )
 
 
+@contextmanager
+def one_builder(out_dir: str):
+    """One builder of `out_dir` at a time (a pytest run, the benchmarks, `make train`): the others wait on
+    `<out_dir>.lock`, then find the build up to date."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
+    with open(os.path.abspath(out_dir) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def prepare(out_dir: str, settings: dict = SETTINGS) -> str:
     """Returns the SFT model directory, building whatever is missing or stale."""
+    with one_builder(out_dir):
+        return _prepare(out_dir, settings)
+
+
+def _prepare(out_dir: str, settings: dict) -> str:
     from rlcore.train_sft import run
 
     cfg = sft_config(out_dir)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen2ForCausalLM
 
-from rlcore.cli.prepare_tiny import tiny_config
+from rlcore.cli.prepare_tiny import one_builder, tiny_config
 from rlcore.data.synthetic_tools import assistant_token_spans, tool_trace, write_task
 from rlcore.data.tokenizer import build_char_tokenizer
 
@@ -121,6 +121,11 @@ def _conversations(rows: list[dict]) -> list[list[dict]]:
 
 def prepare(out_dir: str, settings: dict = SETTINGS) -> str:
     """Returns the SFT model directory, building it (and the data) unless a build with these settings exists."""
+    with one_builder(out_dir):
+        return _prepare(out_dir, settings)
+
+
+def _prepare(out_dir: str, settings: dict) -> str:
     s = settings
     stamp_path, model_dir = os.path.join(out_dir, "settings.json"), os.path.join(out_dir, "sft_model")
     if os.path.isfile(stamp_path) and json.load(open(stamp_path)) == s and os.path.isfile(os.path.join(model_dir, "config.json")):

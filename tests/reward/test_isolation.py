@@ -43,7 +43,6 @@ def manager(tmp_path, workers=2, timeout_s=2.0, **guard):
     return RewardManager(TOK, None, "data_source", IsolatedScorer(None, str(path), "compute_score", workers, timeout_s), ScoreGuard(**guard))
 
 
-
 def test_an_error_scores_the_default_and_is_counted_and_printed_once(tmp_path, capsys):
     reward = manager(tmp_path, error_score=-1.0, max_error_rate=0.5)
     try:
