@@ -13,7 +13,7 @@ role's peak and verdict per job. `--elsewhere` plans a job that will run on anot
 are warnings, not errors.
 
 `--rehearse` then checks the plan against the real engine code: the FSDP2 engines are built and one step's phases
-run on fake tensors over a fake world of the config's size (rlcore.cli.rehearsal; about a minute for a 7B model
+run on fake tensors over a fake world of the config's size (rlcore.cli.rehearsal; about 20 s for a 7B model
 on 2 CPU cores, no memory beyond a few hundred MB), printing each phase's peak per rank beside the plan; it fails
 when a phase does not fit.
 """

@@ -2,12 +2,12 @@
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from rlcore.cli.plan import main
 from rlcore.plan.arch import BUILTIN, arch_from_hf_config, hf_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,16 @@ def test_hf_config_describes_the_architecture_it_was_written_from(name):
     assert again == arch
 
 
-def rehearse(tmp_path, *overrides):
+def plan(capsys, monkeypatch, *argv):
+    """`rlcore-plan *argv` in this process, from the repository root (recipes' relative paths): its exit code and
+    output as a finished process's would be (the rehearsal's fake world and tensors end with the call)."""
+    monkeypatch.chdir(REPO)
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+def rehearse(tmp_path, capsys, monkeypatch, *overrides):
     # Qwen2.5-7B's shapes with 4 of its 28 blocks (seconds instead of a minute), over a fake world of 2 ranks.
     model = tmp_path / "qwen2.5-7b-4layers"
     model.mkdir(exist_ok=True)
@@ -29,8 +38,7 @@ def rehearse(tmp_path, *overrides):
     args = ["recipe=qwen2_7b_grpo", f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=2",
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4608", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=3072",
             "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=3072", *overrides]
-    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--elsewhere", "--rehearse", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)
+    proc = plan(capsys, monkeypatch, "--elsewhere", "--rehearse", *args)
     rows = {m[1]: (float(m[2]), None if m[3] == "-" else float(m[3]), m[5]) for m in map(ROW.match, proc.stdout.splitlines()) if m}
     return proc, rows
 
@@ -42,8 +50,8 @@ def measured(stdout: str, phase: str) -> str:
     return lines[start + 1]
 
 
-def test_a_7b_shaped_recipe_is_rehearsed_phase_by_phase_within_15_percent_of_the_plan(tmp_path):
-    proc, rows = rehearse(tmp_path)
+def test_a_7b_shaped_recipe_is_rehearsed_phase_by_phase_within_15_percent_of_the_plan(tmp_path, capsys, monkeypatch):
+    proc, rows = rehearse(tmp_path, capsys, monkeypatch)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert list(rows) == ["load", "sync", "generate", "old_log_prob", "ref", "update_actor"]
     for phase in ("generate", "ref", "update_actor"):  # the phases the plan has a line for
@@ -60,27 +68,26 @@ def test_a_7b_shaped_recipe_is_rehearsed_phase_by_phase_within_15_percent_of_the
     assert 1.9 * params <= load <= 2.1 * params  # actor + fp32 reference shards
 
 
-def test_a_phase_that_does_not_fit_fails_the_rehearsal(tmp_path):
-    proc, rows = rehearse(tmp_path, "trainer.device_memory_gb=30")
+def test_a_phase_that_does_not_fit_fails_the_rehearsal(tmp_path, capsys, monkeypatch):
+    proc, rows = rehearse(tmp_path, capsys, monkeypatch, "trainer.device_memory_gb=30")
     assert proc.returncode == 1
     assert rows["generate"][2] == "OOM" and rows["ref"][2] == "fits"  # vLLM's 18 GiB beside the actor's 11 GiB of state
 
 
-def test_megatron_is_named_as_not_rehearsed(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rlcore.cli.plan", "--elsewhere", "--config-name", "ppo_megatron_trainer", "--rehearse",
-                           "recipe=qwen2_32b_grpo_megatron"], capture_output=True, text=True, cwd=REPO, timeout=300)
+def test_megatron_is_named_as_not_rehearsed(capsys, monkeypatch):
+    proc = plan(capsys, monkeypatch, "--elsewhere", "--config-name", "ppo_megatron_trainer", "--rehearse", "recipe=qwen2_32b_grpo_megatron")
     assert proc.returncode == 1
     assert "not rehearsed: the rehearsal covers strategy=fsdp2 only" in proc.stderr
 
 
-def test_ulysses_halves_a_ranks_activations_for_the_same_micro_batch(tmp_path):
+def test_ulysses_halves_a_ranks_activations_for_the_same_micro_batch(tmp_path, capsys, monkeypatch):
     fixed = ["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
              "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
              "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
              "actor_rollout_ref.model.enable_gradient_checkpointing=False"]  # activations, not gathered weights, dominate
     work = {}
     for sp in (1, 2):
-        proc, rows = rehearse(tmp_path, *fixed, f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}")
+        proc, rows = rehearse(tmp_path, capsys, monkeypatch, *fixed, f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         # the activations at the update's peak (the backward temporaries beside them are the head's and the
         # gradients' reduce buffers, the same for both)
