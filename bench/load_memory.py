@@ -92,14 +92,14 @@ def _megatron_rank(rank, port, world, model_dir, out):
     close_gloo()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--backend", choices=("fsdp2", "megatron"), default="fsdp2")
     parser.add_argument("--kind", choices=("causal_lm", "value", "lora"), default="causal_lm",
                         help="value: a critic over the causal LM; lora: LoRA adapters over it")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:

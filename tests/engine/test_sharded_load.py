@@ -4,8 +4,8 @@ loads the checkpoint first and shards it after; the loaded weights equal the che
 (bench/load_memory.py measures it; `python bench/load_memory.py` does the same at the Qwen2.5-0.5B shape). The
 Megatron engine at TP2: each rank reads only its TP pieces, one at a time."""
 
+import importlib
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,19 +14,28 @@ import torch
 
 from rlcore.engine.sharded_load import read_header, read_rows, safetensors_files
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "load_memory.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 BOUND = 0.6  # of the full fp32 model, per rank, at 2 ranks (the shard alone is 0.5)
 LORA_BOUND = 0.7  # plus the adapters, drawn whole, and peft's wrapping: measured 0.60 here (51M), 0.53 at 0.5B; 1.21 whole
 
 
+def load_memory(capsys, *argv: str) -> tuple[int, str]:
+    """`python bench/load_memory.py *argv`, run in this process (its ranks are spawned processes either way, and
+    they measure the memory): its exit code and what it printed."""
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
+    code = importlib.import_module("load_memory").main(list(argv))
+    return code, capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kind", ["causal_lm", "lora"])
-def test_each_rank_materialises_only_its_shard(kind):
+def test_each_rank_materialises_only_its_shard(kind, capsys):
     """LoRA too: its base is read by HF name into a peft model built on meta, its adapters drawn (B zero, so the
     merged weights are the checkpoint's exactly)."""
-    out = subprocess.run([sys.executable, str(BENCH), "--shape", "small", "--kind", kind], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr  # non-zero: a loaded weight differs from the checkpoint
-    sharded, whole = map(float, re.search(r"growth fractions: sharded ([\d.]+) whole ([\d.]+)", out.stdout).groups())
-    assert sharded <= (LORA_BOUND if kind == "lora" else BOUND) < 1.0 <= whole, out.stdout
+    code, out = load_memory(capsys, "--shape", "small", "--kind", kind)
+    assert code == 0, out  # non-zero: a loaded weight differs from the checkpoint
+    sharded, whole = map(float, re.search(r"growth fractions: sharded ([\d.]+) whole ([\d.]+)", out).groups())
+    assert sharded <= (LORA_BOUND if kind == "lora" else BOUND) < 1.0 <= whole, out
 
 
 def test_rows_are_read_in_place_or_converted(tmp_path):
@@ -48,16 +57,17 @@ def test_rows_are_read_in_place_or_converted(tmp_path):
             read_rows(f, start, header["b"], 8, torch.empty(4, dtype=torch.bfloat16))  # past the end of the file
 
 
-MEGATRON_BOUND = 0.65  # of the fp32 model per rank at TP2: measured 0.52-0.56 (the rank's half + one column-split piece);
-# 0.66-0.79 while megatron-core's CPU init drew each weight whole first, 1.35 while the checkpoint stayed mapped
+MEGATRON_BOUND = 0.65  # of the fp32 model per rank at TP2: measured 0.52-0.56 at the 0.5B shape, 0.55 at the small one (the
+# rank's half + one column-split piece); 0.66-0.79 while megatron-core's CPU init drew each weight whole first, 1.35 while the
+# checkpoint stayed mapped
 
 
-def test_a_megatron_tp_rank_reads_only_its_pieces():
+def test_a_megatron_tp_rank_reads_only_its_pieces(capsys):
     pytest.importorskip("megatron.core")
-    out = subprocess.run([sys.executable, str(BENCH), "--backend", "megatron"], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr  # non-zero: a loaded weight differs from the checkpoint
-    fraction = float(re.search(r"= ([\d.]+) of the fp32 model", out.stdout).group(1))
-    assert fraction <= MEGATRON_BOUND, out.stdout
+    code, out = load_memory(capsys, "--backend", "megatron", "--shape", "small")
+    assert code == 0, out  # non-zero: a loaded weight differs from the checkpoint
+    fraction = float(re.search(r"= ([\d.]+) of the fp32 model", out).group(1))
+    assert fraction <= MEGATRON_BOUND, out
 
 
 def _value_rank(rank, port, model_dir, out):
