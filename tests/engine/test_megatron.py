@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+import torch.distributed as dist
 from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, token_outputs
 from omegaconf import OmegaConf
 from test_fsdp2 import adam_first_step_bound
@@ -80,7 +81,7 @@ def hf_grads(engine) -> dict[str, torch.Tensor]:
     return grads
 
 
-def _rank_main(rank, world, port, layout, qwen_dir, llama_dir, rm_dir, out_dir):
+def _one_layout(rank, layout, qwen_dir, llama_dir, rm_dir, out_dir):
     from rlcore.data.micro_batches import make_micro_batches
     from rlcore.engine.base import TokenRequest
     from rlcore.engine.factory import build_engine
@@ -88,7 +89,6 @@ def _rank_main(rank, world, port, layout, qwen_dir, llama_dir, rm_dir, out_dir):
     from rlcore.rollout.weight_sync import sync_weights
     from rlcore.workers.common import run_forward
 
-    init_gloo(rank, world, port)
     cpu = torch.device("cpu")
     out = {}
     engine = build_engine("megatron", megatron_spec(qwen_dir, layout), cpu)
@@ -123,7 +123,19 @@ def _rank_main(rank, world, port, layout, qwen_dir, llama_dir, rm_dir, out_dir):
             pg_loss=sum(m["actor/pg_loss"] for m in metrics), grad_norm=step["grad_norm"], after_lp=torch.cat([r["lp"] for r in after]),
             rollout_lp=rollout_lp, values=torch.cat([r["v"] for r in values]), llama_lp=torch.cat([r["lp"] for r in llama_lp]),
         )
-    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save(out, os.path.join(out_dir, layout, f"rank{rank}.pt"))
+
+
+def _rank_main(rank, world, port, layouts, qwen_dir, llama_dir, rm_dir, out_dir):
+    """Every layout of one world size in the same processes, one after the other: each builds megatron-core's groups
+    for itself and tears them down after (a spawn per layout paid the ranks' imports six times)."""
+    from megatron.core import parallel_state as mpu
+
+    init_gloo(rank, world, port)
+    for layout in layouts:
+        _one_layout(rank, layout, qwen_dir, llama_dir, rm_dir, out_dir)
+        dist.barrier()
+        mpu.destroy_model_parallel()
     close_gloo()
 
 
@@ -173,13 +185,26 @@ def reference(model_dirs):
     }
 
 
+def world_size(layout: str) -> int:
+    tp, pp = LAYOUTS[layout][:2]
+    return tp * pp * (2 if layout.startswith("dp2") else 1)
+
+
+@pytest.fixture(scope="module")
+def layout_dir(model_dirs, tmp_path_factory):
+    """Every layout run, one spawn per world size; each layout's rank outputs in <dir>/<layout>/rank<r>.pt."""
+    out_dir = tmp_path_factory.mktemp("megatron_layouts")
+    for world in sorted({world_size(layout) for layout in LAYOUTS}):
+        layouts = [layout for layout in LAYOUTS if world_size(layout) == world]
+        for layout in layouts:
+            (out_dir / layout).mkdir()
+        spawn_ranks(_rank_main, world, lambda port: (world, port, layouts, *model_dirs, str(out_dir)))
+    return out_dir
+
+
 @pytest.fixture(scope="module", params=list(LAYOUTS))
-def layout_result(request, model_dirs, tmp_path_factory):
-    tp, pp = LAYOUTS[request.param][:2]
-    world = tp * pp * (2 if request.param.startswith("dp2") else 1)
-    out_dir = tmp_path_factory.mktemp(f"megatron_{request.param}")
-    spawn_ranks(_rank_main, world, lambda port: (world, port, request.param, *model_dirs, str(out_dir)))
-    ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+def layout_result(request, layout_dir):
+    ranks = [torch.load(layout_dir / request.param / f"rank{r}.pt", weights_only=False) for r in range(world_size(request.param))]
     outputs = sorted((r for r in ranks if "lp" in r), key=lambda r: r["dp_rank"])  # one output rank per replica
     return request.param, ranks, outputs
 
