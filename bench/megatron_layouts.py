@@ -68,11 +68,8 @@ def make_batch(args) -> DataProto:
     })
 
 
-def _rank(rank: int, port: int, layout: str, model_dir: str, args, out: str) -> None:
-    warnings.filterwarnings("ignore")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _time_layout(rank: int, layout: str, model_dir: str, args) -> dict[str, float] | None:
+    """The median seconds of each pass of `layout` (rank 0's; None elsewhere)."""
     strategy, megatron = LAYOUTS[layout]
     megatron = {"use_distributed_optimizer": True, "sequence_parallel": False, **megatron}
     spec = EngineSpec(model_path=model_dir, megatron=megatron, param_dtype="float32", lr=1e-6)
@@ -89,11 +86,28 @@ def _rank(rank: int, port: int, layout: str, model_dir: str, args, out: str) -> 
         middle = time.perf_counter()
         update_policy(engine, data, cfg, micro, rollout_n=1, temperature=1.0)
         dist.barrier()
-        if rep:  # the first repetition warms up allocators and caches
+        if rep:  # the first repetition of each layout warms up allocators and caches
             seconds["compute_log_prob"].append(middle - start)
             seconds["update_actor"].append(time.perf_counter() - middle)
+    return {k: statistics.median(v) for k, v in seconds.items()} if rank == 0 else None
+
+
+def _rank(rank: int, port: int, model_dir: str, args, out: str) -> None:
+    """Every layout in turn on the same 2 processes (one spawn: the ranks import torch and megatron-core once);
+    megatron-core's groups are built for each Megatron layout and torn down after it."""
+    from megatron.core import parallel_state as mpu
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    results = {}
+    for layout in LAYOUTS:
+        results[layout] = _time_layout(rank, layout, model_dir, args)
+        dist.barrier()
+        mpu.destroy_model_parallel()
     if rank == 0:
-        torch.save({k: statistics.median(v) for k, v in seconds.items()}, out)
+        torch.save(results, out)
     dist.destroy_process_group()
 
 
@@ -108,14 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
-    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
         build_model(model_dir, args)
-        for layout in LAYOUTS:
-            out = os.path.join(tmp, "out.pt")
-            mp.spawn(_rank, args=(free_port(), layout, model_dir, args, out), nprocs=2, join=True)
-            results[layout] = torch.load(out)
+        out = os.path.join(tmp, "out.pt")
+        mp.spawn(_rank, args=(free_port(), model_dir, args, out), nprocs=2, join=True)
+        results = torch.load(out)
     print(f"{args.samples} samples x ({args.prompt} prompt + <= {args.response} response) tokens, Qwen2 hidden {args.hidden} x "
           f"{args.layers} layers, vocab {args.vocab}; 2 ranks x 1 thread; median of {args.reps} repetitions")
     base = sum(results["FSDP2, DP2"].values())
