@@ -7,6 +7,12 @@ import pytest
 from rlcore.config import compose
 
 
+# The rule scorer runs in the controller (score_workers=0): the default's spawned scoring processes cost each run
+# about a second of set-up before its first step. Tests of scoring isolation (tests/reliability, tests/reward) ask
+# for the processes with reward_model.score_workers=2, and the learning tests run their recipes' defaults.
+SCORE_IN_CONTROLLER = "reward_model.score_workers=0"
+
+
 def tiny_cfg(model_dir, task_dir, out_dir, *overrides, config_name="ppo_trainer"):
     return compose([
         "recipe=tiny_cpu",
@@ -15,7 +21,7 @@ def tiny_cfg(model_dir, task_dir, out_dir, *overrides, config_name="ppo_trainer"
         f"data.val_files={task_dir}/test.parquet",
         f"trainer.default_local_dir={out_dir}/ckpt",
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", SCORE_IN_CONTROLLER,
         *overrides,
     ], config_name=config_name)
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from e2e_utils import refuse_ray, tiny_cfg
+from rlcore.config.schema import RewardModelConfig
 from rlcore.data.synthetic import make_addition_rows, write_parquet
 from rlcore.train import run
 
@@ -41,7 +42,7 @@ def test_failing_and_hung_scorers_cost_their_samples_not_the_run(tiny_model_dir,
     scorer.write_text(FLAKY)
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1",
                    "trainer.save_freq=-1", "trainer.val_before_train=False", f"custom_reward_function.path={scorer}",
-                   "reward_model.score_timeout_s=3", "reward_model.max_error_rate=0.6", "data.shuffle=False")
+                   "reward_model.score_workers=2", "reward_model.score_timeout_s=3", "reward_model.max_error_rate=0.6", "data.shuffle=False")
     run(cfg, str(tmp_path / "run"))
     steps = [r for r in rows_of(tmp_path / "run" / "metrics.jsonl") if "reward/errors" in r]
     assert len(steps) == 2 and all(r["reward/errors"] > 0 for r in steps)
@@ -73,8 +74,9 @@ def test_a_hanging_scorer_fails_the_step_within_the_stated_bound(tiny_model_dir,
     timeout_s, workers, rate = 5.0, 2, 0.1
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
                    "trainer.val_before_train=False", f"custom_reward_function.path={scorer}", f"reward_model.score_timeout_s={timeout_s}",
-                   "data.shuffle=False")
-    assert (cfg.reward_model.score_workers, cfg.reward_model.max_error_rate) == (workers, rate)  # the defaults
+                   "data.shuffle=False", f"reward_model.score_workers={workers}")
+    default = RewardModelConfig()
+    assert (default.score_workers, default.max_error_rate) == (workers, rate)  # the defaults, with the pool's processes
     start = time.time()
     with pytest.raises(RuntimeError, match=r"^0 scorer errors and 4 timeouts in 32 samples: more than reward_model.max_error_rate=0.1 of the "
                                            r"step \(scoring stopped there; \d+ samples were not scored\). First: no score within "
