@@ -45,6 +45,9 @@ def assert_same_steps(resumed: list[dict], straight: list[dict], keys, first: in
             assert row[key] == pytest.approx(by_step[row["step"]][key], rel=1e-4, abs=1e-6), (row["step"], key)
 
 
+COMM_LEN = 15  # the kernel keeps a process's name in 15 characters (/proc/<pid>/comm)
+
+
 def assert_no_workers_left(timeout_s: float = 30.0) -> None:
     """A run on a cluster it joined (the tests' shared one) ended everything it started there: no actor alive, no
     placement group kept, every CPU free and no actor's process still running. Killing is asynchronous: waits up to
@@ -61,8 +64,10 @@ def assert_no_workers_left(timeout_s: float = 30.0) -> None:
         cpus = [] if free == total else [f"{free} of {total} CPUs free"]
         # An actor's process is titled ray::<its class> (ray::<class>.<method> while in a call); the cluster's
         # processes are this one's descendants (it started the cluster), another pytest run's are not.
-        titles = tuple(f"ray::{a['ActorClassName']}" for a in table)
-        procs = [f"process {p.pid} {name}" for p in psutil.Process().children(recursive=True) if (name := _name(p)).startswith(titles)]
+        # Compared on the kernel's 15 characters: a killed process being torn down has no command line left, so psutil
+        # can only give its truncated name ("ray::ActorRollo") until it is gone.
+        titles = tuple(f"ray::{a['ActorClassName']}"[:COMM_LEN] for a in table)
+        procs = [f"process {p.pid} {name}" for p in psutil.Process().children(recursive=True) if (name := _name(p))[:COMM_LEN].startswith(titles)]
         return actors + groups + cpus + procs
 
     deadline = time.monotonic() + timeout_s
