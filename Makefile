@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: help env vllm-env test-vllm test-durations train train-async train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: help env vllm-env test-vllm test-demos test-durations train train-async train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 # A bare `make` prints this list: it must not start installing (the first target is the default).
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "  make train          venv (.venv) + the tiny GRPO demo on 2 CPU ranks (~4-10 min; ARGS=\"key=value ...\" overrides)"
 	@echo "  make test           venv + the whole suite, then the vLLM tests in their own venv (~53 min on 2 cores)"
 	@echo "  make test-fast      the suite without the slow end-to-end runs"
+	@echo "  make test-demos     the features' learning demos that make test skips (reward model, PPO critic, LoRA; ~8 min)"
 	@echo "  make test-durations the last run's test seconds against the baseline: the tests that grew (budget: docs/contributing.md)"
 	@echo "  make train-tools    the multi-turn tool-use demo;  make train-rm: the reward-model demo"
 	@echo "  make train-async    the tiny demo trained asynchronously: 1 training + 1 rollout rank (split pools)"
@@ -111,6 +112,12 @@ test-vllm: $(VLLM_STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests $(ARGS)
+
+# The features' learning demos (tests marked `demo`: the reward-model pipeline, PPO's critic, LoRA), minutes each,
+# which `make test` skips: run them before changing what they show (docs/contributing.md). Their seconds go to their
+# own file, as the numerics passes' do.
+test-demos: $(STAMP)
+	TEST_DURATIONS_FILE=.cache/test_durations_demos.json $(PY) -m pytest -q -s --demos -m demo tests $(ARGS)
 
 # Drift checks, each in a venv rebuilt from nothing (~1 min) and run through the fast suite: `test-latest` resolves
 # the newest releases setup.cfg's ranges allow (what a fresh `pip install rlcore` gets; an API that moved shows here

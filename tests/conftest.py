@@ -49,16 +49,25 @@ def build_tiny_llama_dir(path: str, seed: int = 1, layers: int = 4, hidden: int 
     return path
 
 
+def pytest_addoption(parser):
+    parser.addoption("--demos", action="store_true", help="also run the features' learning demos (tests marked `demo`; `make test-demos`)")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `vllm` run vLLM for real; where it is not importable (the main venv) they are skipped, not faked."""
+    """Tests marked `vllm` run vLLM for real; where it is not importable (the main venv) they are skipped, not faked.
+    Tests marked `demo` (a feature's learning demo, minutes each) run only with --demos: `make test` keeps every engine
+    path's learning run and the features' few-step checks (docs/contributing.md, the test budget)."""
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is not None:
-        return
-    skip = pytest.mark.skip(reason="vLLM is not installed here: `make test-vllm` runs these in .cache/vllm_venv")
+    skips = []
+    if importlib.util.find_spec("vllm") is None:
+        skips.append(("vllm", pytest.mark.skip(reason="vLLM is not installed here: `make test-vllm` runs these in .cache/vllm_venv")))
+    if not config.getoption("--demos"):
+        skips.append(("demo", pytest.mark.skip(reason="a feature's learning demo: `make test-demos` runs it (docs/contributing.md)")))
     for item in items:
-        if item.get_closest_marker("vllm"):
-            item.add_marker(skip)
+        for marker, skip in skips:
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,7 @@ def test_grpo_on_megatron_tp2_learns_like_fsdp2(demo_assets, tmp_path):
     assert np.mean(scores[-10:]) > np.mean(scores[:10])
 
 
-@pytest.mark.slow
+@pytest.mark.demo
 def test_ppo_with_gae_learns_and_its_critic_explains_returns(demo_assets, tmp_path):
     val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu_ppo", 150)
     scores = [r["critic/score/mean"] for r in rows]

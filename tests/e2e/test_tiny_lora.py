@@ -62,7 +62,7 @@ def test_lora_grpo_syncs_adapted_weights_and_resumes_exactly(tiny_model_dir, tin
         torch.testing.assert_close(adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow
+@pytest.mark.demo
 def test_lora_grpo_raises_held_out_accuracy(demo_assets, tmp_path):
     from test_tiny_learns import train_demo
 

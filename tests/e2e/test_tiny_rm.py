@@ -1,6 +1,6 @@
 """Reward models end to end: rlcore-rm trains on 2 FSDP2 ranks through Ray and exports an HF reward model that
-PPO's reward-model worker and critic load; and (slow) the demo: RM pair accuracy, then PPO whose only reward is
-that model raises held-out rule accuracy."""
+PPO's reward-model worker and critic load; and the demo pipeline (`make test-demos`): RM pair accuracy, then PPO
+whose only reward is that model raises held-out rule accuracy."""
 
 import json
 
@@ -81,7 +81,7 @@ def test_ppo_whose_reward_is_the_trained_reward_model(tiny_model_dir, tiny_task_
     assert final["critic/grad_norm"] > 0 and final["actor/grad_norm"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.demo
 def test_demo_reward_model_then_ppo_on_it_alone_raises_held_out_rule_accuracy(demo_assets, tmp_path):
     """`make train-rm` from the demo assets: pairs and rm_base, round 1 of rlcore-rm (>= 90% held-out pair accuracy),
     mined hard negatives and round 2, then PPO whose only reward is that model; the rule scorer judges validation."""
