@@ -6,7 +6,7 @@ fixed micro-batch size per replica. FSDP2 splits the batch over 2 data-parallel 
 both ranks the whole batch and split the model instead; Megatron DP2 splits like FSDP2. Prints the median
 seconds per pass over --reps repetitions (after one warm-up) and each layout's step time relative to FSDP2's.
 
-    .venv/bin/python bench/megatron_layouts.py          # ~4 min on 2 cores
+    .venv/bin/python bench/megatron_layouts.py          # ~3.5 min on 2 cores (one pair of ranks for every layout)
 """
 
 from __future__ import annotations
