@@ -13,7 +13,7 @@ help:
 	@echo "rlcore: the two commands a fresh machine needs are 'make train' and 'make test'."
 	@echo ""
 	@echo "  make train          venv (.venv) + the tiny GRPO demo on 2 CPU ranks (~4-10 min; ARGS=\"key=value ...\" overrides)"
-	@echo "  make test           venv + the whole suite, then the vLLM tests in their own venv (~53 min on 2 cores)"
+	@echo "  make test           venv + the whole suite, then the vLLM tests in their own venv (~20 min on 2 cores)"
 	@echo "  make test-fast      the suite without the slow end-to-end runs"
 	@echo "  make test-demos     the features' learning demos that make test skips (reward model, PPO critic, LoRA; ~8 min)"
 	@echo "  make test-durations the last run's test seconds against the baseline: the tests that grew (budget: docs/contributing.md)"
