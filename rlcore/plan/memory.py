@@ -151,7 +151,7 @@ def _activations(arch: Arch, tokens: int, response_tokens: int, compute: int, ck
                  value_head: bool, tp: int = 1, sp: bool = False) -> tuple[float, float]:
     """(activation GiB, logits GiB) of one micro-batch of `tokens` tokens on one of `tp` tensor-parallel ranks:
     TP splits the attention and MLP intermediates; the hidden-size tensors too only with sequence parallelism."""
-    h, kv, f = arch.hidden, arch.kv_heads * arch.dim, arch.intermediate
+    h, kv, f = arch.hidden, arch.kv_heads * arch.dim, arch.mlp_width
     hidden_split = tp if sp else 1
     per_layer = compute * (6 * h / hidden_split + (2 * kv + 4 * f) / tp)  # bytes per token one block keeps for backward
     if not backward:
@@ -386,7 +386,7 @@ class Estimator:
             return items, f"decodes the rank's {samples} samples at once", [], weights
         budget = r.gpu_memory_utilization * self.capacity
         weights = arch.params() * rb / tp / GIB
-        reserve = ((r.max_num_batched_tokens * (4 * arch.hidden + 2 * arch.intermediate) * rb
+        reserve = ((r.max_num_batched_tokens * (4 * arch.hidden + 2 * arch.mlp_width) * rb
                     + r.max_num_seqs * arch.vocab * 4) / GIB + (0.0 if r.enforce_eager else 0.5))
         kv = budget - weights - reserve
         seqs = int(kv * GIB // (arch.kv_bytes_per_token(rb, tp) * max_len)) if kv > 0 else 0

@@ -158,7 +158,7 @@ class StepPerf:
 
 
 def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
-    """What the FLOP count needs of each role's model (from its config.json): block weights, output-head weights
+    """What the FLOP count needs of each role's model (from its config.json): block weights a token uses, output-head weights
     (the vocabulary's, or a 1-wide value head's), layers, and attention width."""
     from rlcore.plan.arch import resolve_arch
 
@@ -169,7 +169,8 @@ def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
         arch, _ = resolve_arch(paths[role][0])
         if arch is not None:
             head = arch.hidden if paths[role][1] else arch.vocab * arch.hidden
-            shapes[role] = {"body": arch.layers * arch.layer_params(), "head": head, "layers": arch.layers, "attn_width": arch.heads * arch.dim}
+            # a MoE token uses only its top-k experts: the FLOPs (and MFU) count those
+            shapes[role] = {"body": arch.layers * arch.active_layer_params(), "head": head, "layers": arch.layers, "attn_width": arch.heads * arch.dim}
     return shapes
 
 

@@ -28,11 +28,13 @@ def load_memory(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["causal_lm", "lora"])
+@pytest.mark.parametrize("kind", ["causal_lm", "lora", "moe"])
 def test_each_rank_materialises_only_its_shard(kind, capsys):
     """LoRA too: its base is read by HF name into a peft model built on meta, its adapters drawn (B zero, so the
-    merged weights are the checkpoint's exactly)."""
-    code, out = load_memory(capsys, "--shape", "small", "--kind", kind)
+    merged weights are the checkpoint's exactly). A mixture of experts: each rank reads its experts from the
+    checkpoint's per-expert tensors into its rows of the fused expert weights."""
+    args = ("--shape", "small-moe") if kind == "moe" else ("--shape", "small", "--kind", kind)
+    code, out = load_memory(capsys, *args)
     assert code == 0, out  # non-zero: a loaded weight differs from the checkpoint
     sharded, whole = map(float, re.search(r"growth fractions: sharded ([\d.]+) whole ([\d.]+)", out).groups())
     assert sharded <= (LORA_BOUND if kind == "lora" else BOUND) < 1.0 <= whole, out

@@ -5,7 +5,7 @@ import json
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlcore.plan.arch import BUILTIN, arch_from_hf_config, builtin_arch, resolve_arch
+from rlcore.plan.arch import BUILTIN, arch_from_hf_config, builtin_arch, hf_config, resolve_arch
 
 
 @pytest.mark.parametrize("name, billions", [
@@ -51,20 +51,30 @@ def test_hf_config_of_a_real_qwen2_shape_matches_the_table(tmp_path):
     assert arch.kv_bytes_per_token(2, tp=2) == 2 * 28 * 2 * 128 * 2  # K and V, 28 layers, 2 of 4 KV heads, bf16
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b"])
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b",
+                                  "qwen3-30b-a3b", "qwen1.5-moe-a2.7b"])
 def test_builtin_counts_equal_the_hf_model_of_the_same_shape(name):
-    """The table's count is what HF builds for that config (meta device: no memory): q/k norms, explicit head_dim
-    and tied heads included."""
+    """The table's count is what HF builds for that config (meta device: no memory): q/k norms, explicit head_dim,
+    tied heads, routed and shared experts included; a MoE token's active parameters are all but its idle experts'."""
     import torch
 
     a = BUILTIN[name]
-    model_type = "qwen3" if a.qk_norm else ("qwen2" if a.qkv_bias else "llama")
-    config = AutoConfig.for_model(model_type, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                                  num_key_value_heads=a.kv_heads, intermediate_size=a.intermediate, vocab_size=a.vocab,
-                                  tie_word_embeddings=a.tied_embeddings, head_dim=a.dim)
+    config = dict(hf_config(a), head_dim=a.dim)
+    config = AutoConfig.for_model(config.pop("model_type"), **config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     assert a.params() == sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert a.active_params() == a.params() - experts * (a.experts - a.top_k) // max(a.experts, 1)
+
+
+def test_moe_checkpoints_resolve_by_name_with_their_published_sizes():
+    """30.5B with 3.3B active (Qwen3-30B-A3B's model card), 14.3B with 2.7B active (Qwen1.5-MoE-A2.7B's)."""
+    for path, total, active in [("Qwen/Qwen3-30B-A3B-Instruct-2507", 30.5, 3.3), ("~/models/Qwen1.5-MoE-A2.7B-Chat", 14.3, 2.7),
+                                ("Qwen3-235B-A22B", 235.1, 22.2), ("Qwen2-57B-A14B", 57.4, 14.2)]:
+        arch = builtin_arch(path)
+        # model cards round (3.35B active reads "3.3B"): within 2%
+        assert (arch.params() / 1e9, arch.active_params() / 1e9) == pytest.approx((total, active), rel=0.02), path
 
 
 def test_config_json_of_every_tiny_family_counts_exactly(tmp_path):
