@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II, MISSING
 
 from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
+from rlcore.config.moe_schema import RouterReplayConfig
 from rlcore.config.multi_turn_schema import AgentConfig, MultiTurnConfig
 
 
@@ -204,6 +205,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
     megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)  # MoE: replay recorded routes
 
 
 @dataclass
@@ -223,6 +225,8 @@ class RefConfig:
         pipeline_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.pipeline_model_parallel_size,1"),
         expert_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.expert_model_parallel_size,1"),
         context_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.context_parallel_size,1")))
+    router_replay: RouterReplayConfig = field(default_factory=lambda: RouterReplayConfig(  # replays the actor's routes
+        mode=II("oc.select:actor_rollout_ref.actor.router_replay.mode,disabled")))
 
 
 @dataclass
@@ -288,6 +292,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
     calculate_log_probs: bool = False  # also return the engine's own log-probs (for mismatch metrics)
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
+    enable_rollout_routing_replay: bool = False  # MoE: record each token's routes for R3 router replay (native engine)
     engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)  # engine pass-through
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)  # validation sampling
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)  # weight sync

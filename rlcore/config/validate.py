@@ -26,6 +26,7 @@ from rlcore.config.validate_megatron import _megatron_model_parallel, check_mega
 from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_vllm_rollout
+from rlcore.config.validate_moe import check_router_replay
 from rlcore.config.validate_rollout_corr import check_rollout_correction
 from rlcore.config.validate_ulysses import check_ulysses, role_sp, sp_key
 
@@ -173,6 +174,7 @@ def _check_choices(c: _Checker) -> None:
     check_overlong_buffer(c)
     check_dynamic_sampling(c)
     check_rollout_correction(c)
+    check_router_replay(c)
     check_native_rollout(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")

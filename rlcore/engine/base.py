@@ -35,6 +35,10 @@ class TokenRequest:
 
     temperature: float = 1.0  # log-probs of the distribution the rollout sampled from
     entropy: bool = False     # also the entropy of that distribution (costs one more reduction per token)
+    # A mixture of experts' routes (router replay): "record" adds `routed_experts` [batch, seq, layers, top_k] to the
+    # outputs; "replay" forces the batch's `routed_experts` in every MoE layer (and records what the experts got);
+    # "free" lets the routers route.
+    routes: str = "free"
 
 
 @dataclass
@@ -115,6 +119,11 @@ class TrainEngine(ABC):
         is not an output rank)."""
 
     @abstractmethod
+    def moe_metrics(self) -> dict[str, float]:
+        """A mixture of experts' router load since the last call (rlcore.models.router.Routing.metrics); {} when the
+        model has no routers or the engine does not measure them."""
+        return {}
+
     def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn, request: TokenRequest = TokenRequest()) -> list[dict[str, float]]:
         """Accumulates gradients of loss_fn over the micro-batches; returns each micro-batch's metrics (empty on a
         rank that is not an output rank). Every rank of a replica is given the same micro-batches."""

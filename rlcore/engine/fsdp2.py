@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -24,6 +25,7 @@ from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
 from rlcore.models.experts import to_checkpoint_names
+from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
@@ -106,6 +108,9 @@ class FSDP2Engine(TrainEngine):
             if on_meta:
                 initial, rename = lora.initial_adapters(self.model), lora.hf_name
         self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
+        # A mixture of experts: hooks on its routers (router replay, load metrics, HF's load-balancing loss when its
+        # config asks for it with output_router_logits).
+        self.routing = Routing(self.model) if routers(self.model) else None
         if self.ulysses is not None:
             reason = check_heads(self.hf_config.num_attention_heads, sp)
             if reason:
@@ -137,6 +142,47 @@ class FSDP2Engine(TrainEngine):
             self.model.requires_grad_(False)
 
     # ------------------------------------------------------------------------------------------- compute
+    def _routing(self, mb: DataProto, request: TokenRequest, train: bool):
+        """The routers' part of one forward (a no-op context for a dense model): routes to replay and the tokens that
+        count, in the order the model sees them (every padded column, or the packed valid tokens)."""
+        if self.routing is None:
+            if request.routes != "free":
+                raise ValueError(f"router replay ({request.routes}) on a model without MoE routers: set actor_rollout_ref.actor.router_replay.mode=disabled")
+            return contextlib.nullcontext()
+        if self.ulysses is not None and request.routes != "free":
+            raise ValueError("router replay with Ulysses sequence parallelism is not supported yet: set ulysses_sequence_parallel_size=1")
+        mask = mb.batch["attention_mask"].to(self.device).bool()
+        valid = None if self.spec.use_remove_padding else mask.reshape(-1)
+        replay = None
+        if request.routes == "replay":
+            routes = mb.batch[ROUTES].to(self.device)
+            replay = routes[mask] if self.spec.use_remove_padding else routes.reshape(-1, *routes.shape[2:])
+        if self.ulysses is not None:
+            valid = None  # each rank's slice of the packed row (its tail padding counts: a few tokens)
+        aux = train and bool(getattr(self.hf_config, "output_router_logits", False))
+        # A replaying forward records too: what the experts received, for the caller that checks it.
+        return self.routing.run(replay=replay, valid=valid, record=request.routes != "free", aux=aux, count=train)
+
+    def _route_outputs(self, p, mb: DataProto, outputs: dict[str, torch.Tensor]) -> None:
+        """Recorded routes `[batch, seq, layers, top_k]` and the load-balancing loss (x HF's router_aux_loss_coef)
+        into `outputs`."""
+        if p is None:
+            return
+        if p.record:
+            mask = mb.batch["attention_mask"].bool()
+            recorded = to_routes(p.recorded, self.routing.num_layers).cpu()
+            if self.spec.use_remove_padding:
+                routes = recorded.new_zeros(*mask.shape, *recorded.shape[1:])
+                routes[mask] = recorded
+            else:
+                routes = recorded.view(*mask.shape, *recorded.shape[1:])
+            outputs[ROUTES] = routes
+        if p.aux_losses:
+            outputs["router_aux_loss"] = self.hf_config.router_aux_loss_coef * aux_loss(p.aux_losses, self.routing.num_experts)
+
+    def moe_metrics(self) -> dict[str, float]:
+        return {} if self.routing is None else self.routing.metrics()
+
     def _outputs(self, mb: DataProto, request: TokenRequest) -> dict[str, torch.Tensor]:
         """Per-token outputs for the response tokens: `[batch, response_len]` log-probs (+ entropy, + the top token's
         log-prob) or values.
@@ -163,6 +209,8 @@ class FSDP2Engine(TrainEngine):
             index, tokens = shard.local_index, self.ulysses.mine(shard, tokens)
         if self.spec.use_remove_padding:
             kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
+        if self.routing is not None:  # the routing hooks compute the load-balancing loss, on the tokens that count
+            kwargs["output_router_logits"] = False
         if self.head is None:  # a scalar per position, cheap to compute everywhere
             out = self.model(**kwargs).logits[:, index]
             channels = {"scores" if self.spec.kind == "reward" else "values": 0}
@@ -178,15 +226,24 @@ class FSDP2Engine(TrainEngine):
 
     def forward(self, micro_batches: list[DataProto], fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
         self.model.eval()
+        results = []
         with torch.no_grad():
-            return [{k: v.detach().cpu() for k, v in fn(self._outputs(mb, request), mb).items()} for mb in micro_batches]
+            for mb in micro_batches:
+                with self._routing(mb, request, train=False) as p:
+                    outputs = self._outputs(mb, request)
+                    self._route_outputs(p, mb, outputs)
+                results.append({k: v.detach().cpu() for k, v in fn(outputs, mb).items()})
+        return results
 
     def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn, request: TokenRequest = TokenRequest()) -> list[dict[str, float]]:
         self.model.train()
         metrics = []
         for mb in micro_batches:
-            loss, mb_metrics = loss_fn(self._outputs(mb, request), mb)
-            loss.backward()
+            with self._routing(mb, request, train=True) as p:  # open through backward: a recompute replays the same routes
+                outputs = self._outputs(mb, request)
+                self._route_outputs(p, mb, outputs)
+                loss, mb_metrics = loss_fn(outputs, mb)
+                loss.backward()
             metrics.append(mb_metrics)
         return read_metrics(metrics)
 

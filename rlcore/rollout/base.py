@@ -56,6 +56,9 @@ class RolloutOutput:
     # [batch, 2] the weights versions (WeightGate.version) each row's generation started and ended under, where the
     # engine's weights are versioned (split pools); end > start: the row was resumed under newer weights.
     versions: torch.Tensor | None = None
+    # [batch, prompt_len + max_tokens, layers, top_k] int16: a mixture of experts' routes for every input token (the
+    # prompt's, then each sampled token's as it was fed back), when the engine records them (R3 router replay).
+    routed_experts: torch.Tensor | None = None
 
 
 class WeightGate:
@@ -179,4 +182,6 @@ def assemble_sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out:
     }
     if out.versions is not None:
         sequences["rollout_versions"] = out.versions
+    if out.routed_experts is not None:
+        sequences["routed_experts"] = out.routed_experts  # rlcore.models.router.ROUTES
     return sequences

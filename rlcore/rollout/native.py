@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
@@ -9,6 +10,7 @@ from typing import Iterable
 import torch
 
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
+from rlcore.models.router import ROUTE_DTYPE, Routing, to_routes
 from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
@@ -93,8 +95,10 @@ class NativeRollout(RolloutEngine):
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None,
-                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None) -> None:
-        """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy)."""
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None, record_routes: bool = False) -> None:
+        """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy).
+        `record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in
+        RolloutOutput.routed_experts."""
         self.device = device
         self.pad_token_id = pad_token_id
         self.decoder: FusedDecoder | None = None
@@ -102,9 +106,15 @@ class NativeRollout(RolloutEngine):
         if model is None:
             model = load_causal_lm(model_path, override_config, dtype=to_torch_dtype(dtype), weights=False).to(device)
             model.requires_grad_(False)
+            # A MoE's load-balancing loss (a training config's output_router_logits) has no place in generation.
+            if getattr(model.config, "output_router_logits", False):
+                model.config.output_router_logits = False
             # Its own copy: the projections can be re-laid out for decoding (a model passed in keeps its layout).
             self.decoder = FusedDecoder(model) if fusable(model) else None
         self.model = model
+        self.routing = Routing(model) if record_routes else None
+        self._routes: torch.Tensor | None = None  # [batch, prompt_len + max_tokens + 1 spare, layers, top_k] during a call
+        self._route_at: tuple[torch.Tensor, torch.Tensor] | None = None  # where the next forward's routes go
         self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values", by transformers release
         # Every name of every parameter: a tied head answers to `lm_head.weight` as well as to the embedding's name,
         # so a stream that carries it (or leaves it out, as rlcore's engines do) loads either way.
@@ -210,6 +220,8 @@ class NativeRollout(RolloutEngine):
         responses = torch.full((batch, max_tokens + 1), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros(batch, max_tokens + 1, device=self.device)
         alive = torch.zeros(batch, max_tokens + 1, dtype=torch.bool, device=self.device)
+        if self.routing is not None:  # column prompt_len + max_tokens is the spare, as above
+            self._routes = torch.zeros(batch, prompt_len + max_tokens + 1, self.routing.num_layers, self.routing.top_k, dtype=ROUTE_DTYPE)
         # Slot i of the running batch: request row `req[i]`, `steps[i]` tokens sampled, next KV write at `pos[i]`,
         # `done[i]` finished but not yet compacted away.
         waiting = deque(range(0, batch, n))  # first row of each waiting group
@@ -228,7 +240,7 @@ class NativeRollout(RolloutEngine):
             admitted = self._admit(waiting, len(req), n, prompt_len)
             if admitted:
                 new_logits, new_pos = self._prefill(input_ids[admitted], attention_mask[admitted], len(req), n,
-                                                    [reuse[r] for r in admitted] if reuse else None)
+                                                    [reuse[r] for r in admitted] if reuse else None, admitted)
                 rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
                 if versions is not None:
                     versions[rows] = self.gate.version
@@ -253,6 +265,8 @@ class NativeRollout(RolloutEngine):
                         self._keep(done, req, steps, input_ids, attention_mask, responses)
                     keep = self._compact(done, max_pos)
                     req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
+            if self._routes is not None and len(req):  # where each fed token's routes go: the column it was sampled into
+                self._route_at = (req, torch.where(done, prompt_len + max_tokens, prompt_len + steps - 1))
             logits = self._decode(token, pos, max_pos + 1) if len(req) else logits[:0]
             # Only a finished row's extra steps reach the end of its slot.
             pos, max_pos = (pos + 1).clamp_(max=pool.max_len - 1), min(max_pos + 1, pool.max_len - 1)
@@ -267,8 +281,10 @@ class NativeRollout(RolloutEngine):
                 self.kept, self.kept_under = [None] * batch if keep_kv else None, self.gate.version
         if self.graphs is not None:
             self.stats["graph_captures"] = self.graphs.num_captures - captures_before
+        routes, self._routes = self._routes, None
         return RolloutOutput(responses=responses[:, :max_tokens].cpu(), response_log_probs=log_probs[:, :max_tokens].cpu(),
-                             response_mask=alive[:, :max_tokens].long().cpu(), versions=None if versions is None else versions.cpu())
+                             response_mask=alive[:, :max_tokens].long().cpu(), versions=None if versions is None else versions.cpu(),
+                             routed_experts=None if routes is None else routes[:, : prompt_len + max_tokens])
 
     def _admit(self, waiting: deque, running: int, n: int, prompt_len: int) -> list[int]:
         """Groups that join now: all n samples need a free slot, and the prefill stays within the token budget
@@ -280,10 +296,12 @@ class NativeRollout(RolloutEngine):
             admitted.append(waiting.popleft())
         return admitted
 
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, first: int, n: int, reuse: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, first: int, n: int, reuse: list | None = None,
+                 rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes each prompt's KV once into slot `first + g*n`, copies it to the group's other n-1 slots.
         Returns the next-token logits per sample `[groups*n, vocab]` and every sample's next write position.
-        `reuse` (n == 1): each row's KV kept from the previous call, or None."""
+        `reuse` (n == 1): each row's KV kept from the previous call, or None. `rows`: the request row of each
+        prompt (the first of its group), where recorded routes go."""
         lead = int((mask.sum(0) > 0).int().argmax())  # left padding common to all admitted prompts is dropped
         ids, mask = ids[:, lead:], mask[:, lead:]
         groups, length = ids.shape
@@ -295,8 +313,14 @@ class NativeRollout(RolloutEngine):
         real = (length - start).clamp(max=window)
         self.stats["prefill_tokens"] += int(real.sum())
         cache = SlotCache(pool, first, groups, positions=length - window, kv_len=length, stride=n)
+        if self._routes is not None:  # prompt column of each computed position (the common left padding was dropped)
+            width = mask.shape[1] + lead
+            self._route_at = (torch.tensor(rows), torch.arange(width - window, width)[None].expand(groups, window))
         logits = self._forward(ids[:, length - window:], position_ids_from_mask(mask)[:, length - window:],
                                prefill_mask(start, length)[:, :, length - window:], cache)
+        if self._routes is not None:  # a group's samples share its prompt's routes
+            for j in range(1, n):
+                self._routes[torch.tensor(rows) + j, :width] = self._routes[torch.tensor(rows), :width]
         shared = slice(first, first + groups * n, n)
         for j in range(1, n):
             pool.copy_slots(shared, slice(first + j, first + groups * n, n), length)
@@ -381,11 +405,20 @@ class NativeRollout(RolloutEngine):
         return self._forward(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache)
 
     def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: SlotCache) -> torch.Tensor:
-        """Next-token logits of each row's last position, through the fused decoder when the model has one."""
+        """Next-token logits of each row's last position, through the fused decoder when the model has one. While
+        routes are recorded, `self._route_at` (request rows `[rows]`, their columns `[rows]` or `[rows, width]`)
+        says where this forward's tokens' routes go."""
         if self.decoder is not None:
             return self.decoder(ids, position_ids, mask, cache)
-        return self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                          **{self.cache_keyword: cache}).logits[:, -1]
+        route_at, self._route_at = self._route_at, None
+        with self.routing.run(record=True) if route_at is not None else contextlib.nullcontext() as p:
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                                **{self.cache_keyword: cache}).logits[:, -1]
+        if route_at is not None:
+            rows, cols = route_at
+            routes = to_routes(p.recorded, self.routing.num_layers).cpu()
+            self._routes[rows.cpu()[:, None] if cols.dim() == 2 else rows.cpu(), cols.cpu()] = routes.view(*cols.shape, *routes.shape[1:])
+        return logits
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -9,20 +9,28 @@ from rlcore.algos.rollout_corr import bypass_mode_loss, mismatch_token_terms
 from rlcore.config.schema import RolloutCorrectionConfig
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TokenRequest, TrainEngine
+from rlcore.models.router import ROUTES
 from rlcore.protocol import DataProto
 from rlcore.workers.common import run_forward, run_ppo_updates
 
 
-def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec, temperature: float, with_entropy: bool) -> DataProto:
-    """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`."""
+def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec, temperature: float, with_entropy: bool,
+                     routes: str = "free") -> DataProto:
+    """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`.
+    A mixture of experts (rlcore.engine.base.TokenRequest.routes): "record" adds `routed_experts` `[batch, seq,
+    layers, top_k]`; "replay" forces the batch's, when it has them."""
+    if routes == "replay" and ROUTES not in data.batch.keys():
+        routes = "free"  # R2 with an on-policy update: no old-log-prob pass recorded any
 
     def fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> dict[str, torch.Tensor]:
         out = {"log_probs": outputs["log_probs"]}
         if with_entropy:
             out["entropys"] = outputs["entropy"]
+        if routes == "record":
+            out[ROUTES] = outputs[ROUTES]
         return out
 
-    return run_forward(engine, data, micro, fn, TokenRequest(temperature, with_entropy))
+    return run_forward(engine, data, micro, fn, TokenRequest(temperature, with_entropy, routes))
 
 
 def policy_loss_params(actor_cfg) -> dict[str, float]:
@@ -87,6 +95,10 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
             kl_loss = agg(kl_penalty(log_prob, b["ref_log_prob"], actor_cfg.kl_loss_type))
             loss = loss + actor_cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.detach()
+        if "router_aux_loss" in outputs:  # a MoE's load-balancing loss (HF's, when its config asks for it)
+            aux = agg(outputs["router_aux_loss"].expand_as(log_prob))
+            loss = loss + aux
+            metrics["actor/moe/aux_loss"] = aux.detach()
         metrics.update({k: agg(v).detach() for k, v in stats.items()})
         if "rollout_log_probs" in b:  # token means as shares of the mini-batch, exact after the usual sum and mean
             terms = mismatch_token_terms(log_prob, b["rollout_log_probs"], rc.rollout_is_threshold)
@@ -99,7 +111,8 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
 
 def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float,
                   rollout_corr: RolloutCorrectionConfig | None = None) -> dict[str, float]:
-    """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch.
+    """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch. A mixture
+    of experts replays the batch's `routed_experts` (router replay R2/R3) and reports its routers' load.
 
     `data` is this rank's share; a mini-batch is `ppo_mini_batch_size * rollout.n / dp_size` of its rows.
     `data.meta_info["on_policy"]` is the controller's decision (rlcore.trainer.ppo) that the update is exactly
@@ -114,8 +127,10 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroB
         raise ValueError(f"an on-policy update of {actor_cfg.ppo_epochs} epoch(s) x {len(data) // mini_batch_rows} mini-batches: "
                          "only a single on-policy step may use its own log-probs as the old ones")
     # Entropy only where it is used: in the loss, or as the metric the skipped old-log-prob pass would have logged.
-    request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy)
-    return run_ppo_updates(
+    replay = actor_cfg.router_replay.mode != "disabled" and ROUTES in data.batch.keys()
+    request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy, routes="replay" if replay else "free")
+    metrics = run_ppo_updates(
         engine, data, actor_cfg.ppo_epochs, mini_batch_rows, micro,
         lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy, rollout_corr), "actor", request,
     )
+    return metrics | {f"actor/{k}": v for k, v in engine.moe_metrics().items()}

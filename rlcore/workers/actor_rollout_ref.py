@@ -104,8 +104,10 @@ class ActorRolloutRefWorker(RoleWorker):
         """Log-probs of the responses under the current policy (`old_log_probs`) and their entropy."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
         phases.reset_peak(self.device)
+        # R2 records the routes this pass takes, for the reference and the update to replay; R3 replays the rollout's.
+        routes = {"disabled": "free", "R2": "record", "R3": "replay"}[self.config.actor_rollout_ref.actor.router_replay.mode]
         with phases.running(self.actor, "old_log_prob"):
-            out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True)
+            out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True, routes=routes)
             memory = phases.ledger("old_log_prob", self._engines(), self.rollout, device=self.device)
         out = out.rename({"log_probs": "old_log_probs"})
         out.meta_info["memory"] = memory
@@ -116,8 +118,9 @@ class ActorRolloutRefWorker(RoleWorker):
         temperature = self.config.actor_rollout_ref.rollout.temperature
         ref = self.ref or self.actor  # LoRA: the actor with its adapters disabled
         phases.reset_peak(self.device)
+        routes = "free" if self.config.actor_rollout_ref.ref.router_replay.mode == "disabled" else "replay"
         with phases.running(ref, "ref"), ref.disabled_adapters():
-            out = compute_log_prob(ref, data, self._micro_batches("ref"), temperature, with_entropy=False)
+            out = compute_log_prob(ref, data, self._micro_batches("ref"), temperature, with_entropy=False, routes=routes)
             memory = phases.ledger("ref", self._engines(), self.rollout, device=self.device)
         out = out.rename({"log_probs": "ref_log_prob"})
         out.meta_info["memory"] = memory

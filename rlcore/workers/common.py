@@ -74,9 +74,19 @@ def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: 
     outputs = engine.forward(micro_batches, fn, request)
     if not outputs:
         return DataProto.from_dict({})
-    response_len = data.batch["responses"].shape[-1]
-    joined = {k: torch.cat([pad_responses(o[k], response_len) for o in outputs]) for k in outputs[0]}
+    width, response_len = data.batch["input_ids"].shape[-1], data.batch["responses"].shape[-1]
+    joined = {k: torch.cat([_full_width(o[k], mb, width, response_len) for o, mb in zip(outputs, micro_batches)]) for k in outputs[0]}
     return DataProto.from_dict(restore_order(joined, order))
+
+
+def _full_width(t: torch.Tensor, mb: DataProto, width: int, response_len: int) -> torch.Tensor:
+    """A trimmed micro-batch's output at the batch's width: `[rows, r]` per response token right-padded to
+    response_len; `[rows, seq, ...]` per input token (a MoE's routes) padded on both sides, as trim_padding cut it."""
+    if t.dim() == 2:
+        return pad_responses(t, response_len)
+    mb_width, mb_response = mb.batch["input_ids"].shape[-1], mb.batch["responses"].shape[-1]
+    left = (width - response_len) - (mb_width - mb_response)
+    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (left, response_len - mb_response))
 
 
 def mini_batch_counts(mask: torch.Tensor, engine: TrainEngine) -> tuple[float, float]:

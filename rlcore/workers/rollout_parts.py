@@ -29,7 +29,8 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
                   max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length)
     if rollout.name != "vllm":
         sizes = rollout.cudagraph_capture_sizes
-        kwargs.update(enforce_eager=rollout.enforce_eager, cudagraph_capture_sizes=None if sizes is None else list(sizes))
+        kwargs.update(enforce_eager=rollout.enforce_eager, cudagraph_capture_sizes=None if sizes is None else list(sizes),
+                      record_routes=rollout.enable_rollout_routing_replay)
         kwargs.update(OmegaConf.to_container(rollout.engine_kwargs.native, resolve=True))
     else:
         kwargs.update(

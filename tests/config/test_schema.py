@@ -19,7 +19,9 @@ REPO_ROOT = Path(CONFIG_DIR).parent
 VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
 # Defaults rlcore deliberately changes from verl's, with the reason.
 RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native",  # verl: ??? (mandatory); native is embedded
-                   "reward_model.use_reward_loop": False}  # verl: True; rlcore runs the reward model as a worker group
+                   "reward_model.use_reward_loop": False,  # verl: True; rlcore runs the reward model as a worker group
+                   # verl: disabled, and never read (its reference does not replay); rlcore's follows the actor's
+                   "actor_rollout_ref.ref.router_replay.mode": "${oc.select:actor_rollout_ref.actor.router_replay.mode,disabled}"}
 RLCORE_ADDITIONS = {
     "reward_model.model.fsdp_config.dtype", "reward_model.model.fsdp_config.offload_policy", "critic.model.lora_adapter_path",
     "actor_rollout_ref.rollout.engine_kwargs.native",

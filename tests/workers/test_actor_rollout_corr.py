@@ -60,7 +60,7 @@ def test_without_an_old_log_prob_pass_the_actor_measures_the_mismatch():
 
 ENGINE_ACTOR = {"policy_loss": {"loss_mode": "vanilla"}, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
                 "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False,
-                "ppo_mini_batch_size": 2, "ppo_epochs": 1}
+                "ppo_mini_batch_size": 2, "ppo_epochs": 1, "router_replay": {"mode": "disabled"}}
 
 
 def new_engine(model_dir):

