@@ -102,6 +102,19 @@ def test_hfs_load_balancing_loss_joins_the_update_when_the_config_asks(moe_dir, 
     assert with_aux["actor/grad_norm"] != pytest.approx(without["actor/grad_norm"], rel=1e-4)
 
 
+def test_a_checkpointed_layer_replays_the_same_routes_in_its_recompute(moe_dir, tiny_task_dir, tmp_path):
+    """With activation checkpointing each layer runs again in backward: the replayed routes must hold there too, so an
+    R3 update after the router moved is the same update with checkpointing on and off (and the load is counted once)."""
+    workers = [worker_for(moe_dir, tiny_task_dir, tmp_path / str(ckpt), *R3, f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
+                          init=ckpt) for ckpt in (True, False)]
+    batch = grpo_batch(workers[0].generate_sequences(prompts_batch(workers[0].actor.hf_config.vocab_size)), workers[0])
+    for worker in workers:  # the router moves first: replayed and free routes now differ
+        worker.update_actor(batch)
+    second = [worker.update_actor(batch) for worker in workers]
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/moe/load_max_over_mean", "actor/moe/router_entropy"):
+        assert second[0][key] == pytest.approx(second[1][key], rel=1e-5, abs=1e-7), key
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["actor_rollout_ref.actor.router_replay.mode=R3"], "set it, or use mode=R2"),
     (["actor_rollout_ref.rollout.enable_rollout_routing_replay=True"], "records routes that only"),
