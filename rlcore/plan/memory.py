@@ -452,6 +452,8 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         value = key != "policy"
         count = arch.params(value)
         size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+        if arch.experts:  # what a token computes with, beside what the ranks hold
+            size += f" ({arch.active_params(value) / 1e9:.2f}B active: top-{arch.top_k} of {arch.experts} experts per layer)"
         notes.append(f"{key}: {size} params, {arch.layers} layers, hidden {arch.hidden}, "
                      f"vocab {arch.vocab} ({where})")
         if key == "policy":

@@ -235,3 +235,14 @@ def test_native_decode_graphs_are_planned_on_cuda_unless_eager():
     assert "decode CUDA graphs' logits" not in eager
     cpu = dict(_role(_plan(*cuda, "trainer.device=cpu", "trainer.device_memory_gb=100"), "rollout").items)
     assert "decode CUDA graphs' logits" not in cpu  # CPU: eager
+
+
+def test_a_mixture_of_experts_is_planned_by_what_it_holds_and_what_a_token_computes():
+    """Qwen3-30B-A3B: every expert's weights are held (30.5B, sharded), but a token's activations pass through its
+    top-8 experts of 768 (6144 wide), not the config's dense intermediate_size, and the FLOPs count the active 3.35B."""
+    mem = _plan(recipe="qwen3_30b_a3b_grpo")
+    assert any("30.53B (3.35B active: top-8 of 128 experts per layer)" in note for note in mem.arch_notes)
+    arch = BUILTIN["qwen3-30b-a3b"]
+    assert arch.mlp_width == 8 * 768 and arch.active_layer_params() < arch.layer_params() / 8
+    actor = dict(_role(mem, "actor update").items)
+    assert actor["fp32 master weights / 8"] == pytest.approx(4 * arch.params() / 8 / GIB)
