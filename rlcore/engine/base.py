@@ -118,12 +118,12 @@ class TrainEngine(ABC):
         """No-grad forward of each micro-batch; returns fn's outputs per micro-batch (an empty list on a rank that
         is not an output rank)."""
 
-    @abstractmethod
     def moe_metrics(self) -> dict[str, float]:
         """A mixture of experts' router load since the last call (rlcore.models.router.Routing.metrics); {} when the
         model has no routers or the engine does not measure them."""
         return {}
 
+    @abstractmethod
     def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn, request: TokenRequest = TokenRequest()) -> list[dict[str, float]]:
         """Accumulates gradients of loss_fn over the micro-batches; returns each micro-batch's metrics (empty on a
         rank that is not an output rank). Every rank of a replica is given the same micro-batches."""
