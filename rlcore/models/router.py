@@ -53,8 +53,9 @@ class Routing:
         self.num_layers, self.top_k = len(self.routers), self.routers[0].top_k
         self.num_experts = self.routers[0].num_experts
         self._pass: _Pass | None = None
-        self._load = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)  # tokens routed per expert
-        self._entropy = torch.zeros(2, dtype=torch.float64)  # sum of per-token router entropy, tokens
+        # Summed on the routers' device over the training forwards and read once by metrics(): no host sync per layer.
+        self._load: torch.Tensor | None = None     # [layers, experts] tokens routed to each expert
+        self._entropy: torch.Tensor | None = None  # [2]: the tokens' summed router entropy, the tokens
         for layer, router in enumerate(self.routers):
             router.register_forward_hook(self._hook(layer))
 
@@ -83,34 +84,42 @@ class Routing:
                 if getattr(router, "norm_topk_prob", False):
                     scores = scores / scores.sum(-1, keepdim=True)
                 scores = scores.to(logits.dtype)
-            valid = p.valid if p is not None else None
-            if p is not None and p.record:
+            if p is None:
+                return logits, scores, indices
+            if p.record:
                 # A checkpointed layer runs twice (forward, then recompute in backward): keyed by layer, the second
                 # run writes the same routes again.
                 p.recorded[layer] = indices.detach()
-            if p is not None and p.aux:
-                p.aux_losses[layer] = load_balancing_terms(logits, indices, self.num_experts, valid)
-            if p is not None and p.count and layer not in p.counted:
+            terms = None
+            if p.aux:
+                p.aux_losses[layer] = terms = load_balancing_terms(logits, indices, self.num_experts, p.valid)
+            if p.count and layer not in p.counted:  # the recompute's tokens are not counted again
                 p.counted.add(layer)
-                self._count(layer, logits.detach(), indices, valid)
+                self._count(layer, logits.detach(), indices, terms, p.valid)
             return logits, scores, indices
 
         return hook
 
-    @torch.no_grad()
-    def _count(self, layer: int, logits: torch.Tensor, indices: torch.Tensor, valid: torch.Tensor | None) -> None:
-        if valid is not None:
-            logits, indices = logits[valid], indices[valid]
-        self._load[layer] += torch.bincount(indices.reshape(-1).long(), minlength=self.num_experts).double().cpu()
+    @torch.no_grad()  # outside autograd: a checkpointed layer's recompute, which does not count, must save the same tensors
+    def _count(self, layer: int, logits: torch.Tensor, indices: torch.Tensor, terms: tuple | None, valid: torch.Tensor | None) -> None:
+        """Adds this layer's routed tokens and router entropy; `terms`: the load-balancing terms already computed."""
+        routed, _, tokens = terms or load_balancing_terms(logits, indices, self.num_experts, valid)
+        if self._load is None:
+            self._load = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64, device=logits.device)
+            self._entropy = torch.zeros(2, dtype=torch.float64, device=logits.device)
         log_probs = torch.log_softmax(logits.float(), -1)
-        self._entropy += torch.tensor([float(-(log_probs.exp() * log_probs).sum()), len(logits)], dtype=torch.float64)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        self._load[layer] += routed.detach()
+        self._entropy += torch.stack([(entropy * token_weights(valid, entropy)).sum(), tokens.detach()]).double()
 
     def metrics(self) -> dict[str, float]:
         """Since the last call, over the training forwards: each layer's load balance (the busiest expert's tokens
         over the mean, 1 = perfectly even, num_experts = one expert takes all) and the mean router entropy in nats
         (ln num_experts = uniform). HF's Qwen MoE experts have no capacity: no token is dropped."""
-        load, (entropy, tokens) = self._load, self._entropy.tolist()
-        self._load, self._entropy = torch.zeros_like(load), torch.zeros_like(self._entropy)
+        if self._load is None:
+            return {}
+        load, (entropy, tokens) = self._load.cpu(), self._entropy.tolist()
+        self._load = self._entropy = None
         if tokens == 0:
             return {}
         balance = load.max(-1).values / load.mean(-1).clamp(min=1e-12)
@@ -119,16 +128,21 @@ class Routing:
         return out
 
 
+def token_weights(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """1.0 for each token that counts, 0.0 for the others `[tokens]`: a mask applied by weighting, not by indexing
+    (boolean indexing reads the count back to the host)."""
+    return torch.ones(like.shape[0], device=like.device) if valid is None else valid.to(like.device, torch.float32)
+
+
 def load_balancing_terms(logits: torch.Tensor, indices: torch.Tensor, num_experts: int,
-                         valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+                         valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer's part of the load-balancing loss: (tokens routed to each expert `[experts]`, the sum of each
-    expert's router probability `[experts]`, tokens). `logits` `[tokens, experts]`, `indices` `[tokens, top_k]`,
-    `valid` `[tokens]` bool."""
+    expert's router probability `[experts]`, tokens), over the tokens that count. `logits` `[tokens, experts]`,
+    `indices` `[tokens, top_k]`, `valid` `[tokens]` bool."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    if valid is not None:
-        probs, indices = probs[valid], indices[valid]
-    routed = torch.bincount(indices.reshape(-1).long(), minlength=num_experts).float()
-    return routed, probs.sum(0), len(probs)
+    weights = token_weights(valid, probs)
+    routed = probs.new_zeros(num_experts).scatter_add_(0, indices.reshape(-1).long(), weights.repeat_interleave(indices.shape[-1]))
+    return routed, (probs * weights[:, None]).sum(0), weights.sum()
 
 
 def aux_loss(terms: dict[int, tuple], num_experts: int) -> torch.Tensor:
