@@ -114,7 +114,6 @@ class NativeRollout(RolloutEngine):
         self.model = model
         self.routing = Routing(model) if record_routes else None
         self._routes: torch.Tensor | None = None  # [batch, prompt_len + max_tokens + 1 spare, layers, top_k] during a call
-        self._route_at: tuple[torch.Tensor, torch.Tensor] | None = None  # where the next forward's routes go
         self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values", by transformers release
         # Every name of every parameter: a tied head answers to `lm_head.weight` as well as to the embedding's name,
         # so a stream that carries it (or leaves it out, as rlcore's engines do) loads either way.
@@ -265,9 +264,9 @@ class NativeRollout(RolloutEngine):
                         self._keep(done, req, steps, input_ids, attention_mask, responses)
                     keep = self._compact(done, max_pos)
                     req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
-            if self._routes is not None and len(req):  # where each fed token's routes go: the column it was sampled into
-                self._route_at = (req, torch.where(done, prompt_len + max_tokens, prompt_len + steps - 1))
-            logits = self._decode(token, pos, max_pos + 1) if len(req) else logits[:0]
+            # Recorded routes of each fed token go to the column it was sampled into (a finished row's: the spare).
+            route_at = (req, torch.where(done, prompt_len + max_tokens, prompt_len + steps - 1)[:, None]) if self._routes is not None else None
+            logits = self._decode(token, pos, max_pos + 1, route_at) if len(req) else logits[:0]
             # Only a finished row's extra steps reach the end of its slot.
             pos, max_pos = (pos + 1).clamp_(max=pool.max_len - 1), min(max_pos + 1, pool.max_len - 1)
             if self.gate.park():  # new weights were loaded meanwhile: the running rows go on under them
@@ -313,14 +312,15 @@ class NativeRollout(RolloutEngine):
         real = (length - start).clamp(max=window)
         self.stats["prefill_tokens"] += int(real.sum())
         cache = SlotCache(pool, first, groups, positions=length - window, kv_len=length, stride=n)
-        if self._routes is not None:  # prompt column of each computed position (the common left padding was dropped)
-            width = mask.shape[1] + lead
-            self._route_at = (torch.tensor(rows), torch.arange(width - window, width)[None].expand(groups, window))
+        route_at = None
+        if self._routes is not None:  # the prompt column of each computed position (the common left padding was dropped)
+            width, rows = mask.shape[1] + lead, torch.tensor(rows)
+            route_at = (rows, torch.arange(width - window, width)[None].expand(groups, window))
         logits = self._forward(ids[:, length - window:], position_ids_from_mask(mask)[:, length - window:],
-                               prefill_mask(start, length)[:, :, length - window:], cache)
+                               prefill_mask(start, length)[:, :, length - window:], cache, route_at)
         if self._routes is not None:  # a group's samples share its prompt's routes
             for j in range(1, n):
-                self._routes[torch.tensor(rows) + j, :width] = self._routes[torch.tensor(rows), :width]
+                self._routes[rows + j, :width] = self._routes[rows, :width]
         shared = slice(first, first + groups * n, n)
         for j in range(1, n):
             pool.copy_slots(shared, slice(first + j, first + groups * n, n), length)
@@ -389,35 +389,35 @@ class NativeRollout(RolloutEngine):
         order[holes] = movers
         return order
 
-    def _decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+    def _decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int, route_at: tuple | None = None) -> torch.Tensor:
         """One token per running slot `[0, rows)`, written at `pos`, reading key positions `[0, kv_len)` (kv_len >
         pos.max()); returns the next-token logits."""
         if self.graphs is not None:
             logits = self.graphs.decode(token, pos, kv_len, lambda: self._eager_decode(token, pos, kv_len))
             if logits is not None:
                 return logits
-        return self._eager_decode(token, pos, kv_len)
+        return self._eager_decode(token, pos, kv_len, route_at)
 
-    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int, route_at: tuple | None = None) -> torch.Tensor:
         rows = len(token)
         start = self.pool.start[:rows]
         cache = SlotCache(self.pool, 0, rows, positions=pos, kv_len=kv_len)
-        return self._forward(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache)
+        return self._forward(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache, route_at)
 
-    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: SlotCache) -> torch.Tensor:
-        """Next-token logits of each row's last position, through the fused decoder when the model has one. While
-        routes are recorded, `self._route_at` (request rows `[rows]`, their columns `[rows]` or `[rows, width]`)
-        says where this forward's tokens' routes go."""
+    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: SlotCache,
+                 route_at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Next-token logits of each row's last position, through the fused decoder when the model has one.
+        `route_at` (request rows `[rows]`, their columns `[rows, width]`): where this forward's tokens' routes go in
+        the call's recorded routes (a MoE has no fused decoder)."""
         if self.decoder is not None:
             return self.decoder(ids, position_ids, mask, cache)
-        route_at, self._route_at = self._route_at, None
         with self.routing.run(record=True) if route_at is not None else contextlib.nullcontext() as p:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
                                 **{self.cache_keyword: cache}).logits[:, -1]
         if route_at is not None:
-            rows, cols = route_at
+            rows, cols = (t.cpu() for t in route_at)
             routes = to_routes(p.recorded, self.routing.num_layers).cpu()
-            self._routes[rows.cpu()[:, None] if cols.dim() == 2 else rows.cpu(), cols.cpu()] = routes.view(*cols.shape, *routes.shape[1:])
+            self._routes[rows[:, None], cols] = routes.view(*cols.shape, *routes.shape[1:])
         return logits
 
     def state_dict(self) -> dict:
