@@ -152,13 +152,12 @@ class FSDP2Engine(TrainEngine):
         if self.ulysses is not None and request.routes != "free":
             raise ValueError("router replay with Ulysses sequence parallelism is not supported yet: set ulysses_sequence_parallel_size=1")
         mask = mb.batch["attention_mask"].to(self.device).bool()
+        # Packed rows hold valid tokens only (under Ulysses, each rank's slice: its tail padding counts, a few tokens).
         valid = None if self.spec.use_remove_padding else mask.reshape(-1)
         replay = None
         if request.routes == "replay":
             routes = mb.batch[ROUTES].to(self.device)
             replay = routes[mask] if self.spec.use_remove_padding else routes.reshape(-1, *routes.shape[2:])
-        if self.ulysses is not None:
-            valid = None  # each rank's slice of the packed row (its tail padding counts: a few tokens)
         aux = train and bool(getattr(self.hf_config, "output_router_logits", False))
         # A replaying forward records too: what the experts received, for the caller that checks it.
         return self.routing.run(replay=replay, valid=valid, record=request.routes != "free", aux=aux, count=train)

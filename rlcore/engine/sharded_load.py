@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from rlcore.models.experts import expert_pieces
+from rlcore.models.experts import expert_pieces, is_fused
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -122,24 +122,21 @@ def _local_rows(param: torch.Tensor) -> tuple[torch.Tensor, int]:
     return param.to_local(), (offset[0] if offset else 0)
 
 
-def _reads(name: str, param: torch.Tensor, checkpoint_name: str, files: dict[str, str]):
-    """(checkpoint tensor, its first row, where its rows go) for each piece of this rank's shard of `param`; None
-    when the checkpoint lacks it. A fused expert parameter absent under its own name is read expert by expert from
-    the per-expert tensors checkpoints hold (rlcore.models.experts): its rows are experts, so a shard is whole ones."""
+def _reads(param: torch.Tensor, checkpoint_name: str, files: dict[str, str]) -> list | None:
+    """(checkpoint tensor, its first row, its shape, where its rows go) for each piece of this rank's shard of
+    `param`; None when the checkpoint lacks it. A fused expert parameter absent under its own name is read expert by
+    expert from the per-expert tensors checkpoints hold (rlcore.models.experts): its rows are experts, so a shard
+    is whole ones."""
     local, first = _local_rows(param)
     if checkpoint_name in files:
         return [(checkpoint_name, first, list(param.shape), local)] if local.numel() else []
-    if expert_pieces(checkpoint_name, 0, param.shape[1]) is None:
+    if not is_fused(checkpoint_name):
         return None
-    reads = []
-    for row in range(local.shape[0]):
-        for piece, piece_row, rows in expert_pieces(checkpoint_name, first + row, param.shape[1]):
-            if piece not in files:
-                return None
-            reads.append((piece, 0, [rows, *param.shape[2:]], local[row, piece_row : piece_row + rows]))
-    if not local.numel() and any(p not in files for p, *_ in expert_pieces(checkpoint_name, 0, param.shape[1])):
-        return None  # a rank with no rows still names a checkpoint that lacks the experts
-    return reads
+    pieces = [expert_pieces(checkpoint_name, expert, param.shape[1]) for expert in range(param.shape[0])]
+    if any(piece not in files for expert in pieces for piece, *_ in expert):
+        return None
+    return [(piece, 0, [rows, *param.shape[2:]], local[row, piece_row : piece_row + rows])
+            for row in range(local.shape[0]) for piece, piece_row, rows in pieces[first + row]]
 
 
 @torch.no_grad()
@@ -158,7 +155,7 @@ def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torc
     for name, param in model.named_parameters():
         if name in initial:
             continue
-        reads = _reads(name, param, rename(name), files)
+        reads = _reads(param, rename(name), files)
         if reads is None:
             missing.append(rename(name))
         for read in reads or []:
