@@ -181,9 +181,16 @@ def arch_from_hf_config(config: dict, name: str) -> Arch:
         vocab=text["vocab_size"], max_positions=text.get("max_position_embeddings", 0),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=bool(text.get("attention_bias", text.get("model_type") in ("qwen2", "qwen2_moe"))), head_dim=text.get("head_dim"),
-        qk_norm=text.get("model_type") in ("qwen3", "qwen3_moe"), experts=num_experts(text),
-        top_k=text.get("num_experts_per_tok", 0) if is_moe(text) else 0, moe_intermediate=text.get("moe_intermediate_size", 0) if is_moe(text) else 0,
-        shared_intermediate=text.get("shared_expert_intermediate_size", 0) if text.get("model_type") == "qwen2_moe" else 0)
+        qk_norm=text.get("model_type") in ("qwen3", "qwen3_moe"), **_moe_shape(text))
+
+
+def _moe_shape(text: dict) -> dict:
+    """A MoE family's expert fields of Arch (HF's names; the shared expert is Qwen2-MoE's); none for a dense model."""
+    if not is_moe(text):
+        return {}
+    shared = text["shared_expert_intermediate_size"] if text["model_type"] == "qwen2_moe" else 0
+    return dict(experts=num_experts(text), top_k=text["num_experts_per_tok"], moe_intermediate=text["moe_intermediate_size"],
+                shared_intermediate=shared)
 
 
 def hf_config(arch: Arch) -> dict:
