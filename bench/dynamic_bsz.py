@@ -28,6 +28,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlcore.config.schema import ActorConfig
 from rlcore.controller.worker import free_port
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec
@@ -106,7 +107,7 @@ def time_modes(model_dir: str, data: DataProto, modes: dict, reps: int) -> dict[
     round 0 warms up allocators and thread pools and is not counted."""
     engines = {key: FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=packed, lr=1e-6), torch.device("cpu"))
                for key, (_, packed, _, _) in modes.items()}
-    cfg = OmegaConf.create({**ACTOR, "ppo_mini_batch_size": len(data)})
+    cfg = OmegaConf.merge(OmegaConf.structured(ActorConfig), {**ACTOR, "ppo_mini_batch_size": len(data)})  # every key at its default
     seconds = {key: {"compute_log_prob": math.inf, "update_actor": math.inf} for key in modes}
     for round_index in range(reps + 1):
         for key, (_, _, log_prob_spec, update_spec) in modes.items():

@@ -27,11 +27,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rlcore.controller.worker import free_port
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec
+from rlcore.config.schema import ActorConfig
 from rlcore.engine.factory import build_engine
 from rlcore.protocol import DataProto, position_ids_from_mask
 from rlcore.workers.actor import compute_log_prob, update_policy
 
-ACTOR = OmegaConf.create({
+# The actor section of the schema (every key at its default) with this bench's loss settings.
+ACTOR = OmegaConf.merge(OmegaConf.structured(ActorConfig), {
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
     "clip_ratio_c": 3.0, "entropy_coeff": 0.0, "use_kl_loss": False, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.0,
     "ppo_epochs": 1,
