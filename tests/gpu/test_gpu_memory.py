@@ -18,8 +18,9 @@ import pytest
 import torch
 from gpu_fixtures import nccl  # noqa: F401  (a fixture)
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "workers"))  # the GRPO step's helpers, shared with the CPU ledger test
-from test_model_families import grpo_batch, prompts_batch  # noqa: E402
+from grpo_step import grpo_batch, prompts_batch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "workers"))  # the CPU ledger test's settings
 from test_phases import OFFLOAD, gib  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -5,7 +5,7 @@ engines' own account of where their state is, shows it per phase, for FSDP2 and 
 import pytest
 import torch
 from dist_utils import close_gloo, free_port, init_gloo, spawn_ranks
-from test_model_families import family_cfg, grpo_batch, prompts_batch
+from grpo_step import family_cfg, grpo_batch, prompts_batch
 
 import rlcore.workers.actor_rollout_ref as arr
 from rlcore.engine.megatron.offload import _owners

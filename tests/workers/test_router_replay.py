@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from dist_utils import free_port, init_gloo
-from test_model_families import family_cfg, grpo_batch, prompts_batch
+from grpo_step import family_cfg, grpo_batch, prompts_batch
 
 from rlcore.config import ConfigError
 from rlcore.train import check_config
@@ -123,6 +123,11 @@ def test_a_checkpointed_layer_replays_the_same_routes_in_its_recompute(moe_dir, 
     ([*R3, "actor_rollout_ref.rollout.name=vllm"], "use rollout.name=native, or mode=R2"),
     (["actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], "Ulysses"),
     (["actor_rollout_ref.ref.router_replay.mode=R2"], "the reference replays the actor's routes"),
+    (["actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.strategy=megatron",
+      "actor_rollout_ref.model.enable_gradient_checkpointing=True"], "set actor_rollout_ref.model.enable_gradient_checkpointing=False"),
+    (["actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.strategy=megatron",
+      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", "actor_rollout_ref.model.enable_gradient_checkpointing=False"],
+     "routes across pipeline stages are not replayed yet"),
 ])
 def test_router_replay_keys_are_checked_before_ray_starts(overrides, message, tiny_model_dir, tiny_task_dir, tmp_path):
     from e2e_utils import tiny_cfg
