@@ -1,6 +1,10 @@
 """Rules for `<role>.megatron.*` (strategy=megatron): what rlcore's megatron engine does not do, refused before Ray
-starts and naming the key. `c` is validate's checker (get / error). The engine re-checks MEGATRON_UNSUPPORTED for
-callers that build it directly."""
+starts and naming the key. `c` is validate's checker (get / error). The engine re-checks MEGATRON_UNSUPPORTED and
+moe_override_problems for callers that build it directly.
+
+Expert parallelism is a layout rule here (megatron-core's: TP x PP x CP divides the world, and so does expert-TP x
+EP x PP); whether the model has experts to split is known only from its config.json, which the engine checks
+(rlcore.engine.megatron.model: a dense model with expert_model_parallel_size > 1 is refused with the reason)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,40 @@ MEGATRON_UNSUPPORTED = {
     "context_parallel_size": (1, "context parallelism: megatron-core runs it only in TransformerEngine's attention, and rlcore "
                                  "builds megatron's local layer spec; for long sequences use strategy=fsdp2 with "
                                  "ulysses_sequence_parallel_size (Ulysses)"),
-    "expert_model_parallel_size": (1, "expert parallelism (MoE)"),
     "use_dist_checkpointing": (False, "initial weights from a Megatron dist checkpoint; rlcore reads the HF checkpoint at model.path"),
 }
+
+
+# override_transformer_config.<key>: (values rlcore refuses, why and what to use instead)
+MOE_REFUSED_OVERRIDES = {
+    "moe_token_dispatcher_type": ({"flex"}, "the flex dispatcher runs DeepEP / HybridEP, which need CUDA and their own kernels "
+                                            "(not part of rlcore's install); use moe_token_dispatcher_type=alltoall"),
+    "moe_enable_deepep": ({True}, "DeepEP needs CUDA and its kernels (not part of rlcore's install); use "
+                                  "moe_token_dispatcher_type=alltoall and moe_enable_deepep=false"),
+    "moe_grouped_gemm": ({True}, "grouped GEMM runs TransformerEngine's or the grouped_gemm package's CUDA kernels, and rlcore "
+                                 "converts megatron-core's per-expert local MLPs; use moe_grouped_gemm=false"),
+}
+MOE_DISPATCHERS = ("alltoall", "allgather")
+
+
+def moe_override_problems(overrides: dict, pipeline_parallel: int, expert_parallel: int) -> List[str]:
+    """What rlcore refuses among override_transformer_config's moe_* keys (shared by the validator and the engine)."""
+    problems = []
+    for key, (refused, why) in MOE_REFUSED_OVERRIDES.items():
+        if overrides.get(key) in refused:
+            problems.append(f"override_transformer_config.{key}={overrides[key]}: {why}")
+    dispatcher = overrides.get("moe_token_dispatcher_type")
+    if dispatcher is not None and dispatcher not in MOE_DISPATCHERS and dispatcher != "flex":
+        problems.append(f"override_transformer_config.moe_token_dispatcher_type={dispatcher} is not one of {', '.join(MOE_DISPATCHERS)}")
+    # rlcore trims each micro-batch to its own longest row, so ranks that hold different data hold different token
+    # counts; the allgather dispatcher gathers one equal-sized block per expert-TP x EP rank (measured on gloo: a
+    # size mismatch abort at EP2), and megatron-core refuses it with variable_seq_lengths (pipeline stages).
+    if dispatcher == "allgather" and (pipeline_parallel > 1 or expert_parallel > 1):
+        problems.append(f"override_transformer_config.moe_token_dispatcher_type=allgather cannot run with pipeline_model_parallel_size="
+                        f"{pipeline_parallel} and expert_model_parallel_size={expert_parallel}: it gathers equal-sized token blocks from "
+                        "every expert-parallel rank, while rlcore's micro-batches have widths of their own on each data-parallel rank "
+                        "(and megatron-core refuses it with pipeline stages); use moe_token_dispatcher_type=alltoall")
+    return problems
 
 
 def check_megatron(c, section: str) -> None:
@@ -26,6 +61,10 @@ def check_megatron(c, section: str) -> None:
     for key, (ok, what) in MEGATRON_UNSUPPORTED.items():
         if c.get(f"{section}.{key}") != ok:
             c.error(f"{section}.{key}={c.get(f'{section}.{key}')} ({what}) is not supported by rlcore; use {section}.{key}={ok}")
+    overrides = c.get(f"{section}.override_transformer_config") or {}
+    for problem in moe_override_problems(overrides, c.get(f"{section}.pipeline_model_parallel_size"),
+                                         c.get(f"{section}.expert_model_parallel_size")):
+        c.error(f"{section}.{problem}")
     if c.get(f"{section}.override_mcore_model_config"):
         c.error(f"{section}.override_mcore_model_config is not supported by rlcore: its megatron engine derives the GPTModel "
                 "from the HF config.json; change the model with actor_rollout_ref.model.override_config (HF keys) and "
@@ -38,7 +77,8 @@ def check_megatron(c, section: str) -> None:
 
 def check_same_layout(c, ref: str, actor: str) -> None:
     """The reference shares the actor's processes, and megatron-core one layout per process."""
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"):
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                "expert_model_parallel_size", "expert_tensor_parallel_size"):
         if c.get(f"{ref}.{key}") != c.get(f"{actor}.{key}"):
             c.error(f"{ref}.{key}={c.get(f'{ref}.{key}')} differs from {actor}.{key}={c.get(f'{actor}.{key}')}: the reference "
                     f"runs in the actor's processes, which hold one megatron layout; use {ref}.{key}={c.get(f'{actor}.{key}')}")
@@ -64,7 +104,25 @@ def _megatron_model_parallel(c: _Checker, section: str, world: int, per_node: in
                 + _use(keys[0], _suggest(tp, [lambda v: per_node % v == 0 and c.megatron_tp_splits_heads(v),
                                               lambda v: per_node % v == 0], 1, per_node)))
         return None
+    _check_expert_layout(c, section, world, tp, pp)  # the experts' grid does not change the data-parallel size
     return tp * pp * cp
+
+
+def _check_expert_layout(c: _Checker, section: str, world: int, tp: int, pp: int) -> None:
+    """megatron-core's expert grid: expert-TP x EP x PP divides the world (with expert-TP = TP: EP divides the
+    data-parallel size), the routed experts' gradients then averaged over the remaining expert-data-parallel ranks."""
+    ep_key, etp_key = f"{section}.expert_model_parallel_size", f"{section}.expert_tensor_parallel_size"
+    if not c.at_least(ep_key, 1) or (c.get(etp_key) is not None and not c.at_least(etp_key, 1)):
+        return
+    ep, etp = c.get(ep_key), c.get(etp_key) or tp
+    if world % (etp * ep * pp) == 0:
+        return
+    room = world // pp
+    fixes = _nearest(ep, lambda v: room % (etp * v) == 0, 1, room)
+    c.error(f"{ep_key}={ep} x {etp_key}={etp if c.get(etp_key) else f'null (= tensor_model_parallel_size {tp})'} x "
+            f"pipeline_model_parallel_size={pp} = {etp * ep * pp} does not divide the world size {world}: megatron-core lays the "
+            f"routed experts over expert-TP x EP ranks within each pipeline stage (with expert-TP = TP, EP must divide the "
+            f"data-parallel size {world // (tp * pp)}); " + _use(ep_key, fixes))
 
 
 def _both(c: _Checker, keys: List[str], tp: int, room: int) -> str:

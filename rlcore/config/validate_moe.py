@@ -31,7 +31,7 @@ def check_router_replay(c) -> None:
     if mode == "disabled":
         return
     if c.get(f"{ARR}.actor.strategy") == "megatron":
-        c.error(f"{RR}.mode={mode} with strategy=megatron: rlcore replays routes on FSDP2 only so far; use actor.strategy=fsdp2")
+        _check_megatron_replay(c, mode)
     if c.get(f"{ARR}.actor.ulysses_sequence_parallel_size") != 1:
         c.error(f"{RR}.mode={mode} with Ulysses sequence parallelism: replayed routes are not sliced over the sequence ranks yet; "
                 f"set {ARR}.actor.ulysses_sequence_parallel_size=1")
@@ -45,3 +45,17 @@ def check_router_replay(c) -> None:
     if c.get(f"{ARR}.hybrid_engine") is False and c.get("async_training.partial_rollout"):
         c.error(f"{RR}.mode=R3 with partial rollouts: a resumed row's earlier tokens were routed under other weights; set "
                 f"async_training.partial_rollout=False, or use mode=R2")
+
+
+def _check_megatron_replay(c, mode: str) -> None:
+    """megatron-core's RouterReplay (rlcore.engine.megatron.routes) records and forces routes per router for one forward:
+    a pipeline stage routes only its own layers, and a recomputed layer would replay from a queue filled in schedule order."""
+    megatron = f"{ARR}.actor.megatron"
+    if c.get(f"{megatron}.pipeline_model_parallel_size") != 1:
+        c.error(f"{RR}.mode={mode} with {megatron}.pipeline_model_parallel_size={c.get(f'{megatron}.pipeline_model_parallel_size')}: "
+                f"routes across pipeline stages are not replayed yet; use pipeline_model_parallel_size=1 (or strategy=fsdp2)")
+    recompute = c.get(f"{megatron}.override_transformer_config.recompute_granularity")
+    if c.get(f"{ARR}.model.enable_gradient_checkpointing") or recompute is not None:
+        c.error(f"{RR}.mode={mode} on megatron with activation recomputation ({ARR}.model.enable_gradient_checkpointing="
+                f"{c.get(f'{ARR}.model.enable_gradient_checkpointing')}, recompute_granularity={recompute}): megatron-core would replay "
+                f"a recomputed layer from its own queue, which rlcore does not fill yet; set {ARR}.model.enable_gradient_checkpointing=False")

@@ -19,8 +19,8 @@ FAMILIES = {
     "qwen3_moe": "Qwen3-MoE (30B-A3B, 235B-A22B: top-k routed experts, q/k RMSNorm)",
     "qwen2_moe": "Qwen1.5-MoE / Qwen2-MoE (routed experts plus a gated shared expert, q/k/v biases)",
 }
-# The mixtures of experts among them: FSDP2 and the native rollout run them; megatron-core's MoE layers (expert
-# parallelism) are not wired to rlcore's converter yet.
+# The mixtures of experts among them: FSDP2 shards their experts over its ranks, megatron-core's MoE layers split them
+# over expert-parallel ranks (rlcore.engine.megatron.moe); the native rollout and vLLM run them.
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
 # megatron-core's built-in Llama 3.1 RoPE scaling (GPTModel(rope_scaling=True)) has these fixed parameters.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -86,10 +86,12 @@ def num_experts(config: dict[str, Any]) -> int:
 def moe_problems(config: dict[str, Any], strategy: str) -> list[str]:
     """What rlcore cannot run of a MoE family's config with `strategy`."""
     model_type = config.get("model_type")
-    if strategy == "megatron":
-        return [f"{model_type} on strategy=megatron: rlcore's megatron-core converter builds dense layers only (no MoE layers or "
-                "expert parallelism yet); train it with strategy=fsdp2, whose ranks shard the experts"]
     problems = []
+    if strategy == "megatron":  # megatron-core's MoE layers (rlcore.engine.megatron.moe), with expert parallelism
+        try:
+            megatron_rope(config)
+        except ValueError as err:
+            problems.append(str(err))
     if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
         problems.append(f"{model_type} with dense layers among the MoE ones (mlp_only_layers={config.get('mlp_only_layers')}, "
                         f"decoder_sparse_step={config.get('decoder_sparse_step')}): rlcore's router bookkeeping assumes every layer "

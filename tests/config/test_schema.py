@@ -228,7 +228,7 @@ def test_megatron_command_line_composes_and_validates():
     plan, errors = diagnose(cfg)
     assert errors == []
     assert plan.dp_size == 1  # 8 devices = TP4 x PP2 x DP1
-    for key, value, what in (("context_parallel_size", 2, "context parallelism"), ("expert_model_parallel_size", 2, "expert parallelism"),
+    for key, value, what in (("context_parallel_size", 2, "context parallelism"),
                              ("use_dist_checkpointing", True, "initial weights from a Megatron dist checkpoint")):
         _, errors = diagnose(compose([f"actor_rollout_ref.actor.megatron.{key}={value}"],
                                      config_name="ppo_megatron_trainer"))

@@ -113,7 +113,7 @@ def test_brief_example_message_exactly():
 def test_many_violations_in_one_error():
     overrides = VERL_8GPU + [
         "trainer.n_gpus_per_node=6",  # 5120 and 1280 samples not divisible by 6 ranks; TP 2 still fine
-        f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.megatron.expert_model_parallel_size=2", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae", "critic.enable=False",
+        f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.megatron.expert_model_parallel_size=4", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae", "critic.enable=False",
         f"{ARR}.model.lora_rank=8", f"{ARR}.model.lora_alpha=0", "trainer.test_freq=0", f"{ARR}.rollout.top_p=1.5", "data.truncation=lef",
         f"{ARR}.actor.use_kl_loss=True",  # reference now needed but has no micro-batch size
     ]
@@ -121,8 +121,8 @@ def test_many_violations_in_one_error():
         validate_config(_cfg(overrides))
     messages, text = info.value.messages, str(info.value)
     expected = [
-        f"{ARR}.actor.megatron.expert_model_parallel_size=2 (expert parallelism (MoE)) is not supported by rlcore; use "
-            f"{ARR}.actor.megatron.expert_model_parallel_size=1",
+        f"{ARR}.actor.megatron.expert_model_parallel_size=4 x {ARR}.actor.megatron.expert_tensor_parallel_size=null "
+            "(= tensor_model_parallel_size 1) x pipeline_model_parallel_size=1 = 4 does not divide the world size 6",
         f"{ARR}.rollout.name=sglang is not supported yet by rlcore; use {ARR}.rollout.name=vllm",
         "algorithm.adv_estimator=gae needs the critic's values but critic.enable=False",
         f"{ARR}.model.lora_rank=8 with {ARR}.actor.strategy=megatron is not supported: megatron-core has no LoRA layers",

@@ -60,7 +60,14 @@ class _NullStream:
         pass
 
     def record_event(self, event=None):
-        return event
+        # The MoE alltoall dispatcher records an event on its copy stream and synchronizes on it later.
+        return event if event is not None else _NullStream()
+
+    def wait_event(self, event=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
 
 
 class _CpuCuda(types.SimpleNamespace):
@@ -180,6 +187,15 @@ def _communicate_shapes_tagged(self, tensor_send_next, tensor_send_prev, recv_pr
     return as_list(recv_prev_shape), as_list(recv_next_shape)
 
 
+def _move_to_cpu_as_on_cuda(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """megatron's moe_utils.maybe_move_tensor_to_cpu, for tensors already on the CPU: on CUDA it hands the alltoall
+    dispatcher its split sizes as numpy arrays, which all_to_all_single takes; it left CPU tensors as tensors, which
+    all_to_all_single refuses (TypeError on gloo at expert_model_parallel_size > 1)."""
+    if as_numpy and torch.is_tensor(tensor):
+        return tensor.numpy()
+    return tensor
+
+
 def _import_megatron_modules() -> None:
     """Every megatron-core module the engine runs, imported before they are given the CPU view of torch."""
     import megatron.core.distributed  # noqa: F401
@@ -191,6 +207,10 @@ def _import_megatron_modules() -> None:
     import megatron.core.pipeline_parallel.p2p_communication  # noqa: F401
     import megatron.core.pipeline_parallel.schedules  # noqa: F401
     import megatron.core.tensor_parallel.random  # noqa: F401
+    import megatron.core.transformer.moe.moe_layer  # noqa: F401
+    import megatron.core.transformer.moe.moe_utils  # noqa: F401
+    import megatron.core.transformer.moe.router  # noqa: F401
+    import megatron.core.transformer.moe.token_dispatcher  # noqa: F401
 
 
 def apply_cpu_shim() -> None:
@@ -210,6 +230,9 @@ def apply_cpu_shim() -> None:
     from megatron.core.tensor_parallel import random
 
     p2p_communication.P2PCommunicator._communicate_shapes = _communicate_shapes_tagged
+    from megatron.core.transformer.moe import token_dispatcher
+
+    token_dispatcher.maybe_move_tensor_to_cpu = _move_to_cpu_as_on_cuda
 
     # The RNG tracker keeps and swaps "CUDA" generator states; on CPU they are the CPU generator's.
     random._get_cuda_rng_state = lambda device=None, clone=False, graph_safe=False: torch.get_rng_state()

@@ -18,14 +18,17 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
 from rlcore.engine.base import STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
+from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
-from rlcore.engine.megatron.offload import move_state, state_bytes
+from rlcore.engine.megatron.offload import grad_buffers, move_state, state_bytes
+from rlcore.engine.megatron.routes import RouteReplay
 from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
 from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
+from rlcore.models.router import ROUTES
 from rlcore.utils.dist import ReduceOp, all_reduce_values
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
@@ -33,16 +36,20 @@ def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None
     so the reference must use the actor's layout, as in verl)."""
     if mpu.model_parallel_is_initialized():
         have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
-                mpu.get_virtual_pipeline_model_parallel_world_size())
-        if have != (layout.tp, layout.pp, layout.vpp):
-            raise ValueError(f"this process already runs megatron-core with TP, PP, VPP = {have}; another engine asked for "
-                             f"{(layout.tp, layout.pp, layout.vpp)}. Roles sharing a process (actor and reference) need the same sizes")
+                mpu.get_virtual_pipeline_model_parallel_world_size(), mpu.get_expert_model_parallel_world_size(),
+                mpu.get_expert_tensor_parallel_world_size())
+        want = (layout.tp, layout.pp, layout.vpp, layout.ep, layout.etp)
+        if have != want:
+            raise ValueError(f"this process already runs megatron-core with TP, PP, VPP, EP, expert-TP = {have}; another engine asked "
+                             f"for {want}. Roles sharing a process (actor and reference) need the same sizes")
         return
     if device.type == "cpu":
         from rlcore.engine.megatron.cpu_shim import apply_cpu_shim
 
         apply_cpu_shim()
-    mpu.initialize_model_parallel(layout.tp, layout.pp, layout.vpp)
+    moe.without_transformer_engine()
+    mpu.initialize_model_parallel(layout.tp, layout.pp, layout.vpp, expert_model_parallel_size=layout.ep,
+                                  expert_tensor_parallel_size=layout.etp)
     # TP ranks get different RNG streams for TP-split weights and dropout, DP replicas the same (megatron's rule).
     model_parallel_cuda_manual_seed(seed)
 
@@ -70,6 +77,7 @@ class MegatronEngine(TrainEngine):
         for chunk in self.modules:
             if chunk.post_process:
                 chunk.output_layer.forward = self._head(chunk)
+        self.routes = RouteReplay(self.modules, self.config)  # MoE routers: record / replay routes on request
         self.optimizer = None
         self.model = self.modules
         if spec.trainable:
@@ -147,12 +155,15 @@ class MegatronEngine(TrainEngine):
             mb = next(data_iterator)
             inputs = model_inputs(mb, self.spec.use_remove_padding, self.device, self.layout.tp if self.layout.sp else 1)
             self._inputs = inputs
+            self.routes.before(request.routes, mb, inputs)
             output = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=None,
                            packed_seq_params=inputs.packed_seq_params)
 
             def loss_func(output_tensor):
                 per_token = inputs.unpack(output_tensor)
                 outputs = {name: per_token[..., i].float() for name, i in channels.items()}
+                if request.routes == "record":
+                    outputs[ROUTES] = self.routes.recorded(mb, inputs)
                 loss, result = on_output(outputs, mb)
                 # The schedule divides each micro-batch's loss by their number; rlcore's losses are already each
                 # micro-batch's share of the mini-batch loss (rlcore.algos.agg), so undo it.
@@ -166,6 +177,7 @@ class MegatronEngine(TrainEngine):
             seq_length=max(mb.batch["input_ids"].shape[-1] for mb in micro_batches), micro_batch_size=1, forward_only=forward_only,
         )
         self._inputs = None
+        self.routes.after()
         return list(results) if mpu.is_pipeline_last_stage() else []
 
     def _fit_interleaving(self, micro_batches: list) -> list:
@@ -201,6 +213,11 @@ class MegatronEngine(TrainEngine):
         results = self._schedule(micro_batches, loss_fn, request, False)
         return read_metrics(results) if self.is_output_rank else []
 
+    def moe_metrics(self) -> dict[str, float]:
+        # megatron-core's routers are not measured yet (their load would come from the routing maps the router
+        # replay hook records): no metrics rather than made-up ones.
+        return {}
+
     def optimizer_step(self, skip: bool = False) -> dict[str, float]:
         lr = self.spec.lr * lr_factor(self.optimizer_steps, self.spec.warmup_steps, self.spec.total_steps, self.spec.lr_scheduler_type,
                                       self.spec.min_lr_ratio, self.spec.num_cycles)
@@ -210,7 +227,7 @@ class MegatronEngine(TrainEngine):
         # A non-finite gradient anywhere (fp overflow, a bad batch) must not poison the weights: every rank agrees
         # to skip the step. (megatron's own check raises instead; its clipping would pass NaN through.)
         # skip (see TrainEngine.optimizer_step): no check and no step, on every rank alike; the schedule still advances.
-        bad = 0.0 if skip else float(not all(torch.isfinite(b.grad_data).all() for c in self.model for b in c.buffers))
+        bad = 0.0 if skip else float(not all(torch.isfinite(b.grad_data).all() for c in self.model for b in grad_buffers(c)))
         finite = not skip and not all_reduce_values([bad], op=ReduceOp.MAX)[0]
         grad_norm = 0.0 if skip else float("nan")
         if finite:

@@ -26,6 +26,7 @@ class ModelInputs:
     state_index: torch.Tensor             # padded: [R, b] column of the state before each response token; packed: [n]
     head_tokens: torch.Tensor             # the tokens those states predict: [R, b] or [n, 1]
     response_valid: torch.Tensor | None   # packed: [b, R] which (row, token) the n states belong to
+    token_order: torch.Tensor | None = None  # padded: [b, s] the original column of each left-aligned one (router replay)
 
     def select(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states `[s, b, h]` -> the states before response tokens: `[R, b, h]` or `[n, 1, h]`."""
@@ -68,4 +69,4 @@ def model_inputs(mb: DataProto, packed: bool, device: torch.device, seq_multiple
     positions = torch.arange(width, device=device).expand_as(aligned)
     # Response token j of a row sits at column prompt_len + j after alignment; the state before it at one less.
     index = (prompt_len[:, None] + torch.arange(response_len, device=device) - 1).clamp(0, width - 1)
-    return ModelInputs(aligned, positions, None, index.t(), responses.t(), None)
+    return ModelInputs(aligned, positions, None, index.t(), responses.t(), None, order[:, :width])

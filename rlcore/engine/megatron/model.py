@@ -1,5 +1,6 @@
-"""A megatron-core `GPTModel` for an HF Qwen2 / Qwen3 / Llama checkpoint: the TransformerConfig the HF config implies,
-the layer spec (megatron-core's local modules + SDPA core attention), and one model chunk per virtual stage."""
+"""A megatron-core `GPTModel` for an HF Qwen2 / Qwen3 / Llama / Qwen3-MoE / Qwen2-MoE checkpoint: the TransformerConfig
+the HF config implies, the layer spec (megatron-core's local modules + SDPA core attention; MoE layers per moe.py),
+and one model chunk per virtual stage."""
 
 from __future__ import annotations
 
@@ -15,12 +16,18 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from rlcore.config.validate_megatron import moe_override_problems
+from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.attention import SDPACoreAttention
 from rlcore.models.families import FAMILIES, family_problems, megatron_rope
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # verl's override_transformer_config defaults name a flash backend; rlcore picks its attention itself.
 _IGNORED_OVERRIDES = ("attention_backend",)
+# What distinguishes a family's attention: Qwen3's per-head RMSNorm of q and k before RoPE (HF's q_norm / k_norm),
+# Qwen2's q/k/v biases (other families: config.json's attention_bias / qkv_bias).
+_QK_NORM = ("qwen3", "qwen3_moe")
+_QKV_BIAS = ("qwen2", "qwen2_moe")
 
 
 @dataclass(frozen=True)
@@ -31,13 +38,16 @@ class Layout:
     pp: int = 1
     vpp: int | None = None
     sp: bool = False  # sequence parallelism (only with tp > 1): norms and residuals on 1/tp of the sequence
+    ep: int = 1   # expert parallelism: a MoE layer's routed experts split over this many ranks
+    etp: int = 1  # TP inside each routed expert (megatron's expert_tensor_parallel_size; null = tp)
 
     @classmethod
     def from_config(cls, megatron: dict[str, Any]) -> "Layout":
         vpp = megatron.get("virtual_pipeline_model_parallel_size")
         tp = megatron.get("tensor_model_parallel_size", 1)
         return cls(tp=tp, pp=megatron.get("pipeline_model_parallel_size", 1), vpp=vpp if vpp and vpp > 1 else None,
-                   sp=tp > 1 and bool(megatron.get("sequence_parallel", False)))
+                   sp=tp > 1 and bool(megatron.get("sequence_parallel", False)), ep=megatron.get("expert_model_parallel_size", 1),
+                   etp=megatron.get("expert_tensor_parallel_size") or tp)
 
 
 def rope(hf_config) -> tuple[float, dict[str, Any]]:
@@ -52,6 +62,14 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
     model.enable_gradient_checkpointing and none of them given, every layer is recomputed)."""
     model_type = hf_config.model_type
     problems = family_problems(hf_config.to_dict(), "megatron")  # the driver checked too; this is for direct callers
+    problems += moe_override_problems(overrides, layout.pp, layout.ep)
+    mixture = moe.moe_fields(hf_config, layout.tp, layout.sp)
+    if layout.ep > 1 and not mixture:
+        problems.append(f"megatron.expert_model_parallel_size={layout.ep}: {model_type} is a dense model (no experts to split); "
+                        "use megatron.expert_model_parallel_size=1")
+    if mixture and mixture["num_moe_experts"] % layout.ep:
+        problems.append(f"megatron.expert_model_parallel_size={layout.ep} does not divide the {mixture['num_moe_experts']} experts "
+                        f"of {model_type}; use a divisor of {mixture['num_moe_experts']}")
     if problems:
         raise ValueError("; ".join(problems))
     cfg = dict(
@@ -66,8 +84,8 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         gated_linear_unit=True,  # SwiGLU: linear_fc1 holds [gate; up]
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-        qk_layernorm=model_type == "qwen3",  # Qwen3's per-head RMSNorm of q and k, before RoPE (HF's q_norm / k_norm)
+        add_qkv_bias=model_type in _QKV_BIAS or bool(getattr(hf_config, "attention_bias", False) or getattr(hf_config, "qkv_bias", False)),
+        qk_layernorm=model_type in _QK_NORM,
         hidden_dropout=0.0,
         attention_dropout=getattr(hf_config, "attention_dropout", 0.0),
         # No fused kernels: they need apex / Transformer Engine, and RL's exactness tests compare plain maths.
@@ -75,6 +93,8 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         persist_layer_norm=False, gradient_accumulation_fusion=False, cross_entropy_loss_fusion=False,
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
         virtual_pipeline_model_parallel_size=layout.vpp,
         sequence_parallel=layout.sp,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
@@ -84,9 +104,11 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         # init builds each weight whole before keeping the rank's piece, which put 0.66-0.79 of a 0.5B model on every
         # TP2 rank during its load; build_chunks sets the TP attributes its init functions would have.
         perform_initialization=False,
-        # Token-budget micro-batches differ in length: pipeline stages exchange each activation's shape first.
-        variable_seq_lengths=True,
-        moe_token_dispatcher_type="alltoall",  # no MoE here, but the default ("allgather") refuses variable lengths
+        # Token-budget micro-batches differ in length: pipeline stages exchange each activation's shape first
+        # (megatron reads it only for that exchange; MoE's allgather dispatcher refuses it, hence not at PP=1).
+        variable_seq_lengths=layout.pp > 1,
+        moe_token_dispatcher_type="alltoall",  # megatron checks the dispatcher even without experts
+        **mixture,
         # Measured on gloo: interleaved 1F1B with batched p2p gave a wrong loss (6.3023 vs 6.2919) in one setup and
         # aborted a rank (SIGABRT) in the pp2_vpp2 parity test, which therefore catches it.
         batch_p2p_comm=device.type == "cuda",
@@ -123,7 +145,10 @@ class RMSNorm(torch.nn.RMSNorm):
 def block_spec(config: TransformerConfig, vp_stage: int | None) -> TransformerBlockSubmodules:
     """megatron-core's local layer (column/row-parallel linears, SwiGLU MLP) with SDPA core attention and the
     RMSNorm above, for the layers of this pipeline (virtual) stage."""
-    layer = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
+    # With experts, the MLP slot holds megatron-core's MoELayer: router, per-expert local MLPs (SequentialMLP),
+    # shared expert; its norms and linears need nothing of rlcore's.
+    layer = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
+                                     normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
     attention = layer.submodules.self_attention.submodules
     attention.core_attention = SDPACoreAttention
     if config.qk_layernorm:  # over one head's channels; replicated on TP ranks, whose grads megatron-core sums by name
@@ -171,7 +196,8 @@ def build_chunks(hf_config, config: TransformerConfig, kind: str, device: torch.
 def mark_tensor_parallel(model: torch.nn.Module) -> None:
     """The attributes megatron-core's init functions set on a TP-split weight (grad-norm and the optimizer count a
     split weight on every TP rank, a replicated one once): column-parallel layers and the vocabulary split dim 0,
-    row-parallel ones dim 1; a gated MLP's fc1 holds [gate; up] per rank, stride 2 (megatron-core's MLP passes it).
+    row-parallel ones dim 1; a gated MLP's fc1 (dense, shared expert or routed expert) holds [gate; up] per rank,
+    stride 2 (megatron-core's MLP passes it).
     Biases and the rest get theirs at construction. tests/engine/test_megatron_features.py compares them with
     megatron-core's own."""
     from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
@@ -182,5 +208,5 @@ def mark_tensor_parallel(model: torch.nn.Module) -> None:
         dim = 0 if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)) else 1 if isinstance(module, RowParallelLinear) else None
         weight = getattr(module, "weight", None) if dim is not None else None
         if weight is not None and not hasattr(weight, "tensor_model_parallel"):  # perform_initialization=True set them
-            stride = 2 if gated and name.endswith("mlp.linear_fc1") else 1
+            stride = 2 if gated and name.endswith("linear_fc1") else 1
             set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=dim, stride=stride)

@@ -12,14 +12,21 @@ import torch
 from rlcore.engine.host_buffers import HostBuffers
 
 
+def grad_buffers(chunk) -> list:
+    """megatron DDP's flat parameter + gradient buffers of a chunk: the dense ones and, with expert parallelism, the
+    routed experts' (reduced over the expert-data-parallel group). An unwrapped (frozen) model has none: only
+    nn.Module's `buffers()` method answers to that name there."""
+    if not isinstance(getattr(chunk, "buffers", None), list):
+        return []
+    return chunk.buffers + getattr(chunk, "expert_parallel_buffers", [])
+
+
 def _owners(engine, params: bool, grads: bool, optimizer: bool) -> list[torch.Tensor]:
     """Tensors that own the storage of the chosen state, each storage once."""
     out: list[torch.Tensor] = []
     if params or grads:
         for chunk in engine.model:
-            # megatron's DDP wrapper keeps its flat buffers in a list named `buffers`; an unwrapped (frozen) model
-            # has only nn.Module's `buffers()` method there.
-            buffers = chunk.buffers if isinstance(getattr(chunk, "buffers", None), list) else []
+            buffers = grad_buffers(chunk)
             if params:
                 in_buffers = {id(p) for buf in buffers for p in buf.params} if any(buf.param_data is not None for buf in buffers) else set()
                 out.extend(buf.param_data for buf in buffers if buf.param_data is not None)

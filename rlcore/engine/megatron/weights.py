@@ -1,5 +1,6 @@
-"""HF <-> megatron-core weights for Qwen2 / Qwen3 / Llama: load a checkpoint directory into this rank's TP/PP pieces
-(reading only its slices), and stream full HF-named tensors back out (TP shards gathered, PP stages broadcast).
+"""HF <-> megatron-core weights for Qwen2 / Qwen3 / Llama and the MoE families: load a checkpoint directory into this
+rank's TP/PP/EP pieces (reading only its slices), and stream full HF-named tensors back out (TP shards gathered, PP
+stages broadcast, a layer's routed experts gathered over expert-TP x EP into HF's fused tensors: moe.py).
 
 Layouts (megatron-core local spec, TP rank r of tp, ng query groups of qpg query heads each, head dim d):
 - linear_qkv.weight `[(ng/tp) * (qpg + 2) * d, hidden]`: per local group, its qpg query heads, then its key head,
@@ -7,6 +8,8 @@ Layouts (megatron-core local spec, TP rank r of tp, ng query groups of qpg query
 - linear_fc1.weight `[2 * ffn/tp, hidden]`: this rank's rows of gate_proj, then its rows of up_proj.
 - word embeddings / output layer: rows of the vocabulary padded to a multiple of tp (padding rows are zero).
 - linear_proj / linear_fc2: split on the input dimension; norms: whole on every rank.
+- MoE layers (moe.py): router whole on every rank; shared expert as a dense MLP; each local routed expert as a
+  dense MLP split over the expert-TP group instead of the TP group.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from safetensors import safe_open
 
+from rlcore.engine.megatron import moe
 from rlcore.engine.sharded_load import read_header, read_rows
 from rlcore.utils.dist import all_gather_flat, broadcast
 
@@ -36,6 +40,7 @@ _LAYER_MAP = {  # megatron-core name inside a layer -> (kind, HF names inside mo
     "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("split1", ("mlp.down_proj.weight",)),
+    **moe.LAYER_MAP,
 }
 
 
@@ -45,9 +50,10 @@ class Entry:
 
     chunk: int            # index of the model chunk (virtual stage) on its pipeline rank
     name: str             # parameter name inside the chunk
-    kind: str             # copy | split1 | vocab | qkv | gate_up
+    kind: str             # copy | split1 | vocab | qkv | gate_up | expert_fc1 | expert_fc2
     hf_names: tuple[str, ...]
     export: bool = True   # False: a copy of another entry's tensor (the last stage's tied output layer)
+    expert: int | None = None  # a routed expert's global index (its HF name is the layer's fused tensor)
 
 
 def entries(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[Entry]:
@@ -59,6 +65,12 @@ def entries(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[Entry]
             m = _LAYER.fullmatch(name)
             if m:
                 layer = layers[int(m.group(1))].layer_number - 1  # global index (megatron counts from 1)
+                expert = moe.expert_param(m.group(2))
+                if expert is not None:
+                    local, fc = expert
+                    first = layers[int(m.group(1))].mlp.local_expert_indices[0]
+                    out.append(Entry(c, name, f"expert_fc{fc}", (f"model.layers.{layer}.{moe.FUSED[fc]}",), expert=first + local))
+                    continue
                 how, hf = _LAYER_MAP[m.group(2)]
                 out.append(Entry(c, name, how, tuple(f"model.layers.{layer}.{n}" for n in hf)))
             elif name == "embedding.word_embeddings.weight":
@@ -95,16 +107,24 @@ class HFCheckpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.file_of
 
-    def slice(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:
+    def shape(self, name: str) -> list[int]:
+        with safe_open(self.file_of[name], "pt") as f:
+            return f.get_slice(name).get_shape()
+
+    def slice(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None,
+              expert: int | None = None) -> torch.Tensor:
+        """Rows / columns of a 2-D tensor, or of matrix `expert` of a 3-D one (HF's fused expert weights)."""
         # The file is mapped for this one read and unmapped after: the mapped pages a rank touched count in its
         # resident memory until then, and a TP rank's column slice touches every row of the tensor. Kept open for
         # the whole load, the whole checkpoint ended up counted on every rank (1.35x the fp32 model at TP2).
         with safe_open(self.file_of[name], "pt") as f:
             t = f.get_slice(name)
             # A slice is read into its own buffer, not a view of the mapping: it outlives the file.
-            if rows is None and cols is None:
+            if rows is None and cols is None and expert is None:
                 return t[:]
             r = slice(*rows) if rows else slice(None)
+            if expert is not None:
+                return t[expert : expert + 1, r, slice(*cols) if cols else slice(None)][0]
             return t[r, slice(*cols)] if cols else t[r]
 
     def read_into(self, name: str, first_row: int, out: torch.Tensor) -> None:
@@ -143,6 +163,8 @@ def local_piece(ckpt: HFCheckpoint, entry: Entry, config, vocab_size: int, padde
     if entry.kind == "gate_up":
         n = shape[0] // 2
         return torch.cat([ckpt.slice(h, rows=(r * n, (r + 1) * n)) for h in entry.hf_names])
+    if entry.kind in moe.EXPERT_KINDS:  # split over the expert-TP group, not the TP group
+        return moe.read_expert(ckpt, entry.hf_names[0], entry.expert, entry.kind, shape, mpu.get_expert_tensor_parallel_rank())
     if entry.kind == "qkv":
         groups, per_group, d, _ = _qkv_geometry(config)
         g0 = r * groups
@@ -185,8 +207,12 @@ def load_hf(chunks: list[torch.nn.Module], model_path: str, config, vocab_size: 
 
 
 # ---------------------------------------------------------------------------------------------------- exporting HF
-def full_tensors(entry: Entry, shards: list[torch.Tensor], config, vocab_size: int) -> list[tuple[str, torch.Tensor]]:
-    """The HF tensors of an entry from all TP ranks' pieces (in TP-rank order)."""
+def full_tensors(entry, shards: list[torch.Tensor], config, vocab_size: int) -> list[tuple[str, torch.Tensor]]:
+    """The HF tensors of an entry from all its gather group's pieces (TP-rank order; a routed-expert stack's from
+    every expert-TP x EP rank, `shards[ep_rank * etp + etp_rank]`)."""
+    if entry.kind in moe.EXPERT_KINDS:
+        return [(entry.hf_names[0], moe.fused_experts(entry.kind, shards, config.expert_model_parallel_size,
+                                                      config.expert_tensor_parallel_size))]
     if entry.kind == "copy":
         return [(entry.hf_names[0], shards[0])]
     if entry.kind == "split1":
@@ -204,21 +230,46 @@ def full_tensors(entry: Entry, shards: list[torch.Tensor], config, vocab_size: i
     return [(entry.hf_names[0], q), (entry.hf_names[1], k), (entry.hf_names[2], v)]
 
 
+def _is_expert(entry) -> bool:
+    return entry.kind in moe.EXPERT_KINDS
+
+
+def _expert_ranks(config) -> int:
+    """The size of the expert-TP x EP group (1 for a dense model)."""
+    return config.expert_tensor_parallel_size * config.expert_model_parallel_size if config.num_moe_experts else 1
+
+
+def _gather_size(entry, tp: int, expert_ranks: int) -> int:
+    """Ranks whose pieces make up the entry: its TP group, or a routed-expert stack's expert-TP x EP group."""
+    return expert_ranks if _is_expert(entry) else tp
+
+
+def _local(chunks, entry) -> torch.Tensor:
+    """This rank's piece of an exported entry (a routed-expert stack: its local experts' pieces, stacked)."""
+    if isinstance(entry, moe.ExpertStack):
+        return moe.local_stack(chunks[entry.chunk], entry)
+    return chunks[entry.chunk].get_parameter(entry.name).detach()
+
+
 @dataclass(frozen=True)
 class _Manifest:
     """One exported entry as every rank of the pipeline group knows it."""
 
     stage: int            # pipeline rank that owns it
-    entry: Entry
-    shape: tuple[int, ...]  # this TP rank's piece (equal on all TP ranks)
+    entry: Entry | moe.ExpertStack
+    shape: tuple[int, ...]  # this rank's piece (equal on all ranks of its gather group)
     dtype: torch.dtype
 
 
 def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[_Manifest]:
     """Every exported entry of every pipeline stage, in model order (stage by stage; with interleaving, by
-    virtual stage): the same list on every rank of the pipeline group. Collective over it."""
-    mine = [(e, tuple(chunks[e.chunk].get_parameter(e.name).shape), chunks[e.chunk].get_parameter(e.name).dtype)
-            for e in entries(chunks, kind, tied) if e.export]
+    virtual stage): the same list on every rank of the pipeline group. A layer's routed experts are one entry per
+    projection (moe.ExpertStack). Collective over the pipeline group."""
+    mine = []
+    for e in moe.stack_experts(entries(chunks, kind, tied)):
+        if e.export:
+            local = _local(chunks, e) if isinstance(e, moe.ExpertStack) else chunks[e.chunk].get_parameter(e.name)
+            mine.append((e, tuple(local.shape), local.dtype))
     pp = mpu.get_pipeline_model_parallel_world_size()
     stages = [mine]
     if pp > 1:
@@ -229,14 +280,16 @@ def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool) -> lis
     return sorted(out, key=lambda m: (m.entry.chunk, m.stage))
 
 
-def _buckets(manifest: list[_Manifest], bucket_bytes: int, tp: int = 1) -> Iterator[list[_Manifest]]:
-    """Runs of consecutive entries owned by one stage, each at most bucket_bytes once gathered (or one entry): the
-    TP all-gather receives every rank's piece, so a bucket costs tp x its local pieces, not its local size."""
+def _buckets(manifest: list[_Manifest], bucket_bytes: int, tp: int = 1, expert_ranks: int = 1) -> Iterator[list[_Manifest]]:
+    """Runs of consecutive entries owned by one stage and gathered over one group, each at most bucket_bytes once
+    gathered (or one entry): the all-gather receives every rank's piece, so a bucket costs (group size) x its local
+    pieces, not its local size."""
     bucket: list[_Manifest] = []
     size = 0
     for m in manifest:
-        nbytes = torch.Size(m.shape).numel() * m.dtype.itemsize * tp
-        if bucket and (m.stage != bucket[0].stage or m.dtype != bucket[0].dtype or size + nbytes > bucket_bytes):
+        nbytes = torch.Size(m.shape).numel() * m.dtype.itemsize * _gather_size(m.entry, tp, expert_ranks)
+        if bucket and (m.stage != bucket[0].stage or m.dtype != bucket[0].dtype or _is_expert(m.entry) != _is_expert(bucket[0].entry)
+                       or size + nbytes > bucket_bytes):
             yield bucket
             bucket, size = [], 0
         bucket.append(m)
@@ -245,42 +298,59 @@ def _buckets(manifest: list[_Manifest], bucket_bytes: int, tp: int = 1) -> Itera
         yield bucket
 
 
+def _expert_rank_order() -> list[int]:
+    """For each (EP rank, expert-TP rank) in that order, the rank of the expert-TP x EP group holding it (the group
+    asks each member once, rather than assuming megatron-core's rank order)."""
+    group = mpu.get_expert_tensor_and_model_parallel_group()
+    ep_rank, _, etp_rank, etp = moe.ep_layout()
+    coords = [None] * dist.get_world_size(group)
+    dist.all_gather_object(coords, (ep_rank, etp_rank), group=group)
+    return [coords.index((j, t)) for j in range(len(coords) // etp) for t in range(etp)]
+
+
 @torch.no_grad()
 def export_hf(chunks: list[torch.nn.Module], manifest: list[_Manifest], config, vocab_size: int, device: torch.device,
               bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Full HF-named tensors, one at a time, on every rank (collective over the TP and PP groups of this rank).
+    """Full HF-named tensors, one at a time, on every rank (collective over the TP, expert-TP x EP and PP groups of
+    this rank).
 
-    Per bucket: the owning stage's TP ranks all-gather their pieces in one flat buffer (at most `bucket_bytes`
-    gathered) and rebuild the HF tensors from it one at a time, each handed out before the next is built: the
-    transient peak is the gathered bucket plus one rebuilt tensor. With pipeline parallelism the owner rebuilds
-    the whole bucket and broadcasts it, flat, to the other stages (two buckets' worth).
+    Per bucket: the owning stage's TP ranks (for routed experts: expert-TP x EP ranks, so each expert leaves its EP
+    rank once) all-gather their pieces in one flat buffer (at most `bucket_bytes` gathered) and rebuild the HF
+    tensors from it one at a time, each handed out before the next is built: the transient peak is the gathered
+    bucket plus one rebuilt tensor. With pipeline parallelism the owner rebuilds the whole bucket and broadcasts
+    it, flat, to the other stages (two buckets' worth).
     """
-    tp, pp = config.tensor_model_parallel_size, mpu.get_pipeline_model_parallel_world_size()
+    pp = mpu.get_pipeline_model_parallel_world_size()
     my_stage = mpu.get_pipeline_model_parallel_rank()
-    for bucket in _buckets(manifest, bucket_bytes, tp):
+    expert_order = _expert_rank_order() if any(_is_expert(m.entry) for m in manifest) else None
+    for bucket in _buckets(manifest, bucket_bytes, config.tensor_model_parallel_size, _expert_ranks(config)):
         owner = bucket[0].stage
         if pp == 1:
-            yield from _rebuilt(chunks, bucket, config, vocab_size, tp)
+            yield from _rebuilt(chunks, bucket, config, vocab_size, expert_order)
             continue
-        tensors = list(_rebuilt(chunks, bucket, config, vocab_size, tp)) if owner == my_stage else []
+        tensors = list(_rebuilt(chunks, bucket, config, vocab_size, expert_order)) if owner == my_stage else []
         yield from _broadcast_from_stage(tensors, bucket, owner, config, vocab_size, device)
 
 
-def _rebuilt(chunks, bucket: list[_Manifest], config, vocab_size: int, tp: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """The bucket's HF tensors, rebuilt lazily from one all-gather of its pieces over the TP group (collective on
-    the first draw)."""
-    flat = torch.cat([chunks[m.entry.chunk].get_parameter(m.entry.name).detach().reshape(-1) for m in bucket])
-    if tp > 1:
-        gathered = flat.new_empty(tp * flat.numel())  # flat: gloo wants the output 1-D
-        all_gather_flat(gathered, flat, group=mpu.get_tensor_model_parallel_group())
+def _rebuilt(chunks, bucket: list[_Manifest], config, vocab_size: int, expert_order: list[int] | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The bucket's HF tensors, rebuilt lazily from one all-gather of its pieces over its group (collective on the
+    first draw)."""
+    experts = _is_expert(bucket[0].entry)
+    size = _gather_size(bucket[0].entry, config.tensor_model_parallel_size, _expert_ranks(config))
+    flat = torch.cat([_local(chunks, m.entry).reshape(-1) for m in bucket])
+    if size > 1:
+        group = mpu.get_expert_tensor_and_model_parallel_group() if experts else mpu.get_tensor_model_parallel_group()
+        gathered = flat.new_empty(size * flat.numel())  # flat: gloo wants the output 1-D
+        all_gather_flat(gathered, flat, group=group)
         del flat  # only the gathered bucket stays
-        gathered = gathered.view(tp, -1)
+        gathered = gathered.view(size, -1)
     else:
         gathered = flat[None]
+    order = expert_order if experts and size > 1 else range(size)
     offset = 0
     for m in bucket:
         n = torch.Size(m.shape).numel()
-        shards = [gathered[r, offset : offset + n].view(m.shape) for r in range(tp)]
+        shards = [gathered[r, offset : offset + n].view(m.shape) for r in order]
         yield from full_tensors(m.entry, shards, config, vocab_size)
         offset += n
 
@@ -305,9 +375,8 @@ def _broadcast_from_stage(tensors, bucket: list[_Manifest], owner: int, config, 
 
 def _full_shapes(bucket: list[_Manifest], config, vocab_size: int) -> list[tuple[str, tuple[int, ...]]]:
     """The HF names and full shapes a bucket rebuilds to (computed from the pieces' shapes, no data)."""
-    tp = config.tensor_model_parallel_size
     out = []
     for m in bucket:
-        fake = [torch.empty(m.shape, device="meta") for _ in range(tp)]
+        fake = [torch.empty(m.shape, device="meta") for _ in range(_gather_size(m.entry, config.tensor_model_parallel_size, _expert_ranks(config)))]
         out.extend((name, tuple(t.shape)) for name, t in full_tensors(m.entry, fake, config, vocab_size))
     return out

@@ -1,0 +1,295 @@
+"""Mixture-of-experts models (tiny Qwen3-MoE: normalised top-k; tiny Qwen2-MoE: unnormalised top-k + gated shared
+expert) on the Megatron engine, on 2 gloo ranks, against a single-process HF reference:
+
+- log-probs equal HF's own forward at EP1 (DP2), EP2 and TP2 (+ SP, which megatron-core's MoE layer needs with
+  TP; alltoall and allgather dispatchers);
+- the weight stream right after loading is HF's state dict, names (fused 3-D experts) and values, bit for bit:
+  the load reads per-expert checkpoint names (or HF's fused ones: a Qwen2-MoE saved from its state dict), the
+  stream gathers each expert once from its EP rank;
+- one policy-gradient step: loss and grad norm equal HF's, and EP2 equals EP1 after the optimizer step
+  (log-probs and the weights the step moved);
+- router replay: recorded routes are HF's, replayed forced routes give HF's log-probs under the same routes;
+- a GRPO step through the hybrid worker at EP2 (tiny Qwen3-MoE): greedy rollout log-probs equal the training
+  forward after each sync, and the update moves them.
+
+One spawn runs every case in turn (each builds megatron-core's groups for itself and tears them down after).
+Tolerances, float32: log-probs 1e-5 (other summation orders), loss 1e-6, grad norm rel 1e-5.
+"""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, token_outputs
+from grpo_step import family_cfg, greedy_matches_training, grpo_batch, prompts_batch
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
+
+from rlcore.models.hf import load_causal_lm
+from rlcore.models.router import Routing, to_routes
+from rlcore.protocol import DataProto, position_ids_from_mask
+from rlcore.workers.actor import make_policy_loss_fn
+
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.numerics
+
+MODELS = ("tiny-qwen3-moe", "tiny-qwen2-moe")
+FUSED = "tiny-qwen2-moe-fused"  # the same weights saved under HF's in-memory names (3-D gate_up_proj / down_proj)
+ACTOR = OmegaConf.create({
+    "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
+    "clip_ratio_c": 3.0, "entropy_coeff": 0.0, "use_kl_loss": False, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.0,
+})
+ROWS, PROMPT, RESPONSE, LR = 8, 6, 5, 1e-3
+# name: (megatron keys, models it runs, packed sequences)
+LAYOUTS = {
+    "ep1_dp2": ({}, MODELS, False),
+    "ep2": ({"expert_model_parallel_size": 2}, MODELS + (FUSED,), False),
+    "tp2_sp_packed": ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, ("tiny-qwen3-moe",), True),
+    "tp2_sp_allgather": ({"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                          "override_transformer_config": {"moe_token_dispatcher_type": "allgather"}}, ("tiny-qwen2-moe",), False),
+}
+CASES = [(layout, model) for layout, (_, models, _) in LAYOUTS.items() for model in models]
+
+
+def batch(vocab: int) -> DataProto:
+    return DataProto.from_dict(make_rollout_batch(ROWS, PROMPT, RESPONSE, vocab))
+
+
+def policy_loss_fn(data: DataProto, dp_size: int):
+    return make_policy_loss_fn(ACTOR, (float(data.batch["response_mask"].sum()), float(ROWS)), dp_size)
+
+
+def forced_routes(data: DataProto, layers: int, top_k: int, experts: int) -> torch.Tensor:
+    """Routes no router would pick on its own: token t of row b, layer l goes to experts (b + t + l + j) % E."""
+    b, s = data.batch["input_ids"].shape
+    base = torch.arange(b)[:, None, None, None] + torch.arange(s)[None, :, None, None] + torch.arange(layers)[None, None, :, None]
+    return ((base + torch.arange(top_k)) % experts).to(torch.int16)
+
+
+def _engine_case(rank, layout, model, model_dir, out_dir):
+    from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
+    from rlcore.engine.base import EngineSpec, TokenRequest
+    from rlcore.engine.factory import build_engine
+    from rlcore.models.router import ROUTES
+
+    megatron = dict(LAYOUTS[layout][0], use_distributed_optimizer=True, seed=1)
+    spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=megatron, param_dtype="float32", lr=LR,
+                      weight_decay=0.0, grad_clip=1e9, use_remove_padding=LAYOUTS[layout][2])
+    engine = build_engine("megatron", spec, torch.device("cpu"))
+    out = {"loaded_weights": dict(engine.rollout_weights())}  # before any training: the checkpoint, re-laid out
+    data = batch(engine.vocab_size)
+    config = engine.config
+    data.batch[ROUTES] = forced_routes(data, config.num_layers, config.moe_router_topk, config.num_moe_experts)
+    shard = data.chunk(engine.dp_size)[engine.dp_rank]
+    parts, _ = make_micro_batches(shard, MicroBatchSpec(rows=2, packed=LAYOUTS[layout][2]))
+    lp = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]})
+    # Router replay: the routes of a free forward, recorded; then forced routes, replayed.
+    recorded = engine.forward(parts, lambda o, mb: {"routes": o[ROUTES]}, TokenRequest(routes="record"))
+    replayed = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]}, TokenRequest(routes="replay"))
+    metrics = engine.forward_backward(parts, policy_loss_fn(data, engine.dp_size))
+    step = engine.optimizer_step()
+    after = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]})
+    out["weights"] = dict(engine.rollout_weights())
+    if engine.is_output_rank:
+        out.update(dp_rank=engine.dp_rank, lp=torch.cat([r["lp"] for r in lp]), after_lp=torch.cat([r["lp"] for r in after]),
+                   routes=torch.cat([r["routes"] for r in recorded]), replayed_lp=torch.cat([r["lp"] for r in replayed]),
+                   pg_loss=sum(m["actor/pg_loss"] for m in metrics), grad_norm=step["grad_norm"])
+    torch.save(out, os.path.join(out_dir, f"{layout}-{model}-rank{rank}.pt"))
+
+
+def _grpo_case(rank, model_dir, task_dir, out_dir):
+    """EP2 over both ranks (DP2: each rank generates and trains on its own prompt's group)."""
+    from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+    cfg = family_cfg(model_dir, task_dir, out_dir, "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                     "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", config_name="ppo_megatron_trainer")
+    worker = ActorRolloutRefWorker(cfg, rank, 2, "cpu")
+    worker.init_model(total_steps=2)
+    prompts = prompts_batch(worker.actor.hf_config.vocab_size, num_prompts=2).chunk(2)[rank]
+    before = greedy_matches_training(worker, prompts)
+    # Sampled responses: a greedy group is N copies of one response, whose GRPO advantages cancel in the gradient.
+    metrics = worker.update_actor(grpo_batch(worker.generate_sequences(prompts), worker))
+    assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 1e-3
+    after = greedy_matches_training(worker, prompts)
+    moved = float((after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max())
+    torch.save({"moved": moved, "grad_norm": metrics["actor/grad_norm"]}, os.path.join(out_dir, f"grpo-rank{rank}.pt"))
+
+
+def _rank_main(rank, port, dirs, task_dir, out_dir):
+    from megatron.core import parallel_state as mpu
+
+    init_gloo(rank, 2, port)
+    for layout, model in CASES:
+        _engine_case(rank, layout, model, dirs[model], out_dir)
+        dist.barrier()
+        mpu.destroy_model_parallel()
+    _grpo_case(rank, dirs["tiny-qwen3-moe"], task_dir, out_dir)
+    dist.barrier()
+    mpu.destroy_model_parallel()
+    close_gloo()
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory):
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.models.random_init import build_model_dir
+
+    root, tokenizer = tmp_path_factory.mktemp("moe_models"), build_char_tokenizer()
+    dirs = {name: build_model_dir(str(root / name), name, tokenizer) for name in MODELS}
+    fused = root / FUSED
+    shutil.copytree(dirs["tiny-qwen2-moe"], fused, ignore=shutil.ignore_patterns("*.safetensors*"))
+    save_file({k: v.contiguous() for k, v in load_causal_lm(dirs["tiny-qwen2-moe"]).state_dict().items()}, str(fused / "model.safetensors"))
+    return dirs | {FUSED: str(fused)}
+
+
+@pytest.fixture(scope="module")
+def reference(moe_dirs):
+    """Single process, HF's own modules: log-probs, the policy loss and its gradient norm, the state dict."""
+    out = {}
+    for name, model_dir in moe_dirs.items():
+        model = load_causal_lm(model_dir)
+        data = batch(model.config.vocab_size)
+        b = data.batch
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        routing = Routing(model)
+        with torch.no_grad():
+            forced = forced_routes(data, routing.num_layers, routing.top_k, routing.num_experts)
+            with routing.run(replay=forced.reshape(-1, *forced.shape[2:])):  # HF sees rows one after another
+                forced_logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+            with routing.run(record=True) as free:
+                model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        routes = to_routes(free.recorded, routing.num_layers).view(*b["input_ids"].shape, routing.num_layers, routing.top_k)
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+        outputs = token_outputs(logits[:, -RESPONSE - 1 : -1], b["responses"])
+        loss, metrics = policy_loss_fn(data, 1)(outputs, data)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+        out[name] = {"data": data, "lp": outputs["log_probs"].detach(), "pg_loss": float(metrics["actor/pg_loss"]),
+                     "grad_norm": grad_norm, "state": state, "routes": routes,
+                     "forced_lp": token_outputs(forced_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(moe_dirs, tiny_task_dir, tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("megatron_moe")
+    spawn_ranks(_rank_main, 2, lambda port: (port, moe_dirs, tiny_task_dir, str(out_dir)))
+    return out_dir
+
+
+def _ranks(run_dir, layout, model):
+    ranks = [torch.load(run_dir / f"{layout}-{model}-rank{r}.pt", weights_only=False) for r in range(2)]
+    return ranks, sorted((r for r in ranks if "lp" in r), key=lambda r: r["dp_rank"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,model", CASES)
+def test_log_probs_equal_hf_forward(run_dir, reference, layout, model):
+    _, outputs = _ranks(run_dir, layout, model)
+    mask = reference[model]["data"].batch["response_mask"].bool()
+    lp = torch.cat([o["lp"] for o in outputs])
+    torch.testing.assert_close(lp[mask], reference[model]["lp"][mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,model", CASES)
+def test_router_replay_records_hf_routes_and_forces_given_ones(run_dir, reference, layout, model):
+    """Recorded: the routes HF's routers take, for every real token. Replayed: routes no router would take give
+    the log-probs HF gives under the same forced routes (rlcore.models.router's hook)."""
+    _, outputs = _ranks(run_dir, layout, model)
+    mask = reference[model]["data"].batch["attention_mask"].bool()
+    routes = torch.cat([o["routes"] for o in outputs])
+    assert routes.dtype == torch.int16 and routes.shape == reference[model]["routes"].shape
+    assert torch.equal(routes[mask], reference[model]["routes"][mask])
+    response = reference[model]["data"].batch["response_mask"].bool()
+    replayed = torch.cat([o["replayed_lp"] for o in outputs])
+    torch.testing.assert_close(replayed[response], reference[model]["forced_lp"][response], atol=1e-5, rtol=0)
+    assert (replayed[response] - reference[model]["lp"][response]).abs().max() > 1e-3  # the forced routes changed them (100x the tolerance)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,model", CASES)
+def test_streamed_weights_after_loading_are_hf_state_dict(run_dir, reference, layout, model):
+    ranks, _ = _ranks(run_dir, layout, model)
+    want = reference[model]["state"]
+    for rank in ranks:  # every rank streams the full model (fused 3-D experts, HF's in-memory names)
+        assert rank["loaded_weights"].keys() == want.keys()
+        for key, value in want.items():
+            assert torch.equal(rank["loaded_weights"][key], value), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,model", CASES)
+def test_policy_loss_and_grad_norm_equal_hf(run_dir, reference, layout, model):
+    _, outputs = _ranks(run_dir, layout, model)
+    assert sum(o["pg_loss"] for o in outputs) / len(outputs) == pytest.approx(reference[model]["pg_loss"], abs=1e-6)
+    assert outputs[0]["grad_norm"] == pytest.approx(reference[model]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,model", [(layout, model) for layout, model in CASES if layout == "ep2" and model in MODELS])
+def test_ep2_equals_ep1_after_one_optimizer_step(run_dir, layout, model):
+    ranks, outputs = _ranks(run_dir, layout, model)
+    base_ranks, base = _ranks(run_dir, "ep1_dp2", model)
+    assert sum(o["pg_loss"] for o in outputs) == pytest.approx(sum(o["pg_loss"] for o in base), abs=1e-6)
+    assert outputs[0]["grad_norm"] == pytest.approx(base[0]["grad_norm"], rel=1e-5)
+    torch.testing.assert_close(torch.cat([o["after_lp"] for o in outputs]), torch.cat([o["after_lp"] for o in base]), atol=1e-5, rtol=0)
+    for key, value in base_ranks[0]["weights"].items():
+        torch.testing.assert_close(ranks[0]["weights"][key], value, atol=1e-5, rtol=0, msg=key)
+
+
+@pytest.mark.slow
+def test_grpo_step_on_megatron_ep2(run_dir):
+    for r in range(2):
+        result = torch.load(run_dir / f"grpo-rank{r}.pt", weights_only=False)
+        assert result["moved"] > 1e-3, "the rollout did not follow the update"
+
+
+def _megatron_errors(*overrides) -> list[str]:
+    from rlcore.config import compose
+    from rlcore.config.validate import diagnose
+
+    return diagnose(compose(list(overrides), config_name="ppo_megatron_trainer"))[1]
+
+
+def test_validation_allows_expert_parallelism_and_names_the_key_when_it_does_not_fit():
+    key = "actor_rollout_ref.actor.megatron.expert_model_parallel_size"
+    assert not [e for e in _megatron_errors(f"{key}=2") if "expert" in e]
+    errors = [e for e in _megatron_errors(f"{key}=3") if e.startswith(f"{key}=3")]
+    assert len(errors) == 1 and "does not divide the world size 8" in errors[0] and f"use {key}=2 or {key}=4" in errors[0], errors
+
+
+@pytest.mark.parametrize("override,ep,why", [
+    ("moe_token_dispatcher_type=flex", 1, "DeepEP / HybridEP, which need CUDA"),
+    ("moe_enable_deepep=true", 1, "DeepEP needs CUDA and its kernels"),
+    ("moe_grouped_gemm=true", 1, "grouped GEMM"),
+    ("moe_token_dispatcher_type=allgather", 2, "equal-sized token blocks"),
+])
+def test_validation_refuses_moe_settings_rlcore_cannot_run(override, ep, why):
+    section = "actor_rollout_ref.actor.megatron"
+    errors = _megatron_errors(f"+{section}.override_transformer_config.{override}", f"{section}.expert_model_parallel_size={ep}")
+    assert any(e.startswith(f"{section}.override_transformer_config.{override.split('=')[0]}=") and why in e for e in errors), errors
+
+
+def test_the_engine_refuses_expert_parallelism_for_a_dense_model_and_moe_tp_without_sp(moe_dirs, tmp_path):
+    from conftest import build_tiny_model_dir
+
+    from rlcore.engine.megatron.model import Layout, transformer_config
+    from rlcore.models.hf import load_config
+
+    dense = load_config(build_tiny_model_dir(str(tmp_path / "dense")))
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=2: qwen2 is a dense model .* use megatron.expert_model_parallel_size=1"):
+        transformer_config(dense, Layout(ep=2), torch.float32, torch.device("cpu"), False, {})
+    moe = load_config(moe_dirs["tiny-qwen3-moe"])
+    with pytest.raises(ValueError, match="needs megatron.sequence_parallel=true"):
+        transformer_config(moe, Layout(tp=2, etp=2), torch.float32, torch.device("cpu"), False, {})
+    with pytest.raises(ValueError, match="does not divide the 8 experts"):
+        transformer_config(moe, Layout(ep=3), torch.float32, torch.device("cpu"), False, {})
+    config = transformer_config(moe, Layout(), torch.float32, torch.device("cpu"), False, {})
+    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == (8, 2, 32)
+    assert not config.moe_router_pre_softmax and config.moe_router_load_balancing_type == "none"  # norm_topk_prob=true
+    shared = transformer_config(load_config(moe_dirs["tiny-qwen2-moe"]), Layout(), torch.float32, torch.device("cpu"), False, {})
+    assert shared.moe_router_pre_softmax and shared.moe_shared_expert_intermediate_size == 64 and shared.moe_shared_expert_gate
