@@ -24,7 +24,6 @@ from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_m
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.models import lora
-from rlcore.models.experts import to_checkpoint_names
 from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names
@@ -353,9 +352,8 @@ class FSDP2Engine(TrainEngine):
     def save_hf(self, hf_dir: str) -> None:
         """HF-loadable safetensors + config.json, written shard by shard as the parameters are gathered one at a
         time (collective; rank 0 writes)."""
-        # rollout_weights() leaves a tied head out (safetensors refuses shared storage; HF re-ties it on load); fused
-        # experts go out under the per-expert names every checkpoint reader knows.
-        save_safetensors_stream(hf_dir, to_checkpoint_names(self.rollout_weights()), write=dist.get_rank() == 0)
+        # rollout_weights() leaves a tied head out (safetensors refuses shared storage; HF re-ties it on load).
+        save_safetensors_stream(hf_dir, self.rollout_weights(), write=dist.get_rank() == 0)
         if dist.get_rank() == 0:
             head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
 

@@ -10,6 +10,8 @@ from typing import Iterable
 import torch
 from safetensors.torch import save_file
 
+from rlcore.models.experts import to_checkpoint_names
+
 SHARD_BYTES = 4 * 2**30  # as transformers' save_pretrained default ("5GB" there; a round 4 GiB here)
 
 
@@ -17,7 +19,8 @@ def save_safetensors_stream(hf_dir: str, named_tensors: Iterable[tuple[str, torc
                             max_shard_bytes: int = SHARD_BYTES) -> None:
     """`model.safetensors`, or `model-0000i-of-0000N.safetensors` + `model.safetensors.index.json` when the tensors
     exceed `max_shard_bytes`. Each shard is written as soon as it is full, under a temporary name until the count
-    is known. The stream may be collective (gathers over ranks): every rank consumes it, only `write` ranks write."""
+    is known. The stream may be collective (gathers over ranks): every rank consumes it, only `write` ranks write.
+    A MoE's fused experts go out under the per-expert names every checkpoint reader knows (rlcore.models.experts)."""
     shard: dict[str, torch.Tensor] = {}
     written: list[tuple[str, list[str], int]] = []  # (temporary file, tensor names, bytes)
 
@@ -30,7 +33,7 @@ def save_safetensors_stream(hf_dir: str, named_tensors: Iterable[tuple[str, torc
     if write:
         os.makedirs(hf_dir, exist_ok=True)
     size = 0
-    for name, tensor in named_tensors:
+    for name, tensor in to_checkpoint_names(named_tensors):
         if not write:
             continue
         nbytes = tensor.numel() * tensor.element_size()

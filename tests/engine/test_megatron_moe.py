@@ -115,7 +115,10 @@ def _grpo_case(rank, model_dir, task_dir, out_dir):
     assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 1e-3
     after = greedy_matches_training(worker, prompts)
     moved = float((after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max())
-    torch.save({"moved": moved, "grad_norm": metrics["actor/grad_norm"]}, os.path.join(out_dir, f"grpo-rank{rank}.pt"))
+    # The HF export of the trained weights (collective; rank 0 writes): per-expert names, gathered over EP.
+    worker.save_checkpoint(os.path.join(out_dir, "grpo_ckpt"), os.path.join(out_dir, "grpo_hf"))
+    trained = dict(worker.actor.rollout_weights())
+    torch.save({"moved": moved, "grad_norm": metrics["actor/grad_norm"], "trained": trained}, os.path.join(out_dir, f"grpo-rank{rank}.pt"))
 
 
 def _rank_main(rank, port, dirs, task_dir, out_dir):
@@ -246,6 +249,15 @@ def test_grpo_step_on_megatron_ep2(run_dir):
     for r in range(2):
         result = torch.load(run_dir / f"grpo-rank{r}.pt", weights_only=False)
         assert result["moved"] > 1e-3, "the rollout did not follow the update"
+    # The export loads in HF under the names save_pretrained writes (one tensor per expert) and holds the trained weights.
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    with safe_open(str(run_dir / "grpo_hf" / "model.safetensors"), "pt") as f:
+        assert "model.layers.0.mlp.experts.7.up_proj.weight" in f.keys() and "model.layers.0.mlp.experts.gate_up_proj" not in f.keys()
+    hf = AutoModelForCausalLM.from_pretrained(run_dir / "grpo_hf", local_files_only=True)
+    for name, tensor in hf.state_dict().items():
+        torch.testing.assert_close(tensor, result["trained"][name], atol=0, rtol=0, msg=name)
 
 
 def _megatron_errors(*overrides) -> list[str]:
