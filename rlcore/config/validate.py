@@ -25,7 +25,7 @@ from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
 from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_reward_model import check_reward_model
-from rlcore.config.validate_rollout import check_native_rollout, check_vllm_rollout
+from rlcore.config.validate_rollout import check_native_rollout, check_rollout_expert_parallel, check_vllm_rollout
 from rlcore.config.validate_moe import check_router_replay
 from rlcore.config.validate_rollout_corr import check_rollout_correction
 from rlcore.config.validate_ulysses import check_ulysses, role_sp, sp_key
@@ -228,6 +228,7 @@ def _check_unsupported(c: _Checker) -> None:
         c.error("algorithm.adv_estimator=gae needs the critic's values but critic.enable=False; use critic.enable=null "
                 "(on for gae) or a critic-free estimator such as algorithm.adv_estimator=grpo")
     check_vllm_rollout(c)
+    check_rollout_expert_parallel(c)
     check_multi_turn(c)
     check_reward_model(c)
     check_async(c)

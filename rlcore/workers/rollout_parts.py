@@ -36,7 +36,7 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
         kwargs.update(
             tensor_parallel_size=rollout.tensor_model_parallel_size,
             enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
-            enforce_eager=rollout.enforce_eager, load_format=rollout.load_format,
+            enforce_eager=rollout.enforce_eager, load_format=rollout.load_format, expert_parallel_size=rollout.expert_parallel_size,
             engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
         )
         kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed

@@ -372,3 +372,15 @@ def test_tp_groups_never_straddle_two_nodes():
     messages = _errors(nodes + megatron, recipe="tiny_cpu")
     assert any(m.startswith(f"{ARR}.actor.megatron.tensor_model_parallel_size=4 must divide the ranks per node (6)") for m in messages), messages
     validate_config(_cfg(nodes + [f"{ARR}.rollout.tensor_model_parallel_size=2"], recipe="tiny_cpu"))  # 3 replicas per node
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([f"{ARR}.rollout.expert_parallel_size=2"], "the native engine holds every expert on each rank"),
+    ([f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.expert_parallel_size=4", "trainer.device=cuda"],
+     f"{ARR}.rollout.expert_parallel_size=4 must be 1 or tensor_model_parallel_size x data_parallel_size = 2 x 1"),
+    ([f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.expert_parallel_size=2", "trainer.device=cpu"], "vLLM's CPU MoE kernel crashes"),
+])
+def test_rollout_expert_parallel_size_follows_verls_rule(overrides, message):
+    assert any(message in m for m in _errors(VERL_8GPU + overrides)), _errors(VERL_8GPU + overrides)
+    assert not [m for m in _errors(VERL_8GPU + [f"{ARR}.rollout.name=vllm", "trainer.device=cuda", f"{ARR}.rollout.expert_parallel_size=2",
+                                                f"{ARR}.rollout.top_p=2"]) if "expert_parallel_size" in m]
