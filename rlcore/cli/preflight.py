@@ -139,7 +139,7 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
 
 
 def _model_dir(key: str, path, strategy: str, missing, out: Preflight) -> None:
-    from rlcore.models.families import family_problems
+    from rlcore.plan.families import family_problems
 
     full = os.path.expanduser(str(path))
     config_file = os.path.join(full, "config.json")

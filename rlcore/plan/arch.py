@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from rlcore.models.families import is_moe, num_experts
+from rlcore.plan.families import is_moe, num_experts
 
 
 @dataclass(frozen=True)
@@ -188,8 +188,9 @@ def _moe_shape(text: dict) -> dict:
     """A MoE family's expert fields of Arch (HF's names; the shared expert is Qwen2-MoE's); none for a dense model."""
     if not is_moe(text):
         return {}
-    shared = text["shared_expert_intermediate_size"] if text["model_type"] == "qwen2_moe" else 0
-    return dict(experts=num_experts(text), top_k=text["num_experts_per_tok"], moe_intermediate=text["moe_intermediate_size"],
+    # 0 for a key a hand-edited config.json lacks: the plan still sizes the rest, and family_problems names the model
+    shared = text.get("shared_expert_intermediate_size", 0) if text["model_type"] == "qwen2_moe" else 0
+    return dict(experts=num_experts(text), top_k=text.get("num_experts_per_tok", 0), moe_intermediate=text.get("moe_intermediate_size", 0),
                 shared_intermediate=shared)
 
 

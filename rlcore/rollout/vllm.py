@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.models.experts import to_checkpoint_names
-from rlcore.models.families import num_experts as experts_per_layer
+from rlcore.plan.families import num_experts as experts_per_layer
 from rlcore.models.hf import to_torch_dtype
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 

@@ -14,7 +14,7 @@ from grpo_step import N, family_cfg, greedy_matches_training, grpo_batch, prompt
 from transformers import AutoModelForCausalLM
 
 from rlcore.data.tokenizer import build_char_tokenizer
-from rlcore.models.families import family_problems
+from rlcore.plan.families import family_problems
 from rlcore.models.random_init import TINY_FAMILIES, TINY_MOE, build_config, build_model_dir
 from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
 

@@ -19,7 +19,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from rlcore.config.validate_megatron import moe_override_problems
 from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.attention import SDPACoreAttention
-from rlcore.models.families import FAMILIES, family_problems, megatron_rope
+from rlcore.plan.families import FAMILIES, family_problems, megatron_rope
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # verl's override_transformer_config defaults name a flash backend; rlcore picks its attention itself.

@@ -2,7 +2,9 @@
 
 Pure Python over a raw config.json dict (no torch): the driver checks every model of a run before it starts a
 process, so a model that would fail inside a worker (or, worse, run wrong) is named with the reason up front.
-Each family here goes through a whole GRPO step in the CPU suite (tests/workers/test_model_families.py).
+Each family here goes through a whole GRPO step in the CPU suite (tests/workers/test_model_families.py). It sits
+with the plan's architecture table (rlcore.plan.arch), the lowest layer that reads it: the engines, the rollout and
+the doctor all read the family facts from here.
 """
 
 from __future__ import annotations
