@@ -15,6 +15,7 @@ from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, roll
 from rlcore.config.tool_config import tools_enabled
 from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
+from rlcore.models.router import ROUTES
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import TURN_COUNTERS
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
@@ -30,6 +31,12 @@ PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)
 UPDATE_KEYS = FORWARD_KEYS + ["response_mask", "advantages"]  # + old_log_probs unless the step is exactly on-policy
 CRITIC_KEYS = FORWARD_KEYS + ["response_mask", "values", "returns"]
+
+
+def actor_keys(batch: DataProto, keys: list[str]) -> list[str]:
+    """`keys` of an actor pass (old or reference log-probs, the update), with the routes a mixture of experts replays
+    when the batch has them (router replay: the rollout's, R3, or the old-log-prob pass's, R2)."""
+    return keys + [ROUTES] if ROUTES in batch.batch.keys() else keys
 
 
 def to_proto(batch: dict) -> DataProto:
@@ -154,14 +161,14 @@ class PPOTrainer:
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             elif not (self.on_policy and updates_actor):
                 with self.perf.phase("old_log_prob", metrics):
-                    old = self.actor_rollout.compute_log_prob(batch.select(FORWARD_KEYS))
+                    old = self.actor_rollout.compute_log_prob(batch.select(actor_keys(batch, FORWARD_KEYS)))
                     metrics.update(old.meta_info.pop("memory", {}))
                     entropy = old.pop(["entropys"]).batch["entropys"]
                     metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
                     batch.union(old)
             if self.use_ref:
                 with self.perf.phase("ref", metrics):
-                    ref = self.actor_rollout.compute_ref_log_prob(batch.select(FORWARD_KEYS))
+                    ref = self.actor_rollout.compute_ref_log_prob(batch.select(actor_keys(batch, FORWARD_KEYS)))
                     metrics.update(ref.meta_info.pop("memory", {}))
                     batch.union(ref)
             if self.critic is not None:
@@ -272,7 +279,7 @@ class PPOTrainer:
     def actor_batch(self, batch: DataProto) -> DataProto:
         """The columns the actor update reads; the rejection mask, if any, as its response mask."""
         present = batch.batch.keys()
-        keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else [])
+        keys = actor_keys(batch, UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else []))
         keys += [k for k in ("old_log_probs", "rollout_is_weights") if k in present]
         if "rollout_log_probs" in present and (self.bypass or "old_log_probs" not in present):
             keys.append("rollout_log_probs")  # the actor measures the mismatch (see correct_rollout)

@@ -123,3 +123,18 @@ def test_measuring_only_and_on_policy_leaves_the_mismatch_to_the_actor():
     b.batch["rollout_log_probs"] = b.batch.pop("old_log_probs")  # on-policy: no old-log-prob pass ran
     assert t.correct_rollout(b) == {}
     assert "rollout_log_probs" in t.actor_batch(b).batch.keys()
+
+
+def test_recorded_routes_reach_every_actor_pass():
+    """Router replay: the routes the rollout (R3) or the old-log-prob pass (R2) recorded travel to the actor's old,
+    reference and update passes (the run trained without replay while the controller's column lists dropped them)."""
+    from rlcore.models.router import ROUTES
+    from rlcore.trainer.ppo import FORWARD_KEYS, actor_keys
+
+    t = trainer()
+    b = batch()
+    b.batch["advantages"] = torch.ones(2, 3)
+    b.batch.update({k: torch.zeros(2, 3, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids", "responses")})
+    assert actor_keys(b, FORWARD_KEYS) == FORWARD_KEYS and ROUTES not in t.actor_batch(b).batch.keys()
+    b.batch[ROUTES] = torch.zeros(2, 3, 2, 2, dtype=torch.int16)
+    assert ROUTES in actor_keys(b, FORWARD_KEYS) and ROUTES in t.actor_batch(b).batch.keys()
