@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: help env vllm-env test-vllm test-demos test-durations train train-async train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: help env vllm-env test-vllm test-demos test-durations train train-async train-moe train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 # A bare `make` prints this list: it must not start installing (the first target is the default).
 help:
@@ -19,6 +19,7 @@ help:
 	@echo "  make test-durations the last run's test seconds against the baseline: the tests that grew (budget: docs/contributing.md)"
 	@echo "  make train-tools    the multi-turn tool-use demo;  make train-rm: the reward-model demo"
 	@echo "  make train-async    the tiny demo trained asynchronously: 1 training + 1 rollout rank (split pools)"
+	@echo "  make train-moe      the tiny demo on a tiny Qwen3-MoE (8 experts, top-2) with router replay R3"
 	@echo "  make env            only the venv;  make vllm-env: vLLM's CPU venv (.cache/vllm_venv)"
 	@echo "  make test-vllm      the vLLM tests;  make test-numerics / test-numerics-other: floats under other CPU kernels"
 	@echo "  make test-latest    the fast suite at the newest releases setup.cfg allows;  make test-oldest: at the lowest"
@@ -74,6 +75,11 @@ train: $(STAMP)
 train-async: $(STAMP)
 	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
 	$(PY) -m rlcore.train recipe=tiny_cpu_async $(ARGS)
+
+# The tiny demo on a mixture of experts (a Qwen3-MoE of the demo's width, its own warm-start), router replay R3.
+train-moe: $(STAMP)
+	$(PY) -m rlcore.cli.prepare_tiny --moe --out_dir .cache/tiny_cpu_moe
+	$(PY) -m rlcore.train recipe=tiny_cpu_moe $(ARGS)
 
 # The tool-use demo: sums of three 3-digit numbers with an add(a, b) tool. Builds the task, tokenizer, model and
 # an SFT warm-start on tool-call traces (cached), then runs GRPO with multi-turn tool-calling rollouts.

@@ -1,6 +1,7 @@
 """Builds the embedded demo's assets offline: task data, tokenizer, a tiny Qwen2 model and its SFT warm-start.
 
     python -m rlcore.cli.prepare_tiny --out_dir .cache/tiny_cpu
+    python -m rlcore.cli.prepare_tiny --moe --out_dir .cache/tiny_cpu_moe   # the same task on a tiny Qwen3-MoE
 
 Writes {out_dir}/data/{train,test,sft,sft_probe}.parquet, {out_dir}/init_model (the randomly initialised model +
 tokenizer) and {out_dir}/sft_model: the warm-start, trained by rlcore-sft (config/sft_tiny_cpu.yaml) until greedy
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 import pyarrow.parquet as pq
 import torch
 from omegaconf import OmegaConf
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from rlcore.data.synthetic import write_parquet, write_task
 from rlcore.data.tokenizer import build_char_tokenizer
@@ -32,6 +33,8 @@ SETTINGS = dict(
     max_prompt_length=8, max_response_length=5, model_seed=0,  # longest prompt: <|user|>99+99=<|assistant|>
     sft_probe_rows=200,  # the last training rows: the warm-start's stop rule is measured on them
 )
+# The MoE demo (recipe tiny_cpu_moe): the same task and width on a Qwen3-MoE, 8 experts of 128, top-2 (head_dim 32).
+MOE_SETTINGS = dict(SETTINGS, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128)
 
 
 def sft_config(out_dir: str, *overrides: str):
@@ -44,13 +47,16 @@ def sft_config(out_dir: str, *overrides: str):
                         f"trainer.export_dir={d}/sft_model", *overrides], "sft_tiny_cpu")
 
 
-def tiny_config(tokenizer, s: dict, max_position_embeddings: int = 64) -> Qwen2Config:
-    """A small Qwen2 over the char tokenizer, sized by settings `s` (hidden/intermediate size, layers, heads)."""
-    return Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=s["hidden_size"], intermediate_size=s["intermediate_size"],
-        num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
+def tiny_config(tokenizer, s: dict, max_position_embeddings: int = 64) -> PretrainedConfig:
+    """A small Qwen2 over the char tokenizer, sized by settings `s` (hidden/intermediate size, layers, heads); a
+    Qwen3-MoE of the same width when `s` names experts (MOE_SETTINGS)."""
+    experts = {k: s[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size") if k in s}
+    return AutoConfig.for_model(
+        "qwen3_moe" if experts else "qwen2", vocab_size=len(tokenizer), hidden_size=s["hidden_size"],
+        intermediate_size=s["intermediate_size"], num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
         num_key_value_heads=s["num_key_value_heads"], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        **(dict(experts, norm_topk_prob=True, head_dim=s["hidden_size"] // s["num_attention_heads"]) if experts else {}),
     )
 
 
@@ -87,7 +93,7 @@ def _prepare(out_dir: str, settings: dict) -> str:
     write_parquet(pq.read_table(paths["sft"]).to_pylist()[-s["sft_probe_rows"]:], cfg.data.val_files[0])
     tokenizer = build_char_tokenizer()
     torch.manual_seed(s["model_seed"])
-    model = Qwen2ForCausalLM(tiny_config(tokenizer, s))
+    model = AutoModelForCausalLM.from_config(tiny_config(tokenizer, s))
     model.save_pretrained(cfg.model.path)
     tokenizer.save_pretrained(cfg.model.path)
     run_dir = os.path.dirname(cfg.trainer.default_local_dir)
@@ -104,9 +110,10 @@ def _prepare(out_dir: str, settings: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default=".cache/tiny_cpu")
+    parser.add_argument("--moe", action="store_true", help="a tiny Qwen3-MoE instead of the dense Qwen2 (recipe tiny_cpu_moe)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    prepare(args.out_dir)
+    prepare(args.out_dir, MOE_SETTINGS if args.moe else SETTINGS)
 
 
 if __name__ == "__main__":
