@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.router import Routing, to_routes
-from rlcore.protocol import DataProto, position_ids_from_mask
+from rlcore.protocol import DataProto
 from rlcore.workers.actor import make_policy_loss_fn
 
 pytest.importorskip("megatron.core")
