@@ -1,9 +1,10 @@
 """use_remove_padding in the FSDP2 engine: packed micro-batches give the padded path's log-probs, entropies,
-values and gradients (1 gloo rank; the 2-rank case is in tests/workers/test_dynamic_bsz.py)."""
+values and gradients (1 gloo rank; the 2-rank case is in tests/workers/test_dynamic_bsz.py), for a mixture of experts
+too, whose log-probs both ways equal HF's own forward."""
 
 import pytest
 import torch
-from dist_utils import free_port, init_gloo, make_rollout_batch
+from dist_utils import free_port, init_gloo, make_rollout_batch, token_outputs
 
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec
@@ -24,6 +25,14 @@ def engines(model_dir, kind="causal_lm", gradient_checkpointing=False):
         spec = EngineSpec(model_path=model_dir, kind=kind, use_remove_padding=packed, lr=1e-3, gradient_checkpointing=gradient_checkpointing)
         out.append(FSDP2Engine(spec, torch.device("cpu")))
     return out
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.models.random_init import build_model_dir
+
+    return build_model_dir(str(tmp_path_factory.mktemp("moe") / "tiny-qwen3-moe"), "tiny-qwen3-moe", build_char_tokenizer())
 
 
 @pytest.fixture
@@ -47,14 +56,26 @@ def test_packed_values_equal_padded(tiny_model_dir, data):
     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("gradient_checkpointing", [False, True])
-def test_packed_gradients_equal_padded(tiny_model_dir, data, gradient_checkpointing):
+def test_a_mixture_of_experts_packed_and_padded_gives_hfs_own_log_probs(moe_dir, data):
+    from rlcore.models.hf import load_causal_lm
+
+    b = data.batch
+    logits = load_causal_lm(moe_dir)(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+    hf = token_outputs(logits[:, -b["responses"].shape[1] - 1 : -1], b["responses"])["log_probs"]
+    mask = b["response_mask"].bool()
+    for engine, packed in zip(engines(moe_dir), (False, True)):
+        out = compute_log_prob(engine, data, MicroBatchSpec(rows=3, packed=packed), temperature=1.0, with_entropy=False)
+        torch.testing.assert_close(out.batch["log_probs"][mask], hf[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model, gradient_checkpointing", [("dense", False), ("dense", True), ("moe", True)])
+def test_packed_gradients_equal_padded(tiny_model_dir, moe_dir, data, model, gradient_checkpointing):
     def nll(outputs, mb):
         mask = mb.batch["response_mask"]
         return -(outputs["log_probs"] * mask).sum() / mask.sum(), {}
 
     grads = []
-    for engine in engines(tiny_model_dir, gradient_checkpointing=gradient_checkpointing):
+    for engine in engines(moe_dir if model == "moe" else tiny_model_dir, gradient_checkpointing=gradient_checkpointing):
         engine.forward_backward([data], nll)
         grads.append([p.grad.full_tensor().clone() for p in engine.model.parameters()])
     for g_packed, g_padded in zip(grads[1], grads[0]):

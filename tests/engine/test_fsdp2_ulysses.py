@@ -51,6 +51,13 @@ def build_tiny_qwen3_dir(path: str) -> str:
     return path
 
 
+def _tiny_moe_dir(path: str) -> str:
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.models.random_init import build_model_dir
+
+    return build_model_dir(path, "tiny-qwen3-moe", build_char_tokenizer())
+
+
 def _loss(engine, data):
     """Token-mean NLL minus an entropy bonus over the rank's samples, normalised by the data-parallel group's
     tokens and scaled by dp (gradients are averaged), as the actor's loss."""
@@ -83,7 +90,7 @@ def rollout_batch():
 
 
 VARIANTS = {"qwen2": {}, "qwen2_ckpt": {"gradient_checkpointing": True}, "qwen2_lora": {"lora": LoraSpec(4, 8)}, "qwen2tied": {},
-            "llama": {}, "qwen3": {}}
+            "llama": {}, "qwen3": {}, "qwen3moe": {}}  # qwen3moe: a mixture of experts, each rank routing its slice
 
 
 def _rank_main(rank, world, port, dirs, out_dir):
@@ -118,7 +125,7 @@ def parity(tmp_path_factory):
     root = tmp_path_factory.mktemp("ulysses")
     dirs = {"qwen2": build_tiny_model_dir(str(root / "qwen2")), "qwen2tied": build_tied_qwen2_dir(str(root / "qwen2tied")),
             "llama": build_tiny_llama_dir(str(root / "llama")),
-            "qwen3": build_tiny_qwen3_dir(str(root / "qwen3"))}
+            "qwen3": build_tiny_qwen3_dir(str(root / "qwen3")), "qwen3moe": _tiny_moe_dir(str(root / "qwen3moe"))}
     spawn_ranks(_rank_main, 2, lambda port: (2, port, dirs, str(root)))
     return [torch.load(root / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
