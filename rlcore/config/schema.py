@@ -224,6 +224,7 @@ class RefConfig:
         tensor_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.tensor_model_parallel_size,1"),
         pipeline_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.pipeline_model_parallel_size,1"),
         expert_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.expert_model_parallel_size,1"),
+        expert_tensor_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.expert_tensor_parallel_size,null"),
         context_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.context_parallel_size,1")))
     router_replay: RouterReplayConfig = field(default_factory=lambda: RouterReplayConfig(  # replays the actor's routes
         mode=II("oc.select:actor_rollout_ref.actor.router_replay.mode,disabled")))

@@ -62,6 +62,10 @@ class Arch:
         """One layer's routed experts and its router."""
         return self.experts * (3 * self.hidden * self.moe_intermediate + self.hidden)
 
+    def routed_params(self) -> int:
+        """Every layer's routed experts (what expert parallelism splits; the routers stay whole on every rank)."""
+        return self.layers * self.experts * 3 * self.hidden * self.moe_intermediate
+
     def layer_params(self) -> int:
         bias = (self.heads + 2 * self.kv_heads) * self.dim if self.qkv_bias else 0
         qk_norm = 2 * self.dim if self.qk_norm else 0

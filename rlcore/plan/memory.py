@@ -130,13 +130,17 @@ def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: b
 
 def _megatron_state(arch: Arch, m: dict, value_head: bool, trainable: bool) -> dict:
     """Megatron-core: weights (megatron.dtype) and the fp32 gradient buffer split over TP x PP; AdamW's two fp32
-    moments (and fp32 master weights when the weights are 16-bit) also split over DP by the distributed optimizer."""
-    p, split = arch.params(value_head), m["tp"] * m["pp"]
-    optim_split = split * (m["dp"] if m["cfg"].use_distributed_optimizer else 1)
+    moments (and fp32 master weights when the weights are 16-bit) also split over DP by the distributed optimizer.
+    A MoE's routed experts split over expert-TP x EP x PP instead, their optimizer state over the expert-data-parallel
+    ranks (the world over expert-TP x EP x PP)."""
+    distributed = m["cfg"].use_distributed_optimizer
+    parts = [(arch.params(value_head) - arch.routed_params(), m["tp"] * m["pp"], m["dp"]),  # (params, split, optimizer's DP)
+             (arch.routed_params(), m["etp"] * m["ep"] * m["pp"], m["edp"])]
     weight_bytes = _BYTES[m["cfg"].dtype]
-    weights = p * weight_bytes / split
     master = 4 if weight_bytes < 4 else 0  # fp32 weights are their own master copy
-    grads, optim = (p * 4 / split, p * (8 + master) / optim_split) if trainable else (0, 0)
+    weights = sum(p * weight_bytes / split for p, split, _ in parts)
+    grads = sum(p * 4 / split for p, split, _ in parts) if trainable else 0
+    optim = sum(p * (8 + master) / (split * (dp if distributed else 1)) for p, split, dp in parts) if trainable else 0
     return {"weights": weights / GIB, "grads": grads / GIB, "optim": optim / GIB, "gathered": 0.0}
 
 
@@ -256,8 +260,10 @@ class Estimator:
         granularity = m.override_transformer_config.get("recompute_granularity")
         ckpt_key = "critic.model.enable_gradient_checkpointing" if section == "critic" else f"{ARR}.model.enable_gradient_checkpointing"
         recompute = granularity == "full" or (granularity is None and bool(self.c(ckpt_key)))
-        return {"cfg": m, "tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size, "dp": max(1, world // mp),
-                "recompute": recompute, "sp": m.tensor_model_parallel_size > 1 and bool(m.sequence_parallel)}
+        tp, pp, ep = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size
+        etp = m.expert_tensor_parallel_size or tp
+        return {"cfg": m, "tp": tp, "pp": pp, "dp": max(1, world // mp), "ep": ep, "etp": etp, "edp": max(1, world // (etp * ep * pp)),
+                "recompute": recompute, "sp": tp > 1 and bool(m.sequence_parallel)}
 
     def state(self, role: _Role) -> dict:
         if role.megatron:
@@ -317,7 +323,7 @@ class Estimator:
         # 1F1B: the first stage holds PP micro-batches of L/PP layers = L layers' worth of activations.
         act, logits = _activations(role.arch, role.tokens, role.response_tokens, compute, m["recompute"], role.trainable,
                                    role.value_head, **split_kw)
-        split = f"TP{m['tp']} x PP{m['pp']}"
+        split = f"TP{m['tp']} x PP{m['pp']}" + (f" (experts: EP{m['ep']} x ETP{m['etp']})" if role.arch.experts else "")
         items = [(f"{m['cfg'].dtype} weights / {split}", s["weights"])]
         if role.trainable:
             master = "fp32 master + AdamW" if compute < 4 else "AdamW moments"

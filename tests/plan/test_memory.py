@@ -246,3 +246,17 @@ def test_a_mixture_of_experts_is_planned_by_what_it_holds_and_what_a_token_compu
     assert arch.mlp_width == 8 * 768 and arch.active_layer_params() < arch.layer_params() / 8
     actor = dict(_role(mem, "actor update").items)
     assert actor["fp32 master weights / 8"] == pytest.approx(4 * arch.params() / 8 / GIB)
+
+
+def test_megatron_expert_parallelism_splits_the_experts_over_ep_and_their_optimizer_over_the_expert_data_parallel_ranks():
+    """verl's Qwen3-30B-A3B layout (TP1, EP8) on 2 nodes: the dense part (attention, routers, embeddings) is whole on each
+    rank, its AdamW split 16 ways; the routed experts split 8 ways, their AdamW over the 2 expert-data-parallel copies."""
+    arch = BUILTIN["qwen3-30b-a3b"]
+    routed, dense = arch.routed_params(), arch.params() - arch.routed_params()
+    items = dict(_role(_plan(recipe="qwen3_30b_a3b_grpo_megatron"), "actor update").items)
+    split = "TP1 x PP1 (experts: EP8 x ETP1)"
+    assert items[f"bfloat16 weights / {split}"] == pytest.approx((dense + routed / 8) * 2 / GIB)
+    assert items[f"fp32 gradient buffer / {split}"] == pytest.approx((dense + routed / 8) * 4 / GIB)
+    assert items[f"fp32 master + AdamW / {split} x DP16"] == pytest.approx((dense / 16 + routed / 8 / 2) * 12 / GIB)
+    one_node = dict(_role(_plan("trainer.nnodes=1", recipe="qwen3_30b_a3b_grpo_megatron"), "actor update").items)
+    assert one_node[f"fp32 master + AdamW / {split} x DP8"] == pytest.approx((dense / 8 + routed / 8) * 12 / GIB)
