@@ -19,6 +19,7 @@ from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, 
 from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
 from rlcore.config.validate import diagnose, uses_critic
+from rlcore.config.key_status import ineffective_settings
 from rlcore.config.validate_async import async_warnings
 from rlcore.plan import format_memory, memory_plan
 from rlcore.plan.heads import policy_heads
@@ -35,7 +36,8 @@ def check_config(cfg: DictConfig) -> str:
     errors += memory.errors + checked.errors
     if errors:
         raise ConfigError(errors)
-    report = [format_plan(plan), format_memory(memory)] + [f"WARNING rlcore: {w}" for w in checked.warnings]
+    report = [f"WARNING rlcore: {line}" for line in ineffective_settings(cfg)]
+    report += [format_plan(plan), format_memory(memory)] + [f"WARNING rlcore: {w}" for w in checked.warnings]
     for role in memory.roles:
         if role.verdict == "OOM":
             lever = f"; the largest lever: {role.levers[0][0]}" if role.levers else ""
@@ -138,6 +140,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
     from rlcore.controller.ray_group import WorkerHang
     from rlcore.models.hf import ModelLoadError
     from rlcore.trainer.lifecycle import teardown
+    from rlcore.trainer.preemption import StopNow
 
     restarts_left, restart, restart_from, val_history = cfg.trainer.max_worker_restarts, False, None, None
     while True:
@@ -149,6 +152,9 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
             metrics = trainer.fit()
             trainer.report_validation()
             return metrics
+        except StopNow:
+            crashed = True  # a second SIGTERM: the ranks may be mid-collective, kill them
+            raise
         except WorkerHang as err:
             crashed = True
             where = f"Rerun the same command to resume from {trainer.last_checkpoint}" if trainer.last_checkpoint else "No checkpoint was written yet"

@@ -89,6 +89,14 @@ def test_ulysses_memory_benchmark_prints_both_sizes_and_sp2_holds_less(capsys):
     assert rows.keys() == {"1", "2"} and rows["1"] == "1.00" and float(rows["2"]) < 1.0, out
 
 
+def test_log_prob_head_benchmark_prints_eager_vs_compiled_and_the_memory_of_full_logits(capsys):
+    args = ["--tokens", "64", "--hidden", "64", "--vocab", "1024", "--reps", "1", "--memory-tokens", "512", "--memory-vocab", "8192"]
+    out = bench(capsys, "log_prob_head", *args)
+    assert re.search(r"eager / compiled = [\d.]+x \(compile once per process: [\d.]+ s\)", out), out
+    full, chunked = (float(x) for x in re.findall(r"^  (?:full|rlcore).*?([\d.]+) GiB", out, re.MULTILINE))
+    assert full > chunked > 0, out
+
+
 @pytest.mark.slow
 def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path, capsys, ray_cluster):
     args = ["--steps", "2", "--val", "8", "--plot", str(tmp_path / "curves.png")]

@@ -84,6 +84,12 @@ def test_a_family_rlcore_cannot_run_is_refused_before_ray_starts(tiny_model_dir,
       "critic.n_gpus_per_node=1"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 1, "reward_model": 1}),
     (["reward_model.enable=True", "reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1",
       "algorithm.adv_estimator=gae"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 0, "reward_model": 1}),
+    # the critic's own pool spans critic.nnodes x critic.n_gpus_per_node
+    (["algorithm.adv_estimator=gae", "critic.enable_resource_pool=True", "critic.nnodes=2", "critic.n_gpus_per_node=1"],
+     [(1, 2), (2, 1)], {"actor_rollout": 0, "critic": 1}),
+    # split pools: the rollout's own pool spans rollout.nnodes x rollout.n_gpus_per_node
+    (["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=2", "rollout.n_gpus_per_node=1"],
+     [(1, 2), (2, 1)], {"actor_rollout": 0, "rollout": 1}),
 ])
 def test_worker_group_placement(overrides, pools, where):
     from rlcore.train import placement

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, varying
 from rlcore.cli.preflight import preflight
 from rlcore.config import compose, format_plan
+from rlcore.config.key_status import ineffective_settings
 from rlcore.config.validate import diagnose
 from rlcore.plan import format_memory, memory_plan, supervised_memory_plan
 from rlcore.plan.heads import policy_heads
@@ -76,8 +77,11 @@ class Diagnosis:
         return not self.errors and self.memory.ok
 
 
-def _report(errors: list[str], warnings: list[str], sections: list[str]) -> str:
-    lines = [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
+def _report(cfg, errors: list[str], warnings: list[str], sections: list[str]) -> str:
+    """Keys set to no effect first (the user expects theirs), then errors, warnings and the plans."""
+    ignored = ineffective_settings(cfg)
+    lines = [f"{len(ignored)} key(s) set with no effect:"] + [f"  - {line}" for line in ignored] if ignored else []
+    lines += [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
     lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines + sections)
 
@@ -89,7 +93,7 @@ def doctor(cfg, where: str = "plan") -> Diagnosis:
     checked = preflight(cfg, where, known=errors)
     errors = errors + mem.errors + checked.errors
     sections = ([format_plan(plan)] if plan is not None else []) + [format_memory(mem)]
-    return Diagnosis(errors, checked.warnings, mem, _report(errors, checked.warnings, sections))
+    return Diagnosis(errors, checked.warnings, mem, _report(cfg, errors, checked.warnings, sections))
 
 
 def supervised_doctor(cfg, pairs: bool) -> Diagnosis:
@@ -99,7 +103,7 @@ def supervised_doctor(cfg, pairs: bool) -> Diagnosis:
 
     mem = supervised_memory_plan(cfg, pairs)
     errors = (rm_config_errors(cfg) if pairs else sft_config_errors(cfg)) + mem.errors
-    return Diagnosis(errors, [], mem, _report(errors, [], [format_memory(mem)]))
+    return Diagnosis(errors, [], mem, _report(cfg, errors, [], [format_memory(mem)]))
 
 
 def composer(config_name: str):

@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from omegaconf import OmegaConf
+
 from rlcore.config.schema import FSDPConfig, OptimConfig, RayKwargsConfig
+from rlcore.config.validate_engine import supervised_engine_errors
 
 
 @dataclass
@@ -111,7 +114,7 @@ def stop_rule_met(trainer_cfg, metrics: dict[str, float]) -> bool:
 
 def supervised_config_errors(cfg, unit: str, what: str, sequences_per_row: int = 1) -> list[str]:
     """The rules reward-model training and SFT share: backend, batch arithmetic over ranks, token budgets, LoRA."""
-    errors, d = [], cfg.data
+    errors, d = supervised_engine_errors(lambda key: OmegaConf.select(cfg, key)), cfg.data
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if cfg.model.strategy not in ("fsdp", "fsdp2"):
         errors.append(f"model.strategy={cfg.model.strategy} is not supported for {what}; use model.strategy=fsdp2")

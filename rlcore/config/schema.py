@@ -186,9 +186,10 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank (use_dynamic_bsz)
     ppo_epochs: int = 1  # passes over each step's samples
     shuffle: bool = False  # shuffle samples between mini-batches
-    clip_ratio: float = 0.2  # PPO clip epsilon (fallback for clip_ratio_low/high)
-    clip_ratio_low: float = 0.2  # lower clip: ratio >= 1 - clip_ratio_low
-    clip_ratio_high: float = 0.2  # upper clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher)
+    clip_ratio: float = 0.2  # PPO clip epsilon: clip_ratio_low and clip_ratio_high unless they are set
+    # rlcore: these follow clip_ratio (verl's YAML gives them their own 0.2, so clip_ratio alone changed nothing)
+    clip_ratio_low: float = II(".clip_ratio")  # lower clip: ratio >= 1 - clip_ratio_low
+    clip_ratio_high: float = II(".clip_ratio")  # upper clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; must be > 1
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # loss variant
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm

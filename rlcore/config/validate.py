@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.keys import unknown_key_errors
 from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
 from rlcore.config.validate_async import check_async, derive_async_sizes, split_pools
+from rlcore.config.validate_engine import ppo_engine_errors
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
@@ -227,6 +228,7 @@ def _check_unsupported(c: _Checker) -> None:
     if c.get("algorithm.adv_estimator") == "gae" and c.get("critic.enable") is False:
         c.error("algorithm.adv_estimator=gae needs the critic's values but critic.enable=False; use critic.enable=null "
                 "(on for gae) or a critic-free estimator such as algorithm.adv_estimator=grpo")
+    c.errors += ppo_engine_errors(c.get, uses_critic(c.cfg))
     check_vllm_rollout(c)
     check_rollout_expert_parallel(c)
     check_multi_turn(c)

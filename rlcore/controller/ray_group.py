@@ -35,7 +35,8 @@ class RayWorkerGroup:
     the process and the device; a second role (e.g. a critic) is another group on the same pool (or its own).
     """
 
-    def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", hang_timeout_s: float = 300.0, **init_kwargs: Any) -> None:
+    def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", hang_timeout_s: float = 300.0,
+                 collective_timeout_s: float = 600.0, **init_kwargs: Any) -> None:
         self.pool = pool
         self.world_size = pool.world_size
         self.name = worker_cls.__name__ if name == "worker" else name
@@ -61,7 +62,7 @@ class RayWorkerGroup:
         ]
         self._layouts: dict[str | None, list[DataLayout]] = {None: [DataLayout(r, self.world_size) for r in range(self.world_size)]}
         master_addr, master_port = ray.get(self.workers[0].get_master_addr_port.remote())
-        ray.get([w.init_process_group.remote(master_addr, master_port) for w in self.workers])
+        ray.get([w.init_process_group.remote(master_addr, master_port, collective_timeout_s) for w in self.workers])
         self.processes = ray.get([w.process_info.remote() for w in self.workers])
         self._bind_registered_methods(worker_cls)
 

@@ -1,7 +1,8 @@
 """The local Ray cluster a run starts, and nothing of it left behind however the run ends.
 
 - A clean end, an exception, Ctrl-C or SIGTERM: `ray_cluster` shuts the cluster down (SIGTERM becomes SystemExit
-  so the cleanup runs), then stops any process of its session that outlived `ray.shutdown()`.
+  so the cleanup runs), then stops any process of its session that outlived `ray.shutdown()`. While a trainer's
+  loop runs, the first SIGTERM is deferred to the end of the step in flight instead (rlcore.trainer.preemption).
 - SIGKILL of the driver runs no cleanup; Ray's own fate-sharing takes the session's processes (GCS, raylet,
   dashboard and runtime-env agents, workers) down with it: measured gone 0.2 s after the kill with Ray 2.x here,
   and tests/reliability/test_ray_session.py asserts it within 30 s.
@@ -11,6 +12,7 @@ A cluster joined through trainer/RAY_ADDRESS is never touched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
@@ -54,7 +56,20 @@ def _session_dir() -> str | None:
     return node.get_session_dir_path() if node is not None else None
 
 
-def _exit_on_sigterm(signum, frame):
+def write_timeline(path: str) -> None:
+    """ray_kwargs.timeline_json_file: Ray's timeline of the run's tasks and actor calls (chrome://tracing or
+    Perfetto), written before the cluster goes; the cluster's whole history when the run joined a running one."""
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ray.timeline(filename=path)
+    print(f"Ray timeline written to {path}", flush=True)
+
+
+def _exit_on_sigterm(previous, signum, frame):
+    """SIGTERM stops the run, through the cleanup. A handler the process had before the run (a test session's,
+    which ends the session) hears of it first: the run is one part of what is being stopped."""
+    if callable(previous) and previous is not signal.default_int_handler:
+        previous(signum, frame)
     raise SystemExit(128 + signum)
 
 
@@ -69,7 +84,7 @@ def ray_cluster(address: str | None, num_cpus: int | None):
         started = init_ray(address, num_cpus)
         session_dir = _session_dir() if started else None
         if in_main:  # after ray.init, which installs a handler of its own
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            signal.signal(signal.SIGTERM, functools.partial(_exit_on_sigterm, previous))
         yield started
     finally:
         if started:

@@ -6,12 +6,12 @@ import faulthandler
 import os
 import socket
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from rlcore.controller.decorator import DataLayout, Dispatch, register
+from rlcore.utils.dist import set_collective_timeout
 
 
 def free_port() -> int:
@@ -90,14 +90,15 @@ class Worker:
         except OSError:
             return None
 
-    def init_process_group(self, master_addr: str, master_port: int, timeout_s: int = 600) -> None:
-        """Joins the group of all ranks: gloo on CPU, nccl on CUDA, same code otherwise."""
+    def init_process_group(self, master_addr: str, master_port: int, timeout_s: float = 600) -> None:
+        """Joins the group of all ranks: gloo on CPU, nccl on CUDA, same code otherwise. `timeout_s`
+        (actor_rollout_ref.nccl_timeout) bounds every collective of every group this rank creates."""
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
         backend = "nccl" if self.device_type == "cuda" else "gloo"
         if self.device_type == "cuda":
             torch.cuda.set_device(0)
         if not dist.is_initialized():
-            dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size, timeout=set_collective_timeout(timeout_s))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown(self) -> None:

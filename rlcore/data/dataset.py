@@ -49,6 +49,9 @@ class RLHFDataset(torch.utils.data.Dataset):
         truncation: what to do with prompts longer than L when not filtered.
         max_samples: keep only the first max_samples rows (before filtering); -1 keeps all.
         return_raw_chat: also return the messages as `raw_prompt`.
+        return_full_prompt: also return the templated prompt text (before truncation) as `full_prompts` (verl's name).
+        chat_template_kwargs: extra arguments of every apply_chat_template (data.apply_chat_template_kwargs, e.g.
+            Qwen3's enable_thinking=False); the template sees them as variables.
         row_checks: extra checks of each row (rlcore.data.row_checks); the prompt's shape is always checked.
         skip_bad_rows: drop rows a check rejects (counted on stdout) instead of refusing the whole dataset.
         tools: OpenAI function schemas the chat template renders into each prompt (multi-turn rollouts with tools).
@@ -68,6 +71,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         row_checks: list[RowCheck] = (),
         skip_bad_rows: bool = False,
         tools: list[dict] | None = None,
+        return_full_prompt: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {TRUNCATION_MODES}")
@@ -81,6 +86,11 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.truncation = truncation
         self.return_raw_chat = return_raw_chat
         self.tools = tools
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        reserved = sorted({"conversation", "add_generation_prompt", "tokenize", "tools"} & set(self.chat_template_kwargs))
+        if reserved:
+            raise ValueError(f"data.apply_chat_template_kwargs sets {reserved}, which the dataset sets itself; remove them "
+                             "(data.tool_config_path supplies the tools)")
 
         files = [data_files] if isinstance(data_files, str) else list(data_files)
         files = [os.path.expanduser(f) for f in files]
@@ -108,6 +118,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             )
             rows = [r for i, r in enumerate(rows) if i in keep]
             ids = [x for i, x in enumerate(ids) if i in keep]
+            texts = [x for i, x in enumerate(texts) if i in keep]
             origins = [o for i, o in enumerate(origins) if i in keep]
         elif too_long and truncation == "error":
             i = too_long[0]
@@ -121,9 +132,11 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.rows = rows
         self.prompt_ids = [truncate_ids(x, max_prompt_length, truncation) for x in ids]
         self.row_positions = [pos for _, pos in origins]
+        self.full_prompts = texts if return_full_prompt else None
 
     def _render(self, row: dict[str, Any]) -> str:
-        return self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=False, tools=self.tools)
+        return self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=False, tools=self.tools,
+                                                  **self.chat_template_kwargs)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -149,6 +162,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         }
         if self.return_raw_chat:
             item["raw_prompt"] = row[self.prompt_key]
+        if self.full_prompts is not None:
+            item["full_prompts"] = self.full_prompts[i]
         return item
 
 

@@ -13,6 +13,7 @@ import torch
 from rlcore.models.lora import LoraSpec
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import WEIGHT_BUCKET_BYTES
+from rlcore.utils.checkpoint_contents import STATE
 
 # An engine hands these functions per-token outputs for the response tokens of a micro-batch, `[batch, response_len]`
 # float32 (the next-token shift is done): a causal LM gives "log_probs" (of the response tokens, at the request's
@@ -27,6 +28,7 @@ ForwardFn = Callable[[dict[str, torch.Tensor], DataProto], dict[str, torch.Tenso
 
 # The training state an engine holds, each of which may live on the compute device or in host memory between phases.
 STATE_KINDS = ("params", "grads", "optimizer")
+CHECKPOINT_STATE = frozenset(STATE)  # what save/load handle
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class EngineSpec:
     kind: str = "causal_lm"               # causal_lm: log-probs; value: a scalar head read before each response
                                           # token (critic); reward: the same head read at each token (reward model)
     override_config: dict[str, Any] = field(default_factory=dict)
+    hf_config_path: str | None = None     # read the HF config from here instead of model_path (model.hf_config_path)
+    trust_remote_code: bool = False       # let modeling code shipped in the model directory run (model.trust_remote_code)
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
     model_dtype: str = "float32"          # storage of frozen weights: a frozen role (reference) or a LoRA base; full
                                           # fine-tuning keeps fp32 masters whatever it says
@@ -60,6 +64,11 @@ class EngineSpec:
     optimizer_offload: bool = False       # move optimizer state off the device between phases
     offload_policy: bool = False          # FSDP2-native CPUOffloadPolicy: params live on CPU, streamed per block
     reshard_after_forward: bool = True
+    fsdp_size: int = -1                   # FSDP2: ranks per shard group (HSDP: replicated across groups); -1 = all
+    forward_prefetch: bool = False        # FSDP2: each unit issues the next one's all-gather before its own forward
+    wrap_min_params: int = 0              # FSDP2 units: 0 = one per decoder block; N = FSDP1's size-based policy
+    activation_offload: bool = False      # checkpointed block inputs kept in host memory (model.enable_activation_offload)
+    use_torch_compile: bool = False       # FSDP2: the log-prob head's chunk kernels compiled (<role>.use_torch_compile)
     use_remove_padding: bool = False      # pack micro-batches (varlen attention) instead of computing on padding
     ulysses_sp: int = 1                   # sequence-parallel group size (FSDP2, packed only): each rank a slice of the tokens
     lr: float = 1e-6
@@ -186,11 +195,14 @@ class TrainEngine(ABC):
         its moments at the first step)."""
 
     @abstractmethod
-    def save(self, path: str, hf_dir: str | None = None) -> None:
-        """Sharded model + optimizer + scheduler state into `path`; HF safetensors into `hf_dir` (rank 0)."""
+    def save(self, path: str, hf_dir: str | None = None, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
+        """Into `path`, the states named in `contents`: "model" (sharded weights; LoRA: the adapters), "optimizer"
+        (its state), "extra" (the lr schedule's position); HF safetensors + config into `hf_dir` (rank 0)."""
 
     @abstractmethod
-    def load(self, path: str) -> None: ...
+    def load(self, path: str, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
+        """Restores the states named in `contents` from `path`; the others stay as built (a fresh optimizer, the
+        schedule at step 0, model.path's weights)."""
 
 
 def _chosen(params: bool, grads: bool, optimizer: bool) -> frozenset[str]:

@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcore.config.validate_ulysses import sequence_parallel_size
+from rlcore.config.validate_engine import DEFAULT_GRAD_CLIP
 from rlcore.engine.base import EngineSpec, TrainEngine
 from rlcore.models.lora import LoraSpec
 
@@ -32,6 +33,10 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         model_path=model_cfg.path,
         kind=kind,
         override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
+        # Only the policy's section has hf_config_path (verl's critic and reward model have none); the SFT and
+        # reward-training trainers' model sections have neither key.
+        hf_config_path=model_cfg.hf_config_path if "hf_config_path" in model_cfg else None,
+        trust_remote_code="trust_remote_code" in model_cfg and model_cfg.trust_remote_code,
         trainable=optim_cfg is not None,
         # Only a trained model recomputes activations (a frozen reward model's section has no such key).
         gradient_checkpointing=optim_cfg is not None and model_cfg.enable_gradient_checkpointing,
@@ -46,6 +51,11 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     else:
         spec.param_dtype, spec.param_offload, spec.reshard_after_forward = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
         spec.offload_policy = fsdp_cfg.offload_policy
+        spec.fsdp_size, spec.forward_prefetch = fsdp_cfg.fsdp_size, fsdp_cfg.forward_prefetch
+        spec.wrap_min_params = fsdp_cfg.wrap_policy.min_num_params
+        # Only the policy's model section has the key (verl's critic and reward model have none).
+        spec.activation_offload = spec.gradient_checkpointing and bool(model_cfg.get("enable_activation_offload", False))
+        spec.use_torch_compile = bool(role_cfg.get("use_torch_compile", False))  # the actor's and the reference's key
         # Ulysses: the role's key or its fsdp_config's (verl reads either); validation refuses two sizes.
         spec.ulysses_sp = sequence_parallel_size(role_cfg.get("ulysses_sequence_parallel_size"), fsdp_cfg.get("ulysses_sequence_parallel_size"))
         if "model_dtype" in fsdp_cfg:  # the reward model's section has no such key (its weights load as fp32)
@@ -57,7 +67,7 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay
         spec.warmup_steps, spec.total_steps = warmup, total_steps
         spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio, optim_cfg.num_cycles
-        spec.grad_clip = grad_clip
+        spec.grad_clip = effective_grad_clip(grad_clip, optim_cfg.clip_grad)
         if model_cfg.lora_rank > 0:  # a frozen role (the reference) is the base model: LoRA runs disable the adapters
             targets = model_cfg.target_modules
             spec.lora = LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, targets if isinstance(targets, str) else tuple(targets),
@@ -65,3 +75,10 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     else:
         spec.optimizer_offload = spec.grad_offload = False  # nothing to move
     return spec
+
+
+def effective_grad_clip(role_grad_clip: float, optim_clip_grad: float) -> float:
+    """verl's actor and critic read `<role>.grad_clip`, its newer engine config `<role>.optim.clip_grad`: whichever
+    the user moved from the shared default (1.0) is meant (validation refuses two different settings). The SFT and
+    reward-model trainers, which have only optim.clip_grad, pass it as both."""
+    return optim_clip_grad if role_grad_clip == DEFAULT_GRAD_CLIP else role_grad_clip

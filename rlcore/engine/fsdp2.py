@@ -11,13 +11,16 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
+from rlcore.engine.base import CHECKPOINT_STATE, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
+from rlcore.engine.activation_offload import offload_checkpointed_inputs
+from rlcore.engine.fsdp_units import chain_forward_prefetch, fsdp_mesh, fsdp_units
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
 from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files, value_head_init
@@ -35,9 +38,10 @@ from rlcore.protocol import DataProto
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
-def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, param_dtype: torch.dtype, reshard_after_forward: bool, offload_policy: bool, gradient_checkpointing: bool) -> None:
-    """Activation checkpointing, then `fully_shard` on every decoder block and finally the root (fixed order)."""
-    if gradient_checkpointing:
+def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, spec: EngineSpec) -> None:
+    """Activation checkpointing, then `fully_shard` on every unit (decoder blocks, unless the spec's size-based
+    policy picks others) and finally the root (fixed order)."""
+    if spec.gradient_checkpointing and spec.trainable:
         # Non-reentrant checkpointing composes with FSDP2's pre/post-forward hooks. (transformers 5 renamed
         # gradient_checkpointing_enable to activation_checkpointing_enable.)
         enable = getattr(model, "activation_checkpointing_enable", None)
@@ -45,14 +49,19 @@ def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, param
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    if offload_policy:
+        if spec.activation_offload:
+            offload_checkpointed_inputs(blocks)
+    mp = MixedPrecisionPolicy(param_dtype=to_torch_dtype(spec.param_dtype), reduce_dtype=torch.float32)
+    kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=spec.reshard_after_forward)
+    if spec.offload_policy:
         # pin_memory needs an accelerator; on CPU-only torch it raises.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    for block in blocks:
-        fully_shard(block, **kwargs)
+    units = fsdp_units(model, blocks, spec.wrap_min_params)
+    for unit in units:
+        fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    if spec.forward_prefetch:
+        chain_forward_prefetch(units)
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,7 +81,7 @@ class FSDP2Engine(TrainEngine):
         self.dp_rank, self.dp_size, self.is_output_rank = rank // sp, world // sp, rank % sp == 0
         self.ulysses: Ulysses | None = None
         with unset_fake_temporarily():  # the mesh is rank bookkeeping on real tensors, also in a rehearsal's fake mode
-            self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+            self.mesh = fsdp_mesh(device.type, world, spec.fsdp_size)
             if sp > 1:
                 groups = init_device_mesh(device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
                 self.dp_group, self.ulysses = groups.get_group("dp"), Ulysses(groups.get_group("sp"))
@@ -93,12 +102,14 @@ class FSDP2Engine(TrainEngine):
         initial, rename = {}, (lambda name: name)
         if on_meta:
             with parameters_on_meta():
-                self.model = load(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn)
+                self.model = load(spec.model_path, spec.override_config, dtype=dtype, weights=False, attn_implementation=attn,
+                                  trust_remote_code=spec.trust_remote_code, hf_config_path=spec.hf_config_path)
             if files is not None and spec.kind != "causal_lm":
                 initial = value_head_init(self.model, files)
                 on_meta = initial is not None  # None: the checkpoint names its tensors otherwise: load whole
         if not on_meta:
-            self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn)
+            self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn,
+                              trust_remote_code=spec.trust_remote_code, hf_config_path=spec.hf_config_path)
         self.hf_config = self.model.config
         blocks = decoder_layers(self.model)
         if spec.lora:  # before sharding: fully_shard then sees the adapters as parameters of their blocks
@@ -106,7 +117,7 @@ class FSDP2Engine(TrainEngine):
             self._scalings = lora.scalings(self.model)
             if on_meta:
                 initial, rename = lora.initial_adapters(self.model), lora.hf_name
-        self.head = TokenHead(self.model) if spec.kind == "causal_lm" else None
+        self.head = TokenHead(self.model, compiled=spec.use_torch_compile) if spec.kind == "causal_lm" else None
         # A mixture of experts: hooks on its routers (router replay, load metrics, HF's load-balancing loss when its
         # config asks for it with output_router_logits).
         self.routing = Routing(self.model) if routers(self.model) else None
@@ -115,8 +126,7 @@ class FSDP2Engine(TrainEngine):
             if reason:
                 raise ValueError(f"ulysses_sequence_parallel_size={sp}: {reason}; use a size that divides the heads")
             attach_ulysses(blocks, self.ulysses)
-        apply_fsdp2(self.model, blocks, self.mesh, to_torch_dtype(spec.param_dtype), spec.reshard_after_forward, spec.offload_policy,
-                    spec.gradient_checkpointing and spec.trainable)
+        apply_fsdp2(self.model, blocks, self.mesh, spec)
         if on_meta:
             materialize(self.model, torch.device("cpu") if spec.offload_policy else device)
             if files is not None:
@@ -271,7 +281,7 @@ class FSDP2Engine(TrainEngine):
         exchange = None
         if transient and self.device.type == "cpu":
             if self._exchange is None:  # collective, once: are all ranks on this host (and more than one)?
-                self._exchange = SharedMemoryExchange.for_group(self.mesh.get_group()) or Exchange()
+                self._exchange = SharedMemoryExchange.for_group(dist.group.WORLD) or Exchange()
             exchange = self._exchange
         # A tied head is the embedding: sent once (under the embedding's name), as HF checkpoints store it.
         tied = tied_weight_names(self.model)
@@ -327,17 +337,23 @@ class FSDP2Engine(TrainEngine):
         # A LoRA checkpoint holds the adapters and their optimizer state; the frozen base is model.path's.
         return StateDictOptions(ignore_frozen_params=self.spec.lora is not None, strict=self.spec.lora is None)
 
-    def _state(self) -> dict:
-        if self.optimizer is None:
-            return {"model": get_model_state_dict(self.model, options=self._state_options())}
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
-        return {"model": model_sd, "optim": optim_sd}
+    def _state(self, contents: frozenset[str]) -> dict:
+        state = {}
+        if "model" in contents:
+            state["model"] = get_model_state_dict(self.model, options=self._state_options())
+        if "optimizer" in contents and self.optimizer is not None:
+            # (materialises a fresh AdamW's moments, so that a load has tensors to fill)
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=self._state_options())
+        return state
 
-    def save(self, path: str, hf_dir: str | None = None) -> None:
-        dcp.save(self._state(), checkpoint_id=path)
-        if self.scheduler is not None and dist.get_rank() == 0:
+    def save(self, path: str, hf_dir: str | None = None, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
+        os.makedirs(path, exist_ok=True)
+        state = self._state(contents)
+        if state:
+            dcp.save(state, checkpoint_id=path)
+        if "extra" in contents and self.scheduler is not None and dist.get_rank() == 0:
             torch.save(self.scheduler.state_dict(), os.path.join(path, "scheduler.pt"))
-        if self.spec.lora is not None:
+        if "model" in contents and self.spec.lora is not None:
             self.save_adapter(os.path.join(path, "lora_adapter"))
         if hf_dir is not None:
             self.save_hf(hf_dir)
@@ -357,11 +373,13 @@ class FSDP2Engine(TrainEngine):
         if dist.get_rank() == 0:
             head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
 
-    def load(self, path: str) -> None:
-        state = self._state()
-        dcp.load(state, checkpoint_id=path)
-        if self.optimizer is None:
-            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={}, options=self._state_options())
-            return
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=self._state_options())
-        self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))
+    def load(self, path: str, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
+        state = self._state(contents)
+        if state:
+            dcp.load(state, checkpoint_id=path)
+        if "model" in state:
+            set_model_state_dict(self.model, state["model"], options=self._state_options())
+        if "optim" in state:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=self._state_options())
+        if "extra" in contents and self.scheduler is not None:
+            self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, PretrainedConfig
 
 from rlcore.models.logits import stack_channels, token_log_probs
 
@@ -57,8 +58,41 @@ def named_load(key: str, path: str, what: str = "the model"):
         raise ModelLoadError(f"{key}={path}: {what} does not load: {type(err).__name__}: {reason}") from err
 
 
-def load_config(path: str, override_config: dict[str, Any] | None = None) -> PretrainedConfig:
-    config = AutoConfig.from_pretrained(resolve_model_path(path), local_files_only=True)
+def import_external_lib(module: str | None, key: str) -> None:
+    """verl's `*.model.external_lib`: imports `module` (a dotted name on sys.path) for its side effects, typically
+    registering a custom architecture with AutoConfig / AutoModel, before anything loads. Called in the controller
+    and in every worker process (each is its own interpreter)."""
+    if not module:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise ModelLoadError(f"{key}={module}: the module does not import ({type(err).__name__}: {err}); "
+                             "put its package on PYTHONPATH of the controller and the workers, or unset the key") from err
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, chat_template: str | None = None):
+    """The HF tokenizer in the local directory `path`. `trust_remote_code` (`*.trust_remote_code`) lets a tokenizer
+    class shipped in that directory run; `chat_template` (`actor_rollout_ref.model.custom_chat_template`) replaces
+    the tokenizer's Jinja template, so every apply_chat_template (dataset, multi-turn rollout) renders with it."""
+    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path), local_files_only=True, trust_remote_code=trust_remote_code)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def policy_tokenizer(model_cfg, trust_remote_code: bool):
+    """The policy's tokenizer as `actor_rollout_ref.model` describes it (tokenizer_path or path, custom template).
+    `trust_remote_code`: data.trust_remote_code in the controller, model.trust_remote_code in workers (as verl)."""
+    return load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, trust_remote_code, model_cfg.custom_chat_template)
+
+
+def load_config(path: str, override_config: dict[str, Any] | None = None, trust_remote_code: bool = False,
+                hf_config_path: str | None = None) -> PretrainedConfig:
+    """The HF config of the model at `path`, read from `hf_config_path` instead when set
+    (actor_rollout_ref.model.hf_config_path: weights from path, architecture from there), then overridden."""
+    source = resolve_model_path(hf_config_path, "actor_rollout_ref.model.hf_config_path") if hf_config_path else resolve_model_path(path)
+    config = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         if not hasattr(config, key):
             raise ValueError(f"actor_rollout_ref.model.override_config.{key}: {type(config).__name__} has no field {key!r}")
@@ -67,30 +101,35 @@ def load_config(path: str, override_config: dict[str, Any] | None = None) -> Pre
 
 
 def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32, weights: bool = True,
-                   attn_implementation: str = "sdpa") -> torch.nn.Module:
+                   attn_implementation: str = "sdpa", trust_remote_code: bool = False, hf_config_path: str | None = None) -> torch.nn.Module:
     """The model at `path` in `dtype`; `weights=False` builds the architecture only (weights arrive by sync).
-    `attn_implementation`: see rlcore.models.varlen.attention_implementation."""
-    config = load_config(path, override_config)
+    `attn_implementation`: see rlcore.models.varlen.attention_implementation. `trust_remote_code`, `hf_config_path`:
+    see load_config (custom modeling code in the directory runs only when trusted)."""
+    config = load_config(path, override_config, trust_remote_code, hf_config_path)
     if weights:
-        return AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation)
-    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        return AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
+                                                    attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
 
 
 def load_value_model(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32,
-                     weights: bool = True, attn_implementation: str = "sdpa") -> torch.nn.Module:
+                     weights: bool = True, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
+                     hf_config_path: str | None = None) -> torch.nn.Module:
     """A critic: the LM trunk at `path` with a scalar head `score` [hidden -> 1] on every position.
 
     The head is HF's token-classification `score` with no bias and no dropout, i.e. exactly the head of an HF
     reward model (`*ForSequenceClassification`, num_labels=1): pointing `path` at a reward model loads trunk AND
     head (OpenRLHF's critic init); pointing it at a causal LM loads the trunk and initialises the head.
     """
-    config = load_config(path, override_config)
+    config = load_config(path, override_config, trust_remote_code, hf_config_path)
     config.num_labels = 1
     config.classifier_dropout = 0.0  # dropout on the value head only adds noise to regression targets
     config.token_classification_bias = False
     if not weights:  # the architecture only (a sharded load fills it: rlcore.engine.sharded_load)
-        return AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-    return AutoModelForTokenClassification.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation)
+        return AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                                           trust_remote_code=trust_remote_code)
+    return AutoModelForTokenClassification.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
+                                                           attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -126,7 +165,8 @@ class TokenHead:
     `tokens` `[batch, k]` at the positions selected by `logits_to_keep`; outside it the head is a plain linear.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, compiled: bool = False) -> None:
+        self.compiled = compiled  # use_torch_compile: rlcore.models.logits compiles the head's chunk kernels
         self.linear = model.get_output_embeddings()
         if getattr(self.linear, "bias", None) is not None:
             raise ValueError(f"{type(model).__name__}'s output layer has a bias; rlcore's log-prob head supports none")
@@ -147,5 +187,5 @@ class TokenHead:
             return torch.nn.functional.linear(hidden, self.linear.weight)
         tokens, temperature, entropy = self._pending
         lp, ent, top = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), temperature,
-                                       entropy, vocab_size=self.vocab_size)
+                                       entropy, vocab_size=self.vocab_size, compiled=self.compiled)
         return stack_channels(lp, ent, top, hidden.shape[:-1])

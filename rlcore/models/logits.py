@@ -8,8 +8,11 @@ Both training engines compute log-probs this way; losses receive log-probs and e
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import is_fake
 
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
 from rlcore.utils.dist import all_reduce
@@ -45,13 +48,48 @@ def chunk_tokens(vocab_per_rank: int) -> int:
     return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_per_rank))
 
 
+# use_torch_compile: below this many vocabulary columns per rank the compile (seconds per process) never pays back.
+COMPILE_MIN_VOCAB = 8192
+_COMPILED: dict[str, Callable] = {}
+
+
+def _kernel(fn: Callable, compiled: bool, example: torch.Tensor) -> Callable:
+    """`fn`, or its torch.compile'd form (built once per process, dynamic: chunk lengths vary). Eager on fake tensors
+    (the memory rehearsal, rlcore.cli.rehearsal): compiled code runs on real storage only."""
+    if not compiled or is_fake(example):
+        return fn
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn.__name__]
+
+
+def _chunk_stats(z: torch.Tensor, col: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, ...]:
+    """One unsharded chunk's (target log-prob, logsumexp, top log-prob, E_p[z]): the elementwise work after the
+    chunk's GEMM, which torch.compile fuses into a few passes over `[chunk, vocab]` instead of one per op."""
+    m = z.max(-1).values
+    lse = m + torch.exp(z - m[:, None]).sum(-1).log()
+    expected_z = (torch.exp(z - lse[:, None]) * z).sum(-1) if with_entropy else torch.zeros_like(lse)
+    return z.gather(-1, col[:, None]).squeeze(-1) - lse, lse, m - lse, expected_z
+
+
+def _chunk_grad(z: torch.Tensor, lse: torch.Tensor, col: torch.Tensor, g: torch.Tensor, expected_z: torch.Tensor,
+                g_entropy: torch.Tensor) -> torch.Tensor:
+    """d loss / dz of one unsharded chunk: g (onehot - p) - g_entropy p (z - E_p[z]) (zeros for an absent term)."""
+    p = torch.exp(z - lse[:, None])
+    dz = -p * (g[:, None] + g_entropy[:, None] * (z - expected_z[:, None]))
+    return dz.scatter_add(-1, col[:, None], g[:, None])
+
+
 class _VocabShard:
     """This rank's columns of the vocabulary: [start, start + local) of which those < vocab_size are real (the
-    rest is padding added to divide the vocabulary by the TP size, masked out of every softmax)."""
+    rest is padding added to divide the vocabulary by the TP size, masked out of every softmax). `compiled`:
+    use_torch_compile, honoured for a whole vocabulary (no tensor parallelism) of COMPILE_MIN_VOCAB columns or more."""
 
-    def __init__(self, start: int, local: int, vocab_size: int, group) -> None:
+    def __init__(self, start: int, local: int, vocab_size: int, group, compiled: bool = False) -> None:
         self.start, self.local, self.group = start, local, group
         self.num_padding = max(0, start + local - vocab_size)
+        self.whole = group is None and self.num_padding == 0 and start == 0
+        self.compiled = compiled and self.whole and local >= COMPILE_MIN_VOCAB
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         if self.group is not None:
@@ -94,6 +132,10 @@ class _TokenLogProbs(torch.autograd.Function):
         step = chunk_tokens(shard.local)
         for s in range(0, num_tokens, step):
             z = shard.scaled_logits(hidden[s : s + step], weight, temperature)
+            if shard.whole:  # one function of the chunk (compiled with use_torch_compile)
+                stats = _kernel(_chunk_stats, shard.compiled, z)(z, tokens[s : s + step], with_entropy)
+                log_probs[s : s + step], lse[s : s + step], top_log_probs[s : s + step], expected_z[s : s + step] = stats
+                continue
             m, lse[s : s + step], _, ez = _softmax_stats(z, shard, with_entropy)
             col, owned = shard.target(tokens[s : s + step])
             target_z = shard.all_reduce(z.gather(-1, col[:, None]).squeeze(-1) * owned)
@@ -122,6 +164,15 @@ class _TokenLogProbs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], step):
             h = hidden[s : s + step]
             z = shard.scaled_logits(h, weight, temperature)
+            if shard.whole:
+                zeros = torch.zeros_like(lse[s : s + step])
+                g = grad_log_probs[s : s + step] if grad_log_probs is not None else zeros
+                g_entropy = grad_entropy[s : s + step] if with_entropy else zeros
+                dz = _kernel(_chunk_grad, shard.compiled, z)(z, lse[s : s + step], tokens[s : s + step], g, expected_z[s : s + step], g_entropy)
+                dz = (dz * scale).to(hidden.dtype)
+                grad_hidden[s : s + step] = dz @ weight
+                grad_weight += (dz.t() @ h).float()
+                continue
             p = torch.exp(z - lse[s : s + step, None])
             # d log p(t) / dz = onehot(t) - p;  d H / dz = -p (z - E_p[z])
             dz = torch.zeros_like(z)
@@ -145,7 +196,7 @@ class _TokenLogProbs(torch.autograd.Function):
 
 def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                     with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
-                    group=None, reduce_hidden_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                    group=None, reduce_hidden_grad: bool = True, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """log softmax(hidden @ weight.T / temperature)[token], (optionally) the entropy of that distribution, and the
     log-prob of its most likely token (no gradient; `log_probs >= top` marks tokens greedy decoding would pick).
 
@@ -153,9 +204,10 @@ def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Te
     vocabulary projection; the whole of it when `group` is None), tokens `[tokens]` global ids. Columns at or past
     `vocab_size` (TP padding) are excluded. Returns float32 `[tokens]` log-probs, entropy (None if not asked), top.
     Collective over `group` (every rank of the tensor-parallel group calls it with the same hidden and tokens).
-    `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial sum.
+    `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial sum. `compiled` (use_torch_compile):
+    the per-chunk elementwise work runs torch.compile'd (see _VocabShard for when).
     """
-    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group)
+    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group, compiled)
     log_probs, entropy, top = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy, shard, reduce_hidden_grad)
     return log_probs, (entropy if with_entropy else None), top
 

@@ -152,16 +152,18 @@ def _logits(arch: Arch, response_tokens: int, compute: int, backward: bool, tp: 
 
 
 def _activations(arch: Arch, tokens: int, response_tokens: int, compute: int, ckpt: bool, backward: bool,
-                 value_head: bool, tp: int = 1, sp: bool = False) -> tuple[float, float]:
+                 value_head: bool, tp: int = 1, sp: bool = False, offload: bool = False) -> tuple[float, float]:
     """(activation GiB, logits GiB) of one micro-batch of `tokens` tokens on one of `tp` tensor-parallel ranks:
-    TP splits the attention and MLP intermediates; the hidden-size tensors too only with sequence parallelism."""
+    TP splits the attention and MLP intermediates; the hidden-size tensors too only with sequence parallelism.
+    `offload` (model.enable_activation_offload, on an accelerator): the checkpointed block inputs live in host
+    memory, and the device holds the one brought back for the block being recomputed."""
     h, kv, f = arch.hidden, arch.kv_heads * arch.dim, arch.mlp_width
     hidden_split = tp if sp else 1
     per_layer = compute * (6 * h / hidden_split + (2 * kv + 4 * f) / tp)  # bytes per token one block keeps for backward
     if not backward:
         act = tokens * compute * (2 * h / hidden_split + 2 * f / tp)  # one block's transient tensors
     elif ckpt:
-        act = arch.layers * tokens * h * compute / hidden_split + tokens * per_layer
+        act = (1 if offload else arch.layers) * tokens * h * compute / hidden_split + tokens * per_layer
     else:
         act = arch.layers * tokens * per_layer
     logits = 0 if value_head else _logits(arch, response_tokens, compute, backward, tp)
@@ -187,6 +189,7 @@ class _Role:
     trainable: bool
     megatron: Optional[dict] = None  # {"cfg", "tp", "pp", "dp", "recompute"} under strategy=megatron
     sp: int = 1  # Ulysses: ranks sharing each micro-batch; `tokens` / `response_tokens` are one rank's slice
+    offload_act: bool = False  # the policy's enable_activation_offload, on an accelerator (the actor on FSDP2)
 
 
 def _micro_tokens(c: _Cfg, dynamic_key: str, budget_key: str, micro: Optional[int], max_len: int, resp: int, sp: int = 1):
@@ -231,7 +234,8 @@ class Estimator:
         fsdp = c(f"{section}.fsdp_config")
         return _Role(name, arch, section, fsdp, self._shards(fsdp, world), c(f"{ARR}.model.lora_rank"), False, *toks,
                      c(f"{ARR}.model.enable_gradient_checkpointing"), f"{ARR}.model.enable_gradient_checkpointing",
-                     trainable, self._megatron(section, world), sp)
+                     trainable, self._megatron(section, world), sp,
+                     offload_act=trainable and bool(c(f"{ARR}.model.enable_activation_offload")) and self.device != "cpu")
 
     def _sp(self, role: str) -> int:
         """A role's Ulysses size on FSDP2 (1 under Megatron, whose validation refuses it)."""
@@ -283,8 +287,9 @@ class Estimator:
             return self._megatron_items(role)
         s = self.state(role)
         compute = _BYTES[role.fsdp.dtype]
+        offload = role.offload_act and role.ckpt
         act, logits = _activations(role.arch, role.tokens, role.response_tokens, compute, role.ckpt, role.trainable,
-                                   role.value_head)
+                                   role.value_head, offload=offload)
         what = "LoRA base + adapters" if role.lora_rank else ("fp32 master weights" if role.trainable else f"{frozen_dtype(role.fsdp)} weights (frozen)")
         items = [(f"{what} / {role.shards}", s["weights"])]
         if role.trainable:
@@ -292,13 +297,17 @@ class Estimator:
         zero = "ZeRO-3: root + 2 blocks" if role.fsdp.reshard_after_forward else "ZeRO-2-like: all blocks"
         ulysses = f" (1/{role.sp} of each micro-batch: Ulysses)" if role.sp > 1 else ""
         items += [(f"gathered {role.fsdp.dtype} weights ({zero})", s["gathered"]),
-                  (f"activations, {role.tokens} tokens{ulysses}" + (", checkpointed" if role.ckpt and role.trainable else ""), act)]
+                  (f"activations, {role.tokens} tokens{ulysses}" + (", checkpointed" if role.ckpt and role.trainable else "")
+                   + (", inputs in host memory" if offload and role.trainable else ""), act)]
         if logits:
             items.append((f"log-prob head: one chunk of logits x {role.arch.vocab}", logits))
         levers = []
         if role.trainable and not role.ckpt:
             ckpt_act, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head)
             levers.append((f"{role.ckpt_key}=True", act - ckpt_act))
+        elif role.trainable and role.name == "actor update" and not offload and self.device != "cpu":
+            host_act, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head, offload=True)
+            levers.append((f"{ARR}.model.enable_activation_offload=True (block inputs in host memory)", act - host_act))
         smaller = self._smaller_budget(role)
         if smaller:
             levers.append((smaller, (act + logits) / 2))

@@ -63,9 +63,12 @@ class ToolResponseIds:
 
     BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, chat_template_kwargs: dict | None = None) -> None:
         self.tokenizer = tokenizer
-        self.base = tokenizer.apply_chat_template(self.BASE, tokenize=False)
+        # data.apply_chat_template_kwargs: the generation prompt after a tool turn must match the dataset's rendering
+        # of the first one (Qwen3's enable_thinking=False adds an empty think block there).
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.base = tokenizer.apply_chat_template(self.BASE, tokenize=False, **self.kwargs)
         # What the template writes after an assistant message's content: its end-of-turn token (which the model
         # samples, and which ends the turn) and any glue after it (Qwen: "<|im_end|>" then "\n").
         self.after_content = self.base[self.base.rindex("y") + 1:]
@@ -73,7 +76,7 @@ class ToolResponseIds:
     def __call__(self, texts: list[str], stop_text: str) -> list[int]:
         """`texts`: the turn's tool responses, in call order; `stop_text`: the text of the token that ended the turn."""
         messages = [*self.BASE, *({"role": "tool", "content": t} for t in texts)]
-        full = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        full = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **self.kwargs)
         if not full.startswith(self.base):
             raise ValueError("the chat template renders the conversation before a tool message differently once one follows, so "
                              "tool responses cannot be appended as ids; use a model whose template renders tool messages in order "
@@ -104,10 +107,11 @@ class Trajectory:
 class AgentLoop:
     """Runs multi-turn trajectories for a batch of prompts; one per rollout worker, its tool processes kept."""
 
-    def __init__(self, engine: RolloutEngine, tokenizer, tools: ToolRunner, settings: MultiTurnSettings) -> None:
+    def __init__(self, engine: RolloutEngine, tokenizer, tools: ToolRunner, settings: MultiTurnSettings,
+                 chat_template_kwargs: dict | None = None) -> None:
         self.engine, self.tokenizer, self.tools, self.settings = engine, tokenizer, tools, settings
         self.parse = PARSERS[settings.format]
-        self.tool_ids = ToolResponseIds(tokenizer)
+        self.tool_ids = ToolResponseIds(tokenizer, chat_template_kwargs)  # data.apply_chat_template_kwargs
         self.stats: dict[str, float] = {}  # the last run: engine calls, prefill tokens computed and reused
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams,

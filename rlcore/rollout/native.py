@@ -95,7 +95,8 @@ class NativeRollout(RolloutEngine):
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None,
-                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None, record_routes: bool = False) -> None:
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None, record_routes: bool = False,
+                 hf_config_path: str | None = None, trust_remote_code: bool = False) -> None:
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy).
         `record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in
         RolloutOutput.routed_experts."""
@@ -104,7 +105,8 @@ class NativeRollout(RolloutEngine):
         self.decoder: FusedDecoder | None = None
         self._owns_model = model is None
         if model is None:
-            model = load_causal_lm(model_path, override_config, dtype=to_torch_dtype(dtype), weights=False).to(device)
+            model = load_causal_lm(model_path, override_config, dtype=to_torch_dtype(dtype), weights=False,
+                                   trust_remote_code=trust_remote_code, hf_config_path=hf_config_path).to(device)
             model.requires_grad_(False)
             # A MoE's load-balancing loss (a training config's output_router_logits) has no place in generation.
             if getattr(model.config, "output_router_logits", False):

@@ -175,7 +175,8 @@ class VLLMRollout(RolloutEngine):
                  seed: int = 0, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = True, enforce_eager: bool = False, load_format: str = "dummy", engine_kwargs: dict | None = None,
-                 expert_parallel_size: int = 1) -> None:
+                 expert_parallel_size: int = 1, hf_config_path: str | None = None, trust_remote_code: bool = False,
+                 disable_log_stats: bool = True) -> None:
         vllm = import_vllm()
         self.pad_token_id = pad_token_id
         self.device = device
@@ -198,12 +199,13 @@ class VLLMRollout(RolloutEngine):
             enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
             enable_prefix_caching=enable_prefix_caching, hf_overrides=override_config or None,
+            hf_config_path=hf_config_path, trust_remote_code=trust_remote_code, disable_log_stats=disable_log_stats,
             # Temperature-scaled log-probs, as the trainer computes them (rlcore.models.logits); raw ones would ignore
             # the temperature. Top-k/top-p masking is included too, as in the native engine.
             logprobs_mode="processed_logprobs",
         )
         args.update(self._launcher_args(rank))
-        hf_config = self._hf_config(model_path, override_config)
+        hf_config = self._hf_config(hf_config_path or model_path, override_config, trust_remote_code)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         args.update(self._expert_parallel_args(hf_config, expert_parallel_size))
         args.update(self._memory_args(hf_config, dtype, gpu_memory_utilization, max_model_len, max_num_seqs, kv_bytes))
@@ -282,10 +284,10 @@ class VLLMRollout(RolloutEngine):
         return args
 
     @staticmethod
-    def _hf_config(model_path: str, override_config: dict | None):
+    def _hf_config(config_path: str, override_config: dict | None, trust_remote_code: bool):
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+        config = AutoConfig.from_pretrained(config_path, local_files_only=True, trust_remote_code=trust_remote_code)
         for key, value in (override_config or {}).items():
             setattr(config, key, value)
         return config

@@ -55,7 +55,8 @@ def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where
     groups = {}
     try:
         for role, pool in where.items():
-            groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=t.hang_timeout_s, config=config)
+            groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=t.hang_timeout_s,
+                                          collective_timeout_s=collective_timeout_s(config), config=config)
         print(placement_map(groups), flush=True)
         if check_dir:
             check_shared_dir(groups, t.default_local_dir)
@@ -63,6 +64,12 @@ def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where
         teardown(groups, pools, graceful=True)
         raise
     return groups, pools
+
+
+def collective_timeout_s(config: dict) -> float:
+    """actor_rollout_ref.nccl_timeout (verl's name; gloo's collectives honour it too). The SFT and reward-model
+    trainers have no such key: the same 600 s as verl's default."""
+    return config.get("actor_rollout_ref", {}).get("nccl_timeout", 600)
 
 
 def teardown(groups: dict, pools: list, graceful: bool) -> None:
@@ -81,7 +88,7 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     import torch
     from omegaconf import OmegaConf
 
-    from rlcore.controller.ray_session import ray_cluster
+    from rlcore.controller.ray_session import ray_cluster, write_timeline
     from rlcore.telemetry.report import finish_run
     from rlcore.telemetry.tracking import Tracker
 
@@ -95,7 +102,11 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
                       experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True), **tracker_kwargs)
     try:
         with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
-            yield tracker
+            try:
+                yield tracker
+            finally:
+                if cfg.ray_kwargs.timeline_json_file:
+                    write_timeline(cfg.ray_kwargs.timeline_json_file)
     finally:
         tracker.close()
         torch.set_num_threads(threads)

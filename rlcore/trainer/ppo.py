@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples,
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.metrics import data_metrics, multi_turn_metrics, throughput_metrics
+from rlcore.trainer.preemption import EXIT_CODE, DeferredStop, deferred_stop, resume_hint, say, stop_line
 from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.split_pools import SplitPools
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
@@ -108,28 +109,38 @@ class PPOTrainer:
         if self.split is not None:
             self.split.start()
         start = time.perf_counter()
-        try:
+        # split.close() stops the rollouter thread however the loop ends
+        with deferred_stop() as stop, closing(self.split) if self.split is not None else nullcontext():
             while self.global_step < self.total_steps:
                 self.global_step += 1
                 metrics = self.train_step()
                 last = self.global_step == self.total_steps
                 if self.split is not None:
                     self.split.after_step(self.global_step, metrics, self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None, last)
+                saved = self._due(self.cfg.trainer.save_freq, last)
                 with self.quiet_rollout():
                     if self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None:
                         with self.perf.phase("testing", metrics):
                             metrics.update(self.validate())
-                    if self._due(self.cfg.trainer.save_freq, last):
+                    if saved:
                         with self.perf.phase("save_checkpoint", metrics):
                             self.save_checkpoint()
                 metrics.update(self.perf.end_step(self.global_step, metrics))
                 metrics["timing_s/elapsed"] = time.perf_counter() - start  # wall clock since the first step began
                 self.tracker.log(metrics, step=self.global_step)
                 self.tracker.advance()
-        finally:
-            if self.split is not None:
-                self.split.close()
+                if stop.requested:  # SIGTERM came during this step: checkpoint it and exit (rlcore.trainer.preemption)
+                    self.stop_for_signal(stop, saved)
         return metrics
+
+    def stop_for_signal(self, stop: DeferredStop, saved: bool) -> None:
+        """Checkpoints the step just finished (unless save_freq just did), prints the stop line and exits EXIT_CODE."""
+        if not saved:
+            with self.quiet_rollout():
+                self.save_checkpoint()
+        say(stop_line(self.global_step, self.total_steps, self.last_checkpoint, stop.seconds_since_signal(),
+                      resume_hint(self.cfg.trainer, self.last_checkpoint)))
+        raise SystemExit(EXIT_CODE)
 
     def quiet_rollout(self):
         """Split pools: no generation in flight (validation shares the rollout pool; a checkpoint its data position)."""
@@ -377,3 +388,6 @@ class PPOTrainer:
         self.val_history = state["val_history"]
         self.last_checkpoint = path
         print(f"resumed from {path} at global step {self.global_step}")
+        if self.cfg.trainer.del_local_ckpt_after_load:
+            checkpoint.delete_after_load(path, self.cfg.trainer.save_freq)
+            self.last_checkpoint = None  # a worker restart has no checkpoint of this run to go back to until the next save

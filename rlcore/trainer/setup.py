@@ -7,13 +7,13 @@ from functools import partial
 
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoTokenizer
 
 from rlcore.config.tool_config import tool_schemas
 from rlcore.config.validate import ConfigError
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
 from rlcore.data.row_checks import rule_score_problem
+from rlcore.models.hf import ModelLoadError, import_external_lib, policy_tokenizer
 from rlcore.reward.custom import load_custom_reward_fn
 from rlcore.reward.isolation import IsolatedScorer
 from rlcore.reward.manager import RewardManager, ScoreGuard, build_reward_manager
@@ -39,11 +39,17 @@ def loading(key: str, value, what: str, catch: tuple = (OSError, ValueError, Imp
 
 
 def build_data(cfg: DictConfig):
-    model = cfg.actor_rollout_ref.model
+    model, data = cfg.actor_rollout_ref.model, cfg.data
+    # Before the tokenizer: the module may register the tokenizer's or the model's classes (workers import it too).
+    try:
+        import_external_lib(model.external_lib, "actor_rollout_ref.model.external_lib")
+    except ModelLoadError as err:
+        raise ConfigError([str(err)]) from err
     key = "actor_rollout_ref.model.tokenizer_path" if model.tokenizer_path else "actor_rollout_ref.model.path"
     with loading(key, model.tokenizer_path or model.path, "the tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path, local_files_only=True)
-    data = cfg.data
+        # The prompts render in the policy's custom_chat_template, as the workers' multi-turn turns do (verl: data's
+        # trust_remote_code for the controller's tokenizer).
+        tokenizer = policy_tokenizer(model, data.trust_remote_code)
     # Rule scorers need a scorer per data source and a ground truth: checked on every row at load. A custom
     # compute_score decides for itself; a reward model scores training rows (validation stays rule-scored).
     rule = [] if cfg.custom_reward_function.path else [partial(rule_score_problem, source_key=data.reward_fn_key,
@@ -57,7 +63,8 @@ def build_data(cfg: DictConfig):
                 _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                 filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                 max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
-                tools=tools,
+                tools=tools, return_full_prompt=data.return_full_prompt,
+                chat_template_kwargs=OmegaConf.to_container(data.apply_chat_template_kwargs, resolve=True),
             )
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed
@@ -67,7 +74,8 @@ def build_data(cfg: DictConfig):
     val = None
     if data.val_files:
         val_set = dataset(data.val_files, data.val_max_samples, rule, "data.val_files")
-        val = PromptLoader(val_set, data.val_batch_size or len(val_set), shuffle=False, seed=seed, drop_last=False)
+        # data.validation_shuffle: a seeded order, drawn afresh for each validation pass (PromptLoader's epochs).
+        val = PromptLoader(val_set, data.val_batch_size or len(val_set), shuffle=data.validation_shuffle, seed=seed, drop_last=False)
     return tokenizer, train, val
 
 

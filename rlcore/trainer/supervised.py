@@ -19,6 +19,7 @@ import numpy as np
 from rlcore.config import ConfigError
 from rlcore.config.rm_schema import stop_rule_met
 from rlcore.trainer.lifecycle import resume_from
+from rlcore.trainer.preemption import EXIT_CODE, DeferredStop, StopNow, deferred_stop, resume_hint, say, stop_line
 from rlcore.utils import checkpoint
 
 STATE_FILE = "trainer_state.json"
@@ -51,22 +52,34 @@ class SupervisedTrainer:
         start, finished = self.resume(batches)
         if finished is not None:
             return finished
-        for step in range(start + 1, self.total_steps + 1):
-            metrics = self.group.train_batch(self.train.batch(next(batches), self.pad, self.cfg.data.max_length))
-            last = step == self.total_steps
-            if self.val is not None and (last or t.test_freq > 0 and step % t.test_freq == 0):
-                metrics.update(self.validate())
-                if not last and stop_rule_met(t, metrics):
-                    print(f"{self.role}: {t.stop_metric}={metrics[t.stop_metric]:.4f} reached trainer.stop_threshold={t.stop_threshold} "
-                          f"at step {step}; stopping", flush=True)
-                    last = True
-            if last or t.save_freq > 0 and step % t.save_freq == 0:
-                metrics["checkpoint"] = self.save(step, metrics, stopped_by=self.stop_rule() if last and step < self.total_steps else None)
-            self.tracker.log({k: v for k, v in metrics.items() if k != "checkpoint"}, step=step)
-            self.tracker.advance()
-            if last:
-                break
+        with deferred_stop() as stop:
+            for step in range(start + 1, self.total_steps + 1):
+                metrics = self.group.train_batch(self.train.batch(next(batches), self.pad, self.cfg.data.max_length))
+                last = step == self.total_steps
+                if self.val is not None and (last or t.test_freq > 0 and step % t.test_freq == 0):
+                    metrics.update(self.validate())
+                    if not last and stop_rule_met(t, metrics):
+                        print(f"{self.role}: {t.stop_metric}={metrics[t.stop_metric]:.4f} reached trainer.stop_threshold={t.stop_threshold} "
+                              f"at step {step}; stopping", flush=True)
+                        last = True
+                saved = last or t.save_freq > 0 and step % t.save_freq == 0
+                if saved:
+                    metrics["checkpoint"] = self.save(step, metrics, stopped_by=self.stop_rule() if last and step < self.total_steps else None)
+                self.tracker.log({k: v for k, v in metrics.items() if k != "checkpoint"}, step=step)
+                self.tracker.advance()
+                if stop.requested:  # SIGTERM came during this step: checkpoint it and exit (rlcore.trainer.preemption)
+                    self.stop_for_signal(stop, step, metrics, saved)
+                if last:
+                    break
         return dict(metrics, step=step)
+
+    def stop_for_signal(self, stop: DeferredStop, step: int, metrics: dict[str, float], saved: bool) -> None:
+        """Checkpoints the step just finished (unless it was just saved), prints the stop line and exits EXIT_CODE."""
+        if not saved:
+            self.save(step, metrics, stopped_by=None)
+        folder = checkpoint.step_dir(os.path.abspath(self.cfg.trainer.default_local_dir), step)
+        say(stop_line(step, self.total_steps, folder, stop.seconds_since_signal(), resume_hint(self.cfg.trainer, folder)))
+        raise SystemExit(EXIT_CODE)
 
     def stop_rule(self) -> str | None:
         t = self.cfg.trainer
@@ -127,6 +140,7 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     trainer.export_dir when set). `load_data(cfg, tokenizer) -> (train, val)` tokenizes before Ray starts."""
     from transformers import AutoTokenizer
 
+    from rlcore.config.key_status import ineffective_settings
     from rlcore.models.hf import resolve_model_path
 
     try:
@@ -135,6 +149,8 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
         errors.append(str(err))
     if errors:
         raise ConfigError(errors)
+    for line in ineffective_settings(cfg):
+        print(f"WARNING rlcore: {line}", flush=True)
     cfg.trainer.default_local_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
     train, val = load_data(cfg, tokenizer)
@@ -154,12 +170,16 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     with run_session(cfg, run_dir, total_steps, start_step=start_step, console_keys=console_keys) as tracker:
         groups, pools = build_groups(t, OmegaConf.to_container(cfg, resolve=True), [(t.nnodes, t.n_gpus_per_node)], {role: 0},
                                      {role: worker_cls}, check_dir=True)
+        graceful = True
         try:
             groups[role].init_model(total_steps)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             final = SupervisedTrainer(cfg, groups[role], train, val, pad, tracker, total_steps, role, resume_from).fit()
+        except StopNow:
+            graceful = False  # a second SIGTERM: the ranks may be mid-collective, kill them
+            raise
         finally:
-            teardown(groups, pools, graceful=True)
+            teardown(groups, pools, graceful=graceful)
     tokenizer.save_pretrained(final["checkpoint"])
     if cfg.trainer.export_dir:
         export = os.path.abspath(os.path.expanduser(cfg.trainer.export_dir))

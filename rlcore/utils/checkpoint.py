@@ -1,7 +1,8 @@
 """Checkpoint layout and atomic publication.
 
     {default_local_dir}/global_step_{N}/actor/          sharded model + optimizer (DCP), scheduler, per-rank RNG
-    {default_local_dir}/global_step_{N}/actor/huggingface/   HF-loadable safetensors + config + tokenizer
+    {default_local_dir}/global_step_{N}/actor/contents.json  what the actor's folder holds (its save_contents)
+    {default_local_dir}/global_step_{N}/actor/huggingface/   HF config + tokenizer; the safetensors with "hf_model"
     {default_local_dir}/global_step_{N}/data.pt         dataloader position, controller RNG, KL controller
     {default_local_dir}/global_step_{N}/manifest.json   every file's size and CRC-32, written last
     {default_local_dir}/latest_checkpointed_iteration.txt    N, written last (verl's file name)
@@ -22,9 +23,11 @@ import zlib
 
 import torch
 
+from rlcore.utils.checkpoint_contents import CONTENTS, STATE
 from rlcore.utils.rng import rng_state, set_rng_state
 
 LATEST = "latest_checkpointed_iteration.txt"
+CONTENTS_FILE = "contents.json"
 MANIFEST = "manifest.json"
 _CHUNK = 16 * 2**20
 
@@ -131,6 +134,50 @@ def publish(root: str, step: int, tmp: str, max_to_keep: int | None) -> str:
         for old in steps[:-max_to_keep]:
             shutil.rmtree(step_dir(root, old), ignore_errors=True)
     return final
+
+
+def checked_contents(values, key: str) -> frozenset[str]:
+    """`values` of the config key `key` as a set, an unknown item refused with the valid ones."""
+    unknown = sorted(set(values) - set(CONTENTS))
+    if unknown:
+        raise ValueError(f"{key}={list(values)}: unknown item(s) {unknown}; choose from {list(CONTENTS)}")
+    return frozenset(values)
+
+
+def write_contents(folder: str, contents: frozenset[str]) -> None:
+    with open(os.path.join(folder, CONTENTS_FILE), "w") as f:
+        json.dump(sorted(contents), f)
+
+
+def saved_contents(folder: str) -> frozenset[str]:
+    """What a role's checkpoint folder holds (one written before contents.json existed held model, optimizer, extra)."""
+    path = os.path.join(folder, CONTENTS_FILE)
+    return frozenset(json.load(open(path))) if os.path.isfile(path) else frozenset(STATE)
+
+
+def restore_plan(folder: str, wanted: frozenset[str], key: str, role: str = "actor") -> tuple[frozenset[str], list[str]]:
+    """What to restore from a role's checkpoint `folder` when `key` (its load_contents) asks for `wanted`, and a
+    note for each state the resume leaves as the run built it. Asking for a state the checkpoint does not hold is
+    refused with the fix ("hf_model" is export only: never loaded, as verl)."""
+    restore, held = wanted & frozenset(STATE), saved_contents(folder)
+    missing = sorted(restore - held)
+    if missing:
+        raise ValueError(f"{key}={sorted(wanted)} asks for {missing}, but {folder} holds only {sorted(held)} (it was saved "
+                         f"without them): drop {missing} from {key} to resume without them")
+    left = {"model": f"keeps the initial weights (model.path), not the checkpoint's{'' if 'model' in held else ' (it holds none)'}",
+            "optimizer": "starts a fresh optimizer (no AdamW moments)",
+            "extra": "restarts its lr schedule at step 0 and does not restore its RNG"}
+    return restore, [f"{key} has no {name!r}: the {role} {why}" for name, why in left.items() if name not in restore]
+
+
+def delete_after_load(path: str, save_freq: int) -> None:
+    """trainer.del_local_ckpt_after_load: removes the step folder just resumed from (all roles and data.pt), saying
+    so, and that until the next save the run has no checkpoint to resume from. (verl's key means this; its code
+    only ever removes local copies of HDFS files, which verl cannot yet resume from.)"""
+    shutil.rmtree(path)
+    until = f"the next save (trainer.save_freq={save_freq})" if save_freq > 0 else "the end of the run (trainer.save_freq<=0: never)"
+    print(f"WARNING: deleted {path} after loading it (trainer.del_local_ckpt_after_load=True): until {until} this run "
+          "has no checkpoint to resume from", flush=True)
 
 
 def controller_state(loader_state: dict, extra: dict) -> dict:

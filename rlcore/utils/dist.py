@@ -114,3 +114,24 @@ def group_broadcast_object(group, obj: Any, root: int, rank: int) -> Any:
 
 # torch 2.13 renamed all_gather_into_tensor (a deprecation warning per call); older torch has only the old name.
 _ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+def set_collective_timeout(seconds: float) -> timedelta:
+    """Makes `seconds` the timeout of every process group this process creates from now on, not only of the world
+    group that init_process_group is given it for: torch's new_group (and so DeviceMesh, FSDP2's meshes, Ulysses'
+    groups, megatron-core's groups unless it passes its own) takes its backend's module default otherwise (30 min
+    on gloo, 10 on NCCL), so a hung collective in a sub-group would outlast actor_rollout_ref.nccl_timeout."""
+    from torch.distributed import distributed_c10d
+
+    timeout = timedelta(seconds=seconds)
+    distributed_c10d.default_pg_timeout = timeout
+    if isinstance(getattr(distributed_c10d, "default_pg_nccl_timeout", None), timedelta):
+        distributed_c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
+def collective_timeout_minutes() -> int:
+    """The timeout set_collective_timeout made the default, in whole minutes (megatron-core's unit), rounded up."""
+    from torch.distributed import distributed_c10d
+
+    return max(1, -(-int(distributed_c10d.default_pg_timeout.total_seconds()) // 60))

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
-from transformers import AutoTokenizer
 
 from rlcore.algos.custom import load_custom_algorithms
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
+from rlcore.engine.base import CHECKPOINT_STATE
 from rlcore.engine.factory import build_engine, engine_spec
-from rlcore.models.hf import named_load
+from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
 from rlcore.protocol import DataProto
+from rlcore.models.hf_export import head_model_config
 from rlcore.rollout.weight_sync import send_weights, sync_weights
+from rlcore.utils import checkpoint
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
 from rlcore.workers import phases
@@ -34,9 +37,10 @@ class ActorRolloutRefWorker(RoleWorker):
         cfg = self.config.actor_rollout_ref
         seed = self.config.trainer.seed
         torch.manual_seed(seed)  # identical init on every rank before sharding
+        import_external_lib(cfg.model.external_lib, "actor_rollout_ref.model.external_lib")  # registers a custom architecture
         tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if cfg.model.tokenizer_path else "actor_rollout_ref.model.path"
         with named_load(tokenizer_key, cfg.model.tokenizer_path or cfg.model.path, "the tokenizer"):
-            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
+            self.tokenizer = policy_tokenizer(cfg.model, cfg.model.trust_remote_code)
         actor_spec = engine_spec(cfg.actor.strategy, cfg.model, cfg.actor, cfg.actor.optim, cfg.actor.grad_clip, total_steps)
         with named_load("actor_rollout_ref.model.path", cfg.model.path):
             self.actor = build_engine(cfg.actor.strategy, actor_spec, self.device)
@@ -162,16 +166,34 @@ class ActorRolloutRefWorker(RoleWorker):
     # ------------------------------------------------------------------------------------------- checkpoint
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str) -> None:
+        """What actor.checkpoint.save_contents names: "model", "optimizer", "extra" (lr schedule, this rank's RNG
+        and the rollout's sampling state) into `path`, and HF safetensors into `hf_dir` with "hf_model". `hf_dir`
+        always gets the HF config and the tokenizer (as verl's)."""
+        key = "actor_rollout_ref.actor.checkpoint.save_contents"
+        contents = checkpoint.checked_contents(self.config.actor_rollout_ref.actor.checkpoint.save_contents, key)
         with phases.running(self.actor, "checkpoint"):
-            self.actor.save(path, hf_dir=hf_dir)
+            self.actor.save(path, hf_dir=hf_dir if "hf_model" in contents else None, contents=contents & CHECKPOINT_STATE)
         if self.rank == 0:
+            os.makedirs(hf_dir, exist_ok=True)
+            head_model_config(self.actor.hf_config, self.actor.spec.kind).save_pretrained(hf_dir)
             self.tokenizer.save_pretrained(hf_dir)
-        save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()} if self.rollout is not None else {})
+            checkpoint.write_contents(path, contents)
+        if "extra" in contents:
+            save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()} if self.rollout is not None else {})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
+        """What actor.checkpoint.load_contents names, refused if `path` does not hold it; rank 0 says once what a
+        resume leaves as built (model.path's weights, a fresh optimizer, the schedule at step 0)."""
+        key = "actor_rollout_ref.actor.checkpoint.load_contents"
+        wanted = checkpoint.checked_contents(self.config.actor_rollout_ref.actor.checkpoint.load_contents, key)
+        contents, notes = checkpoint.restore_plan(path, wanted, key)
+        if self.rank == 0:
+            for note in notes:
+                print(f"WARNING: {note} ({path})", flush=True)
         with phases.running(self.actor, "checkpoint"):
-            self.actor.load(path)
-        state = load_rng_state(path, self.rank)
-        if self.rollout is not None:
-            self.rollout.load_state_dict(state["rollout"])
+            self.actor.load(path, contents=contents)
+        if "extra" in contents:
+            state = load_rng_state(path, self.rank)
+            if self.rollout is not None:
+                self.rollout.load_state_dict(state["rollout"])

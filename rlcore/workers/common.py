@@ -56,8 +56,9 @@ def layout_of(engine: TrainEngine) -> DataLayout:
 
 
 def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, engine: TrainEngine) -> MicroBatchSpec:
-    """A pass's micro-batching from its role's verl keys: `{base}_per_gpu` samples (or the deprecated global
-    `{base}` over dp ranks), or, when `section[dynamic_key]`, the token budget `section[budget_key]` per device,
+    """A pass's micro-batching from its role's verl keys: `{base}_per_gpu` samples (ppo_micro_batch_size_per_gpu,
+    log_prob_micro_batch_size_per_gpu, forward_micro_batch_size_per_gpu, micro_batch_size_per_gpu; or the deprecated
+    global `{base}` over dp ranks), or, when `section[dynamic_key]`, the token budget `section[budget_key]` per device,
     times the Ulysses size (verl's rule: each of the sp ranks that share a micro-batch holds 1/sp of its tokens).
     The engine packs iff its spec says use_remove_padding."""
     packed = engine.spec.use_remove_padding

@@ -12,7 +12,7 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
-from rlcore.models.hf import named_load
+from rlcore.models.hf import import_external_lib, named_load
 from rlcore.protocol import DataProto
 from rlcore.workers import phases
 from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, run_forward, run_ppo_updates, save_rng_state
@@ -62,6 +62,7 @@ class CriticWorker(RoleWorker):
     def init_model(self, total_steps: int) -> None:
         cfg = self.config.critic
         torch.manual_seed(self.config.trainer.seed)  # identical value-head init on every rank before sharding
+        import_external_lib(cfg.model.external_lib, "critic.model.external_lib")  # registers a custom architecture
         spec = engine_spec(cfg.strategy, cfg.model, cfg, cfg.optim, cfg.grad_clip, total_steps, kind="value")
         with named_load("critic.model.path", cfg.model.path):
             self.engine = build_engine(cfg.strategy, spec, self.device, key="critic.strategy")

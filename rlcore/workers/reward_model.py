@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import time
 
-from transformers import AutoTokenizer
-
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.factory import build_engine, engine_spec
-from rlcore.models.hf import named_load
+from rlcore.models.hf import import_external_lib, load_tokenizer, named_load
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import decode_responses
 from rlcore.data.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
@@ -22,14 +20,17 @@ class RewardModelWorker(RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
-        cfg = self.config.reward_model
+        cfg, policy = self.config.reward_model, self.config.actor_rollout_ref.model
+        import_external_lib(cfg.model.external_lib, "reward_model.model.external_lib")  # registers a custom architecture
         spec = engine_spec(cfg.strategy, cfg.model, cfg, None, 0.0, total_steps, kind="reward")
         with named_load("reward_model.model.path", cfg.model.path):
             self.engine = build_engine(cfg.strategy, spec, self.device, key="reward_model.strategy")
-            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
+            self.tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         self.layouts["reward_model"] = layout_of(self.engine)
+        # The policy's tokenizer as the policy renders (its custom_chat_template): a custom template makes even the
+        # same model's reward model re-render the conversation in its own template.
         with named_load("reward_model.model.input_tokenizer", cfg.model.input_tokenizer, "the tokenizer"):
-            self.input_tokenizer = AutoTokenizer.from_pretrained(cfg.model.input_tokenizer, local_files_only=True)
+            self.input_tokenizer = load_tokenizer(cfg.model.input_tokenizer, policy.trust_remote_code, policy.custom_chat_template)
         # verl's rule: a reward model with another tokenizer reads the conversation re-rendered in its own template.
         self.retokenize = not same_tokenization(self.tokenizer, self.input_tokenizer)
         phases.leave(self.engine)

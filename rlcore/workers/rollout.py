@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 import time
 
-from transformers import AutoTokenizer
 
 from rlcore.controller.decorator import Dispatch, register
-from rlcore.models.hf import named_load
+from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
 from rlcore.protocol import DataProto
 from rlcore.rollout.weight_sync import receive_weights
 from rlcore.utils.dist import standalone_group
@@ -29,9 +28,10 @@ class RolloutWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
         cfg = self.config.actor_rollout_ref
+        import_external_lib(cfg.model.external_lib, "actor_rollout_ref.model.external_lib")  # registers a custom architecture
         key = "actor_rollout_ref.model.tokenizer_path" if cfg.model.tokenizer_path else "actor_rollout_ref.model.path"
         with named_load(key, cfg.model.tokenizer_path or cfg.model.path, "the tokenizer"):
-            self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
+            self.tokenizer = policy_tokenizer(cfg.model, cfg.model.trust_remote_code)
         self.rollout, self.agent_loop = build_rollout_parts(self.config, self.tokenizer, self.device, self.rank)
         self.weight_group = None
 

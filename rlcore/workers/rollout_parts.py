@@ -23,6 +23,7 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
         model_path=cfg.model.path, pad_token_id=pad_token_id, device=device,
         dtype="float32" if device.type == "cpu" else rollout.dtype,
         override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + rank,
+        hf_config_path=cfg.model.hf_config_path, trust_remote_code=cfg.model.trust_remote_code,
     )
     kwargs.update(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
                   gpu_memory_utilization=rollout.gpu_memory_utilization,
@@ -37,7 +38,7 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
             tensor_parallel_size=rollout.tensor_model_parallel_size,
             enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
             enforce_eager=rollout.enforce_eager, load_format=rollout.load_format, expert_parallel_size=rollout.expert_parallel_size,
-            engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
+            disable_log_stats=rollout.disable_log_stats, engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
         )
         kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
     return kwargs
@@ -57,7 +58,8 @@ def agent_loop(config, rollout: RolloutEngine, tokenizer) -> AgentLoop:
     turns = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
                               max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
                               tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
-    return AgentLoop(rollout, tokenizer, ToolRunner(specs, settings.agent.num_workers, mt.tool_timeout_s), turns)
+    return AgentLoop(rollout, tokenizer, ToolRunner(specs, settings.agent.num_workers, mt.tool_timeout_s), turns,
+                     OmegaConf.to_container(config.data.apply_chat_template_kwargs, resolve=True))
 
 
 def sampling_params(config, tokenizer, meta: dict) -> SamplingParams:

@@ -67,3 +67,17 @@ def test_adaptive_kl_controller_moves_towards_target():
     ctrl = AdaptiveKLController(0.1, target_kl=0.05, horizon=100)
     ctrl.update(current_kl=1.0, n_steps=10)  # far above target: error clipped to 0.2
     assert ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+
+
+def test_kl_ctrl_type_picks_a_fixed_or_adaptive_coefficient():
+    from rlcore.algos.kl import make_kl_controller
+    from rlcore.config import compose
+
+    def after_update(kind):
+        ctrl = make_kl_controller(compose(["recipe=tiny_cpu", f"algorithm.kl_ctrl.type={kind}", "algorithm.kl_ctrl.kl_coef=0.1",
+                                           "algorithm.kl_ctrl.target_kl=0.01"]).algorithm.kl_ctrl)
+        ctrl.update(current_kl=1.0, n_steps=8)  # far above target: an adaptive coefficient grows
+        return ctrl.value
+
+    assert after_update("fixed") == 0.1
+    assert after_update("adaptive") > 0.1

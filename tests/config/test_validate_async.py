@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from rlcore.config import compose
 from rlcore.config.validate import diagnose
-from rlcore.config.validate_async import always_fresh, async_warnings, staleness_window
+from rlcore.config.validate_async import always_fresh, async_warnings, derive_async_sizes, staleness_window
 from rlcore.plan import memory_plan
 
 ARR = "actor_rollout_ref"
@@ -65,6 +65,20 @@ def test_train_batch_size_zero_is_derived_as_verl_does():
     plan, errors = diagnose(cfg)
     assert errors == [] and cfg.data.train_batch_size == 16 and plan.prompts_per_step == 16
     assert cfg.trainer.total_training_steps == 10  # 160 prompts / 16 per step
+
+
+def test_rollout_total_epochs_and_test_freq_set_the_trainers_on_split_pools():
+    def derived(*overrides, split=SPLIT):
+        cfg = compose(["recipe=tiny_cpu", *split, "trainer.total_epochs=1", "trainer.test_freq=5", *overrides])
+        derive_async_sizes(cfg)
+        return cfg.trainer.total_epochs, cfg.trainer.test_freq
+
+    assert derived() == (1, 5)  # unset: the trainer's own
+    assert derived("rollout.total_epochs=3") == (3, 5)
+    # verl counts rollout.test_freq in weight syncs: a validation every 2 syncs of 4 trainer steps each
+    assert derived("rollout.test_freq=2", "async_training.trigger_parameter_sync_step=4") == (1, 8)
+    assert derived("rollout.test_freq=-1") == (1, 5)  # off: trainer.test_freq stands
+    assert derived("rollout.total_epochs=3", "rollout.test_freq=2", split=[]) == (1, 5)  # the hybrid engine ignores rollout.*
 
 
 def test_verl_fully_async_4_4_command_line_composes_validates_and_plans_two_pools():

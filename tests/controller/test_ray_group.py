@@ -39,6 +39,13 @@ class ToyWorker(Worker):
     def torch_threads(self) -> int:
         return torch.get_num_threads()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def new_group_timeout_s(self) -> float:
+        """The timeout a process group created now gets (what FSDP2's and Ulysses' meshes get)."""
+        from torch.distributed.distributed_c10d import Backend, _get_default_timeout
+
+        return _get_default_timeout(Backend.GLOO).total_seconds()
+
 
 def test_worker_group_dispatch_over_gloo(ray_cluster):
     pool = ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu")
@@ -64,11 +71,14 @@ def test_worker_group_dispatch_over_gloo(ray_cluster):
 
 
 def test_two_groups_colocate_on_one_pool(ray_cluster):
-    """A critic-like second group shares the devices: each rank takes half a bundle, each group its own gloo group."""
+    """A critic-like second group shares the devices: each rank takes half a bundle, each group its own gloo group.
+    Each group's collectives time out after the group's collective_timeout_s (actor_rollout_ref.nccl_timeout), in
+    every process group its ranks create, not only the world group (torch's default for new groups is 30 min)."""
     pool = ResourcePool(nnodes=1, n_gpus_per_node=2, device="cpu", max_colocate_count=2)
-    first = RayWorkerGroup(ToyWorker, pool, scale=1)
+    first = RayWorkerGroup(ToyWorker, pool, scale=1, collective_timeout_s=45)
     second = RayWorkerGroup(ToyWorker, pool, scale=2)
     try:
+        assert first.new_group_timeout_s() == [45.0, 45.0] and second.new_group_timeout_s() == [600.0, 600.0]
         assert pool.share() == {"CPU": 0.5}
         assert first.sum_of_ranks() == [3.0, 3.0] and second.sum_of_ranks() == [3.0, 3.0]
         assert second.scale_rows(DataProto.from_dict({"x": torch.arange(2)}))["y"].tolist() == [0, 2]
@@ -93,3 +103,20 @@ def test_a_cpu_rank_computes_with_the_cores_of_its_bundle(ray_cluster, ranks, cp
     finally:
         group.kill()
         pool.release()
+
+
+def test_ray_kwargs_timeline_json_file_gets_the_runs_tasks(ray_cluster, tmp_path):
+    """What run_session writes at the end of a run with ray_kwargs.timeline_json_file: Ray's chrome trace."""
+    import json
+
+    from rlcore.controller.ray_session import write_timeline
+
+    @ray.remote(num_cpus=0)
+    def traced_step():
+        return 1
+
+    assert ray.get(traced_step.remote()) == 1
+    path = tmp_path / "trace" / "timeline.json"
+    write_timeline(str(path))
+    events = json.loads(path.read_text())
+    assert any("traced_step" in str(event.get("name", "")) for event in events)

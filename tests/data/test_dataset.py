@@ -163,3 +163,34 @@ def test_tool_schemas_are_rendered_into_the_prompt_by_the_chat_template(tmp_path
     without = RLHFDataset(path, tokenizer, **kw)[0]
     assert with_tools["input_ids"][with_tools["attention_mask"].bool()].tolist() == ids_of("add;") + [USER, *ids_of("1+2="), ASSISTANT]
     assert without["input_ids"][without["attention_mask"].bool()].tolist() == [USER, *ids_of("1+2="), ASSISTANT]
+
+
+THINK_TEMPLATE = (  # Qwen3's switch in miniature: enable_thinking=False writes an empty think block after the prompt
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% if enable_thinking is defined and not enable_thinking %}"
+    "{{ '<think></think>' }}{% endif %}{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path):
+    """data.apply_chat_template_kwargs: the template sees the variables; the prompt ids change exactly by them."""
+    tok = build_char_tokenizer()
+    tok.chat_template = THINK_TEMPLATE
+    path = write_parquet([row("1+2=", 0)], str(tmp_path / "d.parquet"))
+    kw = dict(prompt_key="prompt", max_prompt_length=32, filter_overlong_prompts=False, truncation="error", max_samples=-1, return_raw_chat=False)
+    plain = RLHFDataset(path, tok, **kw).prompt_ids[0]
+    off = RLHFDataset(path, tok, chat_template_kwargs={"enable_thinking": False}, **kw).prompt_ids[0]
+    assert plain == [USER, *ids_of("1+2="), ASSISTANT]
+    assert off == [*plain, *ids_of("<think></think>")]
+    with pytest.raises(ValueError, match=r"data.apply_chat_template_kwargs sets \['add_generation_prompt'\]"):
+        RLHFDataset(path, tok, chat_template_kwargs={"add_generation_prompt": False}, **kw)
+
+
+def test_return_full_prompt_keeps_the_templated_text(tmp_path):
+    """data.return_full_prompt: each item carries the rendered prompt string (verl's `full_prompts`), filtered with its row."""
+    path = write_parquet([row("1+2=", 0), row("x" * 20, 1), row("3+4=", 2)], str(tmp_path / "d.parquet"))
+    data = make_dataset(path, max_prompt_length=8, filter_overlong_prompts=True, return_full_prompt=True)
+    assert [data[i]["full_prompts"] for i in range(len(data))] == ["<|user|>1+2=<|assistant|>", "<|user|>3+4=<|assistant|>"]
+    assert "full_prompts" not in make_dataset(path, max_prompt_length=8, filter_overlong_prompts=True)[0]
+    batch = collate_fn([data[0], data[1]])
+    assert batch["full_prompts"].tolist() == ["<|user|>1+2=<|assistant|>", "<|user|>3+4=<|assistant|>"]

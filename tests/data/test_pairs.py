@@ -37,3 +37,22 @@ def test_overlong_pairs_name_the_file_row_and_the_fix(pairs_file):
     assert kept.chosen[0][-1] == build_char_tokenizer().eos_token_id  # left truncation happens at batching, ends kept
     with pytest.raises(ValueError, match="no column 'better'"):
         read_pairs([path], build_char_tokenizer(), "prompt", "better", "rejected", None, 16, "error")
+
+
+def test_the_column_keys_name_what_the_reward_trainer_reads(pairs_file, tmp_path):
+    from rlcore.train_rm import compose_rm, load_pairs
+
+    _, rows = pairs_file
+    renamed = [{"question": r["prompt"], "good": r["rejected"], "bad": r["chosen"], "gap": r["margin"] * 4} for r in rows]
+    path = write_parquet(renamed, str(tmp_path / "renamed.parquet"))
+    tok = build_char_tokenizer()
+    keys = ["data.prompt_key=question", "data.chosen_key=good", "data.rejected_key=bad", "data.margin_key=gap"]
+    train, val = load_pairs(compose_rm([f"data.train_files=[{path}]", "data.val_files=[]", "data.max_length=32", *keys]), tok)
+    assert val is None and len(train) == len(rows)
+    # "good" holds the wrong answers here: the keys decide which answer is chosen, whatever the column is called
+    expected = tok.apply_chat_template([*rows[0]["prompt"], {"role": "assistant", "content": rows[0]["rejected"]}], tokenize=False)
+    assert tok.decode(train.chosen[0]) == expected and train.margin[:2] == [2.0, 8.0]
+    unmargined = load_pairs(compose_rm([f"data.train_files=[{path}]", "data.val_files=[]", "data.max_length=32", *keys[:3], "data.margin_key=null"]), tok)[0]
+    assert unmargined.margin[:2] == [0.0, 0.0]  # no margin column: a plain Bradley-Terry loss
+    with pytest.raises(ValueError, match=r"renamed.parquet.*no column 'prompt'.*set data.prompt_key"):
+        load_pairs(compose_rm([f"data.train_files=[{path}]", "data.val_files=[]", "data.max_length=32"]), tok)

@@ -34,3 +34,16 @@ def test_truncation_rules_name_the_row_and_the_fix(tmp_path):
     assert len(right.responses[0]) == 2  # the response's end dropped (EOS included)
     with pytest.raises(ValueError, match="data.truncation=right cannot cut that much"):
         read_sft([path], tok, "prompt", "response", prompt_len - 1, "right")
+
+
+def test_prompt_key_and_response_key_name_the_columns_sft_reads(tmp_path):
+    from rlcore.train_sft import compose_sft, load_rows
+
+    tok = build_char_tokenizer()
+    path = write_parquet([{"question": "1+2=", "answer": "3", "prompt": "9+9=", "response": "18"}], str(tmp_path / "qa.parquet"))
+    files = [f"data.train_files=[{path}]", "data.val_files=[]", "data.max_length=32"]
+    train, _ = load_rows(compose_sft([*files, "data.prompt_key=question", "data.response_key=answer"]), tok)
+    assert train.prompts[0] == read_sft([path], tok, "question", "answer", 32, "error").prompts[0]
+    assert tok.decode(train.prompts[0]).endswith("1+2=<|assistant|>") and train.responses[0] == tok.encode("3", add_special_tokens=False) + [tok.eos_token_id]
+    default, _ = load_rows(compose_sft(files), tok)  # verl's defaults: the prompt and response columns
+    assert default.responses[0] == tok.encode("18", add_special_tokens=False) + [tok.eos_token_id]

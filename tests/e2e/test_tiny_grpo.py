@@ -48,7 +48,8 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
                    "actor_rollout_ref.actor.fsdp_config.param_offload=True", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
                    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
                    # 16 samples per rank through 8 KV slots: groups queue and join as slots free up
-                   "actor_rollout_ref.rollout.max_num_seqs=8")
+                   "actor_rollout_ref.rollout.max_num_seqs=8",
+                   "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]")  # the HF model beside the checkpoint
     threads = torch.get_num_threads()
     final = run(cfg, str(tmp_path / "run"))
     assert final["rollout/kv_slots"] == 8 and final["rollout/prefills"] >= 2 and final["rollout/peak_running"] == 8

@@ -47,7 +47,8 @@ def test_lora_grpo_syncs_adapted_weights_and_resumes_exactly(tiny_model_dir, tin
     assert all("timing_s/ref" in r for r in rows) and rows[0]["actor/grad_norm"] > 0
     assert 0 < rows[-1]["actor/kl_loss"] < 0.1  # the reference (adapters off) is the base the adapters moved from
 
-    run(lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", steps, *resume_overrides(tmp_path / "a" / "ckpt", 1)), str(tmp_path / "b"))
+    run(lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", steps, *resume_overrides(tmp_path / "a" / "ckpt", 1), "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
+        str(tmp_path / "b"))
     resumed = step_rows(tmp_path / "b")
     assert_same_steps(resumed, rows, ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)
     # After resume the rollout starts without the base: its first sync is a full one again, then adapted-only.

@@ -29,7 +29,7 @@ def test_grpo_on_megatron_tp2_trains_saves_an_hf_model_and_resumes_exactly(tiny_
     assert_no_workers_left()
     for key in ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "timing_s/update_actor"):
         assert math.isfinite(straight[key]), key
-    run(cfg("b", *resume_overrides(tmp_path / "a" / "ckpt", 1)), str(tmp_path / "b"))
+    run(cfg("b", *resume_overrides(tmp_path / "a" / "ckpt", 1), "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"), str(tmp_path / "b"))
     assert_same_steps(read_metrics(tmp_path / "b"), read_metrics(tmp_path / "a"),
                       ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "b" / "ckpt" / "global_step_3" / "actor" / "huggingface", local_files_only=True)

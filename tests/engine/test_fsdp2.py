@@ -20,8 +20,14 @@ ACTOR = OmegaConf.create({
 ROWS, PROMPT, RESPONSE = 8, 6, 5
 
 
-def spec(model_dir: str) -> EngineSpec:
-    return EngineSpec(model_path=model_dir, lr=1e-2, weight_decay=0.0, grad_clip=1e9)
+def spec(model_dir: str, **layout) -> EngineSpec:
+    return EngineSpec(model_path=model_dir, lr=1e-2, weight_decay=0.0, grad_clip=1e9, **layout)
+
+
+# Each layout must train as the single process does. hybrid: fsdp_size=1 on 2 ranks (HSDP: each rank holds the
+# whole model, gradients all-reduced over the 2 replicas), forward prefetch on, and size-based units (each MLP, the
+# rest in the root) instead of one per block.
+LAYOUTS = {"sharded": {}, "hybrid": dict(fsdp_size=1, forward_prefetch=True, wrap_min_params=20_000)}
 
 
 def batch(vocab: int) -> DataProto:
@@ -33,14 +39,15 @@ def loss_fn_for(data: DataProto, dp_size: int):
     return make_policy_loss_fn(ACTOR, (float(mask.sum()), float(ROWS)), dp_size)
 
 
-def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: str) -> None:
+def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: str, layout: str) -> None:
     from rlcore.engine.fsdp2 import FSDP2Engine
     from rlcore.rollout.native import NativeRollout
     from rlcore.rollout.weight_sync import sync_weights
 
     init_gloo(rank, world_size, port)
     torch.manual_seed(0)
-    engine = FSDP2Engine(spec(model_dir), torch.device("cpu"))
+    engine = FSDP2Engine(spec(model_dir, **LAYOUTS[layout]), torch.device("cpu"))
+    placements = {p.placements for p in engine.model.parameters()}
     data = batch(engine.hf_config.vocab_size)
     loss_fn = loss_fn_for(data, world_size)  # counts of the WHOLE batch: each rank only holds its half
     shard = data.chunk(world_size)[rank]
@@ -60,15 +67,18 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
         rollout_lp = token_outputs(rollout_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"]  # states before response tokens
     if rank == 0:
         torch.save({"pg_loss": loss.item() / world_size, "grads": grads, "weights": weights, "grad_norm": step["grad_norm"],
-                    "train_lp": train_lp, "rollout_lp": rollout_lp}, out_path)
+                    "train_lp": train_lp, "rollout_lp": rollout_lp, "placements": [str(p) for p in placements]}, out_path)
     close_gloo()
 
 
-@pytest.fixture(scope="module")
-def two_rank_result(tiny_model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def two_rank_result(request, tiny_model_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("fsdp2") / "result.pt")
-    spawn_ranks(_rank_main, 2, lambda port: (2, port, tiny_model_dir, out))
-    return torch.load(out, weights_only=False)
+    spawn_ranks(_rank_main, 2, lambda port: (2, port, tiny_model_dir, out, request.param))
+    result = torch.load(out, weights_only=False)
+    # fsdp_size=1: replicated over the 2 ranks, one shard each (the default shards every parameter over both)
+    assert result["placements"] == (["(Replicate(), Shard(dim=0))"] if request.param == "hybrid" else ["(Shard(dim=0),)"])
+    return result
 
 
 @pytest.fixture(scope="module")

@@ -125,3 +125,22 @@ def test_a_frozen_model_is_stored_in_model_dtype_and_a_trained_one_in_fp32(pg, t
     assert {p.dtype for p in trained.model.parameters()} == {torch.float32}
     assert frozen.state_bytes()["params"] * 2 == trained.state_bytes()["params"]
     assert frozen.state_bytes()["grads"] == frozen.state_bytes()["optimizer"] == 0
+
+
+def test_activation_offload_keeps_each_checkpointed_block_input_as_a_host_copy(pg, tiny_model_dir, data, monkeypatch):
+    """model.enable_activation_offload. On a CPU device host and device are one memory, so rlcore copies nothing
+    there; here the copy is forced (as on CUDA, unpinned) to show that every checkpointed block keeps a host copy
+    of its input, and that backward through the copies gives the same gradients."""
+    from rlcore.engine import activation_offload
+
+    plain = grads(FSDP2Engine(EngineSpec(model_path=tiny_model_dir, gradient_checkpointing=True), torch.device("cpu")), data)
+    copies = []
+    monkeypatch.setattr(activation_offload, "to_host", lambda t: copies.append(activation_offload.copy_to_host(t, pin=False)) or copies[-1])
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, gradient_checkpointing=True, activation_offload=True), torch.device("cpu"))
+    for a, b in zip(plain, grads(engine, data)):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
+    layers, hidden = engine.hf_config.num_hidden_layers, engine.hf_config.hidden_size
+    rows, seq = data.batch["input_ids"].shape
+    # One copy per block per forward, each [rows, seq, hidden] fp32: what leaves the device on CUDA.
+    assert [tuple(c.shape) for c in copies] == [(rows, seq, hidden)] * layers
+    assert sum(c.numel() * c.element_size() for c in copies) == layers * rows * seq * hidden * 4

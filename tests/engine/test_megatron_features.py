@@ -23,7 +23,7 @@ def spec(model_dir, tp, transformer=None, **kw):
     from rlcore.engine.base import EngineSpec
 
     megatron = dict(tensor_model_parallel_size=tp, use_distributed_optimizer=True, seed=1, override_transformer_config=transformer or {})
-    return EngineSpec(model_path=model_dir, megatron=megatron, param_dtype="float32", lr=1e-2, weight_decay=0.1, **kw)
+    return EngineSpec(model_path=model_dir, megatron=megatron, **{"param_dtype": "float32", "lr": 1e-2, "weight_decay": 0.1, **kw})
 
 
 def train(engine, data, steps):
@@ -88,6 +88,14 @@ def _dp2_main(rank, port, model_dir, ckpt, out):
     resumed = build_engine("megatron", spec(model_dir, 1), cpu)
     resumed.load(ckpt)
     train(resumed, data, 1)
+    # load_contents=[model]: the checkpoint's weights under a fresh optimizer (its fp32 main weights re-read from
+    # them) and schedule; the same as starting a run from the HF export of those weights.
+    # (bf16 params: the main weights are an fp32 copy, not a view of them, so they must be re-read)
+    model_only = build_engine("megatron", spec(model_dir, 1, param_dtype="bfloat16"), cpu)
+    model_only.load(ckpt, contents=frozenset({"model"}))
+    train(model_only, data, 1)
+    from_export = build_engine("megatron", spec(os.path.join(ckpt, "huggingface"), 1, param_dtype="bfloat16"), cpu)
+    train(from_export, data, 1)
     offloaded = build_engine("megatron", spec(model_dir, 1, param_offload=True, grad_offload=True, optimizer_offload=True), cpu)
     emptied = []
     for _ in range(2):
@@ -95,7 +103,7 @@ def _dp2_main(rank, port, model_dir, ckpt, out):
         offloaded.offload()
         emptied.append(sum(b.grad_data.untyped_storage().nbytes() for c in offloaded.model for b in c.buffers))
         offloaded.onload()
-    result = {"straight": weights(straight), "resumed": weights(resumed), "offloaded": weights(offloaded), "exported": exported,
+    result = {"straight": weights(straight), "resumed": weights(resumed), "model_only": weights(model_only), "from_export": weights(from_export), "offloaded": weights(offloaded), "exported": exported,
               "emptied": emptied, "shard": sum(p.numel() for p in straight.optimizer.optimizer.param_groups[0]["params"])}
     if rank == 0:
         torch.save(result, out)
@@ -145,6 +153,13 @@ def test_resume_from_a_checkpoint_continues_bit_exactly(dp2):
     assert out["shard"] < sum(v.numel() for v in out["straight"].values())  # each DP rank's optimizer holds a shard
     for key, value in out["straight"].items():
         assert torch.equal(out["resumed"][key], value), key
+
+
+def test_loading_the_model_only_starts_a_fresh_optimizer_from_the_loaded_weights(dp2):
+    out, _ = dp2
+    for key, value in out["from_export"].items():
+        assert torch.equal(out["model_only"][key], value), key
+    assert any(not torch.equal(out["model_only"][k], v) for k, v in out["resumed"].items())  # not the resumed optimizer's step
 
 
 def test_offload_round_trips_free_the_buffers_and_keep_training_identical(dp2):

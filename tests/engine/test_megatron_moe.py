@@ -105,7 +105,8 @@ def _grpo_case(rank, model_dir, task_dir, out_dir):
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     cfg = family_cfg(model_dir, task_dir, out_dir, "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                     "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", config_name="ppo_megatron_trainer")
+                     "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                     "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]", config_name="ppo_megatron_trainer")
     worker = ActorRolloutRefWorker(cfg, rank, 2, "cpu")
     worker.init_model(total_steps=2)
     prompts = prompts_batch(worker.actor.hf_config.vocab_size, num_prompts=2).chunk(2)[rank]

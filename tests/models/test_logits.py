@@ -45,6 +45,24 @@ def test_chunked_head_equals_full_log_softmax_in_value_and_gradient(monkeypatch,
         torch.testing.assert_close(a.double(), b.double(), **TOL)
 
 
+def test_use_torch_compile_compiles_the_chunk_kernels_with_the_same_values_and_gradients(monkeypatch):
+    """actor.use_torch_compile: the head's per-chunk work runs torch.compile'd (fused elementwise passes); values
+    and gradients equal the eager head's. Compiled only for a whole vocabulary of COMPILE_MIN_VOCAB columns or more
+    (lowered here: the compile costs seconds that a small vocabulary never pays back) and never across TP shards."""
+    monkeypatch.setattr(logits_mod, "LOGITS_CHUNK_BYTES", 4 * 50 * 7)
+    monkeypatch.setattr(logits_mod, "COMPILE_MIN_VOCAB", 50)
+    monkeypatch.setattr(logits_mod, "_COMPILED", {})
+    h, w, t, g_lp, g_ent = (x.float() if x.is_floating_point() else x for x in problem())
+    eager = grads_of(lambda h, w: token_log_probs(h, w, t, 0.7, with_entropy=True), h, w, g_lp, g_ent)
+    assert logits_mod._COMPILED == {}
+    compiled = grads_of(lambda h, w: token_log_probs(h, w, t, 0.7, with_entropy=True, compiled=True), h, w, g_lp, g_ent)
+    assert set(logits_mod._COMPILED) == {"_chunk_stats", "_chunk_grad"}  # forward and backward kernels
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, **TOL)
+    assert not logits_mod._VocabShard(0, 49, 49, None, compiled=True).compiled  # below the vocabulary threshold
+    assert not logits_mod._VocabShard(0, 50, 100, "tp-group", compiled=True).compiled  # a TP shard: eager
+
+
 def test_padding_columns_are_excluded(monkeypatch):
     h, w, t, g_lp, _ = problem()
     padded = torch.cat([w, torch.randn(6, w.shape[1], dtype=w.dtype)])  # 6 rows of TP padding past vocab 50

@@ -12,8 +12,10 @@ from rlcore.controller import ray_session
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = """
-import sys, time, ray
+import signal, sys, time, ray
 from rlcore.controller.ray_session import ray_cluster
+# the process's own handler from before the run (a test session's ends the session): it hears of the signal first
+signal.signal(signal.SIGTERM, lambda signum, frame: print("outer handler heard", signum, flush=True))
 with ray_cluster(None, 1):
     print(ray._private.worker._global_node.get_session_dir_path(), flush=True)
     time.sleep(600)
@@ -41,6 +43,7 @@ def test_sigterm_of_the_driver_shuts_its_session_down():
     proc, session_dir = start_driver()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM  # SystemExit through the cleanup, not a bare kill
+    assert proc.stdout.read().strip() == f"outer handler heard {int(signal.SIGTERM)}"
     assert gone_within(session_dir)
 
 

@@ -138,3 +138,115 @@ def test_recorded_routes_reach_every_actor_pass():
     assert actor_keys(b, FORWARD_KEYS) == FORWARD_KEYS and ROUTES not in t.actor_batch(b).batch.keys()
     b.batch[ROUTES] = torch.zeros(2, 3, 2, 2, dtype=torch.int16)
     assert ROUTES in actor_keys(b, FORWARD_KEYS) and ROUTES in t.actor_batch(b).batch.keys()
+
+
+def test_rollout_is_threshold_truncates_and_rollout_is_batch_normalize_rescales_the_weights():
+    # ratios pi_train / pi_rollout: row 0 [3, 1 | pad], row 1 [1, 1/4, 1]
+    def weights(*overrides):
+        b = batch()
+        b.batch["rollout_log_probs"] = b.batch["old_log_probs"] - torch.tensor([[math.log(3), 0.0, 0.0], [0.0, -math.log(4), 0.0]])
+        metrics = trainer(f"{RC}.rollout_is=token", *overrides).correct_rollout(b)
+        return b.batch["rollout_is_weights"], metrics
+
+    w, _ = weights(f"{RC}.rollout_is_threshold=2.0")
+    assert w.tolist() == [[2.0, 1.0, 0.0], [1.0, 0.25, 1.0]]  # 3 truncated at the threshold
+    w, m = weights(f"{RC}.rollout_is_threshold=4.0")
+    assert w.tolist() == [[3.0, 1.0, 0.0], [1.0, 0.25, 1.0]] and m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0
+    w, m = weights(f"{RC}.rollout_is_threshold=2.0", f"{RC}.rollout_is_batch_normalize=True")
+    assert m["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(5.25 / 5)  # the truncated weights' token mean
+    assert torch.allclose(w, torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.25, 1.0]]) / 1.05)
+    assert (w * batch().batch["response_mask"]).sum().item() == pytest.approx(5.0)  # they now average 1
+
+
+def scored(group_scores: list[list[float]], tag: int) -> DataProto:
+    """One prompt's group per inner list (contiguous samples); the score on the last of 3 response tokens."""
+    rows = [(g, s) for g, scores in enumerate(group_scores) for s in scores]
+    scores = torch.zeros(len(rows), 3)
+    scores[:, -1] = torch.tensor([s for _, s in rows])
+    return DataProto.from_dict({"token_level_scores": scores}, {"uid": np.array([f"{tag}-{g}" for g, _ in rows], dtype=object)})
+
+
+def test_filter_groups_enable_fills_the_step_with_groups_whose_scores_differ():
+    generation = [[[1, 1], [0, 1]], [[0, 0], [1, 0]], [[0, 1], [1, 1]]]  # per generation batch: 2 prompts x rollout.n=2
+
+    def collect(*overrides):
+        t = trainer("data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.metric=seq_reward", *overrides)
+        made = iter(scored(groups, tag) for tag, groups in enumerate(generation))
+        t.next_batch = lambda: None
+        t.generate_and_score = lambda prompts, metrics: (next(made), {})
+        metrics = {}
+        return t.collect_samples(metrics), metrics
+
+    plain, metrics = collect("algorithm.filter_groups.enable=False")
+    assert plain.non_tensor_batch["uid"].tolist() == ["0-0", "0-0", "0-1", "0-1"] and metrics == {}  # the first batch as it came
+    kept, metrics = collect("algorithm.filter_groups.enable=True")
+    assert kept.non_tensor_batch["uid"].tolist() == ["0-1", "0-1", "1-1", "1-1"]  # [1, 1] and [0, 0] carry no signal
+    assert metrics == {"train/num_gen_batches": 2, "train/kept_group_ratio": 0.5}
+
+
+class Log:
+    jsonl_path = "/nonexistent/run/metrics.jsonl"
+
+    def __init__(self):
+        self.rows = []
+
+    def log(self, metrics, step):
+        self.rows.append((step, metrics))
+
+
+def test_val_only_validates_once_and_trains_nothing(monkeypatch):
+    import rlcore.trainer.ppo as ppo
+
+    monkeypatch.setattr(ppo, "start_step_perf", lambda *args: None)
+
+    def fit(*overrides):
+        t = trainer("trainer.val_before_train=False", *overrides)
+        t.tracker, t.val_loader = Log(), object()
+        t.maybe_resume = lambda: None
+        t.validate = lambda: {"val/score": 0.5}
+
+        def train_step():
+            raise RuntimeError("trained")
+
+        t.train_step = train_step
+        return t.fit(), t.tracker.rows
+
+    assert fit("trainer.val_only=True") == ({}, [(0, {"val/score": 0.5})])
+    with pytest.raises(RuntimeError, match="trained"):  # without it the same run goes on to train
+        fit("trainer.val_only=False")
+
+
+@pytest.mark.parametrize("test_freq, validated_at", [(2, [2, 4, 5]), (-1, [])])
+def test_test_freq_validates_every_n_steps_and_after_the_last(test_freq, validated_at):
+    t = trainer(f"trainer.test_freq={test_freq}")
+    due = []
+    for step in range(1, 6):
+        t.global_step = step
+        due += [step] if t._due(t.cfg.trainer.test_freq, step == 5) else []
+    assert due == validated_at
+
+
+def test_use_rollout_log_probs_makes_stale_split_pool_steps_bypass_the_old_log_prob_pass():
+    split = ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=0.5", "data.gen_batch_size=32"]
+
+    def split_trainer(*overrides):
+        cfg = compose(["recipe=tiny_cpu", *split, *overrides])
+        return PPOTrainer(cfg, groups={"actor_rollout": None, "rollout": object()}, reward_fn=None, val_reward_fn=None, train_loader=None,
+                          val_loader=None, tracker=None, total_steps=1)
+
+    def step_batch():
+        b = batch()
+        b.batch["rollout_log_probs"] = b.batch["old_log_probs"] - 0.5
+        b.batch["advantages"] = torch.ones(2, 3)
+        b.batch.update({k: torch.zeros(2, 3, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids", "responses")})
+        return b
+
+    bypass = split_trainer("async_training.use_rollout_log_probs=True")
+    assert bypass.bypass and not bypass.on_policy
+    b = step_batch()
+    assert bypass.correct_rollout(b) == {}  # the rollout's log-probs are the old policy: no trainer-side mismatch
+    assert "rollout_log_probs" in bypass.actor_batch(b).batch.keys()  # the actor takes its ratio against them
+    own = split_trainer("async_training.use_rollout_log_probs=False")
+    assert not own.bypass and not own.on_policy  # the old log-probs come from the trainer's pass
+    assert own.correct_rollout(step_batch())["rollout_corr/log_ratio_mean"] == pytest.approx(0.5)
+    assert split_trainer("async_training.use_rollout_log_probs=True", "async_training.compute_prox_log_prob=True").bypass is False

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from rlcore.config import ConfigError
+from rlcore.train_rm import compose_rm
 from rlcore.train_sft import compose_sft, sft_config_errors
 from rlcore.trainer.supervised import SupervisedTrainer, resume_point
 from rlcore.telemetry.tracking import Tracker
@@ -91,3 +92,121 @@ def test_stop_rule_and_resume_keys_are_checked():
         "(how often to validate)"]
     with pytest.raises(ConfigError, match="/nonexistent does not exist"):
         resume_point(compose_sft(["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent"]).trainer)
+
+
+COMPOSE = {"sft": compose_sft, "rm": compose_rm}
+
+
+@pytest.mark.parametrize("role", ["sft", "rm"])
+def test_data_seed_or_else_trainer_seed_draws_the_batch_order(role):
+    def order(*overrides):
+        cfg = COMPOSE[role](["data.train_batch_size=4", "data.shuffle=True", *overrides])
+        batches = SupervisedTrainer(cfg, ScriptedGroup(), Rows(12), None, 0, None, 6, role).batches()
+        return [next(batches) for _ in range(6)]  # two epochs of 3 batches
+
+    by_trainer = order("data.seed=null", "trainer.seed=1")
+    assert by_trainer == order("data.seed=null", "trainer.seed=1") != order("data.seed=null", "trainer.seed=2")
+    assert order("data.seed=7", "trainer.seed=1") == order("data.seed=7", "trainer.seed=2") != by_trainer  # data.seed wins
+
+
+@pytest.mark.parametrize("role", ["sft", "rm"])
+def test_val_max_rows_caps_the_rows_validated(role):
+    class Counting(ScriptedGroup):
+        def evaluate(self, data):
+            self.seen = getattr(self, "seen", []) + list(data)
+            return {"val/loss": 1.0}
+
+    def validate(*overrides):
+        cfg = COMPOSE[role](["data.train_batch_size=4", *overrides])
+        group = Counting()
+        metrics = SupervisedTrainer(cfg, group, Rows(10), Rows(11), 0, None, 1, role).validate()
+        return metrics["val/rows"], group.seen
+
+    assert validate("data.val_max_rows=null") == (10, list(range(10)))  # every row, whole for each of the 2 ranks
+    assert validate("data.val_max_rows=5") == (4, [0, 1, 2, 3])  # the first 5, rounded down to whole rows per rank
+
+
+@pytest.mark.parametrize("role", ["sft", "rm"])
+def test_max_ckpt_to_keep_keeps_only_the_newest_checkpoints(tmp_path, role):
+    def saved(root, *overrides):
+        cfg = COMPOSE[role]([f"trainer.default_local_dir={root}", "data.train_batch_size=4", "trainer.save_freq=1", *overrides])
+        tracker = Tracker([], str(root / "run"), 4)
+        try:
+            SupervisedTrainer(cfg, ScriptedGroup(), Rows(8), None, 0, tracker, 4, role).fit()
+        finally:
+            tracker.close()
+        return sorted(d for d in os.listdir(root) if d.startswith("global_step_"))
+
+    assert saved(tmp_path / "all", "trainer.max_ckpt_to_keep=null") == [f"global_step_{i}" for i in range(1, 5)]
+    assert saved(tmp_path / "two", "trainer.max_ckpt_to_keep=2") == ["global_step_3", "global_step_4"]
+
+
+def test_sft_model_strategy_picks_the_fsdp2_backend_and_megatron_is_refused():
+    assert sft_config_errors(compose_sft(["model.strategy=fsdp"])) == sft_config_errors(compose_sft(["model.strategy=fsdp2"])) == []
+    assert sft_config_errors(compose_sft(["model.strategy=megatron"])) == [
+        "model.strategy=megatron is not supported for SFT; use model.strategy=fsdp2"]
+
+
+@pytest.mark.parametrize("role", ["sft", "rm"])
+def test_a_run_takes_its_steps_tracker_names_ray_cpus_and_placement_timeout_from_the_config(tmp_path, monkeypatch, role):
+    """run_supervised with Ray replaced by recorders: trainer.total_epochs sets the steps, trainer.project_name /
+    experiment_name name the tracker's run (and the default checkpoint folder), ray_kwargs.ray_init.num_cpus sizes the
+    local cluster, trainer.placement_timeout_s bounds the placement of every pool."""
+    import contextlib
+
+    import rlcore.controller.placement as placement
+    import rlcore.controller.ray_group as ray_group
+    import rlcore.controller.ray_session as ray_session
+    import rlcore.telemetry.report as report
+    import rlcore.telemetry.tracking as tracking
+    import rlcore.trainer.lifecycle as lifecycle
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.trainer.supervised import run_supervised
+
+    seen = {}
+
+    class RecordingTracker(Tracker):
+        def __init__(self, *args, **kwargs):
+            seen["tracker"] = (kwargs["project_name"], kwargs["experiment_name"])
+            super().__init__(*args, **kwargs)
+
+    class Pool:
+        def __init__(self, *args, timeout_s, **kwargs):
+            seen["placement_timeout_s"] = timeout_s
+
+        def release(self):
+            pass
+
+    class Group(ScriptedGroup):
+        def __init__(self, cls, pool, **kwargs):
+            super().__init__()
+
+        def init_model(self, total_steps):
+            seen["total_steps"] = total_steps
+
+        def kill(self, graceful):
+            pass
+
+    @contextlib.contextmanager
+    def cluster(address, num_cpus):
+        seen["num_cpus"] = num_cpus
+        yield
+
+    monkeypatch.setattr(ray_session, "ray_cluster", cluster)
+    monkeypatch.setattr(tracking, "Tracker", RecordingTracker)
+    monkeypatch.setattr(report, "finish_run", lambda run_dir: None)
+    monkeypatch.setattr(lifecycle, "cpus_per_rank", lambda device, ranks: 1)
+    monkeypatch.setattr(placement, "ResourcePool", Pool)
+    monkeypatch.setattr(placement, "placement_map", lambda groups: "")
+    monkeypatch.setattr(placement, "check_shared_dir", lambda groups, path: None)
+    monkeypatch.setattr(ray_group, "RayWorkerGroup", Group)
+    model = tmp_path / "model"
+    build_char_tokenizer().save_pretrained(str(model))
+    (model / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    cfg = COMPOSE[role]([f"model.path={model}", "data.train_batch_size=4", "trainer.logger=[]", "trainer.total_epochs=3",
+                         "trainer.project_name=proj", "trainer.experiment_name=exp", "ray_kwargs.ray_init.num_cpus=3",
+                         "trainer.placement_timeout_s=7.5"])
+    final = run_supervised(cfg, str(tmp_path / "run"), role, object, lambda cfg, tok: (Rows(10), None), [], ())
+    assert seen == {"tracker": ("proj", "exp"), "num_cpus": 3, "placement_timeout_s": 7.5, "total_steps": 6}  # 3 epochs x 2 batches
+    assert final["step"] == 6 and final["checkpoint"] == str(tmp_path / "checkpoints" / "proj" / "exp" / "global_step_6" / role / "huggingface")

@@ -85,3 +85,11 @@ def test_rng_state_round_trips_without_pickle(tmp_path):
     set_rng_state(checkpoint.checkpoint_load(str(tmp_path / "rng.pt")))
     got = (torch.rand(3), np.random.standard_normal(3), random.random())
     assert torch.equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
+
+
+def test_an_unknown_checkpoint_content_is_refused_with_the_valid_ones():
+    key = "actor_rollout_ref.actor.checkpoint.save_contents"
+    assert checkpoint.checked_contents(["model", "hf_model"], key) == {"model", "hf_model"}
+    with pytest.raises(ValueError, match=r"save_contents=\['model', 'optimiser'\]: unknown item\(s\) \['optimiser'\]; choose from "
+                                         r"\['model', 'optimizer', 'extra', 'hf_model'\]"):
+        checkpoint.checked_contents(["model", "optimiser"], key)

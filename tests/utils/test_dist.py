@@ -72,3 +72,36 @@ def test_helpers_reduce_and_gather_on_a_gloo_group():
     assert rdist.broadcast(torch.tensor([7.0]), src=0).tolist() == [7.0]
     transposed = torch.arange(6.0).view(2, 3).t()  # a view whose memory order differs from its shape's
     assert rdist.all_to_all(transposed).tolist() == transposed.tolist()
+
+
+def _hang_in_a_subgroup(rank: int, port: int, out: str) -> None:
+    import os
+    import time
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=rdist.set_collective_timeout(2))
+    group = dist.new_group([0, 1])  # as FSDP2's and Ulysses' meshes are made: no timeout of its own
+    if rank == 1:
+        time.sleep(6)  # never joins the all-reduce: a hung peer
+        os._exit(0)  # (gloo may abort tearing down a pair whose operation timed out: no destructors)
+    start = time.perf_counter()
+    try:
+        rdist.all_reduce(torch.ones(1), group=group)
+        failed = None
+    except RuntimeError as err:
+        failed = str(err)
+    torch.save({"seconds": time.perf_counter() - start, "error": failed, "after_minutes": rdist.collective_timeout_minutes()}, out)
+    os._exit(0)
+
+
+def test_nccl_timeout_bounds_a_hung_collective_in_every_group(tmp_path):
+    """actor_rollout_ref.nccl_timeout (2 s here) ends a collective whose peer never comes, in a sub-group too;
+    without it a new group would wait torch's 30 minutes."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "r.pt")
+    mp.spawn(_hang_in_a_subgroup, args=(free_port(), out), nprocs=2, join=True)
+    result = torch.load(out)
+    assert result["error"] is not None, "the collective did not time out"
+    assert 1.5 <= result["seconds"] <= 5, result
+    assert result["after_minutes"] == 1  # megatron-core's groups get it rounded up to whole minutes

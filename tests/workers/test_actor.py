@@ -132,3 +132,42 @@ def test_an_on_policy_update_without_the_old_log_prob_pass_is_the_same_update(ti
                       MicroBatchSpec(rows=3), rollout_n=2, temperature=1.0)
     with pytest.raises(ValueError, match="but old_log_probs are not in the batch"):  # no decision, no pass: refused
         update_policy(engine, DataProto.from_dict(dict(rows)), cfg, MicroBatchSpec(rows=3), rollout_n=2, temperature=1.0)
+
+
+def test_kl_loss_coef_and_kl_loss_type_weigh_and_pick_the_kl_term():
+    """The actor's loss adds kl_loss_coef x the kl_loss_type estimate of KL(actor || reference) (verl's use_kl_loss)."""
+    from rlcore.algos.kl import kl_penalty
+    from rlcore.config import compose
+
+    torch.manual_seed(0)
+    log_prob, ref_log_prob = -torch.rand(2, 3), -torch.rand(2, 3)
+    mb = DataProto.from_dict({"response_mask": torch.ones(2, 3), "advantages": torch.zeros(2, 3), "old_log_probs": log_prob.clone(),
+                              "ref_log_prob": ref_log_prob})
+
+    def loss(*overrides):
+        actor = compose(["recipe=tiny_cpu", "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.entropy_coeff=0",
+                         *[f"actor_rollout_ref.actor.{o}" for o in overrides]]).actor_rollout_ref.actor
+        value, metrics = make_policy_loss_fn(actor, (6.0, 2.0), 1)({"log_probs": log_prob, "entropy": torch.zeros(2, 3)}, mb)
+        return value.item(), metrics["actor/kl_loss"].item()
+
+    # zero advantages: the policy loss is 0 and the loss is the KL term alone
+    for kind in ("kl", "mse", "low_var_kl"):
+        value, kl = loss("kl_loss_coef=0.5", f"kl_loss_type={kind}")
+        assert kl == pytest.approx(kl_penalty(log_prob, ref_log_prob, kind).mean().item(), abs=1e-6)
+        assert value == pytest.approx(0.5 * kl, abs=1e-6)
+        assert loss("kl_loss_coef=2.0", f"kl_loss_type={kind}")[0] == pytest.approx(2.0 * kl, abs=1e-6)
+    assert loss("kl_loss_type=kl")[1] != pytest.approx(loss("kl_loss_type=mse")[1])
+
+
+def test_clip_ratio_sets_both_clip_bounds_unless_they_are_set():
+    """verl's clip_ratio: the PPO epsilon; clip_ratio_low / clip_ratio_high override one side each."""
+    from rlcore.config import compose
+    from rlcore.workers.actor import policy_loss_params
+
+    def bounds(*overrides):
+        params = policy_loss_params(compose([f"actor_rollout_ref.actor.{o}" for o in overrides]).actor_rollout_ref.actor)
+        return params["clip_ratio_low"], params["clip_ratio_high"]
+
+    assert bounds() == (0.2, 0.2)
+    assert bounds("clip_ratio=0.3") == (0.3, 0.3)
+    assert bounds("clip_ratio=0.3", "clip_ratio_high=0.28") == (0.3, 0.28)

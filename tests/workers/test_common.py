@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+import pytest
 from omegaconf import OmegaConf
 
 from rlcore.engine.base import EngineSpec
@@ -31,3 +32,21 @@ def test_a_token_budget_per_device_times_the_ulysses_size():
     assert _spec(_engine(), use_dynamic_bsz=True).max_tokens == 4096
     spec = _spec(_engine(sp=4, dp=1), use_dynamic_bsz=True)
     assert spec.max_tokens == 4 * 4096 and spec.packed  # verl: max_token_len x sp per micro-batch, 4096 per rank
+
+
+# Each worker's pass and the section it reads (rlcore/workers/actor_rollout_ref.py::_micro_batches, critic.py::
+# compute_values, reward_model.py::compute_rm_score): verl's deprecated global micro-batch keys, split over the ranks.
+DEPRECATED = [("actor_rollout_ref.ref", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+              ("actor_rollout_ref.rollout", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+              ("critic", "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
+              ("reward_model", "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu")]
+
+
+@pytest.mark.parametrize("section, base, dynamic, budget", DEPRECATED)
+def test_deprecated_global_micro_batch_keys_set_the_per_rank_size(section, base, dynamic, budget):
+    from rlcore.config import compose
+
+    cfg = compose(["recipe=tiny_cpu", f"{section}.{base}=32", f"{section}.{base}_per_gpu=null", f"{section}.{dynamic}=False"])
+    assert micro_batch_spec(OmegaConf.select(cfg, section), base, dynamic, budget, _engine(dp=4)).rows == 8  # 32 over 4 ranks
+    cfg = compose(["recipe=tiny_cpu", f"{section}.{base}=8", f"{section}.{base}_per_gpu=null", f"{section}.{dynamic}=False"])
+    assert micro_batch_spec(OmegaConf.select(cfg, section), base, dynamic, budget, _engine(dp=4)).rows == 2

@@ -18,6 +18,7 @@ from rlcore.plan.families import family_problems
 from rlcore.models.random_init import TINY_FAMILIES, TINY_MOE, build_config, build_model_dir
 from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
 
+HF_MODEL = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
 pytestmark = pytest.mark.numerics  # compares floats across kernels: re-run under other CPU kernels (make test-numerics)
 
 
@@ -38,7 +39,7 @@ def test_every_tiny_family_is_a_family_rlcore_accepts():
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_a_grpo_step_on_fsdp2_and_the_native_rollout(family, family_dirs, tiny_task_dir, tmp_path):
     init_gloo(0, 1, free_port())
-    worker = ActorRolloutRefWorker(family_cfg(family_dirs[family], tiny_task_dir, tmp_path), 0, 1, "cpu")
+    worker = ActorRolloutRefWorker(family_cfg(family_dirs[family], tiny_task_dir, tmp_path, HF_MODEL), 0, 1, "cpu")
     worker.init_model(total_steps=2)
     tied = worker.actor.hf_config.tie_word_embeddings
     if tied:  # one parameter, two names: the tie survived sharding, and the sync streams it once

@@ -151,3 +151,54 @@ def _megatron_phases(rank, port, model_dir, task_dir, out_dir, offload):
 @pytest.mark.parametrize("offload", [True, False], ids=["offload", "resident"])
 def test_megatron_phases_hold_what_they_need(offload, tiny_model_dir, tiny_task_dir, tmp_path):
     spawn_ranks(_megatron_phases, 1, lambda port: (port, tiny_model_dir, tiny_task_dir, str(tmp_path), offload))
+
+
+class BucketedActor:
+    """Two 1 MiB float32 weights; records the bucket size the worker asks it to gather by."""
+
+    class spec:
+        lora = None
+
+    def __init__(self):
+        self.buckets = []
+
+    def rollout_weights(self, bucket_bytes, transient, adapted_only):
+        self.buckets.append(bucket_bytes)
+        return iter([("a", torch.zeros(2**18)), ("b", torch.zeros(2**18))])
+
+
+class SleepingRollout(RecordingRollout):
+    keeps_weights = False
+
+    def sleep(self, level=2):
+        self.calls.append(("sleep", level))
+
+
+def test_bucket_megabytes_sizes_the_sync_and_free_cache_engine_sleeps_the_rollout_after_generating(monkeypatch):
+    """actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes reaches the actor's gather (and the
+    generate phase's ledger counts the bucket it really held); free_cache_engine puts the rollout to sleep after."""
+    from rlcore.config import compose
+    from rlcore.protocol import DataProto
+
+    transient = []
+    monkeypatch.setattr(phases, "enter", lambda engine, phase: None)
+    monkeypatch.setattr(phases, "leave", lambda engine: None)
+    monkeypatch.setattr(phases, "ledger", lambda phase, engines, rollout, transient_bytes=0, device=None: transient.append(transient_bytes) or {})
+    monkeypatch.setattr(arr, "sampling_params", lambda *args: None)
+    monkeypatch.setattr(arr, "generate", lambda rollout, loop, prompts, sampling: ({"responses": torch.zeros(1, 1)}, {}))
+
+    def generate(*overrides):
+        worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+        worker.config = compose(["recipe=tiny_cpu", *overrides])
+        worker.actor, worker.ref, worker.rollout, worker.agent_loop = BucketedActor(), None, SleepingRollout([]), None
+        worker.tokenizer, worker.device_type, worker._rollout_has_base = None, "cpu", False
+        worker.generate_sequences(DataProto.from_dict({"input_ids": torch.zeros(1, 1)}))
+        return worker.actor.buckets, worker.rollout.calls
+
+    key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    buckets, calls = generate(f"{key}=1", "actor_rollout_ref.rollout.free_cache_engine=True")
+    assert buckets == [2**20] and transient[-1] == 2**20  # a 1 MiB bucket: one weight per gather
+    assert calls[-1] == ("sleep", 2)  # the KV cache and the rollout's weights leave once the samples are made
+    buckets, calls = generate(f"{key}=4", "actor_rollout_ref.rollout.free_cache_engine=False")
+    assert buckets == [4 * 2**20] and transient[-1] == 2 * 2**20  # a 4 MiB bucket holds the whole 2 MiB model
+    assert not any(call[0] == "sleep" for call in calls)  # the rollout stays awake

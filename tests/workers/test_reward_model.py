@@ -98,3 +98,56 @@ def test_scores_equal_the_hf_reward_model_at_the_last_token(tiny_model_dir, tmp_
     assert int((rm_scores != 0).sum()) == 3  # one score per sample, on its last response token
     scores, extras = RewardManager(policy_tok)(data.union(DataProto.from_dict({"rm_scores": rm_scores})))
     assert torch.equal(scores, rm_scores) and extras == {}  # verl's naive manager: the RM score is the score
+
+
+RM_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+
+
+def test_input_tokenizer_says_whose_tokens_the_batch_holds_and_max_length_keeps_each_sequences_end(tmp_path, monkeypatch):
+    """reward_model.model.input_tokenizer: the policy's tokenizer, which decodes the responses; when it tokenizes
+    unlike the reward model's, the conversation is re-rendered in the RM's template, else its ids are read as they
+    are. reward_model.max_length: each sequence the RM scores keeps its last max_length tokens. The engine is
+    replaced by a recorder (tests above compare the real one with HF)."""
+    import contextlib
+
+    import rlcore.workers.reward_model as rmw
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.workers import phases
+
+    policy_dir, rm_dir = str(tmp_path / "policy"), str(tmp_path / "rm")
+    build_char_tokenizer().save_pretrained(policy_dir)
+    rm_tok = build_char_tokenizer()
+    rm_tok.chat_template = RM_TEMPLATE
+    rm_tok.save_pretrained(rm_dir)
+    scored = []
+    monkeypatch.setattr(rmw, "engine_spec", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rmw, "build_engine", lambda *args, **kwargs: "engine")
+    monkeypatch.setattr(rmw, "layout_of", lambda engine: None)
+    monkeypatch.setattr(rmw, "micro_batch_spec", lambda *args: None)
+    monkeypatch.setattr(phases, "leave", lambda engine: None)
+    monkeypatch.setattr(phases, "running", lambda engine, phase: contextlib.nullcontext())
+    monkeypatch.setattr(rmw, "run_forward", lambda engine, inputs, micro, fn: scored.append(inputs) or DataProto.from_dict(
+        {"scores": inputs.batch["attention_mask"].sum(-1, keepdim=True).float()}))
+
+    def worker(*overrides):
+        cfg = compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={policy_dir}", "reward_model.enable=True",
+                       f"reward_model.model.path={rm_dir}", *overrides])
+        w = RewardModelWorker(OmegaConf.to_container(cfg, resolve=True))
+        w.init_model(1)
+        return w
+
+    policy_tok = build_char_tokenizer()
+    data = rollout_batch(policy_tok, PROMPTS[:2], ANSWERS[:2])
+    policy_ids = [row[m.bool()].tolist() for row, m in zip(data.batch["input_ids"], data.batch["attention_mask"])]
+    rerendered = [rm_tok.encode(f"[user]{p[0]['content']}[assistant]{a}", add_special_tokens=False) for p, a in zip(PROMPTS, ANSWERS[:2])]
+
+    policy_side = worker(f"reward_model.model.input_tokenizer={policy_dir}")  # the default: actor_rollout_ref.model.path
+    assert policy_side.retokenize and policy_side._sequences(data) == rerendered
+    rm_side = worker(f"reward_model.model.input_tokenizer={rm_dir}")  # the batch's ids are already the RM's
+    assert not rm_side.retokenize and rm_side._sequences(data) == policy_ids
+
+    rm_side.compute_rm_score(copy.deepcopy(data))
+    assert scored[-1].batch["input_ids"].shape[1] == max(map(len, policy_ids))  # max_length=null: whole sequences
+    out = worker(f"reward_model.model.input_tokenizer={rm_dir}", "reward_model.max_length=5").compute_rm_score(copy.deepcopy(data))
+    assert scored[-1].batch["input_ids"].tolist() == [ids[-5:] for ids in policy_ids]  # the last 5 tokens: the answer's end
+    assert out.batch["rm_scores"].sum(-1).tolist() == [5.0, 5.0]  # each row's score (here its length) on its last token

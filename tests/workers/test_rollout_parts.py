@@ -3,7 +3,9 @@
 import torch
 
 from rlcore.config import compose
-from rlcore.workers.rollout_parts import rollout_kwargs
+from rlcore.rollout.agent_loop import truncate_text
+from rlcore.workers import rollout_parts
+from rlcore.workers.rollout_parts import rollout_kwargs, sampling_params
 
 ROLLOUT = "actor_rollout_ref.rollout"
 
@@ -18,3 +20,71 @@ def test_graph_keys_reach_the_native_engine():
     assert kwargs["enforce_eager"] is True
     defaults = kwargs_for([])
     assert defaults["cudagraph_capture_sizes"] is None and defaults["enforce_eager"] is False  # verl's defaults
+
+
+def test_vllm_engine_keys_reach_the_vllm_adapter():
+    # What the adapter does with them: rlcore/rollout/vllm.py hands them to vllm.LLM (tests/rollout/test_vllm.py runs it).
+    vllm = [f"{ROLLOUT}.name=vllm"]
+    kwargs = kwargs_for([*vllm, f"{ROLLOUT}.enable_chunked_prefill=False", f"{ROLLOUT}.enable_prefix_caching=False",
+                         f"{ROLLOUT}.load_format=auto", f"{ROLLOUT}.disable_log_stats=False"])
+    assert (kwargs["enable_chunked_prefill"], kwargs["enable_prefix_caching"], kwargs["load_format"]) == (False, False, "auto")
+    assert kwargs["disable_log_stats"] is False  # vLLM's periodic engine stats on
+    defaults = kwargs_for(vllm)
+    assert (defaults["enable_chunked_prefill"], defaults["enable_prefix_caching"], defaults["disable_log_stats"]) == (True, True, True)
+    assert defaults["load_format"] != "auto"
+
+
+def test_prompt_and_response_length_size_the_engines_context():
+    kwargs = kwargs_for([f"{ROLLOUT}.prompt_length=100", f"{ROLLOUT}.response_length=28"])
+    assert kwargs["max_model_len"] == 128
+    assert kwargs_for([f"{ROLLOUT}.prompt_length=100", f"{ROLLOUT}.response_length=28", f"{ROLLOUT}.max_model_len=512"])["max_model_len"] == 512
+
+
+class _Tokenizer:
+    eos_token_id = 7
+    pad_token_id = 0
+
+
+def test_response_length_and_ignore_eos_set_the_sampling():
+    cfg = compose(["recipe=tiny_cpu", f"{ROLLOUT}.response_length=13"])
+    params = sampling_params(cfg, _Tokenizer(), {})
+    assert params.max_tokens == 13 and params.stop_token_ids == [7]  # a response ends at EOS or after 13 tokens
+    ignoring = sampling_params(compose(["recipe=tiny_cpu", f"{ROLLOUT}.ignore_eos=True"]), _Tokenizer(), {})
+    assert ignoring.stop_token_ids == []  # only max_tokens ends it
+
+
+def test_trainer_seed_seeds_each_replicas_sampling():
+    seeds = {(seed, rank): rollout_kwargs(compose(["recipe=tiny_cpu", f"trainer.seed={seed}"]), 0, torch.device("cpu"), rank)["seed"]
+             for seed in (1, 2) for rank in (0, 1)}
+    assert len(set(seeds.values())) == 4  # another run seed, or another replica, samples differently
+    assert seeds == {(s, r): rollout_kwargs(compose(["recipe=tiny_cpu", f"trainer.seed={s}"]), 0, torch.device("cpu"), r)["seed"]
+                     for s, r in seeds}  # and the same seed samples the same
+
+
+def test_tool_response_truncation_keys_reach_the_agent_loop(monkeypatch):
+    monkeypatch.setattr(rollout_parts, "tool_config_key_of", lambda cfg: f"{ROLLOUT}.multi_turn.tool_config_path")
+    monkeypatch.setattr(rollout_parts, "load_tool_config", lambda path: [])  # no tools run here
+    monkeypatch.setattr(rollout_parts, "ToolRunner", lambda *args: None)
+    monkeypatch.setattr(rollout_parts, "AgentLoop", lambda engine, tokenizer, tools, settings, kwargs: settings)
+    mt = f"{ROLLOUT}.multi_turn"
+    cfg = compose(["recipe=tiny_cpu", f"{mt}.max_tool_response_length=6", f"{mt}.tool_response_truncate_side=left"])
+    settings = rollout_parts.agent_loop(cfg, None, _Tokenizer())
+    assert (settings.max_tool_response_length, settings.tool_response_truncate_side) == (6, "left")
+    # What AgentLoop does with them (rlcore/rollout/agent_loop.py: each tool's text before it joins the trajectory)
+    assert truncate_text("abcdefghij", settings.max_tool_response_length, settings.tool_response_truncate_side).startswith("abcdef")
+    right = rollout_parts.agent_loop(compose(["recipe=tiny_cpu", f"{mt}.max_tool_response_length=6",
+                                              f"{mt}.tool_response_truncate_side=right"]), None, _Tokenizer())
+    assert truncate_text("abcdefghij", right.max_tool_response_length, right.tool_response_truncate_side).endswith("efghij")
+
+
+def test_default_agent_loop_tool_agent_wraps_the_rollout_in_the_agent_loop(monkeypatch):
+    monkeypatch.setattr(rollout_parts, "build_rollout", lambda name, **kwargs: "engine")
+    monkeypatch.setattr(rollout_parts, "agent_loop", lambda config, rollout, tokenizer: ("agent loop around", rollout))
+
+    def parts(loop, multi_turn=False):
+        cfg = compose(["recipe=tiny_cpu", f"{ROLLOUT}.agent.default_agent_loop={loop}", f"{ROLLOUT}.multi_turn.enable={multi_turn}"])
+        return rollout_parts.build_rollout_parts(cfg, _Tokenizer(), torch.device("cpu"), 0)
+
+    assert parts("tool_agent") == ("engine", ("agent loop around", "engine"))  # multi-turn with tools, as multi_turn.enable=True
+    assert parts("single_turn_agent") == ("engine", None)  # one generation per prompt
+    assert parts("single_turn_agent", multi_turn=True) == ("engine", ("agent loop around", "engine"))

@@ -17,7 +17,7 @@ from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
-from rlcore.engine.base import STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
+from rlcore.engine.base import CHECKPOINT_STATE, STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
 from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
@@ -29,7 +29,8 @@ from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
 from rlcore.models.router import ROUTES
-from rlcore.utils.dist import ReduceOp, all_reduce_values
+from rlcore.utils.checkpoint import checkpoint_load
+from rlcore.utils.dist import ReduceOp, all_reduce_values, collective_timeout_minutes
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
     """megatron-core's process groups for this layout (once per process; every engine of a process shares them,
@@ -49,9 +50,17 @@ def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None
         apply_cpu_shim()
     moe.without_transformer_engine()
     mpu.initialize_model_parallel(layout.tp, layout.pp, layout.vpp, expert_model_parallel_size=layout.ep,
-                                  expert_tensor_parallel_size=layout.etp)
+                                  expert_tensor_parallel_size=layout.etp,
+                                  distributed_timeout_minutes=collective_timeout_minutes())  # nccl_timeout, not its 30 min
     # TP ranks get different RNG streams for TP-split weights and dropout, DP replicas the same (megatron's rule).
     model_parallel_cuda_manual_seed(seed)
+
+
+def ddp_settings(m: dict[str, Any]) -> dict[str, Any]:
+    """megatron-core's DistributedDataParallelConfig for the role's `megatron` section: rlcore's defaults, which
+    override_ddp_config replaces key by key (verl's scripts set grad_reduce_in_fp32, overlap_grad_reduce, ...)."""
+    return {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "overlap_param_gather": False,
+            "use_distributed_optimizer": m.get("use_distributed_optimizer", True), **(m.get("override_ddp_config") or {})}
 
 
 class MegatronEngine(TrainEngine):
@@ -64,7 +73,7 @@ class MegatronEngine(TrainEngine):
         self.layout = Layout.from_config(m)
         init_model_parallel(self.layout, m.get("seed", 42), device)
         torch.manual_seed(m.get("seed", 42))  # the same on every rank: initialisation before the HF weights arrive
-        self.hf_config = load_config(spec.model_path, spec.override_config)
+        self.hf_config = load_config(spec.model_path, spec.override_config, spec.trust_remote_code, spec.hf_config_path)
         self.vocab_size = self.hf_config.vocab_size
         self.padded_vocab = padded_vocab_size(self.vocab_size, self.layout.tp)
         self.tied = spec.kind == "causal_lm" and bool(getattr(self.hf_config, "tie_word_embeddings", False))
@@ -94,9 +103,7 @@ class MegatronEngine(TrainEngine):
         self._request = TokenRequest()
 
     def _build_optimizer(self, m: dict[str, Any]) -> None:
-        distributed = m.get("use_distributed_optimizer", True)
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False, overlap_param_gather=False,
-                                                   use_distributed_optimizer=distributed, **(m.get("override_ddp_config") or {}))
+        ddp_config = DistributedDataParallelConfig(**ddp_settings(m))
         self.model = [DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
                       for i, chunk in enumerate(self.modules)]
         # After the last micro-batch: DP gradient reduce(-scatter), tied-embedding gradients across stages.
@@ -105,7 +112,7 @@ class MegatronEngine(TrainEngine):
         opt_config = OptimizerConfig(
             optimizer="adam", lr=self.spec.lr, weight_decay=self.spec.weight_decay, adam_beta1=betas[0], adam_beta2=betas[1], adam_eps=1e-8,
             clip_grad=self.spec.grad_clip, bf16=self.config.bf16, fp16=self.config.fp16, params_dtype=self.config.params_dtype,
-            use_distributed_optimizer=distributed,
+            use_distributed_optimizer=ddp_config.use_distributed_optimizer,
         )
         # config_overrides={}: weight decay on every parameter, biases and norms included, as the FSDP2 engine's
         # AdamW does (megatron's default exempts them): switching backends does not change the optimisation.
@@ -263,17 +270,20 @@ class MegatronEngine(TrainEngine):
     def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
         return [opt.optimizer for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
 
-    def save(self, path: str, hf_dir: str | None = None) -> None:
-        """Per-rank files: this TP x PP piece of the model (written by data-parallel rank 0; replicas are equal)
-        and this rank's optimizer state (its shard under the distributed optimizer) with the fp32 main weights."""
+    def save(self, path: str, hf_dir: str | None = None, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
+        """Per-rank files: "model", this TP x PP piece of the model (written by data-parallel rank 0; replicas are
+        equal); "optimizer", this rank's optimizer state (its shard under the distributed optimizer) with the fp32
+        main weights; "extra", the lr schedule's position (the optimizer steps taken)."""
         os.makedirs(path, exist_ok=True)
         model_file, optim_file = self._files(path)
-        if self.dp_rank == 0:
+        if "model" in contents and self.dp_rank == 0:
             torch.save({f"{c}.{n}": p.detach() for c, chunk in enumerate(self.modules) for n, p in chunk.named_parameters()}, model_file)
-        if self.optimizer is not None:
+        if "optimizer" in contents and self.optimizer is not None:
             inner = self._inner_optimizers()
-            torch.save({"optimizers": [o.state_dict() for o in inner], "optimizer_steps": self.optimizer_steps,
+            torch.save({"optimizers": [o.state_dict() for o in inner],
                         "main_params": [[p.detach() for g in o.param_groups for p in g["params"]] for o in inner]}, optim_file)
+        if "extra" in contents and self.optimizer is not None and dist.get_rank() == 0:
+            torch.save({"optimizer_steps": self.optimizer_steps}, os.path.join(path, "scheduler.pt"))
         if dist.get_rank() == 0:
             with open(os.path.join(path, "megatron_layout.json"), "w") as f:
                 json.dump(self._layout_meta(), f)
@@ -282,7 +292,7 @@ class MegatronEngine(TrainEngine):
             self.save_hf(hf_dir)
 
     @torch.no_grad()
-    def load(self, path: str) -> None:
+    def load(self, path: str, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
         with open(os.path.join(path, "megatron_layout.json")) as f:
             saved = json.load(f)
         if saved != self._layout_meta():
@@ -290,17 +300,26 @@ class MegatronEngine(TrainEngine):
                              "the same tensor/pipeline/virtual-pipeline/data-parallel sizes, or start a new run from its HF export "
                              "(actor/huggingface) as actor_rollout_ref.model.path")
         model_file, optim_file = self._files(path)
-        weights = torch.load(model_file, weights_only=True, map_location=self.device)
-        for c, chunk in enumerate(self.modules):
-            for n, p in chunk.named_parameters():
-                p.copy_(weights[f"{c}.{n}"])
-        if self.optimizer is not None:
+        if "model" in contents:
+            weights = torch.load(model_file, weights_only=True, map_location=self.device)
+            for c, chunk in enumerate(self.modules):
+                for n, p in chunk.named_parameters():
+                    p.copy_(weights[f"{c}.{n}"])
+        if self.optimizer is None:
+            return
+        if "optimizer" in contents:
             state = torch.load(optim_file, weights_only=True, map_location=self.device)
             for opt, opt_state, mains in zip(self._inner_optimizers(), state["optimizers"], state["main_params"]):
                 opt.load_state_dict(opt_state)
-                for p, saved_p in zip((p for g in opt.param_groups for p in g["params"]), mains):
-                    p.copy_(saved_p)
-            self.optimizer_steps = state["optimizer_steps"]
+                if "model" in contents:  # the fp32 main weights are the saved model's (bf16 params are their rounding)
+                    for p, saved_p in zip((p for g in opt.param_groups for p in g["params"]), mains):
+                        p.copy_(saved_p)
+        if not {"model", "optimizer"} <= contents:
+            # The main weights must be the model's: the checkpoint's without their optimizer, or model.path's under
+            # a restored optimizer; else the next step would write back the weights they were built from.
+            self.optimizer.reload_model_params()
+        if "extra" in contents:
+            self.optimizer_steps = checkpoint_load(os.path.join(path, "scheduler.pt"))["optimizer_steps"]
 
     def save_hf(self, hf_dir: str, max_shard_bytes: int = SHARD_BYTES) -> None:
         """HF safetensors + config.json, written shard by shard from the weight stream; collective, rank 0 writes."""

@@ -1,0 +1,145 @@
+"""Keys accepted so that verl command lines compose, but with no effect in rlcore: each with the reason.
+
+A key that is accepted and does nothing is worse than a refusal: the user who sets it expects its effect and blames
+the run for what follows. So every key of the schemas is one of three kinds, and tests/config/test_key_status.py
+walks every leaf to keep it that way:
+- wired: code reads it and a behaviour test shows its effect (the registry tests/config/wired_keys.txt);
+- refused: validation refuses a value other than the default, naming the key and what to use (REFUSED below lists
+  one such value per key, which the test composes);
+- no effect (NO_EFFECT below): the value is accepted, and a value other than the default is reported, with the
+  reason, first in rlcore-plan's report and once at the start of every run.
+
+Keys are fnmatch patterns over full keys ("*" spans sections), matched against the PPO, SFT and reward-model
+trainers' schemas alike (`*.fsdp_config.forward_prefetch` covers every role's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import typing
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+# pattern -> why the key changes nothing in rlcore (and what rlcore does instead)
+NO_EFFECT: dict[str, str] = {
+    "data.tokenizer": "rlcore tokenizes the prompts with the policy's tokenizer (actor_rollout_ref.model.tokenizer_path, "
+                      "else its path): the prompt ids must be the ids the policy reads",
+    "data.dataloader_num_workers": "rlcore tokenizes every prompt once at start and a batch only pads in-memory lists, so "
+                                   "there is no per-batch work for loader processes to overlap",
+    "data.filter_overlong_prompts_workers": "rlcore measures every prompt in one batched call of the fast tokenizer, which "
+                                            "already runs in parallel",
+    "data.return_raw_input_ids": "a reward model with another tokenizer re-renders each conversation from raw_prompt in "
+                                 "its own chat template (verl reads this key nowhere either)",
+    "data.use_shm": "rlcore reads each parquet file once, into memory, when the run starts",
+    "*model.use_shm": "rlcore loads local model directories, whose safetensors shards the OS page cache already serves "
+                      "from memory on repeated reads; a /dev/shm copy would duplicate that memory",
+    "*optim.total_training_steps": "the schedule's length is the run's (trainer.total_training_steps, else epochs x "
+                                    "steps per epoch), filled in at start as verl does",
+    "actor_rollout_ref.ref.fsdp_config.optimizer_offload": "the reference is frozen: it has no optimizer state",
+    "actor_rollout_ref.ref.megatron.grad_offload": "the reference is frozen: it has no gradients",
+    "actor_rollout_ref.ref.megatron.optimizer_offload": "the reference is frozen: it has no optimizer state",
+    "actor_rollout_ref.ref.megatron.use_distributed_optimizer": "the reference is frozen: it has no optimizer",
+    "actor_rollout_ref.ref.megatron.override_ddp_config": "the reference is frozen: megatron-core's DDP wrapper (gradient "
+                                                          "buckets) is never built for it",
+    "*.megatron.dist_checkpointing_path": "it is read only with use_dist_checkpointing=True, which is refused (rlcore reads "
+                                          "the HF checkpoint at model.path)",
+    "actor_rollout_ref.rollout.mode": "rlcore has one rollout path, the in-process engine driven by the agent loop, which "
+                                      "serves both of verl's modes",
+    "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": "the naive backend, the only one, takes no options",
+    "actor_rollout_ref.rollout.agent.custom_async_server.name": "it names the class in custom_async_server.path, which is "
+                                                                "refused (no custom rollout servers)",
+    "*.use_fused_kernels": "rlcore always computes log-probs and entropy from the hidden states a chunk of tokens at a "
+                           "time, without [tokens, vocab] logits (rlcore/models/logits.py), which is what verl's fused "
+                           "kernels are for",
+    # bench/log_prob_head.py: 8192 tokens x vocab 151936, the whole logits' peak 27.6 GiB, rlcore's chunked head's 1.2
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "rlcore always computes the entropy a chunk of tokens at "
+                                                                 "a time, never the whole [tokens, vocab] logits "
+                                                                 "(rlcore/models/logits.py)",
+    "actor_rollout_ref.actor.entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
+                                                     "keeping them (rlcore/models/logits.py)",
+    "*.megatron.use_mbridge": "rlcore converts HF <-> megatron-core weights with its own converter for the families it "
+                              "supports (rlcore/engine/megatron/weights.py)",
+    "*.megatron.vanilla_mbridge": "rlcore converts HF <-> megatron-core weights with its own converter (no mbridge)",
+    "actor_rollout_ref.rollout.layered_summon": "rlcore's weight sync always gathers the training weights a bucket at a "
+                                                "time (checkpoint_engine.update_weights_bucket_megabytes), never the "
+                                                "whole model at once",
+    "actor_rollout_ref.rollout.calculate_log_probs": "rlcore's rollouts always return their log-probs (rollout_log_probs; "
+                                                     "the rollout_corr/* mismatch metrics are logged every step)",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "rlcore's tool agent appends each turn's tokens "
+                                                                        "to the sample and never re-renders the "
+                                                                        "conversation with the chat template",
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "rlcore's tool agent never re-tokenizes a "
+                                                                           "conversation (token ids in, token ids out), "
+                                                                           "so there is no tokenization to check",
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "it counts simulated-user interaction rollouts, and "
+                                                                "interaction_config_path is not supported",
+    "reward_model.rollout.*": "verl's reward loop serves the reward model with an inference engine; rlcore scores with "
+                              "a reward-model worker group (reward_model.use_reward_loop=True is refused)",
+    "reward_model.num_workers": "it counts verl's reward-loop workers; rlcore has no reward loop (rule scorers run in "
+                                "reward_model.score_workers processes)",
+    "reward_model.launch_reward_fn_async": "not implemented: rlcore scores right after generation, in "
+                                           "reward_model.score_workers processes, before the log-prob passes "
+                                           "(timing_s/reward shows what it costs)",
+    "trainer.max_critic_ckpt_to_keep": "rlcore keeps the actor and the critic in one global_step_N folder, pruned by "
+                                       "trainer.max_actor_ckpt_to_keep",
+}
+
+# pattern -> (a value other than the default that validation refuses with the reason, the overrides it is refused
+# under): the schema test composes each
+MEGATRON = ("actor_rollout_ref.actor.strategy=megatron",)
+REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "*optim.optimizer": ("SGD", ()),
+    "*.megatron.override_mcore_model_config": ({"num_layers": 2}, MEGATRON),
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": ("nccl", ()),
+    "*.router_replay.record_file": ("routes.pt", ()),
+    "*.router_replay.replay_file": ("routes.pt", ()),
+    "*.megatron.use_dist_checkpointing": (True, MEGATRON),
+    "*.megatron.context_parallel_size": (2, MEGATRON),
+    # without a reward model, verl's reward loop computes the same rule scores rlcore's scorers do
+    "reward_model.use_reward_loop": (True, ("reward_model.enable=True",)),
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": ("interaction.yaml", ()),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": ("agents.yaml", ()),
+    "actor_rollout_ref.rollout.agent.custom_async_server.path": ("server.py", ()),
+}
+
+
+def schema_leaves(schema: type, prefix: str = "") -> Iterator[str]:
+    """Every leaf key of a schema dataclass (dict-typed fields such as override_config are leaves)."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from schema_leaves(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name
+
+
+def matching(pattern: str, keys: typing.Iterable[str]) -> list[str]:
+    return [key for key in keys if fnmatch.fnmatchcase(key, pattern)]
+
+
+def no_effect_reason(key: str) -> str | None:
+    return next((why for pattern, why in NO_EFFECT.items() if fnmatch.fnmatchcase(key, pattern)), None)
+
+
+def _value(cfg: DictConfig, key: str) -> Any:
+    value = OmegaConf.select(cfg, key, throw_on_missing=False, throw_on_resolution_failure=False)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def ineffective_settings(cfg: DictConfig) -> list[str]:
+    """One line per key of `cfg` that has no effect in rlcore and is set to something other than its default."""
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return []
+    defaults = OmegaConf.structured(schema)
+    lines = []
+    for key in schema_leaves(schema):
+        why = no_effect_reason(key)
+        if why is None:
+            continue
+        value = _value(cfg, key)
+        if value != _value(defaults, key):
+            lines.append(f"{key}={value}: accepted for verl compatibility, no effect in rlcore: {why}")
+    return lines

@@ -1,0 +1,176 @@
+"""rlcore/engine/factory.py::engine_spec: each role's verl-style keys reach the EngineSpec (and the megatron dict) the
+engines are built from. Each test composes the config with the key set, builds the spec exactly as the role's worker
+does, and checks the field the engine reads; the engine test named in each comment shows what that field does."""
+
+import pytest
+import torch
+
+from rlcore.config import compose
+from rlcore.engine.factory import engine_spec
+from rlcore.engine.megatron.model import Layout
+from rlcore.engine.optim import lr_factor
+from rlcore.models.hf import to_torch_dtype
+from rlcore.train_rm import compose_rm
+from rlcore.train_sft import compose_sft
+
+ARR = "actor_rollout_ref"
+TOTAL_STEPS = 40
+
+
+def _ppo(overrides):
+    return compose(["recipe=tiny_cpu", *overrides])
+
+
+# role -> (the role's key prefix, its config, the spec its worker builds), each call as in the worker's init_model
+ROLES = {
+    "actor": (f"{ARR}.actor.", f"{ARR}.model.", _ppo, lambda c: engine_spec(
+        c.actor_rollout_ref.actor.strategy, c.actor_rollout_ref.model, c.actor_rollout_ref.actor, c.actor_rollout_ref.actor.optim,
+        c.actor_rollout_ref.actor.grad_clip, TOTAL_STEPS)),  # rlcore/workers/actor_rollout_ref.py
+    "ref": (f"{ARR}.ref.", f"{ARR}.model.", _ppo, lambda c: engine_spec(
+        c.actor_rollout_ref.ref.strategy, c.actor_rollout_ref.model, c.actor_rollout_ref.ref, None, 0.0, TOTAL_STEPS)),
+    "critic": ("critic.", "critic.model.", _ppo, lambda c: engine_spec(
+        c.critic.strategy, c.critic.model, c.critic, c.critic.optim, c.critic.grad_clip, TOTAL_STEPS, kind="value")),
+    "reward_model": ("reward_model.", "reward_model.model.", _ppo, lambda c: engine_spec(
+        c.reward_model.strategy, c.reward_model.model, c.reward_model, None, 0.0, TOTAL_STEPS, kind="reward")),
+    "sft": ("", "model.", compose_sft, lambda c: engine_spec(
+        c.model.strategy, c.model, c.model, c.optim, c.optim.clip_grad, TOTAL_STEPS)),  # rlcore/workers/sft_trainer.py
+    "rm": ("", "model.", compose_rm, lambda c: engine_spec(
+        c.model.strategy, c.model, c.model, c.optim, c.optim.clip_grad, TOTAL_STEPS, kind="reward")),
+}
+TRAINED = ["actor", "critic", "sft", "rm"]
+# where each trained role's optim section lives
+OPTIM = {"actor": f"{ARR}.actor.optim.", "critic": "critic.optim.", "sft": "optim.", "rm": "optim."}
+# where each role's fsdp_config lives (the actor's and reference's in their section, the others' in their model's)
+FSDP = {"actor": f"{ARR}.actor.fsdp_config.", "ref": f"{ARR}.ref.fsdp_config.", "critic": "critic.model.fsdp_config.",
+        "reward_model": "reward_model.model.fsdp_config.", "sft": "model.fsdp_config.", "rm": "model.fsdp_config."}
+MEGATRON_ROLES = ["actor", "ref", "critic"]
+
+
+def spec_of(role: str, overrides=()):
+    _, _, compose_fn, build = ROLES[role]
+    return build(compose_fn(list(overrides)))
+
+
+# What the schedule fields do: tests/engine/test_fsdp2_features.py::test_warmup_then_constant_and_cosine (both engines
+# read them through rlcore/engine/optim.py::lr_factor, asserted here too).
+@pytest.mark.parametrize("role", TRAINED)
+def test_lr_warmup_steps_and_ratio_set_the_warmup(role):
+    optim = OPTIM[role]
+    spec = spec_of(role, [f"{optim}lr_warmup_steps=5"])
+    assert spec.warmup_steps == 5 and spec.total_steps == TOTAL_STEPS
+    assert lr_factor(0, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, 0.0, 0.5) == pytest.approx(1 / 5)
+    # lr_warmup_steps=-1 hands the warmup to lr_warmup_steps_ratio, a fraction of the run's optimizer steps (verl's rule)
+    spec = spec_of(role, [f"{optim}lr_warmup_steps=-1", f"{optim}lr_warmup_steps_ratio=0.25"])
+    assert spec.warmup_steps == TOTAL_STEPS // 4
+    assert spec_of(role, [f"{optim}lr_warmup_steps=-1", f"{optim}lr_warmup_steps_ratio=0.0"]).warmup_steps == 0
+
+
+@pytest.mark.parametrize("role", TRAINED)
+def test_lr_scheduler_type_picks_the_decay(role):
+    optim = OPTIM[role]
+    common = [f"{optim}lr_warmup_steps=0", f"{optim}min_lr_ratio=0.0"]
+    constant, cosine = (spec_of(role, [*common, f"{optim}lr_scheduler_type={kind}"]) for kind in ("constant", "cosine"))
+    assert (constant.lr_scheduler_type, cosine.lr_scheduler_type) == ("constant", "cosine")
+    halfway = TOTAL_STEPS // 2
+    factor = lambda s: lr_factor(halfway, s.warmup_steps, s.total_steps, s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)  # noqa: E731
+    assert factor(constant) == 1.0 and factor(cosine) == pytest.approx(0.5)
+
+
+# The SFT and reward-model trainers clip with optim.clip_grad (verl's sft key), the PPO roles with their grad_clip.
+# What grad_clip does in the engine: tests/engine/test_fsdp2_features.py::test_optimizer_step_is_clipped_decoupled_adamw_by_hand
+@pytest.mark.parametrize("role", ["sft", "rm"])
+def test_clip_grad_sets_the_trainers_gradient_clip(role):
+    assert spec_of(role, ["optim.clip_grad=0.25"]).grad_clip == 0.25
+    assert spec_of(role, ["optim.clip_grad=3.0"]).grad_clip == 3.0
+
+
+# verl's actor and critic have both keys: grad_clip (its worker's) and optim.clip_grad (its newer engine's); the one
+# moved from the shared default of 1.0 is meant, and two different settings are refused (rlcore/config/validate_engine.py).
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_optim_clip_grad_sets_the_clip_unless_grad_clip_does(role):
+    from rlcore.config.validate import diagnose
+
+    section = "actor_rollout_ref.actor." if role == "actor" else "critic."
+    assert spec_of(role, [f"{section}optim.clip_grad=0.25"]).grad_clip == 0.25
+    assert spec_of(role, [f"{section}grad_clip=0.5"]).grad_clip == 0.5
+    assert spec_of(role, [f"{section}grad_clip=0.5", f"{section}optim.clip_grad=0.5"]).grad_clip == 0.5
+    _, errors = diagnose(compose(["algorithm.adv_estimator=gae", f"{section}grad_clip=0.5", f"{section}optim.clip_grad=0.25"]))
+    assert any(f"{section}grad_clip=0.5 and {section}optim.clip_grad=0.25 both set" in e for e in errors), errors
+
+
+# What the adapters on these modules do: tests/engine/test_fsdp2_lora.py::test_only_adapters_train_and_the_reference_is_the_base
+@pytest.mark.parametrize("role", TRAINED)
+def test_target_modules_name_the_lora_adapted_modules(role):
+    model = ROLES[role][1]
+    spec = spec_of(role, [f"{model}lora_rank=4", f"{model}target_modules=[q_proj,v_proj]"])
+    assert spec.lora.target_modules == ("q_proj", "v_proj")
+    assert spec_of(role, [f"{model}lora_rank=4", f"{model}target_modules=all-linear"]).lora.target_modules == "all-linear"
+
+
+def _fully_shard_kwargs(spec, monkeypatch) -> list[dict]:
+    """The kwargs FSDP2Engine's apply_fsdp2 hands torch's fully_shard for this spec, one dict per unit (a spy
+    stands in for fully_shard: no process group needed)."""
+    from rlcore.engine import fsdp2
+
+    calls = []
+    monkeypatch.setattr(fsdp2, "fully_shard", lambda module, **kwargs: calls.append(kwargs))
+    blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    spec.gradient_checkpointing = False  # a plain module has no HF checkpointing switch
+    fsdp2.apply_fsdp2(torch.nn.Sequential(*blocks), blocks, None, spec)
+    assert len(calls) == 3  # each block, then the root
+    return calls
+
+
+# No engine test shows these two on CPU (one rank: nothing to reshard, no device to offload from); what they do is
+# torch's (fully_shard's reshard_after_forward and CPUOffloadPolicy), and tests/plan/test_memory.py counts the device
+# memory each one saves. Here: every unit's fully_shard call gets them.
+@pytest.mark.parametrize("role", list(FSDP))
+def test_offload_policy_and_reshard_after_forward_reach_fully_shard(role, monkeypatch):
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    fsdp = FSDP[role]
+    for kwargs in _fully_shard_kwargs(spec_of(role), monkeypatch):
+        assert kwargs["reshard_after_forward"] is True and "offload_policy" not in kwargs
+    for kwargs in _fully_shard_kwargs(spec_of(role, [f"{fsdp}offload_policy=True", f"{fsdp}reshard_after_forward=False"]), monkeypatch):
+        assert kwargs["reshard_after_forward"] is False and isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
+
+
+def _megatron_spec(role, overrides):
+    section = ROLES[role][0]
+    return spec_of(role, [f"{section}strategy=megatron", *[f"{section}megatron.{o}" for o in overrides]])
+
+
+# What the layout does: tests/engine/test_megatron_moe.py::test_ep2_equals_ep1_after_one_optimizer_step (expert grid);
+# the engine builds its Layout from the spec's megatron dict (rlcore/engine/megatron/engine.py).
+@pytest.mark.parametrize("role", MEGATRON_ROLES)
+def test_expert_tensor_parallel_size_sets_the_expert_layout(role):
+    assert Layout.from_config(_megatron_spec(role, ["tensor_model_parallel_size=2"]).megatron).etp == 2  # null = TP
+    assert Layout.from_config(_megatron_spec(role, ["tensor_model_parallel_size=2", "expert_tensor_parallel_size=1"]).megatron).etp == 1
+
+
+# The engine seeds megatron-core's RNG streams and torch with megatron.seed before the weights arrive
+# (rlcore/engine/megatron/engine.py::MegatronEngine.__init__); it builds its modules in megatron.dtype
+# (tests/engine/test_megatron_features.py builds its engines through the same spec).
+@pytest.mark.parametrize("role", MEGATRON_ROLES)
+def test_megatron_seed_and_dtype_reach_the_engine(role):
+    spec = _megatron_spec(role, ["seed=7", "dtype=bfloat16"])
+    assert spec.megatron["seed"] == 7 and spec.param_dtype == "bfloat16"
+    other = _megatron_spec(role, ["seed=8", "dtype=float32"])
+    assert other.megatron["seed"] == 8 and other.param_dtype == "float32"
+    assert to_torch_dtype(spec.param_dtype) is torch.bfloat16
+
+
+# The trained roles wrap their chunks in megatron-core's DistributedDataParallel with these fields over rlcore's own
+# (rlcore/engine/megatron/engine.py::MegatronEngine._build_optimizer; the frozen reference builds no DDP).
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_override_ddp_config_reaches_the_ddp_config(role):
+    section = ROLES[role][0]
+    spec = spec_of(role, [f"{section}strategy=megatron", f"+{section}megatron.override_ddp_config.bucket_size=1234",
+                          f"+{section}megatron.override_ddp_config.average_in_collective=True"])
+    assert spec.megatron["override_ddp_config"] == {"bucket_size": 1234, "average_in_collective": True}
+    from rlcore.engine.megatron.engine import ddp_settings
+
+    # A key rlcore sets itself is replaced, not passed twice (which raised "multiple values for keyword").
+    override = dict(spec.megatron, override_ddp_config={"grad_reduce_in_fp32": False, "bucket_size": 1234})
+    assert ddp_settings(override)["grad_reduce_in_fp32"] is False and ddp_settings(spec.megatron)["grad_reduce_in_fp32"] is True
+    assert spec.trainable
