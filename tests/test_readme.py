@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/gpu_start.md", "docs/contributing.md", "docs/moe.md"]
+DOCS = ["README.md", "docs/gpu_start.md", "docs/contributing.md", "docs/moe.md", "docs/config_keys.md"]
 SKIPPED = {"git": "needs the network", "hf": "downloads from the hub", "ray": "starts a cluster on other machines",
            "python3": "`python3 -m venv`: makes a venv", ".": "activates a venv", "source": "activates a venv", "cd": "moves"}
 
