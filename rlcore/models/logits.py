@@ -8,6 +8,7 @@ Both training engines compute log-probs this way; losses receive log-probs and e
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -59,8 +60,22 @@ def _kernel(fn: Callable, compiled: bool, example: torch.Tensor) -> Callable:
     if not compiled or is_fake(example):
         return fn
     if fn.__name__ not in _COMPILED:
+        _cache_per_cpu_capability()
         _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
     return _COMPILED[fn.__name__]
+
+
+def _cache_per_cpu_capability() -> None:
+    """torch inductor's on-disk cache key leaves out ATEN_CPU_CAPABILITY, while its CPU code depends on it: kernels
+    compiled under the machine's AVX-512 and then loaded under ATEN_CPU_CAPABILITY=avx2 gave log-probs off by up to
+    4.7 (torch 2.13; each capability alone matches eager). So each capability set that way compiles into its own
+    cache directory, unless the user chose one. (Importing torch._dynamo already wrote the default into the
+    environment; inductor reads it again at each use.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    capability, chosen = os.environ.get("ATEN_CPU_CAPABILITY"), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if capability and chosen in (None, os.path.abspath(default_cache_dir())):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
 
 
 def _chunk_stats(z: torch.Tensor, col: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, ...]:
