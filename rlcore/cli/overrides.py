@@ -54,6 +54,9 @@ def compose_explained(compose: Callable[[list[str]], DictConfig], overrides: lis
         return compose(overrides)
     except (HydraException, OmegaConfBaseException) as err:
         message = str(err)
+        if message.startswith("Error merging override") and err.__cause__ is not None:
+            # Hydra's own line drops why (a string where a number or a list is wanted, ...): the cause says it
+            message += f": {str(err.__cause__).splitlines()[0]}"
     raise ComposeError(explain(message, lambda: _key_tree(compose, overrides)))
 
 

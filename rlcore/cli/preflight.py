@@ -37,9 +37,9 @@ def preflight(cfg: DictConfig, where: str, known: list[str] = ()) -> Preflight:
     out = Preflight()
     out.errors += [e for e in registry_errors(cfg) if not any(k.startswith(e.split("=", 1)[0] + "=") for k in known)]
     _paths(cfg, where, out)
-    from rlcore.telemetry.tracking import logger_errors
+    from rlcore.telemetry.tracking import logger_errors, logger_names
 
-    out.errors += logger_errors(list(cfg.trainer.logger))
+    out.errors += logger_errors(logger_names(cfg.trainer.logger))
     if where == "train" and cfg.trainer.device == "cuda":
         import torch
 

@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.plan.arch import Arch, hf_config, resolve_arch
-from rlcore.plan.memory import ARR, GIB, RUNTIME_GIB, Estimator, MemoryPlan, device_capacity
+from rlcore.plan.memory import ARR, GIB, Estimator, MemoryPlan, device_capacity, runtime_gib
 
 # Measured with megatron-core 0.16.1 under a fake world of 8: it creates gloo groups beside the default group (the
 # fake backend cannot back them; switchable), its optimizer exchanges parameter-group keys with all_gather_object
@@ -213,7 +213,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
         woken = (f"vLLM weights woken for the sync ({rollout.dtype} / TP{tp})", arch.params() * (2 if rollout.dtype in ("bfloat16", "float16") else 4) / tp / GIB)
     else:
         woken = rollout_items[0]
-    runtime = (f"runtime (the plan's: {'CUDA context, NCCL' if t.device == 'cuda' else 'the Python/torch/Ray worker'})", RUNTIME_GIB[t.device])
+    runtime = (f"runtime (the plan's: {'CUDA context, NCCL' if t.device == 'cuda' else 'the Python/torch/Ray worker'})", runtime_gib(t.device))
     out = []
     with tempfile.TemporaryDirectory() as workdir, _fake_world(world), ExitStack() as stack:
         model_cfg = OmegaConf.merge(arr.model, {"path": _model_dir(arch, arr.model.path, workdir), "use_remove_padding": False})

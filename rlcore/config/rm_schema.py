@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 
 from rlcore.config.schema import FSDPConfig, OptimConfig, RayKwargsConfig
+from rlcore.config.keys import unknown_key_errors
 from rlcore.config.validate_engine import supervised_engine_errors
 
 
@@ -63,7 +64,7 @@ class RMTrainerSection:
     total_training_steps: Optional[int] = None  # optimizer steps; None = total_epochs x steps per epoch
     project_name: str = "rlcore_rm"  # tracker project
     experiment_name: str = "reward_model"  # tracker run name
-    logger: List[str] = field(default_factory=lambda: ["console"])  # trackers: console|file|jsonl|tensorboard|wandb|mlflow
+    logger: Any = field(default_factory=lambda: ["console"])  # trackers (console|file|jsonl|...): a list or one name
     nnodes: int = 1  # machines
     n_gpus_per_node: int = 8  # ranks per machine (also with device=cpu)
     device: str = "cuda"  # cuda | cpu (gloo)
@@ -114,7 +115,8 @@ def stop_rule_met(trainer_cfg, metrics: dict[str, float]) -> bool:
 
 def supervised_config_errors(cfg, unit: str, what: str, sequences_per_row: int = 1) -> list[str]:
     """The rules reward-model training and SFT share: backend, batch arithmetic over ranks, token budgets, LoRA."""
-    errors, d = supervised_engine_errors(lambda key: OmegaConf.select(cfg, key)), cfg.data
+    # a `+data.bogus_key=1` composes into the typed tree: refused as the PPO trainer's validation refuses it
+    errors, d = unknown_key_errors(cfg) + supervised_engine_errors(lambda key: OmegaConf.select(cfg, key)), cfg.data
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if cfg.model.strategy not in ("fsdp", "fsdp2"):
         errors.append(f"model.strategy={cfg.model.strategy} is not supported for {what}; use model.strategy=fsdp2")

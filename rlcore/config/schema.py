@@ -467,7 +467,8 @@ class TrainerConfig:
     total_training_steps: Optional[int] = None  # training steps; None = total_epochs x steps per epoch
     project_name: str = "verl_examples"  # tracker project
     experiment_name: str = "gsm8k"  # tracker run name
-    logger: List[str] = field(default_factory=lambda: ["console", "wandb"])  # trackers: console|file|jsonl|tensorboard|wandb|mlflow
+    # trackers: console|file|jsonl|tensorboard|wandb|mlflow; a list, or one name as a string (verl accepts both)
+    logger: Any = field(default_factory=lambda: ["console", "wandb"])
     log_val_generations: int = 0  # validation samples printed/logged per validation
     rollout_data_dir: Optional[str] = None  # dump training generations here as JSONL
     validation_data_dir: Optional[str] = None  # dump validation generations here as JSONL

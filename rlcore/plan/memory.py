@@ -42,6 +42,12 @@ from rlcore.plan.heads import head_errors
 GIB = 2 ** 30
 ARR = "actor_rollout_ref"
 RUNTIME_GIB = {"cuda": 1.0, "cpu": 0.4}
+
+
+def runtime_gib(device: str) -> float:
+    """The runtime's share of a device; an unsupported device (validation refuses it, naming the fix) is planned as
+    CUDA, so the doctor still reports the rest."""
+    return RUNTIME_GIB.get(device, RUNTIME_GIB["cuda"])
 FIT, TIGHT = 0.90, 1.00
 _BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
 
@@ -480,7 +486,7 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
 
     def runtime(pool: int) -> tuple[str, float]:
         n = procs[pool]
-        return "runtime" + (f" x {n} processes (colocated worker groups)" if n > 1 else ""), RUNTIME_GIB[t.device] * n
+        return "runtime" + (f" x {n} processes (colocated worker groups)" if n > 1 else ""), runtime_gib(t.device) * n
 
     roles, phases = [], []  # phases: (name, role, pool)
     if archs["policy"] is not None:
@@ -553,7 +559,7 @@ def supervised_memory_plan(cfg: DictConfig, pairs: bool) -> MemoryPlan:
                  m.enable_gradient_checkpointing, "model.enable_gradient_checkpointing", True)
     items, levers = Estimator(cfg, None, capacity, t.device).train_items(role)
     levers.sort(key=lambda lever: -lever[1])
-    memory = RoleMemory(name, f"{shards} devices", items + [("runtime", RUNTIME_GIB[t.device])], capacity, "", levers)
+    memory = RoleMemory(name, f"{shards} devices", items + [("runtime", runtime_gib(t.device))], capacity, "", levers)
     return MemoryPlan(capacity, source, notes, [memory], errors)
 
 

@@ -85,6 +85,11 @@ def _module_available(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def logger_names(value) -> list[str]:
+    """trainer.logger as a list: verl takes one name as a string (`trainer.logger=console`) or a list."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 def logger_errors(loggers: list[str]) -> list[str]:
     """Config problems with trainer.logger: unknown names, and backends whose package is not installed (checked
     with everything else before Ray starts, not when the first metric is logged)."""

@@ -90,7 +90,7 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
 
     from rlcore.controller.ray_session import ray_cluster, write_timeline
     from rlcore.telemetry.report import finish_run
-    from rlcore.telemetry.tracking import Tracker
+    from rlcore.telemetry.tracking import Tracker, logger_names
 
     # The controller only does bookkeeping (batch reshaping, rewards, advantages) on small tensors; extra
     # intra-op threads there just contend with the workers for cores (measured: 8 ms vs 20 us per index op).
@@ -98,7 +98,7 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     # mines hard negatives with the model it just trained) would otherwise run on one thread.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    tracker = Tracker(list(cfg.trainer.logger), run_dir, total_steps, project_name=cfg.trainer.project_name,
+    tracker = Tracker(logger_names(cfg.trainer.logger), run_dir, total_steps, project_name=cfg.trainer.project_name,
                       experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True), **tracker_kwargs)
     try:
         with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):

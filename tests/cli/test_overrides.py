@@ -48,3 +48,25 @@ def test_a_sweep_job_with_an_error_shows_it_and_fails(capsys):
     assert plan(["--elsewhere", "-m", "recipe=qwen2_7b_grpo", "actor_rollout_ref.rollout.tensor_model_parallel_size=2,8"]) == 1
     out = capsys.readouterr().out
     assert "job 1 (actor_rollout_ref.rollout.tensor_model_parallel_size=8): error 1: actor_rollout_ref.rollout.tensor_model_parallel_size=8 does not split" in out
+
+
+def test_a_value_hydra_cannot_merge_says_why():
+    with pytest.raises(ComposeError, match=r"^Error merging override trainer.total_epochs=abc: Value 'abc' of type 'str' "
+                                           r"could not be converted to Integer$"):
+        compose_explained(compose, ["trainer.total_epochs=abc"])
+
+
+def test_verls_one_logger_as_a_string_composes_and_is_checked_as_a_list():
+    from rlcore.cli.preflight import preflight
+    from rlcore.telemetry.tracking import logger_names
+
+    cfg = compose_explained(compose, ["recipe=tiny_cpu", "trainer.logger=console"])
+    assert logger_names(cfg.trainer.logger) == ["console"] and logger_names(["console", "jsonl"]) == ["console", "jsonl"]
+    assert not preflight(cfg, "elsewhere").errors
+    bad = compose_explained(compose, ["recipe=tiny_cpu", "trainer.logger=consol"])
+    assert any("unknown logger(s) ['consol']" in e for e in preflight(bad, "elsewhere").errors)
+
+
+def test_an_unsupported_device_is_a_config_error_not_a_crash(capsys):
+    assert plan(["recipe=tiny_cpu", "trainer.device=npu"]) != 0
+    assert "trainer.device=npu is not supported by rlcore; use trainer.device=cuda or trainer.device=cpu" in capsys.readouterr().out

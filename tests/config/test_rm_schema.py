@@ -51,3 +51,11 @@ def test_sft_config_has_verls_keys_and_the_shared_rules():
         "data.train_batch_size=6 samples is not divisible by 4 ranks (trainer.nnodes x trainer.n_gpus_per_node): each rank takes "
         "whole samples; use data.train_batch_size=4",
         "data.truncation=middle is not one of error, left, right; use data.truncation=error"]
+
+
+def test_the_sft_and_rm_trainers_refuse_a_key_their_schema_does_not_have():
+    from rlcore.train_sft import compose_sft, sft_config_errors
+
+    errors = sft_config_errors(compose_sft(["+data.bogus_key=1"]))
+    assert errors[0].startswith("data.bogus_key is not a config key")
+    assert rm_config_errors(compose_rm(["+model.bogus=1"]))[0].startswith("model.bogus is not a config key")
