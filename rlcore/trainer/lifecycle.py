@@ -68,8 +68,10 @@ def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where
 
 def collective_timeout_s(config: dict) -> float:
     """actor_rollout_ref.nccl_timeout (verl's name; gloo's collectives honour it too). The SFT and reward-model
-    trainers have no such key: the same 600 s as verl's default."""
-    return config.get("actor_rollout_ref", {}).get("nccl_timeout", 600)
+    trainers have no such key: the schema's default, as a PPO run that leaves it alone."""
+    from rlcore.config.schema import ActorRolloutRefConfig
+
+    return config["actor_rollout_ref"]["nccl_timeout"] if "actor_rollout_ref" in config else ActorRolloutRefConfig.nccl_timeout
 
 
 def teardown(groups: dict, pools: list, graceful: bool) -> None:
