@@ -25,7 +25,7 @@ class AsyncTrainingConfig:
     trigger_parameter_sync_step: int = 4  # trainer steps between weight syncs to the rollout pool
     require_batches: int = 1  # ppo mini-batches a trainer step consumes (data.train_batch_size = this x ppo_mini_batch_size)
     # A sync interrupts in-flight generations, which resume under the new weights (verl; rlcore's native engine). With
-    # rollout.name=vllm the sync waits for the call in flight instead; see README "Asynchronous training"
+    # rollout.name=vllm the sync waits for the call in flight instead; see docs/split-pools.md
     partial_rollout: bool = True
     use_rollout_log_probs: bool = True  # old log-probs = the rollout's (bypass): the ratio is taken against the sampler
     compute_prox_log_prob: bool = False  # recompute old log-probs with the trainer's weights (decoupled PPO's proximal policy)
@@ -37,10 +37,11 @@ class RolloutPoolConfig:
 
     nnodes: int = 1  # machines
     n_gpus_per_node: int = 8  # rollout ranks per machine (also with device=cpu)
-    total_rollout_steps: Optional[int] = None  # prompts to generate in all; sets the trainer's steps when
-    # trainer.total_training_steps is unset (total_rollout_steps / data.train_batch_size)
-    # verl's copies of trainer keys, honoured when set: responses per prompt (must equal actor_rollout_ref.rollout.n),
-    # epochs (trainer.total_epochs), and validation every test_freq weight syncs (trainer.test_freq = this x trigger)
-    n: Optional[int] = None
-    total_epochs: Optional[int] = None
+    # prompts to generate in all; sets the trainer's steps when trainer.total_training_steps is unset
+    # (total_rollout_steps / data.train_batch_size)
+    total_rollout_steps: Optional[int] = None
+    # verl's copies of trainer keys, honoured when set:
+    n: Optional[int] = None  # responses per prompt, when set (must equal actor_rollout_ref.rollout.n)
+    total_epochs: Optional[int] = None  # when set, trainer.total_epochs
+    # when set, validation every test_freq weight syncs (trainer.test_freq = this x trigger_parameter_sync_step)
     test_freq: Optional[int] = None

@@ -82,6 +82,8 @@ NO_EFFECT: dict[str, str] = {
     "reward_model.launch_reward_fn_async": "not implemented: rlcore scores right after generation, in "
                                            "reward_model.score_workers processes, before the log-prob passes "
                                            "(timing_s/reward shows what it costs)",
+    "critic.model.tokenizer_path": "the critic reads the policy's token ids, which actor_rollout_ref.model's tokenizer "
+                                   "made; a tokenizer of its own is never loaded",
     "trainer.max_critic_ckpt_to_keep": "rlcore keeps the actor and the critic in one global_step_N folder, pruned by "
                                        "trainer.max_actor_ckpt_to_keep",
 }
@@ -128,6 +130,16 @@ def _value(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
+def _raw(cfg: DictConfig, key: str) -> Any:
+    """The value as written, interpolations unresolved: a key left at a default that follows another key (e.g.
+    critic.model.tokenizer_path follows the actor's model path) is not set, whatever it resolves to."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if not OmegaConf.is_config(parent) or leaf not in parent:
+        return None
+    return OmegaConf.to_container(parent, resolve=False)[leaf]
+
+
 def ineffective_settings(cfg: DictConfig) -> list[str]:
     """One line per key of `cfg` that has no effect in rlcore and is set to something other than its default."""
     schema = OmegaConf.get_type(cfg)
@@ -140,6 +152,6 @@ def ineffective_settings(cfg: DictConfig) -> list[str]:
         if why is None:
             continue
         value = _value(cfg, key)
-        if value != _value(defaults, key):
+        if value != _value(defaults, key) and _raw(cfg, key) != _raw(defaults, key):
             lines.append(f"{key}={value}: accepted for verl compatibility, no effect in rlcore: {why}")
     return lines

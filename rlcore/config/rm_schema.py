@@ -83,7 +83,7 @@ class RMTrainerSection:
     # test_freq steps) where stop_metric reaches stop_threshold, e.g. val/exact_match (SFT) or val/accuracy (RM);
     # the final checkpoint is that step's. None = never.
     stop_metric: Optional[str] = None
-    stop_threshold: float = 0.0
+    stop_threshold: float = 0.0  # the value stop_metric must reach (see stop_mode)
     stop_mode: str = "max"  # max: stop once the metric is >= stop_threshold; min: once it is <=
 
 

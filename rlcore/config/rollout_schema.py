@@ -75,6 +75,8 @@ class RolloutConfig:
     log_prob_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
     log_prob_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per old-log-prob forward per rank
     log_prob_use_dynamic_bsz: bool = II("oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false")  # token budgets
+    # token budget per old-log-prob forward per rank (log_prob_use_dynamic_bsz); as the actor's
+    # ppo_max_token_len_per_gpu
     log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
     calculate_log_probs: bool = False  # also return the engine's own log-probs (for mismatch metrics)
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync

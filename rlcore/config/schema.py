@@ -217,7 +217,9 @@ class RefConfig:
     log_prob_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
     log_prob_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
     log_prob_use_dynamic_bsz: bool = II("oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false")  # token budgets
+    # token budget per forward per rank (log_prob_use_dynamic_bsz); as the actor's ppo_max_token_len_per_gpu
     log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
+    # Ulysses: ranks sharing each sample's tokens; as the actor's
     ulysses_sequence_parallel_size: int = II("oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1")
     use_torch_compile: bool = II("oc.select:actor_rollout_ref.actor.use_torch_compile,true")  # as actor's
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding (param_offload is the usual change)
@@ -248,6 +250,8 @@ class CriticModelConfig:
     """Value model (`critic.model.*`)."""
 
     path: str = "~/models/deepseek-llm-7b-chat"  # local HF model directory
+    # tokenizer directory, as verl's; follows the policy's model.path (the critic reads the policy's token ids, so
+    # rlcore never loads it: key_status.NO_EFFECT)
     tokenizer_path: Optional[str] = II('oc.select:actor_rollout_ref.model.path,"~/models/deepseek-llm-7b-chat"')
     override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
     external_lib: Optional[str] = II("oc.select:actor_rollout_ref.model.external_lib,null")  # as the actor's
@@ -487,16 +491,18 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int] = None  # keep the newest N critic checkpoints; None = all
     device: str = "cuda"  # cuda | cpu (rlcore addition: gloo on CPU); npu not supported
     seed: int = 1  # rlcore addition: global seed (data order, sampling, init)
-    device_memory_gb: Optional[float] = None  # rlcore addition: memory per device (GiB) that the memory plan
-    # checks against; None = measured (CUDA: the visible device; CPU: host RAM / ranks)
-    max_worker_restarts: int = 0  # rlcore addition: if a worker process dies, rebuild the workers and resume
+    # rlcore addition: memory per device (GiB) that the memory plan checks against; None = measured (CUDA: the
+    # visible device; CPU: host RAM / ranks)
+    device_memory_gb: Optional[float] = None
+    # rlcore addition: if a worker process dies, rebuild the workers and resume from this run's last checkpoint
+    # (save_freq) up to N times; 0 = fail at once like verl
+    max_worker_restarts: int = 0
     # rlcore addition: a worker-group call that takes longer than this + 2 x its slowest earlier call (3 x this for
     # its first call) ends the run, naming the ranks that stopped answering
     hang_timeout_s: float = 300.0
     # rlcore addition: how long Ray may take to find room for every node's ranks (one placement group per node)
     # before the run stops, naming the nodes it has and what they lack
     placement_timeout_s: float = 120.0
-    # from this run's last checkpoint (save_freq) up to N times; 0 = fail at once like verl
 
 
 @dataclass

@@ -40,7 +40,7 @@ class SFTModelConfig(RMModelConfig):
     """The model (`model.*`): verl's `model.partial_pretrain` names it; `path` follows it."""
 
     partial_pretrain: str = "~/models/Qwen2.5-0.5B-Instruct"  # local HF causal LM directory
-    path: str = II("model.partial_pretrain")
+    path: str = II("model.partial_pretrain")  # the model directory rlcore loads; follows partial_pretrain
     use_remove_padding: bool = True  # pack the micro-batch's sequences (verl's SFT default)
 
 

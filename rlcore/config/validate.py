@@ -179,6 +179,9 @@ def _check_choices(c: _Checker) -> None:
     check_native_rollout(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")
+        # The reference is built by the same engine from its own section: what the engine cannot do is refused
+        # there too, whether or not this run uses a reference (a key set and ignored is worse than a refusal).
+        check_megatron(c, f"{ARR}.ref.megatron")
         c.choice(f"{ARR}.actor.megatron.dtype", DTYPES)
         if c.get(f"{ARR}.actor.use_kl_loss") or c.get("algorithm.use_kl_in_reward"):
             check_same_layout(c, f"{ARR}.ref.megatron", f"{ARR}.actor.megatron")
