@@ -218,22 +218,3 @@ def _flops(value: float | None) -> str:
         if value >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value / 1e6:.1f} MFLOP/s"
-
-
-def finish_run(run_dir: str) -> None:
-    """The end of a run: the report printed and kept as report.txt, the metrics drawn into plots.png (without
-    matplotlib, a note instead: the run itself succeeded)."""
-    from rlcore.telemetry.plots import write_plots
-
-    report = format_report(run_dir)
-    if report:
-        print(report, flush=True)
-        with open(os.path.join(run_dir, "report.txt"), "w") as f:
-            f.write(report + "\n")
-    try:
-        path = write_plots(run_dir)
-    except ImportError as err:
-        print(f"rlcore: no plots.png: {err}", flush=True)
-        return
-    if path:
-        print(f"plots: {path}", flush=True)

@@ -91,7 +91,7 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     from omegaconf import OmegaConf
 
     from rlcore.controller.ray_session import ray_cluster, write_timeline
-    from rlcore.telemetry.report import finish_run
+    from rlcore.telemetry.run_end import finish_run
     from rlcore.telemetry.tracking import Tracker, logger_names
 
     # The controller only does bookkeeping (batch reshaping, rewards, advantages) on small tensors; extra

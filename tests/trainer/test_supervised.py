@@ -157,7 +157,7 @@ def test_a_run_takes_its_steps_tracker_names_ray_cpus_and_placement_timeout_from
     import rlcore.controller.placement as placement
     import rlcore.controller.ray_group as ray_group
     import rlcore.controller.ray_session as ray_session
-    import rlcore.telemetry.report as report
+    import rlcore.telemetry.run_end as run_end
     import rlcore.telemetry.tracking as tracking
     import rlcore.trainer.lifecycle as lifecycle
     from rlcore.data.tokenizer import build_char_tokenizer
@@ -194,7 +194,7 @@ def test_a_run_takes_its_steps_tracker_names_ray_cpus_and_placement_timeout_from
 
     monkeypatch.setattr(ray_session, "ray_cluster", cluster)
     monkeypatch.setattr(tracking, "Tracker", RecordingTracker)
-    monkeypatch.setattr(report, "finish_run", lambda run_dir: None)
+    monkeypatch.setattr(run_end, "finish_run", lambda run_dir: None)
     monkeypatch.setattr(lifecycle, "cpus_per_rank", lambda device, ranks: 1)
     monkeypatch.setattr(placement, "ResourcePool", Pool)
     monkeypatch.setattr(placement, "placement_map", lambda groups: "")
