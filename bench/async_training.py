@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--val", type=int, default=500, help="held-out prompts scored before and after")
     parser.add_argument("--sleep-ms", type=float, default=2.0, help="the scorer's wait per call (x10 for one call in ten)")
-    parser.add_argument("--plot", default=os.path.join(ROOT, "bench", "async_training.png"))
+    parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "images", "async_training.png"))
     args = parser.parse_args(argv)
     assets = demo_assets()
     with tempfile.TemporaryDirectory() as workdir:

