@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlcore.config import CONFIG_DIR, compose, run_cli, schema_registrar
+from rlcore.config.files import file_list
 from rlcore.config.rm_schema import RMTrainerConfig, rm_config_errors
 
 SCHEMA_NAME = "rlcore_rm_schema"
@@ -30,7 +31,7 @@ def load_pairs(cfg: DictConfig, tokenizer):
     from rlcore.data.pairs import read_pairs
 
     d = cfg.data
-    read = lambda files: read_pairs(list(files), tokenizer, d.prompt_key, d.chosen_key, d.rejected_key, d.margin_key,  # noqa: E731
+    read = lambda files: read_pairs(file_list(files), tokenizer, d.prompt_key, d.chosen_key, d.rejected_key, d.margin_key,  # noqa: E731
                                     d.max_length, d.truncation)
     return read(d.train_files), (read(d.val_files) if d.val_files else None)
 

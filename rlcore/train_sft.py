@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlcore.config import CONFIG_DIR, compose, run_cli, schema_registrar
+from rlcore.config.files import file_list
 from rlcore.config.rm_schema import supervised_config_errors
 from rlcore.config.sft_schema import TRUNCATIONS, SFTTrainerConfig
 
@@ -38,7 +39,7 @@ def load_rows(cfg: DictConfig, tokenizer):
     from rlcore.data.sft_rows import read_sft
 
     d = cfg.data
-    read = lambda files: read_sft(list(files), tokenizer, d.prompt_key, d.response_key, d.max_length, d.truncation)  # noqa: E731
+    read = lambda files: read_sft(file_list(files), tokenizer, d.prompt_key, d.response_key, d.max_length, d.truncation)  # noqa: E731
     return read(d.train_files), (read(d.val_files) if d.val_files else None)
 
 

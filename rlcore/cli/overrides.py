@@ -18,7 +18,14 @@ SWEEP_FLAGS = ("-m", "--multirun")
 
 
 class ComposeError(ValueError):
-    """A command line that does not compose; the message is one line with the fix."""
+    """A command line that does not compose: each problem one line with its fix (all of them, not the first only),
+    and the config composed without the overrides that failed (None when that does not compose either), so the
+    doctor can check the rest in the same run."""
+
+    def __init__(self, problems: list[str], partial: DictConfig | None = None):
+        self.problems, self.partial = problems, partial
+        text = problems[0] if len(problems) == 1 else f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
+        super().__init__(text)
 
 
 def expand_sweep(overrides: list[str], basic: bool = True) -> list[list[str]]:
@@ -34,7 +41,15 @@ def expand_sweep(overrides: list[str], basic: bool = True) -> list[list[str]]:
             return [[o.input_line for o in parsed if not o.is_sweep_override()]]
         return BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
     except HydraException as err:
-        raise ComposeError(_one_line(str(err))) from None
+        raise ComposeError([_one_line(str(err))]) from None
+
+
+def set_existing_keys(overrides: list[str], leaves: set[str]) -> list[str]:
+    """verl's scripts add with `+` keys that verl's tree lacks and rlcore's schema has (`+data.gen_batch_size`,
+    `+actor_rollout_ref.actor.fsdp_config.model_dtype`); Hydra refuses `+` on a key that exists ("An item is already
+    at ..."), so on a schema key it sets the key instead. A `+` on any other key stays: a free-form section's new key."""
+    return [o[1:] if o.startswith("+") and not o.startswith("++") and o[1:].split("=", 1)[0] in leaves else o
+            for o in overrides]
 
 
 def varying(jobs: list[list[str]]) -> list[list[str]]:
@@ -45,19 +60,55 @@ def varying(jobs: list[list[str]]) -> list[list[str]]:
     return [[o for o in job if o not in common] for job in jobs]
 
 
+MAX_PROBLEMS = 64
+
+
 def compose_explained(compose: Callable[[list[str]], DictConfig], overrides: list[str]) -> DictConfig:
-    """compose(overrides), or ComposeError with Hydra's refusal turned into one line naming the fix."""
+    """compose(overrides), or ComposeError with every refusal, each turned into one line naming the fix.
+
+    Hydra stops at the first override it refuses; a verl script pasted as it is often has several (keys rlcore lacks,
+    a value of the wrong type), and fixing them one run at a time is what users give up on. So the override Hydra
+    names is left out and the rest composed again, until the rest composes or a refusal names no override."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    try:
-        return compose(overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        message = str(err)
-        if message.startswith("Error merging override") and err.__cause__ is not None:
-            # Hydra's own line drops why (a string where a number or a list is wanted, ...): the cause says it
-            message += f": {str(err.__cause__).splitlines()[0]}"
-    raise ComposeError(explain(message, lambda: _key_tree(compose, overrides)))
+    problems, rest = [], list(overrides)
+    while len(problems) < MAX_PROBLEMS:
+        try:
+            cfg = compose(rest)
+        except (HydraException, OmegaConfBaseException) as err:
+            message = str(err)
+            if message.startswith("Error merging override") and err.__cause__ is not None:
+                # Hydra's own line drops why (a string where a number or a list is wanted, ...): the cause says it
+                message += f": {str(err.__cause__).splitlines()[0]}"
+            problems.append(explain(message, lambda: _key_tree(compose, rest)))
+            culprit = _refused_override(message, rest)
+            if culprit is None:
+                raise ComposeError(problems) from None
+            rest.remove(culprit)
+            continue
+        if problems:
+            raise ComposeError(problems, cfg)
+        return cfg
+    raise ComposeError(problems)
+
+
+def _refused_override(message: str, overrides: list[str]) -> str | None:
+    """The override a Hydra refusal is about: named whole ("Error merging override a.b=1"), by its key ("Could not
+    override 'a.b'", "full_key: a.b"), or as a group's option ("Could not find 'recipe/x'")."""
+    merging = re.match(r"Error merging override (.+?)(?::|$)", message.splitlines()[0])
+    if merging and merging.group(1) in overrides:
+        return merging.group(1)
+    by_key = re.search(r"Could not (?:override|append to|delete from) '([^']+)'|full_key: (\S+)", message)
+    option = re.search(r"Could not find '([^']+)/([^']+)'", message)
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if by_key and key.lstrip("+~") == (by_key.group(1) or by_key.group(2)):
+            return override
+        if option and (key, value) == option.groups():
+            return override
+    ambiguous = re.search(r"Ambiguous value for argument '([^']+)'", message)
+    return ambiguous.group(1) if ambiguous and ambiguous.group(1) in overrides else None
 
 
 def _key_tree(compose, overrides: list[str]) -> DictConfig | None:

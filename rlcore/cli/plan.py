@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, varying
+from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, set_existing_keys, varying
 from rlcore.cli.preflight import preflight
 from rlcore.config import compose, format_plan
 from rlcore.config.key_status import ineffective_settings
@@ -119,9 +119,21 @@ def composer(config_name: str):
     return lambda o: compose(o, config_name=config_name), doctor
 
 
+def schema_keys(config_name: str) -> set[str]:
+    """Every leaf key of the schema a config name composes onto (rm_* and sft_* have their trainers')."""
+    from rlcore.config.key_status import schema_leaves
+    from rlcore.config.rm_schema import RMTrainerConfig
+    from rlcore.config.schema import PPOConfig
+    from rlcore.config.sft_schema import SFTTrainerConfig
+
+    schema = RMTrainerConfig if config_name.startswith("rm_") else SFTTrainerConfig if config_name.startswith("sft_") else PPOConfig
+    return set(schema_leaves(schema))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     compose_fn, check = composer(args.config_name)
+    args.overrides = set_existing_keys(args.overrides, schema_keys(args.config_name))
     where = "elsewhere" if args.elsewhere else "plan"
     if args.sweep:
         return sweep(compose_fn, check, args.overrides, where)
@@ -129,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose_explained(compose_fn, args.overrides)
     except ComposeError as err:
         print(f"rlcore-plan: the config does not compose: {err}", file=sys.stderr)
+        if err.partial is not None:
+            # All problems at once: the rest of the command line, checked as if the refused overrides were fixed
+            rest = check(err.partial, where)
+            print(f"rlcore-plan: without the {len(err.problems)} override(s) above, the rest has "
+                  f"{len(rest.errors)} config error(s) of its own:", file=sys.stderr)
+            for error in rest.errors:
+                print(f"  - {error}", file=sys.stderr)
         return 1
     result = check(cfg, where)
     print(result.report, flush=True)

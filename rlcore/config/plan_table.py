@@ -21,8 +21,8 @@ def format_plan(plan: BatchPlan) -> str:
     epochs = plan.optimizer_steps_per_step // plan.mini_batches_per_step
     if plan.ppo_max_token_len_per_rank is not None:
         budget = plan.ppo_max_token_len_per_rank
-        full = budget // plan.max_sequence_length  # >= 1: the validator checked budget >= max length
-        micro = (f"<={math.ceil(plan.samples_per_mini_batch_per_rank / full)}",
+        full = budget // plan.max_sequence_length  # 0 when the budget is below one sample: the validator says so
+        micro = (f"<={math.ceil(plan.samples_per_mini_batch_per_rank / full)}" if full else "?",
                  f"token budget {budget} per micro-batch (actor.ppo_max_token_len_per_gpu) = {full} full-length samples")
     else:
         micro = (plan.micro_batches_per_mini_batch_per_rank, f"of {plan.ppo_micro_batch_size_per_rank} samples")

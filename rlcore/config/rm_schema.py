@@ -22,8 +22,8 @@ from rlcore.config.validate_engine import supervised_engine_errors
 class RMDataConfig:
     """Preference pairs (`data.*`): parquet rows of chat-message prompt, chosen and rejected answers."""
 
-    train_files: List[str] = field(default_factory=lambda: ["~/data/rm/train.parquet"])  # parquet files
-    val_files: List[str] = field(default_factory=lambda: ["~/data/rm/test.parquet"])  # held-out pairs
+    train_files: Any = field(default_factory=lambda: ["~/data/rm/train.parquet"])  # parquet path or list of paths
+    val_files: Any = field(default_factory=lambda: ["~/data/rm/test.parquet"])  # held-out pairs: path or list
     prompt_key: str = "prompt"  # column of chat messages
     chosen_key: str = "chosen"  # column of the preferred answer (text)
     rejected_key: str = "rejected"  # column of the other answer (text)

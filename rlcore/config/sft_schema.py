@@ -6,7 +6,7 @@ keys where they exist: `data.prompt_key`, `data.response_key`, `data.max_length`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import II
 
@@ -20,8 +20,8 @@ TRUNCATIONS = ("error", "left", "right")  # data.truncation of SFT rows
 class SFTDataConfig:
     """Prompt/response rows (`data.*`): the prompt as chat messages (or a plain string: one user turn)."""
 
-    train_files: List[str] = field(default_factory=lambda: ["~/data/gsm8k/train.parquet"])  # parquet files
-    val_files: List[str] = field(default_factory=lambda: ["~/data/gsm8k/test.parquet"])  # held-out rows
+    train_files: Any = field(default_factory=lambda: ["~/data/gsm8k/train.parquet"])  # parquet path or list of paths
+    val_files: Any = field(default_factory=lambda: ["~/data/gsm8k/test.parquet"])  # held-out rows: path or list
     prompt_key: str = "prompt"  # column of the prompt
     response_key: str = "response"  # column of the target answer (text; EOS is appended)
     max_length: int = 1024  # prompt + response tokens

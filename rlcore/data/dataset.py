@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from rlcore.config.files import file_list
 from rlcore.data.row_checks import RowCheck, bad_rows_report, find_bad_rows, prompt_problem
 from rlcore.protocol import position_ids_from_mask
 
@@ -92,7 +93,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             raise ValueError(f"data.apply_chat_template_kwargs sets {reserved}, which the dataset sets itself; remove them "
                              "(data.tool_config_path supplies the tools)")
 
-        files = [data_files] if isinstance(data_files, str) else list(data_files)
+        files = file_list(data_files)
         files = [os.path.expanduser(f) for f in files]
         rows, origins = read_rows(files)
         if max_samples > 0:

@@ -8,6 +8,7 @@ from functools import partial
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.files import file_list
 from rlcore.config.tool_config import tool_schemas
 from rlcore.config.validate import ConfigError
 from rlcore.data.dataset import RLHFDataset
@@ -18,10 +19,6 @@ from rlcore.reward.custom import load_custom_reward_fn
 from rlcore.reward.isolation import IsolatedScorer
 from rlcore.reward.manager import RewardManager, ScoreGuard, build_reward_manager
 from rlcore.reward.scorers import default_compute_score, registered_data_sources
-
-
-def _files(value) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
 
 
 @contextmanager
@@ -60,7 +57,7 @@ def build_data(cfg: DictConfig):
     def dataset(files, max_samples, checks, key):
         with loading(key, files, "the data", catch=(OSError, KeyError, pa.ArrowException)):
             return RLHFDataset(
-                _files(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+                file_list(files), tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                 filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                 max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
                 tools=tools, return_full_prompt=data.return_full_prompt,

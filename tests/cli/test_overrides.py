@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, split_argv, varying
+from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, set_existing_keys, split_argv, varying
 from rlcore.cli.plan import main as plan
 from rlcore.config import compose
 
@@ -70,3 +70,29 @@ def test_verls_one_logger_as_a_string_composes_and_is_checked_as_a_list():
 def test_an_unsupported_device_is_a_config_error_not_a_crash(capsys):
     assert plan(["recipe=tiny_cpu", "trainer.device=npu"]) != 0
     assert "trainer.device=npu is not supported by rlcore; use trainer.device=cuda or trainer.device=cpu" in capsys.readouterr().out
+
+
+def test_every_refusal_at_once_and_the_rest_still_checked(capsys):
+    # a verl script pasted as it is: two keys rlcore lacks and a value of the wrong type, reported together
+    with pytest.raises(ComposeError) as err:
+        compose_explained(compose, ["recipe=tiny_cpu", "actor_rollout_ref.model.mtp.enable=True", "trainer.total_epochs=abc",
+                                    "data.bogus_key=1", "actor_rollout_ref.rollout.n=3"])
+    assert err.value.problems == [
+        "actor_rollout_ref.model.mtp.enable is verl's multi-token prediction (MTP) training; not supported by rlcore: "
+        "not in rlcore: its model families have no MTP heads",
+        "Error merging override trainer.total_epochs=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        "data.bogus_key is not a config key; see rlcore/config/*schema.py (or verl's key tree) for the keys"]
+    assert str(err.value).startswith("3 problems:\n  - actor_rollout_ref.model.mtp.enable is verl's")
+    assert err.value.partial.actor_rollout_ref.rollout.n == 3  # the overrides that compose still apply
+    # rlcore-plan prints them, then the rest's own errors, in one run
+    assert plan(["--elsewhere", "recipe=tiny_cpu", "data.bogus_key=1", "data.train_batch_size=7"]) == 1
+    err_text = capsys.readouterr().err
+    assert "data.bogus_key is not a config key" in err_text and "the rest has" in err_text and "data.train_batch_size=7" in err_text
+
+
+def test_a_plus_on_a_key_rlcore_has_sets_it():
+    # verl's tree lacks data.gen_batch_size, so its DAPO scripts add it with `+`; rlcore's schema has it
+    keys = {"data.gen_batch_size", "actor_rollout_ref.actor.fsdp_config.model_dtype"}
+    assert set_existing_keys(["+data.gen_batch_size=64", "+reward_model.reward_kwargs.max_resp_len=8", "++a=1"], keys) == [
+        "data.gen_batch_size=64", "+reward_model.reward_kwargs.max_resp_len=8", "++a=1"]
+    assert plan(["--elsewhere", "recipe=tiny_cpu", "+data.gen_batch_size=32"]) == 0  # composes (Hydra alone refuses it)

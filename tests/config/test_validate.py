@@ -92,6 +92,16 @@ def test_dynamic_bsz_needs_no_micro_batch_size():
     assert f"<={-(-plan.samples_per_mini_batch_per_rank // full)} " in row and f"= {full} full-length samples" in row
 
 
+def test_a_token_budget_below_one_sample_is_an_error_and_the_plan_still_prints():
+    # verl's Qwen3-30B megatron example: 16384 tokens per micro-batch for 32768-token samples (found by the corpus test)
+    from rlcore.config.validate import diagnose
+
+    plan, errors = diagnose(_cfg(VERL_8GPU + [f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=1000"]))
+    assert any("ppo_max_token_len_per_gpu" in e for e in errors)
+    row = next(line for line in format_plan(plan).splitlines() if "micro_batches_per_mini_batch_per_rank" in line)
+    assert " ? " in row and "= 0 full-length samples" in row
+
+
 def test_validate_accepts_a_dataclass_instance():
     with pytest.raises(ConfigError, match="critic.ppo_micro_batch_size_per_gpu is required"):  # verl's default: gae
         validate_config(PPOConfig())

@@ -47,3 +47,15 @@ def test_prompt_key_and_response_key_name_the_columns_sft_reads(tmp_path):
     assert tok.decode(train.prompts[0]).endswith("1+2=<|assistant|>") and train.responses[0] == tok.encode("3", add_special_tokens=False) + [tok.eos_token_id]
     default, _ = load_rows(compose_sft(files), tok)  # verl's defaults: the prompt and response columns
     assert default.responses[0] == tok.encode("18", add_special_tokens=False) + [tok.eos_token_id]
+
+
+def test_data_files_take_one_path_as_a_string_as_verls_do(tmp_path):
+    # verl's SFT scripts pass data.train_files=$HOME/data/gsm8k/train.parquet: a string, not a list
+    from rlcore.train_rm import compose_rm
+    from rlcore.train_sft import compose_sft, load_rows
+
+    tok = build_char_tokenizer()
+    path = write_parquet([{"prompt": "1+2=", "response": "3"}], str(tmp_path / "one.parquet"))
+    train, val = load_rows(compose_sft([f"data.train_files={path}", f"data.val_files={path}", "data.max_length=32"]), tok)
+    assert len(train.prompts) == len(val.prompts) == 1
+    assert compose_rm([f"data.train_files={path}"]).data.train_files == path
