@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.files import file_list
+from rlcore.config.tool_config import tool_config_key_of, tools_enabled
 from rlcore.config.validate import uses_critic
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -121,10 +124,14 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
             missing("reward_model.model.input_tokenizer", value, "no such directory")
     for key in ("data.train_files", "data.val_files"):
         value = OmegaConf.select(cfg, key)
-        files = [] if value is None else [value] if isinstance(value, str) else list(value)
-        for path in files:
+        for path in file_list(value):
             if not os.path.isfile(os.path.expanduser(str(path))):
                 missing(key, path, "no such file")
+    if cfg.global_profiler.tool == "nsys" and shutil.which("nsys") is None:
+        missing("global_profiler.tool", "nsys", "Nsight Systems is not installed (no nsys on PATH)")
+    tools_key = tool_config_key_of(cfg) if tools_enabled(cfg) else None
+    if tools_key and not os.path.isfile(os.path.expanduser(str(OmegaConf.select(cfg, tools_key)))):
+        missing(tools_key, OmegaConf.select(cfg, tools_key), "no such file")
     reward_file = cfg.custom_reward_function.path
     if reward_file:
         if not os.path.isfile(os.path.expanduser(str(reward_file))):
@@ -188,6 +195,10 @@ def _fix_for(key: str, value) -> str:
         return f"the demo's assets are built by `{demo}` (run it once from the repository root, where these paths are relative)"
     if key.startswith("data."):
         return f"point {key} at local parquet files (docs/gpu_start.md prepares GSM8K in verl's row format)"
+    if key == "global_profiler.tool":
+        return "install Nsight Systems (nsys on PATH) on every node that runs the job, or use global_profiler.tool=torch"
+    if key.endswith("tool_config_path"):
+        return f"point {key} at a tool config such as tool_configs/gsm8k_calculator.yaml"
     if key.endswith("model.path") or key.endswith("tokenizer_path"):
         return f"point {key} at a local HF model directory (e.g. `hf download Qwen/Qwen2.5-7B-Instruct --local-dir ...`)"
     return f"set {key} to an existing file or null"

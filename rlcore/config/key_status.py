@@ -82,6 +82,12 @@ NO_EFFECT: dict[str, str] = {
     "reward_model.launch_reward_fn_async": "not implemented: rlcore scores right after generation, in "
                                            "reward_model.score_workers processes, before the log-prob passes "
                                            "(timing_s/reward shows what it costs)",
+    "*.profiler.tool_config.npu.*": "Ascend NPU profiling: global_profiler.tool=npu is refused (rlcore does not run on "
+                                    "Ascend NPUs)",
+    "global_profiler.global_tool_config.nsys.controller_nsight_options": "rlcore runs its workers under Nsight "
+                                                                         "(worker_nsight_options); the controller does "
+                                                                         "bookkeeping on the CPU, with no kernels to trace",
+    "*.torch_memory.stack_depth": "torch's allocator history records whole stacks (stacks=python or all) and takes no depth",
     "critic.model.tokenizer_path": "the critic reads the policy's token ids, which actor_rollout_ref.model's tokenizer "
                                    "made; a tokenizer of its own is never loaded",
     "trainer.max_critic_ckpt_to_keep": "rlcore keeps the actor and the critic in one global_step_N folder, pruned by "

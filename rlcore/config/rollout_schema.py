@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II
 
 from rlcore.config.multi_turn_schema import AgentConfig, MultiTurnConfig
+from rlcore.config.profiler_schema import RolloutProfilerConfig
 
 
 @dataclass
@@ -86,3 +87,4 @@ class RolloutConfig:
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)  # weight sync
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # multi-turn rollouts with tools
     agent: AgentConfig = field(default_factory=AgentConfig)  # agent loop (tool_agent: multi-turn with tools)
+    profiler: RolloutProfilerConfig = field(default_factory=RolloutProfilerConfig)  # as the actor's profiling

@@ -23,6 +23,7 @@ from omegaconf import II, MISSING
 
 from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
 from rlcore.config.moe_schema import RouterReplayConfig
+from rlcore.config.profiler_schema import GlobalProfilerConfig, ProfilerConfig
 from rlcore.config.rollout_schema import RolloutConfig
 
 
@@ -207,6 +208,7 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
     megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)  # MoE: replay recorded routes
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
 
 
 @dataclass
@@ -231,6 +233,7 @@ class RefConfig:
         context_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.context_parallel_size,1")))
     router_replay: RouterReplayConfig = field(default_factory=lambda: RouterReplayConfig(  # replays the actor's routes
         mode=II("oc.select:actor_rollout_ref.actor.router_replay.mode,disabled")))
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
 
 
 @dataclass
@@ -292,6 +295,7 @@ class CriticConfig:
     enable_resource_pool: bool = False  # rlcore addition: own devices (nnodes x n_gpus_per_node) instead of the actor's
     n_gpus_per_node: int = II("trainer.n_gpus_per_node")  # rlcore addition: with enable_resource_pool
     nnodes: int = II("trainer.nnodes")  # rlcore addition: with enable_resource_pool
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
 
 
 @dataclass
@@ -393,6 +397,7 @@ class RewardModelConfig:
     score_timeout_s: float = 60.0  # per sample: a call still running then scores error_score
     error_score: float = 0.0  # the score of a sample whose compute_score raised or timed out
     max_error_rate: float = 0.1  # stop the run when more than this fraction of a step's samples fail
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
 
 
 @dataclass
@@ -536,3 +541,4 @@ class PPOConfig:
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)  # with actor_rollout_ref.hybrid_engine=False
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # with hybrid_engine=False
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)  # what is profiled, where

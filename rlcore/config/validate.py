@@ -23,6 +23,7 @@ from rlcore.config.validate_async import check_async, derive_async_sizes, split_
 from rlcore.config.validate_engine import ppo_engine_errors
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
 from rlcore.config.validate_lora import check_lora
+from rlcore.config.validate_profiler import check_profiler
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
 from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_reward_model import check_reward_model
@@ -176,6 +177,7 @@ def _check_choices(c: _Checker) -> None:
     check_dynamic_sampling(c)
     check_rollout_correction(c)
     check_router_replay(c)
+    check_profiler(c)
     check_native_rollout(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")

@@ -4,6 +4,8 @@ before Ray starts, so a missing file or a tool class that does not import fails 
 
 from __future__ import annotations
 
+import os
+
 from rlcore.config.tool_config import AGENT, MT, load_tool_config, tool_config_key_of, tools_enabled
 
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")
@@ -29,7 +31,9 @@ def check_multi_turn(c) -> None:
     if key is None:
         c.error(f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools; set "
                 f"{MT}.tool_config_path to a tool config such as tool_configs/gsm8k_calculator.yaml")
-    else:
+    elif os.path.isfile(os.path.expanduser(str(c.get(key)))):
+        # A file that is not there is a path on the machine that runs the job: rlcore.cli.preflight reports it,
+        # a warning when the doctor plans for another machine (--elsewhere), an error before a run starts.
         try:
             load_tool_config(c.get(key))
         except ValueError as err:

@@ -36,7 +36,7 @@ class RayWorkerGroup:
     """
 
     def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", hang_timeout_s: float = 300.0,
-                 collective_timeout_s: float = 600.0, **init_kwargs: Any) -> None:
+                 collective_timeout_s: float = 600.0, nsight: dict | None = None, **init_kwargs: Any) -> None:
         self.pool = pool
         self.world_size = pool.world_size
         self.name = worker_cls.__name__ if name == "worker" else name
@@ -55,7 +55,7 @@ class RayWorkerGroup:
                 num_cpus=share["CPU"],
                 num_gpus=share.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(*pool.rank_bundle(rank)),
-                runtime_env={"env_vars": env} if env else None,
+                runtime_env={**({"env_vars": env} if env else {}), **({"nsight": nsight} if nsight else {})} or None,
                 max_concurrency=getattr(worker_cls, "max_concurrency", 1),  # >1: calls run in threads of the actor
             ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
             for rank in range(self.world_size)

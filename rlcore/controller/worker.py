@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from rlcore.controller.decorator import DataLayout, Dispatch, register
 from rlcore.utils.dist import set_collective_timeout
+from rlcore.utils.profiler import ProfileSpec, WorkerProfiler
 
 
 def free_port() -> int:
@@ -41,6 +42,7 @@ class Worker:
         self.world_size = world_size
         self.device_type = device
         self.layouts: dict[str, DataLayout] = {}  # data-parallel layouts other than "every rank on its own"
+        self.profiler = WorkerProfiler(rank, device)  # idle until the controller starts it (global_profiler.steps)
 
     @property
     def device(self) -> torch.device:
@@ -64,8 +66,19 @@ class Worker:
         """A registered method's result, when it started on this rank (wall clock) and the seconds it took: the group
         compares its ranks (who started late, who waited for the slowest) and its own round trip with them."""
         started, start = time.time(), time.perf_counter()
-        result = getattr(self, method)(*args, **kwargs)
+        with self.profiler.call(method):
+            result = getattr(self, method)(*args, **kwargs)
         return result, started, time.perf_counter() - start
+
+    @register(Dispatch.ONE_TO_ALL)
+    def start_profile(self, spec: ProfileSpec) -> None:
+        """Profiles this rank's calls from now on, if `spec` names it (rlcore.utils.profiler)."""
+        self.profiler.start(spec)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> list[str]:
+        """Ends the profile; the trace and snapshot files this rank wrote."""
+        return self.profiler.stop()
 
     def peak_flops(self) -> tuple[float, str]:
         """This rank's peak matmul FLOP/s and where the figure comes from. CUDA: the nominal dense bf16 peak of a

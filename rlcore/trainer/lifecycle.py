@@ -47,6 +47,7 @@ def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where
     Prints the rank -> node map; `check_dir`: every rank must see trainer.default_local_dir. Torn down on failure."""
     from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
     from rlcore.controller.ray_group import RayWorkerGroup
+    from rlcore.trainer.profiling import nsight_runtime_env
 
     t = trainer_cfg
     cpus = cpus_per_rank(t.device, sum(n * g for n, g in shapes))
@@ -56,7 +57,8 @@ def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where
     try:
         for role, pool in where.items():
             groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=t.hang_timeout_s,
-                                          collective_timeout_s=collective_timeout_s(config), config=config)
+                                          collective_timeout_s=collective_timeout_s(config), config=config,
+                                          nsight=nsight_runtime_env(config, role))
         print(placement_map(groups), flush=True)
         if check_dir:
             check_shared_dir(groups, t.default_local_dir)

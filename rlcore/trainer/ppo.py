@@ -23,6 +23,7 @@ from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.metrics import data_metrics, multi_turn_metrics, throughput_metrics
 from rlcore.trainer.preemption import EXIT_CODE, DeferredStop, deferred_stop, resume_hint, say, stop_line
+from rlcore.trainer.profiling import Profiling
 from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.split_pools import SplitPools
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
@@ -90,6 +91,7 @@ class PPOTrainer:
         self.restart, self.restart_from = restart, restart_from
         self.last_checkpoint: str | None = None  # written by this run: where a restart resumes
         self.perf = StepPerf(groups, None, None, None, {})  # fit() measures the device and writes perf.json
+        self.profiling = Profiling(cfg, groups)  # global_profiler.steps: the workers' profilers around those steps
         self._batches = iter(())
 
     def fit(self) -> dict[str, float]:
@@ -113,7 +115,8 @@ class PPOTrainer:
         with deferred_stop() as stop, closing(self.split) if self.split is not None else nullcontext():
             while self.global_step < self.total_steps:
                 self.global_step += 1
-                metrics = self.train_step()
+                with self.profiling.step(self.global_step):
+                    metrics = self.train_step()
                 last = self.global_step == self.total_steps
                 if self.split is not None:
                     self.split.after_step(self.global_step, metrics, self._due(self.cfg.trainer.test_freq, last) and self.val_loader is not None, last)

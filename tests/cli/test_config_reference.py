@@ -82,9 +82,9 @@ def test_verl_keys_under_a_dict_key_are_covered_and_others_listed():
 def test_a_verl_key_absent_from_rlcore_is_listed_with_its_default():
     text = render(PPO)
     listed = text[text.index("## verl keys not in rlcore"):]
-    assert "| `actor_rollout_ref.actor.profiler.ranks` | `[]` |" in listed
+    assert "| `actor_rollout_ref.model.mtp.enable` | `false` |" in listed
     assert "`actor_rollout_ref.model.override_config`" not in listed  # rlcore has it
-    assert "### `actor_rollout_ref.actor.profiler`" in listed  # grouped by parent
+    assert "### `actor_rollout_ref.model.mtp`" in listed  # grouped by parent
 
 
 @needs_verl

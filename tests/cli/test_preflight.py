@@ -77,6 +77,22 @@ def test_remote_or_multi_node_paths_are_warnings_in_the_plan_and_errors_in_train
     assert not checked.errors and "not checked on the other nodes" in checked.warnings[0]
 
 
+def test_a_missing_tool_config_is_a_path_like_the_others(tiny_model_dir, tiny_task_dir):
+    # verl's multi-turn scripts name a tool config on the user's machine: planned --elsewhere it is a warning, as a
+    # missing model or data file is; planned or trained here, an error with the fix.
+    MT = "actor_rollout_ref.rollout.multi_turn"
+    args = tiny(tiny_model_dir, tiny_task_dir, f"{MT}.enable=True", f"{MT}.tool_config_path=/nowhere/tools.yaml")
+    elsewhere = preflight(compose(args), "elsewhere")
+    assert not elsewhere.errors and elsewhere.warnings == [
+        f"{MT}.tool_config_path=/nowhere/tools.yaml: no such file on this machine (--elsewhere: the job runs on another "
+        "machine; rlcore reads local paths only, so it must exist on every node that runs the job)"]
+    assert errors(args, "train") == [f"{MT}.tool_config_path=/nowhere/tools.yaml: no such file; point {MT}.tool_config_path "
+                                     "at a tool config such as tool_configs/gsm8k_calculator.yaml"]
+    from rlcore.config.validate import diagnose
+
+    assert not [e for e in diagnose(compose(args))[1] if "tool_config_path" in e]  # the rules leave the path to preflight
+
+
 def test_a_reward_file_that_fails_to_import_is_one_line(tiny_model_dir, tiny_task_dir, tmp_path):
     reward = tmp_path / "reward.py"
     reward.write_text("import not_a_module_anywhere\n")

@@ -94,10 +94,11 @@ def _other_value(defaults, key: str):
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(defaults, parent)._get_node(leaf)
     value = node._value()
+    following = isinstance(value, str)  # an interpolation: the default follows another key (the global one)
     if isinstance(node, BooleanNode):
-        return not value
+        return True if following else not value
     if isinstance(node, (IntegerNode, FloatNode)):
-        return 1 if value is None else value + 1
+        return 1 if value is None or following else value + 1
     return "x" if isinstance(node, (StringNode, AnyNode)) and (value is None or isinstance(value, str)) else None
 
 

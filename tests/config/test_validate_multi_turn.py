@@ -46,7 +46,6 @@ ON = {"enable": True, "tool_config_path": TOOLS}
     ({f"${AGENT}.default_agent_loop": "tool_agent"}, "need tools"),
     ({"tool_config_path": TOOLS}, f"{MT}.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off; set {MT}.enable=True"),
     ({"$data.tool_config_path": TOOLS}, f"data.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off"),
-    ({"enable": True, "tool_config_path": "missing.yaml"}, f"{MT}.tool_config_path=missing.yaml: tool config missing.yaml does not exist"),
     ({**ON, "format": "chatml"}, f"{MT}.format=chatml is not one of hermes; use {MT}.format=hermes"),
     ({**ON, "tool_response_truncate_side": "start"}, f"{MT}.tool_response_truncate_side=start is not one of left, middle, right"),
     ({**ON, "max_tool_response_length": 0}, f"{MT}.max_tool_response_length=0 must be >= 1; use {MT}.max_tool_response_length=256"),

@@ -1,0 +1,117 @@
+"""Profiling with verl's keys: `global_profiler.*` (which tool, which steps, where traces go) and each role's
+`profiler.*` (whether it is profiled, on which ranks), as verl cuts them. rlcore/utils/profiler.py does the
+profiling in the workers; rlcore/config/validate_profiler.py refuses what cannot run here, with the reason.
+
+Tools: `torch` (torch.profiler traces, `*.pt.trace.json`, for Perfetto or TensorBoard), `torch_memory` (the CUDA
+caching allocator's history, a snapshot for pytorch.org/memory_viz), `nsys` (the workers run under Nsight Systems:
+only where `nsys` is installed), `npu` (Ascend: refused). A role's `tool` and `save_path` follow the global ones.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II
+
+TOOLS = ("torch", "torch_memory", "nsys", "npu")
+TORCH_CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
+
+
+@dataclass
+class NsysToolConfig:
+    discrete: bool = False  # one Nsight capture range per worker call instead of one per profiled step
+
+
+@dataclass
+class RoleNsysToolConfig:
+    # as global_profiler.global_tool_config.nsys.discrete
+    discrete: bool = II("oc.select:global_profiler.global_tool_config.nsys.discrete")
+
+
+@dataclass
+class NpuToolConfig:
+    contents: List[str] = field(default_factory=list)  # Ascend profiler contents (tool=npu is refused: no Ascend here)
+    level: str = "level0"  # Ascend profiler level
+    analysis: bool = True  # Ascend: analyse the trace after the run
+    discrete: bool = False  # Ascend: one trace per worker call
+
+
+@dataclass
+class TorchToolConfig:
+    # what the trace records: cpu, cuda (kernels), memory (allocations), shapes, stack; [] = cpu and, on CUDA, cuda
+    contents: List[str] = field(default_factory=list)
+    discrete: bool = False  # one trace per worker call instead of one per profiled step
+
+
+@dataclass
+class TorchMemoryToolConfig:
+    # allocator events kept (the oldest are dropped); as the global setting
+    trace_alloc_max_entries: int = II("oc.select:global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries,100000")
+    # frames kept per allocation's stack; as the global setting
+    stack_depth: int = II("oc.select:global_profiler.global_tool_config.torch_memory.stack_depth,32")
+
+
+@dataclass
+class ProfilerToolConfig:
+    nsys: RoleNsysToolConfig = field(default_factory=RoleNsysToolConfig)  # tool=nsys
+    npu: NpuToolConfig = field(default_factory=NpuToolConfig)  # tool=npu (refused)
+    torch: TorchToolConfig = field(default_factory=TorchToolConfig)  # tool=torch
+    torch_memory: TorchMemoryToolConfig = field(default_factory=TorchMemoryToolConfig)  # tool=torch_memory
+
+
+@dataclass
+class ProfilerConfig:
+    """One role's profiling (`<role>.profiler.*`): on by `enable`, on `ranks` (rank 0 when empty) or all ranks."""
+
+    tool: Optional[str] = II("oc.select:global_profiler.tool,null")  # as global_profiler.tool
+    enable: bool = False  # profile this role on global_profiler.steps
+    all_ranks: bool = False  # every rank of the role's worker group
+    ranks: List[int] = field(default_factory=list)  # the ranks profiled; [] = rank 0
+    save_path: Optional[str] = II("oc.select:global_profiler.save_path,null")  # as global_profiler.save_path
+    tool_config: ProfilerToolConfig = field(default_factory=ProfilerToolConfig)  # per-tool options
+
+
+@dataclass
+class RolloutProfilerConfig(ProfilerConfig):
+    """The rollout's profiling follows the actor's (verl: the same process in the hybrid engine)."""
+
+    enable: bool = II("oc.select:actor_rollout_ref.actor.profiler.enable,false")  # as the actor's
+    all_ranks: bool = II("oc.select:actor_rollout_ref.actor.profiler.all_ranks,false")  # as the actor's
+    ranks: List[int] = II("oc.select:actor_rollout_ref.actor.profiler.ranks,[]")  # as the actor's
+
+
+@dataclass
+class TorchMemoryGlobalConfig:
+    trace_alloc_max_entries: int = 100000  # allocator events kept (the oldest are dropped)
+    stack_depth: int = 32  # frames kept per allocation's stack
+    context: str = "all"  # which events keep a stack: all | alloc | state (torch.cuda.memory._record_memory_history)
+    stacks: str = "all"  # python | all (python and C++ frames)
+    kw_args: Dict[str, Any] = field(default_factory=dict)  # more arguments for _record_memory_history
+
+
+@dataclass
+class NsysGlobalConfig:
+    discrete: bool = False  # one capture range per worker call instead of one per profiled step
+    # nsys options of the controller process (verl's; rlcore does not run the controller under nsys)
+    controller_nsight_options: Dict[str, Any] = field(default_factory=lambda: {
+        "trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": True, "cuda-graph-trace": "graph"})
+    # nsys options of each profiled worker process (Ray's runtime_env "nsight")
+    worker_nsight_options: Dict[str, Any] = field(default_factory=lambda: {
+        "trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": True, "cuda-graph-trace": "graph",
+        "capture-range": "cudaProfilerApi", "capture-range-end": None, "kill": "none"})
+
+
+@dataclass
+class GlobalToolConfig:
+    nsys: NsysGlobalConfig = field(default_factory=NsysGlobalConfig)  # tool=nsys
+    torch_memory: TorchMemoryGlobalConfig = field(default_factory=TorchMemoryGlobalConfig)  # tool=torch_memory
+
+
+@dataclass
+class GlobalProfilerConfig:
+    """What is profiled and where it goes (`global_profiler.*`)."""
+
+    tool: Optional[str] = None  # torch | torch_memory | nsys | npu; None = no profiling
+    steps: Optional[List[int]] = None  # the global steps profiled (1-based); None = none
+    profile_continuous_steps: bool = False  # consecutive listed steps go into one trace
+    save_path: str = "outputs/profile"  # traces and snapshots go under this directory, one folder per step
+    global_tool_config: GlobalToolConfig = field(default_factory=GlobalToolConfig)  # per-tool options
