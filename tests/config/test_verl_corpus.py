@@ -1,0 +1,113 @@
+"""verl's own example scripts, as a user pastes them: the doctor accepts each, or refuses it only for the reasons
+listed in verl_corpus/EXPECTED.txt.
+
+The corpus (tests/config/verl_corpus/*.args) is every launch script under verl's examples/ at b178a3c, run by
+tools/verl_corpus.py with bash expanding its variables and every program stubbed: one file per script, its verl
+entry point and its overrides. Each is planned as `rlcore-plan --elsewhere` would (models, data and tools are on
+the user's machine, not here), every problem at once; its verdict is `accepted` or the sorted set of reasons, one
+per refused feature. A change to what the doctor accepts shows up as a changed line here: an improvement is
+recorded by updating EXPECTED.txt (the message says how), a regression fails.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).parent / "verl_corpus"
+EXPECTED = CORPUS / "EXPECTED.txt"
+UPDATED = Path(__file__).resolve().parents[2] / ".cache" / "verl_corpus_EXPECTED.txt"
+# verl's entry point -> rlcore's config of the same trainer
+ENTRIES = {"verl.trainer.main_ppo": "ppo_trainer", "verl.trainer.fsdp_sft_trainer": "sft_trainer",
+           "verl.trainer.sft_trainer": "sft_trainer"}
+# error text -> the reason it counts under (first match); any other error counts under its own first clause
+REASONS = (
+    (r"is verl's (.+?); not supported by rlcore", None),
+    (r"sglang", "SGLang rollout"),
+    (r"trtllm|TensorRT", "TensorRT-LLM rollout"),
+    (r"multimodal|vision", "vision-language model"),
+    (r"npu", "Ascend NPU"),
+    (r"^([\w.+~]+) is not a config key", "unknown key {0}"),
+    (r"^Error merging override ([\w.]+)=:", "{0} from the user's environment (empty here)"),
+)
+
+
+def read(path: Path) -> tuple[str, str, list[str]]:
+    lines = path.read_text().splitlines()
+    return lines[0][2:], lines[1].removeprefix("# entry: "), [line for line in lines[2:] if line]
+
+
+def reason(error: str) -> str:
+    for pattern, name in REASONS:
+        found = re.search(pattern, error, re.I)
+        if found:
+            return name.format(*found.groups()) if name else f"verl's {found.group(1)}"
+    return re.split(r"[;:(]", error, maxsplit=1)[0].strip()
+
+
+def verdict(entry: str, args: list[str]) -> list[str]:
+    """The reasons the doctor refuses the script for (sorted, each once); [] when it accepts it."""
+    from rlcore.cli.overrides import ComposeError, compose_explained, set_existing_keys, split_argv
+    from rlcore.cli.plan import composer, schema_keys
+
+    if entry not in ENTRIES:
+        return [f"verl's entry point {entry}"]
+    # `--config-path=config` is verl's own config directory (next to its main_ppo), whose names rlcore's configs share;
+    # another path is an example's YAML, which rlcore does not have
+    paths = [a.split("=", 1)[-1] for a in args if a.startswith("--config-path")]
+    if any(p not in ("config", "./config") for p in paths):
+        return ["a config file of a verl example (--config-path)"]
+    args = [a for a in args if not a.startswith("--config-path")]
+    named = [a.removesuffix(".yaml") if a.startswith("--config-name") or b in ("--config-name", "-cn") else a
+             for b, a in zip(["", *args], args)]  # verl's scripts name the config with or without .yaml
+    config_name, overrides, _, _ = split_argv(named, ENTRIES[entry])
+    compose_fn, check = composer(config_name)
+    overrides = set_existing_keys(overrides, schema_keys(config_name))  # as rlcore-train and rlcore-plan do
+    try:
+        errors = check(compose_explained(compose_fn, overrides), "elsewhere").errors
+    except ComposeError as err:
+        errors = err.problems + (check(err.partial, "elsewhere").errors if err.partial is not None else [])
+    return sorted({reason(e) for e in errors})
+
+
+def verdicts() -> dict[str, str]:
+    out = {}
+    for path in sorted(CORPUS.glob("*.args")):
+        script, entry, args = read(path)
+        out[script] = "; ".join(verdict(entry, args)) or "accepted"
+    return out
+
+
+def test_the_corpus_is_verls_examples():
+    scripts = [read(p)[0] for p in CORPUS.glob("*.args")]
+    assert len(scripts) == 139 and all(s.startswith("examples/") and s.endswith(".sh") for s in scripts)
+
+
+def test_each_script_is_accepted_or_refused_only_for_its_listed_reasons(capsys):
+    found = verdicts()
+    counts = Counter("accepted" if v == "accepted" else "refused" for v in found.values())
+    by_reason = Counter(r for v in found.values() if v != "accepted" for r in v.split("; "))
+    with capsys.disabled():
+        print(f"\nverl corpus: {counts['accepted']} of {len(found)} scripts accepted; reasons (scripts): "
+              + ", ".join(f"{r} ({n})" for r, n in by_reason.most_common()))
+    expected = dict(line.split("\t", 1) for line in EXPECTED.read_text().splitlines() if line)
+    changed = {s: (expected.get(s), v) for s, v in found.items() if expected.get(s) != v}
+    if changed:
+        UPDATED.parent.mkdir(exist_ok=True)
+        UPDATED.write_text("".join(f"{s}\t{v}\n" for s, v in found.items()))
+    assert not changed, (f"{len(changed)} script(s) changed verdict (was -> now):\n"
+                         + "\n".join(f"  {s}: {a} -> {b}" for s, (a, b) in sorted(changed.items()))
+                         + f"\nif each is intended: cp {UPDATED} {EXPECTED}")
+
+
+@pytest.mark.parametrize("error, expected", [
+    ("actor_rollout_ref.model.mtp.enable is verl's multi-token prediction (MTP) training; not supported by rlcore: ...",
+     "verl's multi-token prediction (MTP) training"),
+    ("data.bogus is not a config key; did you mean data.shuffle?", "unknown key data.bogus"),
+    ("actor_rollout_ref.rollout.name=sglang is not supported yet by rlcore; use ...", "SGLang rollout"),
+])
+def test_errors_count_under_their_feature(error, expected):
+    assert reason(error) == expected
