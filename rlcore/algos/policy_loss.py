@@ -66,6 +66,37 @@ def gpg_loss(old_log_prob, log_prob, advantages, response_mask, **_):
     return -advantages * log_prob, {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": (old_log_prob - log_prob).detach()}
 
 
+@POLICY_LOSSES.register("geo_mean")
+def geo_mean_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, **_):
+    """GMPO (Zhao et al. 2025, arXiv 2507.20673): PPO on the geometric mean of a sequence's token ratios.
+
+    Per token d = log_prob - old_log_prob, clipped in log space on the side the advantage's sign makes pessimistic:
+    d' = sign(A) min(sign(A) d, sign(A) clip(d, -eps_low, eps_high)). Per sequence r_i = exp(mean_t d'),
+    A_i = mean_t A and L_i = -A_i r_i. A loss per sequence: every token carries L_i and the sequences are averaged
+    (GMPO_AGGREGATION), whatever actor.loss_agg_mode says, as verl's geo_mean ignores it.
+    """
+    mask = response_mask.to(log_prob.dtype)
+    tokens = mask.sum(-1).clamp(min=1)
+    log_ratio = log_prob - old_log_prob
+    clipped_log_ratio = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
+    sign = advantages.sign()
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)
+    ratio = ((pessimistic * mask).sum(-1) / tokens).exp()
+    advantage = (advantages * mask).sum(-1) / tokens
+    loss = (-advantage * ratio).unsqueeze(-1).expand_as(log_prob)
+    outside = (log_ratio != clipped_log_ratio).float()
+    stats = {
+        "actor/pg_clipfrac": (outside * (advantages > 0)).detach(),
+        "actor/pg_clipfrac_lower": (outside * (advantages < 0)).detach(),
+        "actor/ppo_kl": (-log_ratio).detach(),
+    }
+    return loss, stats
+
+
+GMPO_AGGREGATION = "seq-mean-token-mean"  # the mean over sequences of a loss every token of a sequence shares
+geo_mean_loss.loss_agg_mode = GMPO_AGGREGATION
+
+
 @POLICY_LOSSES.register("cispo")
 def cispo_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, **_):
     """CISPO (MiniMax-M1, 2025): clip the importance weight, never the gradient.

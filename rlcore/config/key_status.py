@@ -65,6 +65,9 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.layered_summon": "rlcore's weight sync always gathers the training weights a bucket at a "
                                                 "time (checkpoint_engine.update_weights_bucket_megabytes), never the "
                                                 "whole model at once",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "rlcore's hybrid engine always wakes in stages: the rollout's "
+                                                     "weights, the weight sync, the actor's parameters offloaded, then "
+                                                     "the KV cache (rlcore/rollout/weight_sync.py)",
     "actor_rollout_ref.rollout.calculate_log_probs": "rlcore's rollouts always return their log-probs (rollout_log_probs; "
                                                      "the rollout_corr/* mismatch metrics are logged every step)",
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "rlcore's tool agent appends each turn's tokens "

@@ -81,6 +81,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
     calculate_log_probs: bool = False  # also return the engine's own log-probs (for mismatch metrics)
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
+    multi_stage_wake_up: bool = False  # wake the rollout's weights, sync, then its KV cache (lower peak memory)
     enable_rollout_routing_replay: bool = False  # MoE: record each token's routes for R3 router replay (native engine)
     engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)  # engine pass-through
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)  # validation sampling

@@ -28,6 +28,10 @@ def check_rollout_correction(c) -> None:
     if c.get(f"{RC}.rollout_is_batch_normalize") and rollout_is is None:
         c.error(f"{RC}.rollout_is_batch_normalize=True normalises IS weights, but {RC}.rollout_is=null computes none; "
                 f"set {RC}.rollout_is=token (or sequence), or drop rollout_is_batch_normalize")
+    if rollout_is is not None and not c.get(f"{RC}.bypass_mode") and c.get("actor_rollout_ref.actor.policy_loss.loss_mode") == "geo_mean":
+        # verl weighs GMPO's sequence loss by the geometric mean of the token weights; rlcore's weights scale tokens
+        c.error(f"{RC}.rollout_is={rollout_is} with actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean (GMPO): its loss is "
+                "per sequence and rlcore's IS weights are per token; use rollout_rs (rejection) or bypass_mode instead")
     if c.get(f"{RC}.bypass_mode"):
         _check_bypass(c, rollout_is)
     elif c.get(f"{RC}.loss_type") == "reinforce":

@@ -74,7 +74,9 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
             pg_mat, stats = policy_loss(old_log_prob, log_prob, b["advantages"], mask, **loss_params)
             if "rollout_is_weights" in b:  # detached weights, applied after clipping, as verl does for every loss mode
                 pg_mat = pg_mat * b["rollout_is_weights"]
-        pg_loss = agg(pg_mat)
+        # A loss defined per sequence (GMPO) fixes its own aggregation; the others follow actor.loss_agg_mode
+        pg_mode = getattr(policy_loss, "loss_agg_mode", actor_cfg.loss_agg_mode) if not rc.bypass_mode else actor_cfg.loss_agg_mode
+        pg_loss = agg_loss(pg_mat, mask, pg_mode, counts[0], counts[1], dp_size)
         loss = pg_loss
         # Metrics stay on the device (detached): run_ppo_updates reads a mini-batch's in one transfer, not one
         # host sync per metric per micro-batch.

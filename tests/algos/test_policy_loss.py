@@ -93,3 +93,39 @@ def test_kl_cov_penalises_the_largest_covariance_tokens():
     assert torch.allclose(loss, torch.tensor(expected), atol=1e-6)
     none, _ = POLICY_LOSSES.get("kl_cov")(old, new, COV_ADV, torch.ones(1, 4), kl_cov_ratio=0.0002)  # k = 0: plain -A r
     assert torch.allclose(none, torch.tensor([[-3.0, 3.0 * math.exp(0.1), 0.0, 0.0]]), atol=1e-6)
+
+
+def _verl_gmpo(old, new, adv, mask, eps_low, eps_high):
+    """verl's compute_policy_loss_geo_mean (core_algos.py at b178a3c), transcribed: the reference."""
+    d = new - old
+    sgn = torch.sign(adv)
+    d_clamp = torch.clamp(d, -eps_low, eps_high)
+    d_min = sgn * torch.min(sgn * d, sgn * d_clamp)
+    n = mask.sum(-1)
+    ratio = torch.exp((d_min * mask).sum(-1) / (n + 1e-8))
+    a = (adv * mask).sum(-1) / (n + 1e-8)
+    return torch.mean(-a * ratio)
+
+
+def test_geo_mean_is_verls_gmpo_over_sequences_whatever_the_aggregation():
+    from rlcore.algos.agg import agg_loss
+    from rlcore.algos.policy_loss import GMPO_AGGREGATION
+
+    torch.manual_seed(0)
+    old = torch.randn(4, 6) * 0.3 - 1.0
+    new = (old + torch.randn(4, 6) * 0.5).requires_grad_()
+    mask = torch.tensor([[1.0] * 6, [1.0] * 4 + [0.0] * 2, [1.0] * 2 + [0.0] * 4, [1.0] * 5 + [0.0]])
+    adv = torch.tensor([1.5, -0.7, 0.0, 2.0]).unsqueeze(-1).expand(4, 6)  # GRPO: one advantage per sequence
+    loss_fn = POLICY_LOSSES.get("geo_mean")
+    assert loss_fn.loss_agg_mode == GMPO_AGGREGATION == "seq-mean-token-mean"
+    mat, stats = loss_fn(old, new, adv, mask, clip_ratio_low=0.4, clip_ratio_high=0.4)
+    ours = agg_loss(mat, mask, GMPO_AGGREGATION)  # one micro-batch holding the whole mini-batch
+    reference = _verl_gmpo(old, new.detach().requires_grad_(), adv, mask, 0.4, 0.4)
+    assert torch.allclose(ours, reference, atol=1e-6)
+    ours.backward()
+    ref_new = new.detach().clone().requires_grad_()
+    _verl_gmpo(old, ref_new, adv, mask, 0.4, 0.4).backward()
+    assert torch.allclose(new.grad, ref_new.grad, atol=1e-6)  # the same gradient, token by token
+    # the clip fraction counts tokens whose log-ratio left [-0.4, 0.4], by the advantage's sign
+    outside = ((new - old).abs() > 0.4).float()
+    assert torch.equal(stats["actor/pg_clipfrac"], (outside * (adv > 0)).detach())

@@ -50,6 +50,8 @@ def test_verls_defaults_and_settings_validate():
     (dict(bypass_mode=True, rollout_is="token"), f"{RC}.rollout_is=token has no effect with bypass_mode and loss_type=ppo_clip"),
     (dict(bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_batch_normalize=True),
      f"{RC}.rollout_is_batch_normalize=True: in bypass mode rlcore forms the IS weights per micro-batch"),
+    (dict(rollout_is="token", **{"$actor_rollout_ref.actor.policy_loss.loss_mode": "geo_mean"}),
+     f"{RC}.rollout_is=token with actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean (GMPO): its loss is per sequence"),
     (dict(bypass_mode=True, **{"$actor_rollout_ref.actor.policy_loss.loss_mode": "gspo"}),
      f"{RC}.bypass_mode=True uses PPO's clipped loss (or loss_type=reinforce) in place of actor_rollout_ref.actor.policy_loss.loss_mode=gspo"),
 ])

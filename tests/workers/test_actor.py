@@ -171,3 +171,25 @@ def test_clip_ratio_sets_both_clip_bounds_unless_they_are_set():
     assert bounds() == (0.2, 0.2)
     assert bounds("clip_ratio=0.3") == (0.3, 0.3)
     assert bounds("clip_ratio=0.3", "clip_ratio_high=0.28") == (0.3, 0.28)
+
+
+def test_gmpo_averages_its_sequence_losses_whatever_loss_agg_mode_says():
+    """verl's GMPO scripts set loss_agg_mode=token-mean, which its geo_mean loss ignores: rlcore's actor does too,
+    while the micro-batch losses still add up to the mini-batch's (counts are the whole mini-batch's)."""
+    from rlcore.algos.policy_loss import POLICY_LOSSES
+    from rlcore.config import compose
+
+    torch.manual_seed(0)
+    old = -torch.rand(4, 5)
+    new = old + 0.3 * torch.randn(4, 5)
+    mask = torch.tensor([[1.0] * 5, [1.0] * 2 + [0.0] * 3, [1.0] * 4 + [0.0], [1.0] * 3 + [0.0] * 2])
+    adv = torch.tensor([1.0, -2.0, 0.5, 3.0]).unsqueeze(-1).expand(4, 5).contiguous()
+    actor = compose(["recipe=tiny_cpu", "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+                     "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.use_kl_loss=False"]).actor_rollout_ref.actor
+    mat, _ = POLICY_LOSSES.get("geo_mean")(old, new, adv, mask, clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high)
+    expected = mat[:, 0].mean().item()  # the mean over the 4 sequences of their loss
+    fn = make_policy_loss_fn(actor, (mask.sum().item(), 4.0), 1)
+    halves = [fn({"log_probs": new[i], "entropy": torch.zeros(2, 5)},
+                 DataProto.from_dict({"response_mask": mask[i], "advantages": adv[i], "old_log_probs": old[i]}))[0].item()
+              for i in (slice(0, 2), slice(2, 4))]
+    assert sum(halves) == pytest.approx(expected, abs=1e-6)
