@@ -91,6 +91,8 @@ NO_EFFECT: dict[str, str] = {
                                                                          "(worker_nsight_options); the controller does "
                                                                          "bookkeeping on the CPU, with no kernels to trace",
     "*.torch_memory.stack_depth": "torch's allocator history records whole stacks (stacks=python or all) and takes no depth",
+    "data.micro_batch_size": "verl's SFT trainer marks it deprecated and reads only data.micro_batch_size_per_gpu, as "
+                             "rlcore does",
     "critic.model.tokenizer_path": "the critic reads the policy's token ids, which actor_rollout_ref.model's tokenizer "
                                    "made; a tokenizer of its own is never loaded",
     "trainer.max_critic_ckpt_to_keep": "rlcore keeps the actor and the critic in one global_step_N folder, pruned by "

@@ -118,15 +118,19 @@ def supervised_config_errors(cfg, unit: str, what: str, sequences_per_row: int =
     # a `+data.bogus_key=1` composes into the typed tree: refused as the PPO trainer's validation refuses it
     errors, d = unknown_key_errors(cfg) + supervised_engine_errors(lambda key: OmegaConf.select(cfg, key)), cfg.data
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    # SFT's Ulysses ranks share each sample: the batch splits over data-parallel replicas, world / sp of them
+    sp = OmegaConf.select(cfg, "model.ulysses_sequence_parallel_size", default=1) or 1
+    dp = world // sp if sp > 0 and world % sp == 0 else world
     if cfg.model.strategy not in ("fsdp", "fsdp2"):
         errors.append(f"model.strategy={cfg.model.strategy} is not supported for {what}; use model.strategy=fsdp2")
-    if d.train_batch_size < world or d.train_batch_size % world:
-        fix = max(world, d.train_batch_size // world * world)
-        errors.append(f"data.train_batch_size={d.train_batch_size} {unit} is not divisible by {world} ranks (trainer.nnodes x "
-                      f"trainer.n_gpus_per_node): each rank takes whole {unit}; use data.train_batch_size={fix}")
-    elif not d.use_dynamic_bsz and (d.train_batch_size // world) % d.micro_batch_size_per_gpu:
-        errors.append(f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} {unit} does not divide the {d.train_batch_size // world} "
-                      f"{unit} per rank per step; use a divisor, or data.use_dynamic_bsz=True")
+    if d.train_batch_size < dp or d.train_batch_size % dp:
+        fix = max(dp, d.train_batch_size // dp * dp)
+        errors.append(f"data.train_batch_size={d.train_batch_size} {unit} is not divisible by {dp} data-parallel ranks "
+                      f"(trainer.nnodes x trainer.n_gpus_per_node / Ulysses size): each rank takes whole {unit}; use "
+                      f"data.train_batch_size={fix}")
+    elif not d.use_dynamic_bsz and (d.train_batch_size // dp) % d.micro_batch_size_per_gpu:
+        errors.append(f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} {unit} does not divide the {d.train_batch_size // dp} "
+                      f"{unit} per data-parallel rank per step; use a divisor, or data.use_dynamic_bsz=True")
     need = sequences_per_row * d.max_length
     if d.use_dynamic_bsz and d.max_token_len_per_gpu < need:
         errors.append(f"data.max_token_len_per_gpu={d.max_token_len_per_gpu} cannot hold one {unit[:-1]} of data.max_length={d.max_length} "

@@ -24,9 +24,13 @@ class SFTDataConfig:
     val_files: Any = field(default_factory=lambda: ["~/data/gsm8k/test.parquet"])  # held-out rows: path or list
     prompt_key: str = "prompt"  # column of the prompt
     response_key: str = "response"  # column of the target answer (text; EOS is appended)
+    # the prompt column holds a dict (e.g. extra_info): the prompt is value[k1][k2]... for these keys; None = the value
+    prompt_dict_keys: Optional[List[str]] = None
+    response_dict_keys: Optional[List[str]] = None  # the same for the response column
     max_length: int = 1024  # prompt + response tokens
     truncation: str = "error"  # error | left (drop the prompt's start) | right (drop the response's end)
     train_batch_size: int = 256  # samples per optimizer step, over all ranks
+    micro_batch_size: Optional[int] = None  # verl's deprecated global form, which its SFT trainer reads nowhere
     micro_batch_size_per_gpu: int = 4  # samples per micro-batch per rank
     use_dynamic_bsz: bool = False  # rlcore addition: token-budget micro-batches
     max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank
@@ -41,7 +45,9 @@ class SFTModelConfig(RMModelConfig):
 
     partial_pretrain: str = "~/models/Qwen2.5-0.5B-Instruct"  # local HF causal LM directory
     path: str = II("model.partial_pretrain")  # the model directory rlcore loads; follows partial_pretrain
-    use_remove_padding: bool = True  # pack the micro-batch's sequences (verl's SFT default)
+    use_remove_padding: bool = II("use_remove_padding")  # pack the micro-batch's sequences; follows the top-level key
+    # Ulysses: ranks sharing each sample's tokens (packed sequences only); follows the top-level key
+    ulysses_sequence_parallel_size: int = II("ulysses_sequence_parallel_size")
 
 
 @dataclass
@@ -51,3 +57,7 @@ class SFTTrainerConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     trainer: RMTrainerSection = field(default_factory=lambda: RMTrainerSection(project_name="rlcore_sft", experiment_name="sft"))
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    # verl's fsdp_sft_trainer keeps these keys at the top (its use_remove_padding defaults to False; rlcore packs by
+    # default: exact and faster)
+    use_remove_padding: bool = True
+    ulysses_sequence_parallel_size: int = 1  # Ulysses sequence parallelism (verl's fsdp_sft_trainer key)

@@ -55,7 +55,19 @@ def chat_prompt_ids(tokenizer, prompt) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, max_length: int, truncation: str) -> SFTData:
+def _dig(value, keys: list[str], column: str, where: str):
+    """verl's `*_dict_keys`: the column holds a dict (e.g. extra_info) and the text is value[k1][k2]..."""
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            found = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ValueError(f"{where}: column {column!r} has no key {key!r} (it has {found}); check data.prompt_dict_keys / "
+                             "data.response_dict_keys")
+        value = value[key]
+    return value
+
+
+def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, max_length: int, truncation: str,
+             prompt_dict_keys: list[str] = (), response_dict_keys: list[str] = ()) -> SFTData:
     prompts, responses = [], []
     rows, origins = read_rows([os.path.abspath(os.path.expanduser(f)) for f in files])
     for row, (path, i) in zip(rows, origins):
@@ -63,8 +75,9 @@ def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, ma
         if prompt_key not in row or response_key not in row:
             raise ValueError(f"{where}: no column {prompt_key if prompt_key not in row else response_key!r} (columns: {sorted(row)}); "
                              "set data.prompt_key / data.response_key")
-        prompt = chat_prompt_ids(tokenizer, row[prompt_key])
-        response = tokenizer.encode(str(row[response_key]), add_special_tokens=False) + [tokenizer.eos_token_id]
+        prompt = chat_prompt_ids(tokenizer, _dig(row[prompt_key], list(prompt_dict_keys), prompt_key, where))
+        answer = _dig(row[response_key], list(response_dict_keys), response_key, where)
+        response = tokenizer.encode(str(answer), add_special_tokens=False) + [tokenizer.eos_token_id]
         prompt, response = _truncate(prompt, response, max_length, truncation, where)
         prompts.append(prompt)
         responses.append(response)

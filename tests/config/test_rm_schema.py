@@ -23,7 +23,7 @@ def test_round_two_continues_from_round_one():
 def test_batch_rules():
     cfg = compose_rm(["trainer.n_gpus_per_node=4", "data.train_batch_size=64", "data.micro_batch_size_per_gpu=5",
                       "data.use_dynamic_bsz=False"])
-    assert rm_config_errors(cfg) == ["data.micro_batch_size_per_gpu=5 pairs does not divide the 16 pairs per rank per step; use a "
+    assert rm_config_errors(cfg) == ["data.micro_batch_size_per_gpu=5 pairs does not divide the 16 pairs per data-parallel rank per step; use a "
                                      "divisor, or data.use_dynamic_bsz=True"]
     cfg = compose_rm(["data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=100", "data.max_length=64", "model.lora_rank=-1"])
     assert rm_config_errors(cfg) == ["data.max_token_len_per_gpu=100 cannot hold one pair of data.max_length=64 tokens; use "
@@ -47,9 +47,12 @@ def test_sft_config_has_verls_keys_and_the_shared_rules():
                 "model.lora_rank", "model.lora_alpha", "model.target_modules", "optim.lr", "trainer.total_epochs"):
         OmegaConf.select(cfg, key, throw_on_missing=True)
     bad = compose_sft(["data.truncation=middle", "data.train_batch_size=6", "trainer.n_gpus_per_node=4"])
+    # with Ulysses 2 the 4 ranks are 2 data-parallel replicas: 6 samples split, 3 each
+    assert sft_config_errors(compose_sft(["data.train_batch_size=6", "trainer.n_gpus_per_node=4", "ulysses_sequence_parallel_size=2",
+                                          "data.micro_batch_size_per_gpu=3"])) == []
     assert sft_config_errors(bad) == [
-        "data.train_batch_size=6 samples is not divisible by 4 ranks (trainer.nnodes x trainer.n_gpus_per_node): each rank takes "
-        "whole samples; use data.train_batch_size=4",
+        "data.train_batch_size=6 samples is not divisible by 4 data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / "
+        "Ulysses size): each rank takes whole samples; use data.train_batch_size=4",
         "data.truncation=middle is not one of error, left, right; use data.truncation=error"]
 
 

@@ -59,3 +59,31 @@ def test_data_files_take_one_path_as_a_string_as_verls_do(tmp_path):
     train, val = load_rows(compose_sft([f"data.train_files={path}", f"data.val_files={path}", "data.max_length=32"]), tok)
     assert len(train.prompts) == len(val.prompts) == 1
     assert compose_rm([f"data.train_files={path}"]).data.train_files == path
+
+
+def test_verls_dict_keys_read_the_prompt_and_answer_out_of_a_dict_column(tmp_path):
+    # verl's GSM8K SFT scripts: data.prompt_key=extra_info data.prompt_dict_keys=[question] +data.response_dict_keys=[answer]
+    from rlcore.train_sft import compose_sft, load_rows
+
+    tok = build_char_tokenizer()
+    path = write_parquet([{"extra_info": {"question": "1+2=", "answer": "3", "index": 0}}], str(tmp_path / "gsm.parquet"))
+    cfg = compose_sft([f"data.train_files={path}", "data.val_files=null", "data.max_length=32", "data.prompt_key=extra_info",
+                       "data.response_key=extra_info", "data.prompt_dict_keys=[question]", "+data.response_dict_keys=[answer]"])
+    train, _ = load_rows(cfg, tok)
+    assert tok.decode(train.prompts[0]).endswith("1+2=<|assistant|>")
+    assert train.responses[0] == tok.encode("3", add_special_tokens=False) + [tok.eos_token_id]
+    with pytest.raises(ValueError, match=r"gsm.parquet row 0: column 'extra_info' has no key 'query' \(it has \['answer', 'index', "
+                                         r"'question'\]\); check data.prompt_dict_keys"):
+        read_sft([path], tok, "extra_info", "extra_info", 32, "error", ["query"], ["answer"])
+
+
+def test_verls_top_level_use_remove_padding_decides_packing():
+    from rlcore.engine.factory import engine_spec
+    from rlcore.train_sft import compose_sft
+
+    def packed(*overrides):
+        cfg = compose_sft(list(overrides))
+        return engine_spec(cfg.model.strategy, cfg.model, cfg.model, cfg.optim, cfg.optim.clip_grad, 10).use_remove_padding
+
+    assert packed() and not packed("use_remove_padding=false")  # verl's fsdp_sft_trainer key, at the top
+    assert not packed("use_remove_padding=true", "model.use_remove_padding=false")  # the model's own key still wins

@@ -59,8 +59,8 @@ def test_rm_config_errors_come_together_before_ray_starts(tiny_model_dir, tmp_pa
     assert len(messages) == 3
     assert messages[0].startswith("model.strategy=megatron is not supported for reward-model training")
     assert messages[1].startswith("data.truncation=right: a reward model reads its score at the last token")
-    assert messages[2] == ("data.train_batch_size=15 pairs is not divisible by 2 ranks (trainer.nnodes x trainer.n_gpus_per_node): "
-                           "each rank takes whole pairs; use data.train_batch_size=14")
+    assert messages[2] == ("data.train_batch_size=15 pairs is not divisible by 2 data-parallel ranks (trainer.nnodes x "
+                           "trainer.n_gpus_per_node / Ulysses size): each rank takes whole pairs; use data.train_batch_size=14")
 
 
 def test_ppo_whose_reward_is_the_trained_reward_model(tiny_model_dir, tiny_task_dir, tmp_path):

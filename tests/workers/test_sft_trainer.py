@@ -87,3 +87,43 @@ def test_token_accuracy_and_exact_match_are_greedy_decoding_by_hand(tiny_model_d
             assert metrics["val/exact_match"] == pytest.approx(exact.mean().item(), abs=1e-6)
     finally:
         close_gloo()
+
+
+def _sp2_rank(rank, world, port, model_dir, batch_path, out_dir):
+    """verl's SFT Ulysses: 2 ranks share each sample's tokens (one data-parallel replica) and see the whole batch."""
+    import os
+
+    init_gloo(rank, world, port)
+    try:
+        batch = torch.load(batch_path, weights_only=False)
+        cfg = compose_sft([f"model.partial_pretrain={model_dir}", "optim.lr=1e-3", "optim.weight_decay=0", "trainer.device=cpu",
+                           "trainer.n_gpus_per_node=2", "model.fsdp_config.dtype=float32", "data.micro_batch_size_per_gpu=6",
+                           "ulysses_sequence_parallel_size=2"])
+        worker = SFTTrainerWorker(OmegaConf.to_container(cfg, resolve=True), rank=rank, world_size=world)
+        worker.init_model(10)
+        assert (worker.engine.dp_size, worker.engine.spec.ulysses_sp) == (1, 2)
+        result = {"val": worker.evaluate(batch).get("val/loss"), "train": [worker.train_batch(batch)["train/loss"] for _ in range(3)]}
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        close_gloo()
+
+
+def test_top_level_ulysses_size_splits_each_sample_over_two_ranks_with_the_same_losses(tiny_model_dir, tmp_path):
+    from dist_utils import spawn_ranks
+
+    rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]} for r in make_addition_rows(6, 1, 2, seed=4)]
+    tok = build_char_tokenizer()
+    data = read_sft([write_parquet(rows, str(tmp_path / "s.parquet"))], tok, "prompt", "response", 32, "error")
+    batch = data.batch(list(range(6)), tok.pad_token_id)
+    torch.save(batch, tmp_path / "batch.pt")
+    init_gloo(0, 1, free_port())
+    try:
+        single = worker_for(tiny_model_dir, "data.micro_batch_size_per_gpu=6")
+        expected = {"val": single.evaluate(batch)["val/loss"], "train": [single.train_batch(batch)["train/loss"] for _ in range(3)]}
+    finally:
+        close_gloo()
+    spawn_ranks(_sp2_rank, 2, lambda port: (2, port, tiny_model_dir, str(tmp_path / "batch.pt"), str(tmp_path)))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert ranks[0]["val"] == pytest.approx(expected["val"], abs=1e-5)  # the output rank reports the replica's loss
+    for r in ranks:
+        assert r["train"] == pytest.approx(expected["train"], abs=1e-5)  # both ranks, every step: the same updates
