@@ -72,7 +72,13 @@ def compose_explained(compose: Callable[[list[str]], DictConfig], overrides: lis
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    problems, rest = [], list(overrides)
+    problems, rest, tree = [], list(overrides), []
+
+    def key_tree() -> DictConfig | None:  # composed once, for every refused key's suggestion
+        if not tree:
+            tree.append(_key_tree(compose, overrides))
+        return tree[0]
+
     while len(problems) < MAX_PROBLEMS:
         try:
             cfg = compose(rest)
@@ -81,7 +87,7 @@ def compose_explained(compose: Callable[[list[str]], DictConfig], overrides: lis
             if message.startswith("Error merging override") and err.__cause__ is not None:
                 # Hydra's own line drops why (a string where a number or a list is wanted, ...): the cause says it
                 message += f": {str(err.__cause__).splitlines()[0]}"
-            problems.append(explain(message, lambda: _key_tree(compose, rest)))
+            problems.append(explain(message, key_tree))
             culprit = _refused_override(message, rest)
             if culprit is None:
                 raise ComposeError(problems) from None

@@ -103,7 +103,7 @@ class Profiling:
         for host, spec in self.active.items():
             self.groups[host].start_profile(spec)
 
-    def _stop(self) -> Optional[list[str]]:
+    def _stop(self) -> list[str]:
         written = [path for host in self.active for paths in self.groups[host].stop_profile() for path in paths]
         folders = sorted({spec.save_dir for spec in self.active.values()})
         self.active = {}

@@ -36,6 +36,8 @@ class ProfileSpec:
 
 
 class WorkerProfiler:
+    """One worker process's profiler: idle until start(), then around each call until stop()."""
+
     def __init__(self, rank: int, device_type: str):
         self.rank, self.device_type = rank, device_type
         self.spec: Optional[ProfileSpec] = None
