@@ -15,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, set_existing_keys, split_argv
+from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, schema_keys, set_existing_keys, split_argv
 from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
 from rlcore.config.validate import diagnose, uses_critic
@@ -202,10 +202,8 @@ def hydra_main(cfg: DictConfig) -> float:
 def main() -> None:
     """rlcore-train: a command line that does not compose (a misspelled key or recipe, a `~` Hydra's grammar
     refuses) is explained in one line with its fix before Hydra sees it; then Hydra runs the job(s)."""
-    from rlcore.config.key_status import schema_leaves
-    from rlcore.config.schema import PPOConfig
-
-    sys.argv[1:] = set_existing_keys(sys.argv[1:], set(schema_leaves(PPOConfig)))  # before Hydra reads sys.argv
+    config_name = split_argv(sys.argv[1:], "ppo_trainer")[0]
+    sys.argv[1:] = set_existing_keys(sys.argv[1:], schema_keys(config_name))  # before Hydra reads sys.argv
     refuse_what_does_not_compose(sys.argv[1:], "ppo_trainer", compose)
     hydra_main()
 

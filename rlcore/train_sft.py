@@ -30,11 +30,6 @@ def compose_sft(overrides=(), config_name: str = "sft_trainer") -> DictConfig:
 
 def sft_config_errors(cfg: DictConfig) -> list[str]:
     errors = supervised_config_errors(cfg, "samples", "SFT")
-    sp, world = cfg.model.ulysses_sequence_parallel_size, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    if sp < 1 or world % sp:
-        errors.append(f"ulysses_sequence_parallel_size={sp} must divide the {world} ranks (trainer.nnodes x trainer.n_gpus_per_node)")
-    elif sp > 1 and not cfg.model.use_remove_padding:
-        errors.append(f"ulysses_sequence_parallel_size={sp} splits packed sequences; set use_remove_padding=true")
     if cfg.data.truncation not in TRUNCATIONS:
         errors.append(f"data.truncation={cfg.data.truncation} is not one of {', '.join(TRUNCATIONS)}; use data.truncation=error")
     return errors

@@ -8,6 +8,7 @@ is to prepend `+`, which the validator then refuses: rlcore/config/keys.py).
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from typing import Callable
 
@@ -44,6 +45,17 @@ def expand_sweep(overrides: list[str], basic: bool = True) -> list[list[str]]:
         raise ComposeError([_one_line(str(err))]) from None
 
 
+def schema_keys(config_name: str) -> set[str]:
+    """Every leaf key of the schema a config name composes onto (rm_* and sft_* have their trainers')."""
+    from rlcore.config.key_status import schema_leaves
+    from rlcore.config.rm_schema import RMTrainerConfig
+    from rlcore.config.schema import PPOConfig
+    from rlcore.config.sft_schema import SFTTrainerConfig
+
+    schema = RMTrainerConfig if config_name.startswith("rm_") else SFTTrainerConfig if config_name.startswith("sft_") else PPOConfig
+    return set(schema_leaves(schema))
+
+
 def set_existing_keys(overrides: list[str], leaves: set[str]) -> list[str]:
     """verl's scripts add with `+` keys that verl's tree lacks and rlcore's schema has (`+data.gen_batch_size`,
     `+actor_rollout_ref.actor.fsdp_config.model_dtype`); Hydra refuses `+` on a key that exists ("An item is already
@@ -72,13 +84,8 @@ def compose_explained(compose: Callable[[list[str]], DictConfig], overrides: lis
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    problems, rest, tree = [], list(overrides), []
-
-    def key_tree() -> DictConfig | None:  # composed once, for every refused key's suggestion
-        if not tree:
-            tree.append(_key_tree(compose, overrides))
-        return tree[0]
-
+    problems, rest = [], list(overrides)
+    key_tree = functools.cache(lambda: _key_tree(compose, overrides))  # composed once, for every refused key's suggestion
     while len(problems) < MAX_PROBLEMS:
         try:
             cfg = compose(rest)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, set_existing_keys, varying
+from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, schema_keys, set_existing_keys, varying
 from rlcore.cli.preflight import preflight
 from rlcore.config import compose, format_plan
 from rlcore.config.key_status import ineffective_settings
@@ -117,17 +117,6 @@ def composer(config_name: str):
 
         return lambda o: compose_sft(o, config_name), lambda cfg, where: supervised_doctor(cfg, pairs=False)
     return lambda o: compose(o, config_name=config_name), doctor
-
-
-def schema_keys(config_name: str) -> set[str]:
-    """Every leaf key of the schema a config name composes onto (rm_* and sft_* have their trainers')."""
-    from rlcore.config.key_status import schema_leaves
-    from rlcore.config.rm_schema import RMTrainerConfig
-    from rlcore.config.schema import PPOConfig
-    from rlcore.config.sft_schema import SFTTrainerConfig
-
-    schema = RMTrainerConfig if config_name.startswith("rm_") else SFTTrainerConfig if config_name.startswith("sft_") else PPOConfig
-    return set(schema_leaves(schema))
 
 
 def main(argv: list[str] | None = None) -> int:

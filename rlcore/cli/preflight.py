@@ -130,8 +130,9 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
     if cfg.global_profiler.tool == "nsys" and shutil.which("nsys") is None:
         missing("global_profiler.tool", "nsys", "Nsight Systems is not installed (no nsys on PATH)")
     tools_key = tool_config_key_of(cfg) if tools_enabled(cfg) else None
-    if tools_key and not os.path.isfile(os.path.expanduser(str(OmegaConf.select(cfg, tools_key)))):
-        missing(tools_key, OmegaConf.select(cfg, tools_key), "no such file")
+    tools_file = OmegaConf.select(cfg, tools_key) if tools_key else None
+    if tools_file and not os.path.isfile(os.path.expanduser(str(tools_file))):
+        missing(tools_key, tools_file, "no such file")
     reward_file = cfg.custom_reward_function.path
     if reward_file:
         if not os.path.isfile(os.path.expanduser(str(reward_file))):

@@ -119,8 +119,12 @@ def supervised_config_errors(cfg, unit: str, what: str, sequences_per_row: int =
     errors, d = unknown_key_errors(cfg) + supervised_engine_errors(lambda key: OmegaConf.select(cfg, key)), cfg.data
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     # SFT's Ulysses ranks share each sample: the batch splits over data-parallel replicas, world / sp of them
-    sp = OmegaConf.select(cfg, "model.ulysses_sequence_parallel_size", default=1) or 1
+    sp = OmegaConf.select(cfg, "model.ulysses_sequence_parallel_size", default=1)
     dp = world // sp if sp > 0 and world % sp == 0 else world
+    if sp < 1 or world % sp:
+        errors.append(f"ulysses_sequence_parallel_size={sp} must divide the {world} ranks (trainer.nnodes x trainer.n_gpus_per_node)")
+    elif sp > 1 and not cfg.model.use_remove_padding:
+        errors.append(f"ulysses_sequence_parallel_size={sp} splits packed sequences; set use_remove_padding=true")
     if cfg.model.strategy not in ("fsdp", "fsdp2"):
         errors.append(f"model.strategy={cfg.model.strategy} is not supported for {what}; use model.strategy=fsdp2")
     if d.train_batch_size < dp or d.train_batch_size % dp:

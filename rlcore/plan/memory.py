@@ -42,14 +42,14 @@ from rlcore.plan.heads import head_errors
 GIB = 2 ** 30
 ARR = "actor_rollout_ref"
 RUNTIME_GIB = {"cuda": 1.0, "cpu": 0.4}
+FIT, TIGHT = 0.90, 1.00
+_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
 
 
 def runtime_gib(device: str) -> float:
     """The runtime's share of a device; an unsupported device (validation refuses it, naming the fix) is planned as
     CUDA, so the doctor still reports the rest."""
     return RUNTIME_GIB.get(device, RUNTIME_GIB["cuda"])
-FIT, TIGHT = 0.90, 1.00
-_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
 
 
 @dataclass

@@ -55,6 +55,13 @@ def group_specs(cfg: DictConfig, groups: dict, folder: str) -> dict[str, Profile
     return specs
 
 
+def _section(config: dict, key: str) -> dict:
+    """config["a"]["b"] for key "a.b": the resolved config as the workers receive it, a plain dict."""
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
 def nsight_runtime_env(config: dict, group: str) -> Optional[dict]:
     """Ray's runtime_env "nsight" options for a worker group that hosts a role profiled with tool=nsys, else None:
     its processes start under Nsight Systems (global_profiler.global_tool_config.nsys.worker_nsight_options) and
@@ -63,8 +70,7 @@ def nsight_runtime_env(config: dict, group: str) -> Optional[dict]:
     if g.get("tool") != "nsys":
         return None
     hosted = [role for role, host in HOSTS.items() if host == group or (role == "rollout" and group == "rollout")]
-    enabled = [role for role in hosted if OmegaConf.select(OmegaConf.create(config), f"{ROLES[role]}.profiler.enable")]
-    if not enabled:
+    if not any(_section(config, ROLES[role])["profiler"]["enable"] for role in hosted):
         return None
     options = g["global_tool_config"]["nsys"]["worker_nsight_options"]
     # nsys's command-line spelling: true/false, not Python's True/False

@@ -57,6 +57,8 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
     rc = rollout_corr or RolloutCorrectionConfig()
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
     loss_params = policy_loss_params(actor_cfg)
+    # A loss defined per sequence (GMPO) fixes its own aggregation; the others (and bypass mode's) follow loss_agg_mode
+    pg_mode = actor_cfg.loss_agg_mode if rc.bypass_mode else getattr(policy_loss, "loss_agg_mode", actor_cfg.loss_agg_mode)
 
     def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         log_prob = outputs["log_probs"]
@@ -74,8 +76,6 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
             pg_mat, stats = policy_loss(old_log_prob, log_prob, b["advantages"], mask, **loss_params)
             if "rollout_is_weights" in b:  # detached weights, applied after clipping, as verl does for every loss mode
                 pg_mat = pg_mat * b["rollout_is_weights"]
-        # A loss defined per sequence (GMPO) fixes its own aggregation; the others follow actor.loss_agg_mode
-        pg_mode = getattr(policy_loss, "loss_agg_mode", actor_cfg.loss_agg_mode) if not rc.bypass_mode else actor_cfg.loss_agg_mode
         pg_loss = agg_loss(pg_mat, mask, pg_mode, counts[0], counts[1], dp_size)
         loss = pg_loss
         # Metrics stay on the device (detached): run_ppo_updates reads a mini-batch's in one transfer, not one

@@ -50,8 +50,8 @@ def reason(error: str) -> str:
 
 def verdict(entry: str, args: list[str]) -> list[str]:
     """The reasons the doctor refuses the script for (sorted, each once); [] when it accepts it."""
-    from rlcore.cli.overrides import ComposeError, compose_explained, set_existing_keys, split_argv
-    from rlcore.cli.plan import composer, schema_keys
+    from rlcore.cli.overrides import ComposeError, compose_explained, schema_keys, set_existing_keys, split_argv
+    from rlcore.cli.plan import composer
 
     if entry not in ENTRIES:
         return [f"verl's entry point {entry}"]
