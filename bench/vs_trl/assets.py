@@ -29,8 +29,8 @@ def exact_sum(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def load_spec() -> dict:
-    with open(SPEC_PATH) as f:
+def load_spec(path: str = SPEC_PATH) -> dict:
+    with open(path) as f:
         return json.load(f)
 
 
@@ -67,9 +67,9 @@ def prompts(spec: dict) -> list[dict[str, str]]:
     return rows
 
 
-def build_assets(out_dir: str) -> dict:
+def build_assets(out_dir: str, spec_path: str = SPEC_PATH) -> dict:
     """Writes model/, tokenizer/, prompts.jsonl, train.parquet and exact_sum.py under out_dir; returns the spec."""
-    spec = load_spec()
+    spec = load_spec(spec_path)
     build_tokenizer(spec).save_pretrained(os.path.join(out_dir, "tokenizer"))
     build_tokenizer(spec).save_pretrained(os.path.join(out_dir, "model"))  # rlcore reads the tokenizer from model.path
     build_model(spec).save_pretrained(os.path.join(out_dir, "model"))

@@ -69,11 +69,12 @@ class StepTimer(TrainerCallback):
 
 def grpo_config(spec: dict, steps: int, beta: float, out_dir: str) -> GRPOConfig:
     g = spec["grpo"]
+    on_cpu, bf16 = spec["bench"]["device"] == "cpu", g["dtype"] == "bfloat16"
     config = GRPOConfig(
-        output_dir=out_dir, max_steps=steps, seed=spec["seed"], use_cpu=True,
-        # TRL defaults bf16 (autocast, even on CPU) and gradient checkpointing to True; the spec is plain fp32.
+        output_dir=out_dir, max_steps=steps, seed=spec["seed"], use_cpu=on_cpu,
+        # TRL defaults bf16 (autocast, even on CPU) and gradient checkpointing to True; the spec says which it wants.
         # transformers 5 renamed gradient_checkpointing to activation_checkpointing: set both so neither wins.
-        bf16=False, fp16=False, gradient_checkpointing=False, activation_checkpointing=False,
+        bf16=bf16, fp16=False, gradient_checkpointing=g["gradient_checkpointing"], activation_checkpointing=g["gradient_checkpointing"],
         # TRL defaults to lr 1e-6 with linear decay; the spec: AdamW 1e-5 constant, no warm-up, no weight decay.
         learning_rate=g["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
@@ -93,7 +94,7 @@ def grpo_config(spec: dict, steps: int, beta: float, out_dir: str) -> GRPOConfig
         dataloader_num_workers=0,
     )
     assert config.generation_batch_size == g["completions_per_step"], config.generation_batch_size
-    assert not (config.bf16 or config.fp16 or config.activation_checkpointing)
+    assert config.bf16 == bf16 and not config.fp16 and config.activation_checkpointing == g["gradient_checkpointing"]
     return config
 
 
@@ -124,7 +125,8 @@ def main() -> None:
     with open(os.path.join(args.assets, "prompts.jsonl")) as f:
         dataset = Dataset.from_list([json.loads(line) for line in f if line.strip()])
     # Loaded from a path, not built in memory: with beta > 0 TRL reloads the reference from
-    # model.config._name_or_path (with the policy's dtype and attention implementation).
+    # model.config._name_or_path (with the policy's dtype and attention implementation). fp32 weights in both specs:
+    # the GPU spec's bf16 is autocast over them (TRL's bf16=True), as rlcore's FSDP2 keeps fp32 master weights.
     model = AutoModelForCausalLM.from_pretrained(os.path.join(args.assets, "model"), dtype=torch.float32,
                                                  attn_implementation=spec["model"]["attn_implementation"])
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.assets, "tokenizer"))

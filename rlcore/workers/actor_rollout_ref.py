@@ -57,6 +57,7 @@ class ActorRolloutRefWorker(RoleWorker):
         # free memory it finds at start-up.
         phases.leave(self.actor)
         self.rollout, self.agent_loop = None, None
+        self._used_before_rollout = phases.device_used_bytes(self.device)  # what a sleeping engine should return to
         if cfg.hybrid_engine:  # split pools: the rollout is another group's (rlcore.workers.rollout)
             self.rollout, self.agent_loop = build_rollout_parts(self.config, self.tokenizer, self.device, self.rank)
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
@@ -88,6 +89,10 @@ class ActorRolloutRefWorker(RoleWorker):
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             # Level 2 frees the rollout's weights too, unless the next sync sends only LoRA's adapted ones.
             self.rollout.sleep(level=1 if self._rollout_has_base and self.rollout.keeps_weights else 2)
+        timing["rollout/weights_synced_gib"] = streamed["bytes"] / 2**30
+        if self.device.type == "cuda":  # the device after the rollout let go, against before the engine was built
+            memory["perf/memory/rollout_asleep/device_used_gib"] = phases.device_used_bytes(self.device) / 2**30
+            memory["perf/memory/before_rollout/device_used_gib"] = self._used_before_rollout / 2**30
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
         return DataProto.from_dict(out, meta_info={"timing": timing, "memory": memory})
 

@@ -104,5 +104,16 @@ def ledger(phase: str, engines: dict[str, TrainEngine], rollout: RolloutEngine |
     if device is not None and device.type == "cuda":
         out[f"perf/memory/{phase}/allocated_gib"] = torch.cuda.memory_allocated(device) / 2**30
         out[f"perf/memory/{phase}/peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out[f"perf/memory/{phase}/device_used_gib"] = device_used_bytes(device) / 2**30
     return out
+
+
+def device_used_bytes(device: torch.device) -> int:
+    """What the whole device holds now (CUDA; 0 elsewhere). Unlike `torch.cuda.memory_allocated` it counts memory
+    that bypasses PyTorch's caching allocator, as vLLM's sleep-mode pool does: the figure that shows whether a
+    sleeping rollout engine really handed its weights and KV cache back."""
+    if device.type != "cuda":
+        return 0
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
 
