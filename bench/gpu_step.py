@@ -119,6 +119,10 @@ def hf_generate_tokens_per_s(args, model_dir: str, data_dir: str) -> float:
         out = model.generate(**enc, **kwargs)[:, enc["input_ids"].shape[1]:]
         sync()
         seconds = time.perf_counter() - start
+    del model  # the runs' workers share this device: give back what generate held
+    if device.type == "cuda":
+        print(f"HF generate held up to {torch.cuda.max_memory_reserved() / 2**30:.1f} GiB in this process", flush=True)
+        torch.cuda.empty_cache()
     ended = (out == tokenizer.eos_token_id).int().cumsum(-1)
     generated = int(((ended == 0) | ((ended == 1) & (out == tokenizer.eos_token_id))).sum())  # up to and incl. EOS
     return generated / seconds
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=None, help="where models, data and runs go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write every run's figures to this JSON file")
+    p.add_argument("--skip-hf", action="store_true", help="no HF generate baseline (its tokens/s column is nan)")
     args = p.parse_args(argv)
 
     from rlcore.data.synthetic import write_task
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for model in args.models.split(","):
         model_dir = build_model_dir(os.path.join(out, "models", model), model, build_char_tokenizer())
-        hf = hf_generate_tokens_per_s(args, model_dir, data_dir)
+        hf = float("nan") if args.skip_hf else hf_generate_tokens_per_s(args, model_dir, data_dir)
         for engine in args.engines.split(","):
             for mode in args.modes.split(","):
                 for rollout in args.rollouts.split(","):

@@ -12,6 +12,7 @@ line on stdout is one JSON object; everything else, TRL's logs included, goes to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -67,14 +68,22 @@ class StepTimer(TrainerCallback):
         self.pressure.append(cpu_pressure_some_avg10())
 
 
+def checkpointing_args(enabled: bool) -> dict[str, bool]:
+    """Gradient checkpointing on or off under every name this transformers has for it: 5.23 added
+    activation_checkpointing beside gradient_checkpointing, 5.17 (the GPU machine's) has only the old one
+    (measured: GRPOConfig() got an unexpected keyword argument 'activation_checkpointing')."""
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return {name: enabled for name in ("gradient_checkpointing", "activation_checkpointing") if name in names}
+
+
 def grpo_config(spec: dict, steps: int, beta: float, out_dir: str) -> GRPOConfig:
     g = spec["grpo"]
     on_cpu, bf16 = spec["bench"]["device"] == "cpu", g["dtype"] == "bfloat16"
     config = GRPOConfig(
         output_dir=out_dir, max_steps=steps, seed=spec["seed"], use_cpu=on_cpu,
         # TRL defaults bf16 (autocast, even on CPU) and gradient checkpointing to True; the spec says which it wants.
-        # transformers 5 renamed gradient_checkpointing to activation_checkpointing: set both so neither wins.
-        bf16=bf16, fp16=False, gradient_checkpointing=g["gradient_checkpointing"], activation_checkpointing=g["gradient_checkpointing"],
+        # transformers 5.23 added activation_checkpointing beside gradient_checkpointing: set each that exists.
+        bf16=bf16, fp16=False, **checkpointing_args(g["gradient_checkpointing"]),
         # TRL defaults to lr 1e-6 with linear decay; the spec: AdamW 1e-5 constant, no warm-up, no weight decay.
         learning_rate=g["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
@@ -94,7 +103,7 @@ def grpo_config(spec: dict, steps: int, beta: float, out_dir: str) -> GRPOConfig
         dataloader_num_workers=0,
     )
     assert config.generation_batch_size == g["completions_per_step"], config.generation_batch_size
-    assert config.bf16 == bf16 and not config.fp16 and config.activation_checkpointing == g["gradient_checkpointing"]
+    assert config.bf16 == bf16 and not config.fp16 and all(getattr(config, k) == v for k, v in checkpointing_args(g["gradient_checkpointing"]).items())
     return config
 
 
