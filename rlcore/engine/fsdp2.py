@@ -269,7 +269,7 @@ class FSDP2Engine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         with warnings.catch_warnings():
             # The schedule follows global steps even when one is skipped; torch warns about exactly that.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\(\)` before")
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
         return {"grad_norm": norm, "lr": lr, "skipped_step": float(skip or not finite)}
 
