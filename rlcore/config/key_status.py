@@ -79,10 +79,13 @@ NO_EFFECT: dict[str, str] = {
                                                                            "so there is no tokenization to check",
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "it counts simulated-user interaction rollouts, and "
                                                                 "interaction_config_path is not supported",
-    "reward_model.rollout.*": "verl's reward loop serves the reward model with an inference engine; rlcore scores with "
-                              "a reward-model worker group (reward_model.use_reward_loop=True is refused)",
-    "reward_model.num_workers": "it counts verl's reward-loop workers; rlcore has no reward loop (rule scorers run in "
-                                "reward_model.score_workers processes)",
+    "reward_model.rollout.*": "they configure the inference engine verl's reward loop serves the reward model with; "
+                              "rlcore runs the same forward (the last token's score, as vLLM's classify endpoint "
+                              "returns it) in its reward-model worker group, batched by reward_model."
+                              "forward_max_token_len_per_gpu",
+    "reward_model.num_workers": "it counts verl's reward-loop workers, which send samples to the reward model's "
+                                "server; rlcore hands the batch to its reward-model worker group directly (rule "
+                                "scorers run in reward_model.score_workers processes)",
     "reward_model.launch_reward_fn_async": "not implemented: rlcore scores right after generation, in "
                                            "reward_model.score_workers processes, before the log-prob passes "
                                            "(timing_s/reward shows what it costs)",
@@ -111,8 +114,6 @@ REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "*.router_replay.replay_file": ("routes.pt", ()),
     "*.megatron.use_dist_checkpointing": (True, MEGATRON),
     "*.megatron.context_parallel_size": (2, MEGATRON),
-    # without a reward model, verl's reward loop computes the same rule scores rlcore's scorers do
-    "reward_model.use_reward_loop": (True, ("reward_model.enable=True",)),
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": ("interaction.yaml", ()),
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": ("agents.yaml", ()),
     "actor_rollout_ref.rollout.agent.custom_async_server.path": ("server.py", ()),

@@ -313,8 +313,8 @@ class RewardModelFSDPConfig:
 
 @dataclass
 class RewardLoopRolloutConfig:
-    """verl's reward-loop engine serving the reward model (`reward_model.rollout.*`): composed so verl command lines
-    parse; refused with reward_model.use_reward_loop=True (rlcore scores with a worker group)."""
+    """verl's reward-loop engine serving the reward model (`reward_model.rollout.*`): accepted, with no effect: rlcore
+    runs the reward model's forward in its reward-model worker group (reward_model.use_reward_loop)."""
 
     name: str = MISSING  # vllm | sglang
     dtype: str = "bfloat16"  # weights dtype
@@ -381,9 +381,11 @@ class RewardModelConfig:
     use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")  # token budgets instead of micro_batch_size_per_gpu
     forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")  # token budget per forward
     ulysses_sequence_parallel_size: int = 1  # Ulysses: ranks sharing each sample's tokens (use_remove_padding)
-    # verl's newer reward loop (an RM served by a rollout engine, scored by reward workers): composed, refused
-    # with reward_model.enable=True; rlcore runs the reward model as a worker group (verl's legacy worker path).
-    use_reward_loop: bool = False
+    # verl's newer reward loop (an RM served by an inference engine, scored by reward workers): rlcore runs the same
+    # forward in its reward-model worker group, filled by tokens (forward_max_token_len_per_gpu) unless a
+    # micro-batch size is given, as the engine batches (rlcore.config.validate_reward_model.uses_token_budgets).
+    # True as in verl; False is verl's legacy worker path, which wants a micro-batch size or use_dynamic_bsz
+    use_reward_loop: bool = True
     num_workers: int = 1  # reward-loop workers
     rollout: RewardLoopRolloutConfig = field(default_factory=RewardLoopRolloutConfig)  # the reward loop's engine
     reward_manager: str = "naive"  # naive | dapo (naive + DAPO's overlong punishment, set in reward_kwargs)

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config.validate_ulysses import role_sp
 from rlcore.plan.heads import head_errors
 
@@ -253,7 +254,7 @@ class Estimator:
         c, r = self.c, self.c("reward_model")
         max_len = r.max_length or self.max_len
         sp = role_sp(c, "reward_model")
-        if r.use_dynamic_bsz:
+        if uses_token_budgets(r):
             tokens, key = r.forward_max_token_len_per_gpu, "reward_model.forward_max_token_len_per_gpu"
         else:
             tokens, key = -(-(r.micro_batch_size_per_gpu or 1) * max_len // sp), "reward_model.micro_batch_size_per_gpu"

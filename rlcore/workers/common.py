@@ -55,14 +55,15 @@ def layout_of(engine: TrainEngine) -> DataLayout:
     return DataLayout(engine.dp_rank, engine.dp_size, engine.is_output_rank)
 
 
-def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, engine: TrainEngine) -> MicroBatchSpec:
+def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, engine: TrainEngine, dynamic: bool | None = None) -> MicroBatchSpec:
     """A pass's micro-batching from its role's verl keys: `{base}_per_gpu` samples (ppo_micro_batch_size_per_gpu,
     log_prob_micro_batch_size_per_gpu, forward_micro_batch_size_per_gpu, micro_batch_size_per_gpu; or the deprecated
     global `{base}` over dp ranks), or, when `section[dynamic_key]`, the token budget `section[budget_key]` per device,
     times the Ulysses size (verl's rule: each of the sp ranks that share a micro-batch holds 1/sp of its tokens).
-    The engine packs iff its spec says use_remove_padding."""
+    The engine packs iff its spec says use_remove_padding. `dynamic`, when given, decides token budgets instead of
+    `section[dynamic_key]` (the reward model's also under verl's reward loop)."""
     packed = engine.spec.use_remove_padding
-    if section[dynamic_key]:
+    if section[dynamic_key] if dynamic is None else dynamic:
         return MicroBatchSpec(max_tokens=section[budget_key] * engine.spec.ulysses_sp, packed=packed)
     rows = section[f"{base}_per_gpu"]
     return MicroBatchSpec(rows=rows if rows is not None else section[base] // engine.dp_size, packed=packed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import import_external_lib, load_tokenizer, named_load
@@ -48,7 +49,7 @@ class RewardModelWorker(RoleWorker):
         start = time.perf_counter()
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         inputs = DataProto.from_dict(right_aligned(self._sequences(data), pad, cfg.max_length))
-        micro = micro_batch_spec(cfg, "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine)
+        micro = micro_batch_spec(cfg, "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine, uses_token_budgets(cfg))
         with phases.running(self.engine, "reward_model"):
             out = run_forward(self.engine, inputs, micro, lambda outputs, mb: {"scores": outputs["scores"]})
         if not len(out):

@@ -355,15 +355,16 @@ def test_reward_model_keys_of_verl_compose_and_what_is_not_implemented_is_refuse
     # verl's newer reward-loop keys compose (so verl command lines parse) and stay inert while off
     assert validate_config(_cfg(RM + ["reward_model.rollout.name=vllm", "reward_model.rollout.tensor_model_parallel_size=2",
                                       "reward_model.num_workers=2", "trainer.use_legacy_worker_impl=enable"], "tiny_cpu"))
-    messages = _errors(["reward_model.enable=True", "reward_model.use_reward_loop=True", "reward_model.strategy=megatron",
+    messages = _errors(["reward_model.enable=True", "reward_model.use_reward_loop=False", "reward_model.strategy=megatron",
                         "trainer.use_legacy_worker_impl=disable", "reward_model.enable_resource_pool=True"], "tiny_cpu")
     expected = ["reward_model.strategy=megatron is not supported for the reward model",
-                "reward_model.use_reward_loop=True (verl's reward loop",
                 "trainer.use_legacy_worker_impl=disable selects verl's new worker implementation",
-                "reward_model.micro_batch_size_per_gpu is required unless reward_model.use_dynamic_bsz=True",
+                "reward_model.micro_batch_size_per_gpu is required unless reward_model.use_dynamic_bsz=True or reward_model.use_reward_loop=True",
                 "reward_model.nnodes=0 must be >= 1"]
     assert len(messages) == len(expected) and all(m.startswith(e) for m, e in zip(messages, expected)), messages
-    budget = _errors(RM + ["reward_model.use_dynamic_bsz=True", "reward_model.forward_max_token_len_per_gpu=10"], "tiny_cpu")
+    # verl's reward loop (its default) fills the forwards by tokens when no micro-batch size is given, as its engine does
+    assert validate_config(_cfg(["reward_model.enable=True", "reward_model.rollout.name=vllm"], "tiny_cpu"))
+    budget = _errors(["reward_model.enable=True", "reward_model.forward_max_token_len_per_gpu=10"], "tiny_cpu")
     assert budget == ["reward_model.forward_max_token_len_per_gpu=10 is smaller than the longest scored sequence (13 tokens: "
                       "reward_model.max_length or data.max_prompt_length + data.max_response_length); use "
                       "reward_model.forward_max_token_len_per_gpu=13"]

@@ -10,6 +10,7 @@ from dist_utils import close_gloo, free_port, init_gloo
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer, Qwen2ForSequenceClassification
 
+from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config import compose
 from rlcore.models.hf import load_config
 from rlcore.protocol import DataProto
@@ -72,12 +73,21 @@ PROMPTS = [[{"role": "user", "content": "12+7="}], [{"role": "user", "content": 
 ANSWERS = ["19", "8", "100"]
 
 
-@pytest.mark.parametrize("template", [None, "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"], ids=["same", "own-template"])
-def test_scores_equal_the_hf_reward_model_at_the_last_token(tiny_model_dir, tmp_path, template):
+# verl's reward-loop scripts: the RM served by an inference engine and no micro-batch size; rlcore runs the same forward
+# in its worker group, filled by tokens (a budget of 24 splits the three samples over micro-batches)
+REWARD_LOOP = ("reward_model.use_reward_loop=True", "reward_model.rollout.name=vllm", "reward_model.rollout.gpu_memory_utilization=0.8",
+               "reward_model.num_workers=8", "reward_model.forward_max_token_len_per_gpu=24")
+
+
+@pytest.mark.parametrize("template,batching", [
+    (None, ("reward_model.micro_batch_size_per_gpu=2",)),
+    ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}", ("reward_model.micro_batch_size_per_gpu=2",)),
+    (None, REWARD_LOOP)], ids=["same", "own-template", "reward-loop"])
+def test_scores_equal_the_hf_reward_model_at_the_last_token(tiny_model_dir, tmp_path, template, batching):
     rm_dir = save_reward_model(tiny_model_dir, str(tmp_path / "rm"), template)
     cfg = compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", "reward_model.enable=True",
-                   f"reward_model.model.path={rm_dir}", "reward_model.micro_batch_size_per_gpu=2",
-                   "reward_model.model.fsdp_config.dtype=float32"])
+                   f"reward_model.model.path={rm_dir}", *batching, "reward_model.model.fsdp_config.dtype=float32"])
+    assert uses_token_budgets(cfg.reward_model) == (batching == REWARD_LOOP)
     policy_tok, rm_tok = AutoTokenizer.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(rm_dir)
     assert same_tokenization(policy_tok, rm_tok) == (template is None)
     data = rollout_batch(policy_tok, PROMPTS, ANSWERS)
