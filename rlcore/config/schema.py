@@ -96,9 +96,14 @@ class OptimConfig:
     weight_decay: float = 0.01  # decoupled weight decay
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
     clip_grad: float = 1.0  # max global grad norm
-    lr_scheduler_type: str = "constant"  # after warmup: constant | cosine
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+    lr_scheduler_type: str = "constant"  # after warmup: constant | cosine | linear | inverse_square_root
+    min_lr_ratio: float = 0.0  # cosine and linear floor as a fraction of lr
     num_cycles: float = 0.5  # cosine cycles over the schedule (0.5 = one half-cosine decay)
+    lr_decay_style: Optional[str] = None  # verl's Megatron name for lr_scheduler_type; set, it is the schedule
+    # extra optimizer arguments, as verl passes them: megatron-core OptimizerConfig fields (strategy=megatron, e.g.
+    # optimizer_cpu_offload), torch.optim.AdamW keywords (FSDP2, e.g. eps, amsgrad); {} as in verl's Megatron tree, so
+    # that its scripts' `+...override_optimizer_config.key=value` compose (a null would refuse them)
+    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -43,7 +43,6 @@ KL_TYPES = _KL_BASE + tuple(name + "+" for name in _KL_BASE)  # "+": straight-th
 KL_CTRL_TYPES = ("fixed", "adaptive")
 DEVICES = ("cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
-LR_SCHEDULERS = ("constant", "cosine")
 REWARD_MANAGERS = ("naive", "dapo")  # rlcore.reward.manager.REWARD_MANAGERS (a test keeps them equal)
 _OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
@@ -167,7 +166,6 @@ def _check_choices(c: _Checker) -> None:
     c.choice("algorithm.kl_ctrl.type", KL_CTRL_TYPES)
     c.choice("trainer.device", DEVICES, _UNSUPPORTED_DEVICE)
     c.choice("trainer.resume_mode", RESUME_MODES)
-    c.choice(f"{ARR}.actor.optim.lr_scheduler_type", LR_SCHEDULERS)
     for role in ("actor", "ref"):
         c.choice(f"{ARR}.{role}.fsdp_config.dtype", DTYPES)
         c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
@@ -193,7 +191,6 @@ def _check_choices(c: _Checker) -> None:
             check_megatron(c, "critic.megatron")
             c.choice("critic.megatron.dtype", DTYPES)
         c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
-        c.choice("critic.optim.lr_scheduler_type", LR_SCHEDULERS)
         c.choice("critic.model.fsdp_config.dtype", DTYPES)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
+from rlcore.config.validate_optim import optim_errors
 from rlcore.utils.checkpoint_contents import CONTENTS as CHECKPOINT_CONTENTS, STATE
 
 DEFAULT_GRAD_CLIP = 1.0  # <role>.grad_clip's and optim.clip_grad's default in the schemas
@@ -15,11 +16,13 @@ DEFAULT_GRAD_CLIP = 1.0  # <role>.grad_clip's and optim.clip_grad's default in t
 Get = Callable[[str], Any]
 
 
-def role_engine_errors(get: Get, optim: Optional[str], fsdp: str, world: int, grad_clip: Optional[str] = None) -> List[str]:
+def role_engine_errors(get: Get, optim: Optional[str], fsdp: str, world: int, grad_clip: Optional[str] = None,
+                       strategy: str = "fsdp2") -> List[str]:
     """One role's optimizer (None: frozen), fsdp_config section and ranks; `grad_clip`: the role's verl key that
-    optim.clip_grad doubles (actor and critic)."""
+    optim.clip_grad doubles (actor and critic); `strategy`: its backend."""
     errors = []
     if optim is not None:
+        errors += optim_errors(get, optim, strategy, get("trainer.device"))
         name = get(f"{optim}.optimizer")
         if str(name).lower() != "adamw":
             errors.append(f"{optim}.optimizer={name}: rlcore trains with AdamW (torch's, decoupled weight decay, fp32 "
@@ -74,10 +77,12 @@ def ppo_engine_errors(get: Get, critic: bool) -> List[str]:
     pool = lambda section: (get(f"{section}.nnodes") * get(f"{section}.n_gpus_per_node")  # noqa: E731
                             if get(f"{section}.enable_resource_pool") else get("trainer.nnodes") * get("trainer.n_gpus_per_node"))
     world = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
-    errors = role_engine_errors(get, f"{arr}.actor.optim", f"{arr}.actor.fsdp_config", world, f"{arr}.actor.grad_clip")
+    errors = role_engine_errors(get, f"{arr}.actor.optim", f"{arr}.actor.fsdp_config", world, f"{arr}.actor.grad_clip",
+                                get(f"{arr}.actor.strategy"))
     errors += role_engine_errors(get, None, f"{arr}.ref.fsdp_config", world)
     if critic:
-        errors += role_engine_errors(get, "critic.optim", "critic.model.fsdp_config", pool("critic"), "critic.grad_clip")
+        errors += role_engine_errors(get, "critic.optim", "critic.model.fsdp_config", pool("critic"), "critic.grad_clip",
+                                     get("critic.strategy"))
     if get("reward_model.enable"):
         errors += role_engine_errors(get, None, "reward_model.model.fsdp_config", pool("reward_model"))
     errors += activation_offload_errors(get, f"{arr}.model", f"{arr}.actor.strategy")

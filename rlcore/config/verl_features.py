@@ -48,8 +48,6 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "not in rlcore yet"),
     (("actor_rollout_ref.actor.calculate_sum_pi_squared", "actor_rollout_ref.actor.sum_pi_squared_checkpointing"),
      "the sum of squared probabilities (for OTB)", "not in rlcore yet"),
-    (("*.optim.override_optimizer_config", "*.optim.override_optimizer_config.*"), "Megatron optimizer overrides",
-     "not in rlcore yet: use megatron.optimizer_offload for the optimizer's state"),
     (("*.fsdp_config.strategy", "*.fsdp_config.use_orig_params"), "FSDP1 options",
      "rlcore trains with FSDP2 only (strategy=fsdp2); FSDP2 always keeps the original parameters"),
     (("transfer_queue.*", "transfer_queue"), "the transfer queue", "not in rlcore: batches move through Ray's object store"),

@@ -76,7 +76,8 @@ class EngineSpec:
     weight_decay: float = 0.01
     warmup_steps: int = 0
     total_steps: int = 1
-    lr_scheduler_type: str = "constant"   # constant | cosine
+    lr_scheduler_type: str = "constant"   # constant | cosine | linear | inverse_square_root
+    optimizer_overrides: dict[str, Any] = field(default_factory=dict)  # optim.override_optimizer_config
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     grad_clip: float = 1.0

@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 
 from rlcore.config.validate_ulysses import sequence_parallel_size
 from rlcore.config.validate_engine import DEFAULT_GRAD_CLIP
+from rlcore.config.validate_optim import schedule_kind
 from rlcore.engine.base import EngineSpec, TrainEngine
 from rlcore.models.lora import LoraSpec
 
@@ -66,7 +67,9 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
         spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay
         spec.warmup_steps, spec.total_steps = warmup, total_steps
-        spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = optim_cfg.lr_scheduler_type, optim_cfg.min_lr_ratio, optim_cfg.num_cycles
+        spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = schedule_kind(optim_cfg), optim_cfg.min_lr_ratio, optim_cfg.num_cycles
+        overrides = optim_cfg.override_optimizer_config
+        spec.optimizer_overrides = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else dict(overrides or {})
         spec.grad_clip = effective_grad_clip(grad_clip, optim_cfg.clip_grad)
         if model_cfg.lora_rank > 0:  # a frozen role (the reference) is the base model: LoRA runs disable the adapters
             targets = model_cfg.target_modules

@@ -145,7 +145,8 @@ class FSDP2Engine(TrainEngine):
         self.scheduler = None
         if spec.trainable:
             self.trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
-            self.optimizer = torch.optim.AdamW(self.trained, lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
+            self.optimizer = torch.optim.AdamW(self.trained, lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay,
+                                               **spec.optimizer_overrides)  # optim.override_optimizer_config
             self.scheduler = warmup_schedule(self.optimizer, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)
         else:
             self.model.requires_grad_(False)

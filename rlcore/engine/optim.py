@@ -9,14 +9,19 @@ import torch
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, kind: str, min_lr_ratio: float, num_cycles: float) -> float:
     """The multiplier of the base lr at optimizer step `step` (0-based): linear warmup over `warmup_steps`, then
-    constant or cosine decay to `min_lr_ratio` at `total_steps`."""
-    if kind not in ("constant", "cosine"):
-        raise ValueError(f"unknown optim.lr_scheduler_type={kind!r}; valid: constant, cosine")
+    constant, cosine or linear decay to `min_lr_ratio` at `total_steps`, or megatron-core's inverse square root
+    (sqrt(warmup / steps so far), floored at `min_lr_ratio`)."""
+    if kind not in ("constant", "cosine", "linear", "inverse_square_root"):
+        raise ValueError(f"unknown optim.lr_scheduler_type={kind!r}; valid: constant, cosine, linear, inverse_square_root")
     if step < warmup_steps:
         return (step + 1) / max(1, warmup_steps)
     if kind == "constant":
         return 1.0
+    if kind == "inverse_square_root":
+        return max(min_lr_ratio, math.sqrt(max(1, warmup_steps) / (step + 1)))
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    if kind == "linear":
+        return 1.0 - (1.0 - min_lr_ratio) * min(progress, 1.0)
     cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * min(progress, 1.0)))
     return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
 

@@ -148,6 +148,7 @@ def _megatron_state(arch: Arch, m: dict, value_head: bool, trainable: bool) -> d
     weights = sum(p * weight_bytes / split for p, split, _ in parts)
     grads = sum(p * 4 / split for p, split, _ in parts) if trainable else 0
     optim = sum(p * (8 + master) / (split * (dp if distributed else 1)) for p, split, dp in parts) if trainable else 0
+    optim *= 1.0 - m.get("host_optim", 0.0)  # megatron-core's hybrid optimizer keeps that share on the host
     return {"weights": weights / GIB, "grads": grads / GIB, "optim": optim / GIB, "gathered": 0.0}
 
 
@@ -273,8 +274,10 @@ class Estimator:
         recompute = granularity == "full" or (granularity is None and bool(self.c(ckpt_key)))
         tp, pp, ep = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size
         etp = m.expert_tensor_parallel_size or tp
+        overrides = (self.c(f"{section}.optim.override_optimizer_config") if section != f"{ARR}.ref" else None) or {}
+        host_optim = float(overrides.get("optimizer_offload_fraction", 1.0)) if overrides.get("optimizer_cpu_offload") else 0.0
         return {"cfg": m, "tp": tp, "pp": pp, "dp": max(1, world // mp), "ep": ep, "etp": etp, "edp": max(1, world // (etp * ep * pp)),
-                "recompute": recompute, "sp": tp > 1 and bool(m.sequence_parallel)}
+                "recompute": recompute, "sp": tp > 1 and bool(m.sequence_parallel), "host_optim": host_optim}
 
     def state(self, role: _Role) -> dict:
         if role.megatron:
@@ -343,7 +346,8 @@ class Estimator:
         items = [(f"{m['cfg'].dtype} weights / {split}", s["weights"])]
         if role.trainable:
             master = "fp32 master + AdamW" if compute < 4 else "AdamW moments"
-            items += [(f"fp32 gradient buffer / {split}", s["grads"]), (f"{master} / {split} x DP{m['dp']}", s["optim"])]
+            host = f", {m['host_optim']:.0%} of it on the host (optimizer_cpu_offload)" if m["host_optim"] else ""
+            items += [(f"fp32 gradient buffer / {split}", s["grads"]), (f"{master} / {split} x DP{m['dp']}{host}", s["optim"])]
         items.append((f"activations, {role.tokens} tokens" + (", full recompute" if m["recompute"] else "")
                       + (", sequence parallel" if m["sp"] else ""), act))
         if logits:

@@ -22,7 +22,9 @@ RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native",  # verl: ??? (man
                    # verl: 0.2 each, so that its clip_ratio alone changed nothing; rlcore's follow clip_ratio
                    "actor_rollout_ref.actor.clip_ratio_low": "${.clip_ratio}", "actor_rollout_ref.actor.clip_ratio_high": "${.clip_ratio}",
                    # verl: disabled, and never read (its reference does not replay); rlcore's follows the actor's
-                   "actor_rollout_ref.ref.router_replay.mode": "${oc.select:actor_rollout_ref.actor.router_replay.mode,disabled}"}
+                   "actor_rollout_ref.ref.router_replay.mode": "${oc.select:actor_rollout_ref.actor.router_replay.mode,disabled}",
+                   # verl: null here, {} in its Megatron optim tree, whose scripts add keys with `+` (a null refuses them)
+                   "actor_rollout_ref.actor.optim.override_optimizer_config": {}, "critic.optim.override_optimizer_config": {}}
 RLCORE_ADDITIONS = {
     "reward_model.model.fsdp_config.dtype", "reward_model.model.fsdp_config.offload_policy", "critic.model.lora_adapter_path",
     "actor_rollout_ref.rollout.engine_kwargs.native",
@@ -36,6 +38,8 @@ RLCORE_ADDITIONS = {
     "data.gen_batch_size", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
     "algorithm.filter_groups.max_num_gen_batches", "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",
     "reward_model.overlong_buffer.penalty_factor", "reward_model.overlong_buffer.log",
+    # verl's Megatron optim tree (optim/megatron.yaml) names the schedule so; its FSDP tree, listed here, does not
+    "actor_rollout_ref.actor.optim.lr_decay_style", "critic.optim.lr_decay_style",
 }
 # verl's `<role>.megatron.*` sections live in its ppo_megatron_trainer tree, not in the FSDP reference above.
 MEGATRON_SECTIONS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.", "critic.megatron.")

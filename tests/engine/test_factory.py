@@ -76,6 +76,31 @@ def test_lr_scheduler_type_picks_the_decay(role):
     assert factor(constant) == 1.0 and factor(cosine) == pytest.approx(0.5)
 
 
+# verl's Megatron optim names the schedule lr_decay_style; set, it is the schedule (both engines read spec.lr_scheduler_type).
+@pytest.mark.parametrize("role", TRAINED)
+def test_lr_decay_style_is_verls_megatron_name_for_the_schedule(role):
+    optim = OPTIM[role]
+    common = [f"{optim}lr_warmup_steps=4", f"{optim}min_lr_ratio=0.1"]
+    specs = {kind: spec_of(role, [*common, f"{optim}lr_decay_style={kind}"]) for kind in ("linear", "inverse_square_root", "cosine")}
+    assert {kind: s.lr_scheduler_type for kind, s in specs.items()} == {kind: kind for kind in specs}
+    factor = lambda s, step: lr_factor(step, s.warmup_steps, s.total_steps, s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)  # noqa: E731
+    # linear: from 1 after warmup down to min_lr_ratio at the end, halfway at the middle of the decay
+    assert factor(specs["linear"], 4) == 1.0 and factor(specs["linear"], 4 + (TOTAL_STEPS - 4) // 2) == pytest.approx(0.55)
+    assert factor(specs["linear"], TOTAL_STEPS) == pytest.approx(0.1)
+    # megatron-core's inverse square root: sqrt(warmup / steps so far), floored at min_lr_ratio
+    assert factor(specs["inverse_square_root"], 15) == pytest.approx(0.5) and factor(specs["inverse_square_root"], 10_000) == 0.1
+
+
+# optim.override_optimizer_config: extra optimizer arguments, verl's way. What they do: the FSDP2 engine's AdamW
+# (tests/engine/test_fsdp2_features.py::test_override_optimizer_config_reaches_adamw), megatron-core's OptimizerConfig
+# (tests/engine/test_megatron_features.py::test_override_optimizer_config_reaches_megatron_cores_optimizer).
+@pytest.mark.parametrize("role", TRAINED)
+def test_override_optimizer_config_reaches_the_spec(role):
+    spec = spec_of(role, [f"+{OPTIM[role]}override_optimizer_config.eps=0.001", f"+{OPTIM[role]}override_optimizer_config.amsgrad=True"])
+    assert spec.optimizer_overrides == {"eps": 0.001, "amsgrad": True}
+    assert spec_of(role).optimizer_overrides == {}
+
+
 # The SFT and reward-model trainers clip with optim.clip_grad (verl's sft key), the PPO roles with their grad_clip.
 # What grad_clip does in the engine: tests/engine/test_fsdp2_features.py::test_optimizer_step_is_clipped_decoupled_adamw_by_hand
 @pytest.mark.parametrize("role", ["sft", "rm"])

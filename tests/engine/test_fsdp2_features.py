@@ -74,6 +74,16 @@ def test_warmup_then_constant_and_cosine():
     assert cosine.get_last_lr()[0] == pytest.approx(0.1)
 
 
+def test_override_optimizer_config_reaches_adamw(pg, tiny_model_dir, data):
+    """optim.override_optimizer_config: AdamW keywords, on top of the ones rlcore's optim keys set."""
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-2, optimizer_overrides={"eps": 1e-3, "amsgrad": True}), torch.device("cpu"))
+    group = engine.optimizer.param_groups[0]
+    assert (group["eps"], group["amsgrad"], group["lr"]) == (1e-3, True, 1e-2)
+    engine.forward_backward([data], nll)
+    engine.optimizer_step()
+    assert all("max_exp_avg_sq" in state for state in engine.optimizer.state.values())  # amsgrad's extra moment
+
+
 def test_offload_onload_round_trip_keeps_training_identical(pg, tiny_model_dir, data):
     ref = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-2), torch.device("cpu"))
     off = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-2, param_offload=True, optimizer_offload=True), torch.device("cpu"))

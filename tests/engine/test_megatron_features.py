@@ -103,7 +103,11 @@ def _dp2_main(rank, port, model_dir, ckpt, out):
         offloaded.offload()
         emptied.append(sum(b.grad_data.untyped_storage().nbytes() for c in offloaded.model for b in c.buffers))
         offloaded.onload()
-    result = {"straight": weights(straight), "resumed": weights(resumed), "model_only": weights(model_only), "from_export": weights(from_export), "offloaded": weights(offloaded), "exported": exported,
+    # optim.override_optimizer_config: decoupled_weight_decay=False turns megatron-core's AdamW into Adam with L2
+    coupled = build_engine("megatron", spec(model_dir, 1, optimizer_overrides={"decoupled_weight_decay": False}), cpu)
+    train(coupled, data, 1)
+    result = {"coupled": (type(coupled.optimizer.optimizer).__name__, type(first.optimizer.optimizer).__name__, weights(coupled)),
+              "straight": weights(straight), "resumed": weights(resumed), "model_only": weights(model_only), "from_export": weights(from_export), "offloaded": weights(offloaded), "exported": exported,
               "emptied": emptied, "shard": sum(p.numel() for p in straight.optimizer.optimizer.param_groups[0]["params"])}
     if rank == 0:
         torch.save(result, out)
@@ -184,3 +188,17 @@ def test_hf_export_loads_in_transformers_and_a_changed_layout_is_refused(dp2, mo
     engine._layout_meta = lambda: {"tp": 2, "pp": 1, "vpp": None, "dp": 1}
     with pytest.raises(ValueError, match="written with megatron layout .* resume with the same"):
         engine.load(ckpt)
+
+
+def test_override_optimizer_config_reaches_megatron_cores_optimizer(dp2):
+    """optim.override_optimizer_config: megatron-core OptimizerConfig fields on top of rlcore's optim keys."""
+    from rlcore.engine.megatron.engine import optimizer_config
+
+    result, _ = dp2
+    coupled, adamw, coupled_weights = result["coupled"]
+    assert (coupled, adamw) == ("Adam", "AdamW")
+    # one step from the same start as `exported` (one AdamW step): the coupled decay moves the weights differently
+    assert any(not torch.equal(coupled_weights[k], v) for k, v in result["exported"].items())
+    with pytest.raises(ValueError, match="optimizer_cpu_ofload not field"):
+        optimizer_config({"lr": 1.0}, {"optimizer_cpu_ofload": True})
+

@@ -224,6 +224,11 @@ def test_megatron_layout_splits_state_over_tp_pp_and_dp():
     assert actor["fp32 master + AdamW / TP4 x PP2 x DP1"] == pytest.approx(12 * p / 8 / GIB)
     two_nodes = dict(_role(_plan("trainer.nnodes=2", recipe="qwen2_32b_grpo_megatron"), "actor update").items)
     assert two_nodes["fp32 master + AdamW / TP4 x PP2 x DP2"] == pytest.approx(12 * p / 16 / GIB)
+    # verl's optimizer override: megatron-core's hybrid optimizer keeps offload_fraction of that state on the host
+    hybrid = [f"+{ARR}.actor.optim.override_optimizer_config.{k}" for k in ("optimizer_cpu_offload=True", "optimizer_offload_fraction=0.75",
+                                                                          "use_precision_aware_optimizer=True")]
+    offloaded = dict(_role(_plan(*hybrid, recipe="qwen2_32b_grpo_megatron"), "actor update").items)
+    assert offloaded["fp32 master + AdamW / TP4 x PP2 x DP1, 75% of it on the host (optimizer_cpu_offload)"] == pytest.approx(12 * p / 8 / GIB / 4)
 
 
 def test_native_decode_graphs_are_planned_on_cuda_unless_eager():

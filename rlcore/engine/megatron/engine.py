@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Iterator
@@ -63,6 +64,18 @@ def ddp_settings(m: dict[str, Any]) -> dict[str, Any]:
             "use_distributed_optimizer": m.get("use_distributed_optimizer", True), **(m.get("override_ddp_config") or {})}
 
 
+
+def optimizer_config(settings: dict[str, Any], overrides: dict[str, Any]) -> OptimizerConfig:
+    """megatron-core's OptimizerConfig from rlcore's optim keys, then `optim.override_optimizer_config` on top, as
+    verl applies it (e.g. optimizer_cpu_offload=True, optimizer_offload_fraction=1: megatron-core's hybrid CPU/GPU
+    Adam). A name OptimizerConfig lacks is refused here, where megatron-core is importable for sure."""
+    fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"optim.override_optimizer_config: {', '.join(unknown)} not field(s) of megatron-core's OptimizerConfig "
+                         f"(megatron/core/optimizer/optimizer_config.py)")
+    return OptimizerConfig(**{**settings, **overrides})
+
 class MegatronEngine(TrainEngine):
     def __init__(self, spec: EngineSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
@@ -109,11 +122,11 @@ class MegatronEngine(TrainEngine):
         # After the last micro-batch: DP gradient reduce(-scatter), tied-embedding gradients across stages.
         self.config.finalize_model_grads_func = finalize_model_grads
         betas = tuple(self.spec.betas)
-        opt_config = OptimizerConfig(
+        opt_config = optimizer_config(dict(
             optimizer="adam", lr=self.spec.lr, weight_decay=self.spec.weight_decay, adam_beta1=betas[0], adam_beta2=betas[1], adam_eps=1e-8,
             clip_grad=self.spec.grad_clip, bf16=self.config.bf16, fp16=self.config.fp16, params_dtype=self.config.params_dtype,
             use_distributed_optimizer=ddp_config.use_distributed_optimizer,
-        )
+        ), self.spec.optimizer_overrides)
         # config_overrides={}: weight decay on every parameter, biases and norms included, as the FSDP2 engine's
         # AdamW does (megatron's default exempts them): switching backends does not change the optimisation.
         self.optimizer = get_megatron_optimizer(opt_config, self.model, config_overrides={})

@@ -1,0 +1,72 @@
+"""Rules for the optimizer and its learning-rate schedule (`<role>.optim.*`), cut the way verl cuts its optim config
+(its FSDP and Megatron optim sections share these keys). `get(key)` reads the composed config; each rule returns
+messages naming the key and what to use (validate_engine.role_engine_errors gathers them for every trained role).
+
+verl names the schedule after warmup `lr_scheduler_type` in its FSDP optim section and `lr_decay_style` in its
+Megatron one; rlcore reads one (`schedule_kind`) and refuses the two set to different schedules.
+`override_optimizer_config` passes extra arguments to the optimizer as verl does: megatron-core OptimizerConfig
+fields on Megatron, torch.optim.AdamW keywords on FSDP2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+
+LR_SCHEDULERS = ("constant", "cosine", "linear", "inverse_square_root")
+# AdamW's arguments that rlcore's own optim keys set: an override of one would make two keys disagree silently
+_ADAMW_FROM_KEYS = {"params": "the trained parameters", "lr": "optim.lr", "betas": "optim.betas", "weight_decay": "optim.weight_decay"}
+
+
+def schedule_kind(optim) -> str:
+    """The schedule after warmup: `lr_decay_style` (verl's Megatron name) when set, else `lr_scheduler_type`."""
+    return optim.lr_decay_style or optim.lr_scheduler_type
+
+
+def optim_errors(get, optim: str, strategy: str, device: str) -> list[str]:
+    """`optim` is a trained role's optim section (e.g. actor_rollout_ref.actor.optim), trained with `strategy`."""
+    errors = []
+    for key in ("lr_scheduler_type", "lr_decay_style"):
+        value = get(f"{optim}.{key}")
+        if value is not None and value not in LR_SCHEDULERS:
+            errors.append(f"{optim}.{key}={value} is not one of {', '.join(LR_SCHEDULERS)}")
+    decay, kind = get(f"{optim}.lr_decay_style"), get(f"{optim}.lr_scheduler_type")
+    if decay is not None and kind not in ("constant", decay):
+        errors.append(f"{optim}.lr_decay_style={decay} and {optim}.lr_scheduler_type={kind} name two schedules (verl's Megatron "
+                      f"and FSDP names for the same thing); set one of them")
+    overrides = dict(get(f"{optim}.override_optimizer_config") or {})
+    if strategy == "megatron":
+        return errors + _megatron_override_errors(optim, overrides, device)
+    return errors + _adamw_override_errors(optim, overrides)
+
+
+def _adamw_override_errors(optim: str, overrides: dict) -> list[str]:
+    if not overrides:
+        return []
+    import torch
+
+    known = set(inspect.signature(torch.optim.AdamW).parameters)
+    errors = []
+    for key in overrides:
+        if key in _ADAMW_FROM_KEYS:
+            errors.append(f"{optim}.override_optimizer_config.{key} is set by {_ADAMW_FROM_KEYS[key]}; use that key")
+        elif key not in known:
+            errors.append(f"{optim}.override_optimizer_config.{key} is not an argument of torch.optim.AdamW (the FSDP2 engine's "
+                          f"optimizer); valid: {', '.join(sorted(known - set(_ADAMW_FROM_KEYS)))}")
+    return errors
+
+
+def _megatron_override_errors(optim: str, overrides: dict, device: str) -> list[str]:
+    errors = []
+    if overrides.get("optimizer_cpu_offload") and device != "cuda":
+        errors.append(f"{optim}.override_optimizer_config.optimizer_cpu_offload=True needs CUDA (megatron-core's HybridDeviceOptimizer "
+                      f"copies between CUDA streams); on trainer.device={device} the optimizer state is in host memory already: drop it")
+    if not overrides or importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        return errors  # planned where megatron-core is not installed: the engine checks the names when it builds
+    from megatron.core.optimizer import OptimizerConfig
+
+    fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    return errors + [f"{optim}.override_optimizer_config.{key} is not a field of megatron-core's OptimizerConfig (see "
+                     f"megatron/core/optimizer/optimizer_config.py: e.g. optimizer_cpu_offload, use_precision_aware_optimizer, "
+                     f"main_grads_dtype)" for key in overrides if key not in fields]
