@@ -55,11 +55,16 @@ NO_EFFECT: dict[str, str] = {
                            "time, without [tokens, vocab] logits (rlcore/models/logits.py), which is what verl's fused "
                            "kernels are for",
     # bench/log_prob_head.py: 8192 tokens x vocab 151936, the whole logits' peak 27.6 GiB, rlcore's chunked head's 1.2
-    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "rlcore always computes the entropy a chunk of tokens at "
-                                                                 "a time, never the whole [tokens, vocab] logits "
-                                                                 "(rlcore/models/logits.py)",
-    "actor_rollout_ref.actor.entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
-                                                     "keeping them (rlcore/models/logits.py)",
+    "actor_rollout_ref.*.entropy_from_logits_with_chunking": "rlcore always computes the entropy a chunk of tokens at "
+                                                             "a time, never the whole [tokens, vocab] logits "
+                                                             "(rlcore/models/logits.py)",
+    "actor_rollout_ref.*.entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
+                                                 "keeping them (rlcore/models/logits.py); the reference has no backward",
+    "*.fused_kernel_options.impl_backend": "it picks the backend of verl's fused kernels (use_fused_kernels), whose work "
+                                           "rlcore's chunked log-prob head does (rlcore/models/logits.py)",
+    "*model.use_liger": "Liger's kernels are not used: the memory its fused linear cross-entropy saves, rlcore's chunked "
+                        "log-prob and loss head saves too (no [tokens, vocab] logits, rlcore/models/logits.py); its "
+                        "fused RMSNorm / SwiGLU / RoPE kernels are a speed-up rlcore does not have",
     "*.megatron.use_mbridge": "rlcore converts HF <-> megatron-core weights with its own converter for the families it "
                               "supports (rlcore/engine/megatron/weights.py)",
     "*.megatron.vanilla_mbridge": "rlcore converts HF <-> megatron-core weights with its own converter (no mbridge)",

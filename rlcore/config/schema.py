@@ -63,6 +63,13 @@ class DataConfig:
 
 
 @dataclass
+class FusedKernelOptions:
+    """verl's fused log-prob kernels' options (`actor_rollout_ref.model.fused_kernel_options.*`)."""
+
+    impl_backend: str = "torch"  # torch | triton
+
+
+@dataclass
 class ModelConfig:
     """The policy model shared by actor, reference and rollout (`actor_rollout_ref.model.*`)."""
 
@@ -82,6 +89,8 @@ class ModelConfig:
     target_modules: Any = "all-linear"  # LoRA target modules: "all-linear" or a list of names
     lora_adapter_path: Optional[str] = None  # start from this saved peft adapter (its rank/alpha/targets win)
     use_fused_kernels: bool = False  # fused log-prob/entropy kernels
+    use_liger: bool = False  # Liger kernels (verl: patches the model with them)
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)  # with use_fused_kernels
 
 
 @dataclass
@@ -229,6 +238,8 @@ class RefConfig:
     # Ulysses: ranks sharing each sample's tokens; as the actor's
     ulysses_sequence_parallel_size: int = II("oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1")
     use_torch_compile: bool = II("oc.select:actor_rollout_ref.actor.use_torch_compile,true")  # as actor's
+    entropy_from_logits_with_chunking: bool = False  # compute entropy in chunks to save memory
+    entropy_checkpointing: bool = False  # recompute entropy in backward to save memory
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding (param_offload is the usual change)
     megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(  # strategy=megatron layout
         tensor_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.tensor_model_parallel_size,1"),

@@ -48,6 +48,7 @@ class SFTModelConfig(RMModelConfig):
     use_remove_padding: bool = II("use_remove_padding")  # pack the micro-batch's sequences; follows the top-level key
     # Ulysses: ranks sharing each sample's tokens (packed sequences only); follows the top-level key
     ulysses_sequence_parallel_size: int = II("ulysses_sequence_parallel_size")
+    use_liger: bool = False  # Liger kernels (verl's SFT trainer: patches the model with them)
 
 
 @dataclass
