@@ -116,6 +116,28 @@ def cispo_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     return -advantages * weight * log_prob, stats
 
 
+@POLICY_LOSSES.register("sapo")
+def sapo_loss(old_log_prob, log_prob, advantages, response_mask, tau_pos=1.0, tau_neg=1.05, **_):
+    """SAPO (Gao et al. 2025, arXiv 2511.20347): a smooth gate on the ratio instead of a hard clip.
+
+    r = exp(clamp(log_prob - old_log_prob, -20, 20)); per token L = -A f(r) with the gate
+    f(r) = (4 / tau) sigmoid(tau (r - 1)), tau = tau_pos where A > 0, else tau_neg. At r = 1 the gate's slope is 1,
+    as PPO's ratio's; away from it the gradient fades instead of dropping to zero at a clip edge. A loss averaged
+    per sequence (SAPO_AGGREGATION), whatever actor.loss_agg_mode says, as verl's sapo does. Nothing is clipped:
+    pg_clipfrac is 0.
+    """
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    tau = torch.where(advantages > 0, torch.tensor(tau_pos, dtype=log_prob.dtype, device=log_prob.device),
+                      torch.tensor(tau_neg, dtype=log_prob.dtype, device=log_prob.device))
+    gate = torch.sigmoid(tau * (log_ratio.exp() - 1.0)) * (4.0 / tau)
+    zeros = torch.zeros_like(log_prob)
+    return -advantages * gate, {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": (-log_ratio).detach()}
+
+
+SAPO_AGGREGATION = "seq-mean-token-mean"
+sapo_loss.loss_agg_mode = SAPO_AGGREGATION
+
+
 def _token_covariance(advantages, log_prob, mask):
     """Per-token centred product (A - mean A)(log_prob - mean log_prob), means over the valid tokens of the
     micro-batch (log_prob detached in the mean) — the covariance term that drives entropy collapse (Cui et al. 2025)."""

@@ -51,6 +51,10 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": "the naive backend, the only one, takes no options",
     "actor_rollout_ref.rollout.agent.custom_async_server.name": "it names the class in custom_async_server.path, which is "
                                                                 "refused (no custom rollout servers)",
+    "*.fsdp_config.strategy": "rlcore trains every FSDP role with FSDP2, whichever version is named here (as "
+                              "<role>.strategy=fsdp does); fsdp and fsdp2 are accepted",
+    "*.fsdp_config.use_orig_params": "FSDP2 always shards the original parameters (FSDP1's flat parameters do not exist "
+                                     "there)",
     "*.use_fused_kernels": "rlcore always computes log-probs and entropy from the hidden states a chunk of tokens at a "
                            "time, without [tokens, vocab] logits (rlcore/models/logits.py), which is what verl's fused "
                            "kernels are for",

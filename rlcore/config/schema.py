@@ -136,6 +136,8 @@ class FSDPConfig:
     forward_prefetch: bool = False  # prefetch the next unit's all-gather during forward
     model_dtype: str = "fp32"  # dtype the weights are loaded and kept in: fp32 | bf16 | fp16 (long names ok)
     dtype: str = "bfloat16"  # mixed-precision compute dtype: bfloat16 | float16 | float32 (short names ok)
+    strategy: str = "fsdp"  # verl's FSDP version for its newer engine: fsdp | fsdp2 (rlcore trains with FSDP2)
+    use_orig_params: bool = False  # FSDP1's flat-parameter switch
 
 
 @dataclass
@@ -206,6 +208,8 @@ class ActorConfig:
     clip_ratio_low: float = II(".clip_ratio")  # lower clip: ratio >= 1 - clip_ratio_low
     clip_ratio_high: float = II(".clip_ratio")  # upper clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; must be > 1
+    tau_pos: float = 1.0  # SAPO (loss_mode=sapo): the gate's temperature for tokens with a positive advantage
+    tau_neg: float = 1.05  # SAPO: the gate's temperature for the others
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # loss variant
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     entropy_coeff: float = 0.0  # entropy bonus weight (0 = off)

@@ -31,6 +31,9 @@ def role_engine_errors(get: Get, optim: Optional[str], fsdp: str, world: int, gr
         if grad_clip and DEFAULT_GRAD_CLIP not in (clip, role_clip) and clip != role_clip:
             errors.append(f"{grad_clip}={role_clip} and {optim}.clip_grad={clip} both set the gradient-norm clip (verl's "
                           f"actor key and its engine key): keep one, e.g. {grad_clip}={role_clip}")
+    version = get(f"{fsdp}.strategy")  # verl's engine config names its FSDP version; the reward model's has none
+    if version is not None and version not in ("fsdp", "fsdp2"):
+        errors.append(f"{fsdp}.strategy={version} is not an FSDP version; use fsdp or fsdp2 (rlcore trains with FSDP2 either way)")
     size = get(f"{fsdp}.fsdp_size")
     if size != -1 and (size <= 0 or world % size):
         divisors = [d for d in range(1, world + 1) if world % d == 0]

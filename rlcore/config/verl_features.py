@@ -43,14 +43,10 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("reward_manager.*",), "the reward-manager section of verl's reward loop",
      "rlcore selects its manager with reward_model.reward_manager (naive, dapo)"),
     (("algorithm.pf_ppo.*", "algorithm.use_pf_ppo"), "PF-PPO (policy filtration)", "not in rlcore yet"),
-    (("actor_rollout_ref.actor.tau_pos", "actor_rollout_ref.actor.tau_neg"), "SAPO's temperature keys",
-     "not in rlcore yet"),
     (("actor_rollout_ref.actor.use_prefix_grouper",), "the prefix grouper (a shared prompt's forward computed once)",
      "not in rlcore yet"),
     (("actor_rollout_ref.actor.calculate_sum_pi_squared", "actor_rollout_ref.actor.sum_pi_squared_checkpointing"),
      "the sum of squared probabilities (for OTB)", "not in rlcore yet"),
-    (("*.fsdp_config.strategy", "*.fsdp_config.use_orig_params"), "FSDP1 options",
-     "rlcore trains with FSDP2 only (strategy=fsdp2); FSDP2 always keeps the original parameters"),
     (("transfer_queue.*", "transfer_queue"), "the transfer queue", "not in rlcore: batches move through Ray's object store"),
 )
 

@@ -129,3 +129,48 @@ def test_geo_mean_is_verls_gmpo_over_sequences_whatever_the_aggregation():
     # the clip fraction counts tokens whose log-ratio left [-0.4, 0.4], by the advantage's sign
     outside = ((new - old).abs() > 0.4).float()
     assert torch.equal(stats["actor/pg_clipfrac"], (outside * (adv > 0)).detach())
+
+
+def _verl_sapo(old, new, adv, mask, tau_pos, tau_neg):
+    """SAPO as verl's compute_policy_loss_sapo computes it, written out from the paper's formula: a per-token gate
+    sigmoid(tau (r - 1)) * 4 / tau on the ratio, tau by the advantage's sign, then the mean over each sequence's
+    tokens and over sequences."""
+    r = torch.exp(torch.clamp(new - old, -20.0, 20.0))
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    per_token = -adv * torch.sigmoid(tau * (r - 1.0)) * 4.0 / tau
+    per_sequence = (per_token * mask).sum(-1) / mask.sum(-1)
+    return per_sequence.mean()
+
+
+def test_sapo_is_verls_smooth_gate_over_sequences():
+    """actor.policy_loss.loss_mode=sapo with actor.tau_pos / actor.tau_neg (verl's keys and defaults, 1.0 / 1.05)."""
+    from rlcore.algos.agg import agg_loss
+    from rlcore.algos.policy_loss import SAPO_AGGREGATION
+    from rlcore.workers.actor import policy_loss_params
+    from rlcore.config import compose
+
+    actor = compose(["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=0.8",
+                     "actor_rollout_ref.actor.tau_neg=1.3"]).actor_rollout_ref.actor
+    params = policy_loss_params(actor)
+    assert (params["tau_pos"], params["tau_neg"]) == (0.8, 1.3)
+    torch.manual_seed(0)
+    old = torch.randn(4, 6) * 0.3 - 1.0
+    new = (old + torch.randn(4, 6) * 0.5).requires_grad_()
+    mask = torch.tensor([[1.0] * 6, [1.0] * 4 + [0.0] * 2, [1.0] * 2 + [0.0] * 4, [1.0] * 5 + [0.0]])
+    adv = torch.tensor([1.5, -0.7, 0.0, 2.0]).unsqueeze(-1).expand(4, 6)
+    loss_fn = POLICY_LOSSES.get("sapo")
+    assert loss_fn.loss_agg_mode == SAPO_AGGREGATION == "seq-mean-token-mean"
+    mat, stats = loss_fn(old, new, adv, mask, **params)
+    ours = agg_loss(mat, mask, SAPO_AGGREGATION)
+    ref_new = new.detach().clone().requires_grad_()
+    reference = _verl_sapo(old, ref_new, adv, mask, 0.8, 1.3)
+    assert torch.allclose(ours, reference, atol=1e-6)
+    ours.backward()
+    reference.backward()
+    assert torch.allclose(new.grad, ref_new.grad, atol=1e-6)
+    assert not stats["actor/pg_clipfrac"].any()  # a gate, no clip
+    # at ratio 1 the gate's slope is 1: the gradient is the policy gradient's, -A per token, for either temperature
+    at_one = old.clone().requires_grad_()
+    loss_fn(old, at_one, adv, mask, **params)[0].sum().backward()
+    assert torch.allclose(at_one.grad, -adv)
+

@@ -395,3 +395,16 @@ def test_rollout_expert_parallel_size_follows_verls_rule(overrides, message):
     assert any(message in m for m in _errors(VERL_8GPU + overrides)), _errors(VERL_8GPU + overrides)
     assert not [m for m in _errors(VERL_8GPU + [f"{ARR}.rollout.name=vllm", "trainer.device=cuda", f"{ARR}.rollout.expert_parallel_size=2",
                                                 f"{ARR}.rollout.top_p=2"]) if "expert_parallel_size" in m]
+
+
+def test_verls_fsdp_version_keys_compose_and_a_version_that_is_not_fsdp_is_refused():
+    """verl's engine config names its FSDP version (fsdp_config.strategy) and FSDP1's use_orig_params; rlcore trains
+    with FSDP2 either way and reports them as having no effect."""
+    from rlcore.config.key_status import ineffective_settings
+
+    cfg = _cfg([f"{ARR}.actor.fsdp_config.strategy=fsdp2", f"{ARR}.actor.fsdp_config.use_orig_params=True"], "tiny_cpu")
+    assert validate_config(cfg)
+    reported = [line.split("=", 1)[0] for line in ineffective_settings(cfg)]
+    assert f"{ARR}.actor.fsdp_config.strategy" in reported and f"{ARR}.actor.fsdp_config.use_orig_params" in reported
+    assert _errors([f"{ARR}.actor.fsdp_config.strategy=ddp"], "tiny_cpu") == [
+        f"{ARR}.actor.fsdp_config.strategy=ddp is not an FSDP version; use fsdp or fsdp2 (rlcore trains with FSDP2 either way)"]
