@@ -35,7 +35,8 @@ def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec
 
 def policy_loss_params(actor_cfg) -> dict[str, float]:
     """Every knob a registered policy loss may take; each loss picks the ones it uses (and ignores the rest)."""
-    params = {k: actor_cfg[k] for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "tau_pos", "tau_neg")}
+    params = {k: actor_cfg[k] for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
+    params.update({k: actor_cfg[k] for k in ("tau_pos", "tau_neg") if k in actor_cfg})  # SAPO's (a loss's own defaults else)
     params.update({k: v for k, v in actor_cfg.policy_loss.items() if k != "loss_mode"})
     return params
 
