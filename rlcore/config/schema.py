@@ -458,6 +458,14 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    """PF-PPO's sample weights (`algorithm.pf_ppo.*`), with use_pf_ppo."""
+
+    reweight_method: str = "pow"  # pow | max_min | max_random
+    weight_pow: float = 2.0  # pow: the weight is |score| ** weight_pow
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and in-reward KL (`algorithm.*`)."""
 
@@ -469,6 +477,8 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # KL estimator for the reward penalty; same choices as actor.kl_loss_type
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # coefficient schedule
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
+    use_pf_ppo: bool = False  # PF-PPO: redraw the step's samples by their score after GAE (rlcore/algos/pf_ppo.py)
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)  # its weighting
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # train-inference mismatch
 
 

@@ -26,6 +26,7 @@ from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_profiler import check_profiler
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
 from rlcore.config.validate_multi_turn import check_multi_turn
+from rlcore.config.validate_pf_ppo import check_pf_ppo
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_rollout_expert_parallel, check_vllm_rollout
 from rlcore.config.validate_moe import check_router_replay
@@ -173,6 +174,7 @@ def _check_choices(c: _Checker) -> None:
     _check_reward_manager(c)
     check_overlong_buffer(c)
     check_dynamic_sampling(c)
+    check_pf_ppo(c)
     check_rollout_correction(c)
     check_router_replay(c)
     check_profiler(c)

@@ -42,7 +42,6 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "not in rlcore: write a custom_reward_function that calls your sandbox (it runs in its own process with a timeout)"),
     (("reward_manager.*",), "the reward-manager section of verl's reward loop",
      "rlcore selects its manager with reward_model.reward_manager (naive, dapo)"),
-    (("algorithm.pf_ppo.*", "algorithm.use_pf_ppo"), "PF-PPO (policy filtration)", "not in rlcore yet"),
     (("actor_rollout_ref.actor.use_prefix_grouper",), "the prefix grouper (a shared prompt's forward computed once)",
      "not in rlcore yet"),
     (("actor_rollout_ref.actor.calculate_sum_pi_squared", "actor_rollout_ref.actor.sum_pi_squared_checkpointing"),

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
+from rlcore.algos.pf_ppo import pf_ppo_rows
 from rlcore.config.tool_config import tools_enabled
 from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
@@ -320,6 +321,12 @@ class PPOTrainer:
             index=batch.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo,
             values=b.get("values", None), reward_baselines=b.get("reward_baselines", None),
         )
+        if algo.use_pf_ppo:  # verl redraws the batch in its GAE path (validation refuses any other estimator)
+            seeded = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + self.global_step)
+            rows = pf_ppo_rows(b["token_level_scores"].sum(-1), algo.pf_ppo.reweight_method, algo.pf_ppo.weight_pow, seeded)
+            drawn = batch.index(rows)  # in place: the step's batch is the caller's
+            batch.batch, batch.non_tensor_batch = drawn.batch, drawn.non_tensor_batch
+            metrics["pf_ppo/unique_sample_fraction"] = len(set(rows.tolist())) / len(rows)
         return metrics
 
     # ------------------------------------------------------------------------------------------------ validation
