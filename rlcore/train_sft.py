@@ -40,7 +40,7 @@ def load_rows(cfg: DictConfig, tokenizer):
 
     d = cfg.data
     read = lambda files: read_sft(file_list(files), tokenizer, d.prompt_key, d.response_key, d.max_length, d.truncation,  # noqa: E731
-                                  d.prompt_dict_keys or [], d.response_dict_keys or [])
+                                  d.prompt_dict_keys or [], d.response_dict_keys or [], d.multiturn)
     return read(d.train_files), (read(d.val_files) if d.val_files else None)
 
 

@@ -17,6 +17,16 @@ TRUNCATIONS = ("error", "left", "right")  # data.truncation of SFT rows
 
 
 @dataclass
+class SFTMultiTurnConfig:
+    """verl's multi-turn SFT (`data.multiturn.*`): each row a conversation; the loss covers the assistant's turns."""
+
+    enable: bool = False  # rows are conversations (the prompt_key / response_key columns are not read)
+    messages_key: str = "messages"  # column of the chat messages
+    tools_key: str = "tools"  # column of the tool schemas handed to the chat template (when the row has it)
+    enable_thinking_key: str = "enable_thinking"  # column of the template's enable_thinking flag (when the row has it)
+
+
+@dataclass
 class SFTDataConfig:
     """Prompt/response rows (`data.*`): the prompt as chat messages (or a plain string: one user turn)."""
 
@@ -27,6 +37,7 @@ class SFTDataConfig:
     # the prompt column holds a dict (e.g. extra_info): the prompt is value[k1][k2]... for these keys; None = the value
     prompt_dict_keys: Optional[List[str]] = None
     response_dict_keys: Optional[List[str]] = None  # the same for the response column
+    multiturn: SFTMultiTurnConfig = field(default_factory=SFTMultiTurnConfig)  # conversations instead of prompt/response
     max_length: int = 1024  # prompt + response tokens
     truncation: str = "error"  # error | left (drop the prompt's start) | right (drop the response's end)
     train_batch_size: int = 256  # samples per optimizer step, over all ranks

@@ -1,6 +1,12 @@
 """Supervised fine-tuning rows: a prompt (chat messages, or a string taken as one user turn) and the response to
 learn, tokenized once into the layout RL uses (left-padded prompt, right-padded response + EOS), so the loss
-sees exactly the positions the policy is later trained on."""
+sees exactly the positions the policy is later trained on.
+
+Multi-turn rows (`data.multiturn.enable`, verl's multi-turn SFT): a whole conversation. The prompt is everything
+before the first assistant turn, the response the rest of the conversation, and the loss covers only what the
+assistant says (each assistant turn's content and its end-of-turn token, not the template's header before it,
+nor the user's, system's or tools' turns), read off the chat template by rendering the conversation one message
+at a time."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from rlcore.protocol import DataProto, position_ids_from_mask
 class SFTData:
     prompts: list[list[int]]
     responses: list[list[int]]
+    loss_masks: list[list[int]] | None = None  # per response token, 1 where the loss applies (multi-turn); None = all
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -31,8 +38,11 @@ class SFTData:
         return DataProto.from_dict({
             "input_ids": torch.tensor(ids), "attention_mask": attention_mask, "position_ids": position_ids_from_mask(attention_mask),
             "responses": torch.tensor([r + [pad_token_id] * (width_r - len(r)) for r in responses]),
-            "response_mask": torch.tensor([[1] * len(r) + [0] * (width_r - len(r)) for r in responses]),
+            "response_mask": torch.tensor([self._loss_mask(i, len(r)) + [0] * (width_r - len(r)) for i, r in zip(index, responses)]),
         })
+
+    def _loss_mask(self, row: int, length: int) -> list[int]:
+        return [1] * length if self.loss_masks is None else self.loss_masks[row]
 
 
 def _truncate(prompt: list[int], response: list[int], max_length: int, truncation: str, where: str) -> tuple[list[int], list[int]]:
@@ -67,9 +77,12 @@ def _dig(value, keys: list[str], column: str, where: str):
 
 
 def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, max_length: int, truncation: str,
-             prompt_dict_keys: list[str] = (), response_dict_keys: list[str] = ()) -> SFTData:
+             prompt_dict_keys: list[str] = (), response_dict_keys: list[str] = (), multiturn=None) -> SFTData:
+    """`multiturn`: verl's data.multiturn section (enable, messages_key, tools_key, enable_thinking_key), or None."""
     prompts, responses = [], []
     rows, origins = read_rows([os.path.abspath(os.path.expanduser(f)) for f in files])
+    if multiturn is not None and multiturn.enable:
+        return _read_conversations(rows, origins, tokenizer, multiturn, max_length, truncation, files)
     for row, (path, i) in zip(rows, origins):
         where = f"{path} row {i}"
         if prompt_key not in row or response_key not in row:
@@ -84,3 +97,53 @@ def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, ma
     if not prompts:
         raise ValueError(f"no SFT rows in {files}")
     return SFTData(prompts, responses)
+
+
+def _read_conversations(rows, origins, tokenizer, multiturn, max_length: int, truncation: str, files) -> SFTData:
+    prompts, responses, masks = [], [], []
+    for row, (path, i) in zip(rows, origins):
+        where = f"{path} row {i}"
+        if multiturn.messages_key not in row:
+            raise ValueError(f"{where}: no column {multiturn.messages_key!r} (columns: {sorted(row)}); set data.multiturn.messages_key")
+        kwargs = {}
+        if multiturn.tools_key in row and row[multiturn.tools_key] is not None:
+            kwargs["tools"] = list(row[multiturn.tools_key])
+        if multiturn.enable_thinking_key in row and row[multiturn.enable_thinking_key] is not None:
+            kwargs["enable_thinking"] = bool(row[multiturn.enable_thinking_key])
+        prompt, response, mask = conversation_ids(tokenizer, list(row[multiturn.messages_key]), where, **kwargs)
+        prompt, cut = _truncate(prompt, response, max_length, truncation, where)
+        prompts.append(prompt)
+        responses.append(cut)
+        masks.append(mask[: len(cut)])
+    if not prompts:
+        raise ValueError(f"no SFT rows in {files}")
+    return SFTData(prompts, responses, masks)
+
+
+def conversation_ids(tokenizer, messages: list[dict], where: str, **template_kwargs) -> tuple[list[int], list[int], list[int]]:
+    """(prompt, response, loss mask over the response) of one conversation. Message k's tokens are what rendering
+    messages[:k+1] adds to rendering messages[:k]; an assistant turn's loss starts after the header the template
+    writes for it (the generation prompt) and ends with its end-of-turn token."""
+    def render(upto: int, generation_prompt: bool) -> list[int]:
+        if upto == 0 and not generation_prompt:
+            return []
+        ids = tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=generation_prompt, tokenize=True, **template_kwargs)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    roles = [m.get("role") for m in messages]
+    if "assistant" not in roles:
+        raise ValueError(f"{where}: the conversation has no assistant turn to learn (roles: {roles})")
+    first = roles.index("assistant")
+    full = render(len(messages), False)
+    prompt = render(first, True)
+    mask = [0] * len(full)
+    for k in range(first, len(messages)):
+        before, after = render(k, roles[k] == "assistant"), render(k + 1, False)
+        if full[: len(after)] != after or after[: len(before)] != before:
+            raise ValueError(f"{where}: the chat template renders message {k} differently once later messages follow (it "
+                             "rewrites earlier turns, e.g. dropping reasoning from past assistant turns), so the assistant's "
+                             "tokens cannot be told apart; use a template that only appends (or data.multiturn.enable=false)")
+        if roles[k] == "assistant":
+            mask[len(before): len(after)] = [1] * (len(after) - len(before))
+    return prompt, full[len(prompt):], mask[len(prompt):]
+

@@ -87,3 +87,57 @@ def test_verls_top_level_use_remove_padding_decides_packing():
 
     assert packed() and not packed("use_remove_padding=false")  # verl's fsdp_sft_trainer key, at the top
     assert not packed("use_remove_padding=true", "model.use_remove_padding=false")  # the model's own key still wins
+
+
+CONVERSATION = [{"role": "system", "content": "S"}, {"role": "user", "content": "1+2="}, {"role": "assistant", "content": "3"},
+                {"role": "user", "content": "x2?"}, {"role": "assistant", "content": "6"}]
+
+
+def test_multiturn_rows_learn_every_assistant_turn_and_nothing_else(tmp_path):
+    """data.multiturn (verl's multi-turn SFT): the prompt is what precedes the first assistant turn, the loss covers each
+    assistant turn's content and end-of-turn token, never a header or the user's turn between them."""
+    from rlcore.train_sft import compose_sft, load_rows
+
+    tok = build_char_tokenizer()
+    path = write_parquet([{"messages": CONVERSATION}], str(tmp_path / "chats.parquet"))
+    cfg = compose_sft([f"data.train_files={path}", "data.val_files=[]", "data.max_length=64", "data.multiturn.enable=true",
+                       "data.multiturn.messages_key=messages"])
+    data, _ = load_rows(cfg, tok)
+    assert tok.decode(data.prompts[0]) == "<|system|>S<|user|>1+2=<|assistant|>"
+    batch = data.batch([0], tok.pad_token_id).batch
+    response, mask = batch["responses"][0], batch["response_mask"][0]
+    assert tok.decode(response) == "3<|endoftext|><|user|>x2?<|assistant|>6<|endoftext|>"
+    learned = [tok.decode(response[i:i + 1]) for i in range(len(response)) if mask[i]]
+    assert "".join(learned) == "3<|endoftext|>6<|endoftext|>"
+    # right truncation cuts the loss mask with the tokens it cuts
+    short = compose_sft([f"data.train_files={path}", "data.val_files=[]", f"data.max_length={len(data.prompts[0]) + 3}",
+                         "data.truncation=right", "data.multiturn.enable=true"])
+    cut, _ = load_rows(short, tok)
+    assert cut.loss_masks[0] == [1, 1, 0] and len(cut.responses[0]) == 3
+
+
+def test_multiturn_refuses_a_template_that_rewrites_earlier_turns(tmp_path):
+    from rlcore.data.sft_rows import conversation_ids
+
+    tok = build_char_tokenizer()
+    # marks the last message: rendering more messages changes how an earlier one looks
+    tok.chat_template = "{% for m in messages %}{{ m['role'] + ':' + m['content'] }}{% if loop.last %}.{% endif %}{% endfor %}"
+    with pytest.raises(ValueError, match=r"row 7: the chat template renders message 2 differently once later messages follow"):
+        conversation_ids(tok, CONVERSATION, "chats.parquet row 7")
+    with pytest.raises(ValueError, match="has no assistant turn to learn"):
+        conversation_ids(build_char_tokenizer(), CONVERSATION[:2], "row 0")
+
+
+def test_multiturn_hands_the_rows_tools_and_thinking_flag_to_the_template(tmp_path):
+    from rlcore.train_sft import compose_sft, load_rows
+
+    tok = build_char_tokenizer()
+    tok.chat_template = ("{% if tools %}[{{ tools | length }} tools]{% endif %}{% if enable_thinking %}[think]{% endif %}"
+                         "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% if m['role'] == 'assistant' %}"
+                         "{{ '<|endoftext|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tools = [{"type": "function", "function": {"name": "add", "description": "adds", "parameters": {"type": "object", "required": ["a"]}}}]
+    path = write_parquet([{"conv": CONVERSATION[1:3], "fns": tools, "think": True}], str(tmp_path / "tools.parquet"))
+    cfg = compose_sft([f"data.train_files={path}", "data.val_files=[]", "data.max_length=64", "data.multiturn.enable=true",
+                       "data.multiturn.messages_key=conv", "data.multiturn.tools_key=fns", "data.multiturn.enable_thinking_key=think"])
+    data, _ = load_rows(cfg, tok)
+    assert tok.decode(data.prompts[0]) == "[1 tools][think]<|user|>1+2=<|assistant|>"
