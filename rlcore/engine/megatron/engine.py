@@ -64,7 +64,6 @@ def ddp_settings(m: dict[str, Any]) -> dict[str, Any]:
             "use_distributed_optimizer": m.get("use_distributed_optimizer", True), **(m.get("override_ddp_config") or {})}
 
 
-
 def optimizer_config(settings: dict[str, Any], overrides: dict[str, Any]) -> OptimizerConfig:
     """megatron-core's OptimizerConfig from rlcore's optim keys, then `optim.override_optimizer_config` on top, as
     verl applies it (e.g. optimizer_cpu_offload=True, optimizer_offload_fraction=1: megatron-core's hybrid CPU/GPU
@@ -75,6 +74,7 @@ def optimizer_config(settings: dict[str, Any], overrides: dict[str, Any]) -> Opt
         raise ValueError(f"optim.override_optimizer_config: {', '.join(unknown)} not field(s) of megatron-core's OptimizerConfig "
                          f"(megatron/core/optimizer/optimizer_config.py)")
     return OptimizerConfig(**{**settings, **overrides})
+
 
 class MegatronEngine(TrainEngine):
     def __init__(self, spec: EngineSpec, device: torch.device) -> None:
