@@ -17,7 +17,10 @@
 # .gpu/run_on_gpu.sh (`bash ../shared/gpu/build_bundle.sh`) and .whl (TRL 1.16.0, datasets 5.2.0, dill, multiprocess
 # wheels for CPython 3.12), appends the part as the kit prints, then runs:
 #   bash bench/gpu_session.sh [BUDGET_SECONDS]     # default 480
+# STAGES="step trl" picks stages (default: all, in the order above). The first session (2026-11-27, H100) passed the
+# smoke check and ran the vLLM step; the next one should start with STAGES="step trl vllm_tests extra".
 set -u
+STAGES=${STAGES:-smoke step trl vllm_tests extra}
 BUDGET=${1:-480}
 END=$((SECONDS + BUDGET))
 LOGS=${OUT:-/tmp/gpu_session}
@@ -28,6 +31,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 stage() {  # stage NAME NEEDS_SECONDS CAP_SECONDS COMMAND...: runs COMMAND if NEEDS_SECONDS are left, for at most CAP
   local name=$1 need=$2 cap=$3 left=$((END - SECONDS)) start=$SECONDS rc
   shift 3
+  case " $STAGES " in *" $name "*) ;; *) echo "== $name: not in STAGES" | tee -a "$SUMMARY"; return ;; esac
   if [ "$left" -lt "$need" ]; then
     echo "== $name: skipped, $left s of the budget left (needs $need)" | tee -a "$SUMMARY"
     return
@@ -66,7 +70,8 @@ stage step 120 280 $VLLM $RLCORE "${STEP[@]}" --modes packed --rollouts vllm,nat
 # TRL without vLLM on its path: TRL's GRPOTrainer generates with transformers unless told to use a vLLM server.
 stage trl 90 180 env PYTHONPATH=/tmp/trlsite $RLCORE python3 bench/vs_trl.py --spec bench/vs_trl/grpo_arith_gpu_v1.json \
   --betas 0.001 --steps 4 --runs 1 --trl-python python3
-stage vllm_tests 60 150 $VLLM $RLCORE python3 -m pytest -q -p no:cacheprovider -m vllm tests/rollout/test_vllm.py
+# -x -rf: the first failure and its traceback are printed at once (a run stopped at its limit printed only "F")
+stage vllm_tests 60 150 $VLLM $RLCORE python3 -m pytest -x -rf --tb=short -p no:cacheprovider -m vllm tests/rollout/test_vllm.py
 stage extra 60 200 $RLCORE "${STEP[@]}" --modes padded --rollouts native
 stage extra 45 150 $RLCORE python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 echo "== done: $((SECONDS)) s" | tee -a "$SUMMARY"
