@@ -146,4 +146,3 @@ def conversation_ids(tokenizer, messages: list[dict], where: str, **template_kwa
         if roles[k] == "assistant":
             mask[len(before): len(after)] = [1] * (len(after) - len(before))
     return prompt, full[len(prompt):], mask[len(prompt):]
-
