@@ -37,7 +37,7 @@ def optim_errors(get, optim: str, strategy: str, device: str) -> list[str]:
                       f"and FSDP names for the same thing); set one of them")
     overrides = dict(get(f"{optim}.override_optimizer_config") or {})
     if strategy == "megatron":
-        return errors + _megatron_override_errors(get, optim, overrides, device)
+        return errors + _megatron_override_errors(optim, overrides, device)
     return errors + _adamw_override_errors(optim, overrides)
 
 
@@ -57,15 +57,11 @@ def _adamw_override_errors(optim: str, overrides: dict) -> list[str]:
     return errors
 
 
-def _megatron_override_errors(get, optim: str, overrides: dict, device: str) -> list[str]:
+def _megatron_override_errors(optim: str, overrides: dict, device: str) -> list[str]:
     errors = []
     if overrides.get("optimizer_cpu_offload") and device != "cuda":
         errors.append(f"{optim}.override_optimizer_config.optimizer_cpu_offload=True needs CUDA (megatron-core's HybridDeviceOptimizer "
                       f"copies between CUDA streams); on trainer.device={device} the optimizer state is in host memory already: drop it")
-    offload = f"{optim.rsplit('.', 1)[0]}.megatron.optimizer_offload"  # the role's own between-phase offload
-    if overrides.get("optimizer_cpu_offload") and get(offload):
-        errors.append(f"{optim}.override_optimizer_config.optimizer_cpu_offload=True keeps the optimizer state in host memory "
-                      f"already, and {offload}=True would move it again between phases: set one of them")
     if not overrides or importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
         return errors  # planned where megatron-core is not installed: the engine checks the names when it builds
     from megatron.core.optimizer import OptimizerConfig

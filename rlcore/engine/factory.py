@@ -70,6 +70,10 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = schedule_kind(optim_cfg), optim_cfg.min_lr_ratio, optim_cfg.num_cycles
         overrides = optim_cfg.override_optimizer_config
         spec.optimizer_overrides = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else dict(overrides or {})
+        if strategy == "megatron" and spec.optimizer_overrides.get("optimizer_cpu_offload"):
+            # megatron-core's hybrid optimizer keeps its state on the host: the between-phase offload (verl's scripts
+            # set both) has nothing of it to move, and moving it to the device would undo the hybrid split
+            spec.optimizer_offload = False
         spec.grad_clip = effective_grad_clip(grad_clip, optim_cfg.clip_grad)
         if model_cfg.lora_rank > 0:  # a frozen role (the reference) is the base model: LoRA runs disable the adapters
             targets = model_cfg.target_modules

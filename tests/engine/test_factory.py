@@ -94,6 +94,15 @@ def test_lr_decay_style_is_verls_megatron_name_for_the_schedule(role):
 # optim.override_optimizer_config: extra optimizer arguments, verl's way. What they do: the FSDP2 engine's AdamW
 # (tests/engine/test_fsdp2_features.py::test_override_optimizer_config_reaches_adamw), megatron-core's OptimizerConfig
 # (tests/engine/test_megatron_features.py::test_override_optimizer_config_reaches_megatron_cores_optimizer).
+def test_megatrons_hybrid_cpu_optimizer_is_not_offloaded_again_between_phases():
+    """verl's Megatron scripts set optimizer_cpu_offload (state on the host, megatron-core's hybrid optimizer) and
+    megatron.optimizer_offload together; the engine then has no optimizer state to move between phases."""
+    megatron = [f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.megatron.optimizer_offload=True"]
+    assert spec_of("actor", megatron).optimizer_offload
+    hybrid = spec_of("actor", [*megatron, f"+{ARR}.actor.optim.override_optimizer_config.optimizer_cpu_offload=True"])
+    assert not hybrid.optimizer_offload and hybrid.optimizer_overrides == {"optimizer_cpu_offload": True}
+
+
 @pytest.mark.parametrize("role", TRAINED)
 def test_override_optimizer_config_reaches_the_spec(role):
     spec = spec_of(role, [f"+{OPTIM[role]}override_optimizer_config.eps=0.001", f"+{OPTIM[role]}override_optimizer_config.amsgrad=True"])
