@@ -13,9 +13,12 @@ this module gives (all masked by `response_mask`, all returned under the `rollou
 - rollout_is_weights: truncated importance sampling (TIS), the per-token factor the actor multiplies each token's
   policy loss by: w = min(rho, rollout_is_threshold), with rho per token (`token`) or the sequence's product
   (`sequence`, one weight for every token of the sequence);
-- rollout_rs_mask: rejection sampling, a response mask without the tokens (`token`) or whole sequences
-  (`sequence`: the product of ratios, `geometric`: their geometric mean) whose ratio lies outside
-  [1 / rollout_rs_threshold, rollout_rs_threshold].
+- rollout_rs_mask: rejection sampling, a response mask without the tokens or whole sequences that one of the
+  `rollout_rs` modes rejects (verl's `<aggregation>_<statistic>`, comma-separated: `token_k1,seq_max_k2`). A mode's
+  per-token statistic (k1 = -log rho, k2 = (log rho)^2 / 2, k3 = rho - 1 - log rho) is judged per token or by its
+  sequence's sum, mean or max; k1 against a ratio band, k2 and k3 against an upper bound (`rollout_rs_threshold`,
+  one per mode, parsed by rlcore/config/validate_rollout_corr.py). rlcore's earlier `token`, `sequence` and
+  `geometric` are token_k1, seq_sum_k1 and seq_mean_k1: with a number t, ratios outside [1/t, t] are rejected.
 
 Ratios are formed in log space and exponentiated only after clamping to +-SAFETY_BOUND: a sequence product
 of 100 tokens at ratio 2 would overflow float32.
@@ -24,17 +27,24 @@ of 100 tokens at ratio 2 would overflow float32.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from rlcore.algos.registry import Registry
+from rlcore.config.validate_rollout_corr import RejectionRule, parse_rejection_rules
 
 SAFETY_BOUND = 20.0  # |log ratio| cap before exp: e^20 ~ 4.9e8
 
 # A level turns the per-token log-ratio [batch, response_len] into the log of the weight each token gets, of the
 # same shape (a sequence level repeats one value over the sequence's tokens).
 ROLLOUT_IS_LEVELS = Registry("rollout IS level", "algorithm.rollout_correction.rollout_is")
+# Rejection (rollout_rs): a statistic turns the log-ratio into a per-token value [batch, response_len]; an aggregation
+# turns per-token values into the value each token is judged by, of the same shape (a sequence aggregation repeats
+# its value on every position of the row). A mode `<aggregation>_<statistic>` pairs them.
+ROLLOUT_RS_STATISTICS = Registry("rollout RS statistic", "algorithm.rollout_correction.rollout_rs")
+ROLLOUT_RS_AGGREGATIONS = Registry("rollout RS aggregation", "algorithm.rollout_correction.rollout_rs")
+# rlcore's earlier rollout_rs names, kept: the k1 band at their level (token_k1, seq_sum_k1, seq_mean_k1)
 ROLLOUT_RS_LEVELS = Registry("rollout RS level", "algorithm.rollout_correction.rollout_rs")
 
 
@@ -46,22 +56,51 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = N
 
 @ROLLOUT_IS_LEVELS.register("token")
 @ROLLOUT_RS_LEVELS.register("token")
-def token_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log rho_t: each token its own ratio (biased, low variance)."""
-    return log_ratio
+@ROLLOUT_RS_AGGREGATIONS.register("token")
+def token_level(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """v_t: each token its own value (IS: its own ratio log rho_t; biased, low variance)."""
+    return values
 
 
 @ROLLOUT_IS_LEVELS.register("sequence")
 @ROLLOUT_RS_LEVELS.register("sequence")
-def sequence_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t log rho_t: the sequence's likelihood ratio prod_t rho_t on every token (unbiased, high variance)."""
-    return (log_ratio * mask).sum(-1, keepdim=True).expand_as(log_ratio)
+@ROLLOUT_RS_AGGREGATIONS.register("seq_sum")
+def sequence_level(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum_t v_t on every token (IS: sum_t log rho_t, the sequence's likelihood ratio prod_t rho_t; unbiased, high
+    variance)."""
+    return (values * mask).sum(-1, keepdim=True).expand_as(values)
 
 
 @ROLLOUT_RS_LEVELS.register("geometric")
-def geometric_level(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """mean_t log rho_t: the geometric mean of the sequence's ratios (length-independent)."""
-    return masked_mean(log_ratio, mask, -1).unsqueeze(-1).expand_as(log_ratio)
+@ROLLOUT_RS_AGGREGATIONS.register("seq_mean")
+def geometric_level(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """mean_t v_t on every token (of log rho_t: the log of the ratios' geometric mean; length-independent)."""
+    return masked_mean(values, mask, -1).unsqueeze(-1).expand_as(values)
+
+
+@ROLLOUT_RS_AGGREGATIONS.register("seq_max")
+def sequence_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """max_t v_t on every token, 0 for an empty sequence: one spiking token rejects its sequence."""
+    top = values.masked_fill(mask == 0, float("-inf")).amax(-1, keepdim=True)
+    return torch.where(mask.sum(-1, keepdim=True) > 0, top, torch.zeros_like(top)).expand_as(values)
+
+
+@ROLLOUT_RS_STATISTICS.register("k1")
+def k1_statistic(log_ratio: torch.Tensor) -> torch.Tensor:
+    """-log rho = log(pi_rollout / pi_train), the k1 estimate of KL(pi_rollout || pi_train) (signed)."""
+    return -log_ratio
+
+
+@ROLLOUT_RS_STATISTICS.register("k2")
+def k2_statistic(log_ratio: torch.Tensor) -> torch.Tensor:
+    """(log rho)^2 / 2 (>= 0, symmetric in log rho)."""
+    return 0.5 * log_ratio.square()
+
+
+@ROLLOUT_RS_STATISTICS.register("k3")
+def k3_statistic(log_ratio: torch.Tensor) -> torch.Tensor:
+    """rho - 1 - log rho (>= 0, 0 at rho = 1), the k3 estimate of KL(pi_rollout || pi_train)."""
+    return log_ratio.exp() - 1 - log_ratio
 
 
 def mismatch_token_terms(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, threshold: float) -> dict[str, torch.Tensor]:
@@ -146,28 +185,62 @@ def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, lev
     return weights, metrics
 
 
-def rollout_rs_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, threshold: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """The response mask without the rejected tokens: a token stays where its level's ratio lies in
-    [1 / threshold, threshold]. Metrics: the share of tokens rejected (rollout_rs_masked_fraction), of sequences
-    that lost at least one token (rollout_rs_seq_masked_fraction), and of tokens above / below the band."""
+def rejection_verdicts(log_ratio: torch.Tensor, response_mask: torch.Tensor, rules: list[RejectionRule]
+                       ) -> tuple[torch.Tensor, list[tuple[RejectionRule, torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """(the response mask without the rejected tokens, (rule, value, high, low) per rule), all `[batch,
+    response_len]`, without a host sync. value: the rule's statistic of log rho (clamped to +-SAFETY_BOUND) under its
+    aggregation; high / low: value above the rule's upper bound / below its lower one (k1: the logs of the band, as
+    k1 = log(pi_rollout / pi_train)); bounds are inclusive. A token stays where no rule rejects it."""
     mask = response_mask.to(log_ratio.dtype)
-    log_w = ROLLOUT_RS_LEVELS.get(level)(log_ratio.detach(), mask)
-    log_threshold = math.log(threshold)
-    high, low = log_w > log_threshold, log_w < -log_threshold
-    rejected = (high | low).to(mask.dtype) * mask
-    rows = mask.sum(-1) > 0
+    log_ratio = log_ratio.detach().clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    kept, verdicts = mask, []
+    for rule in rules:
+        value = ROLLOUT_RS_AGGREGATIONS.get(rule.aggregation)(ROLLOUT_RS_STATISTICS.get(rule.statistic)(log_ratio), mask)
+        if rule.statistic == "k1":
+            high, low = value > math.log(rule.upper), value < math.log(rule.lower)
+        else:
+            high, low = value > rule.upper, torch.zeros_like(value, dtype=torch.bool)
+        kept = kept * ~(high | low)
+        verdicts.append((rule, value, high, low))
+    return response_mask * kept.to(response_mask.dtype), verdicts
+
+
+def rollout_rs_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str,
+                    threshold: Union[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+    """The response mask without the tokens that a `rollout_rs` mode rejects (rejection_verdicts), and metrics:
+    the share of tokens rejected (rollout_rs_masked_fraction) and of sequences that lost one
+    (rollout_rs_seq_masked_fraction); per mode, as verl names them (rollout_rs_<mode>_*), the value's token mean,
+    max and min, the share above the upper bound (fraction_high; k1: below the band too, fraction_low), counted in
+    tokens for token_* modes and in sequences for seq_* ones, and the shares that mode alone rejects."""
+    mask = response_mask.to(log_ratio.dtype)
+    kept, verdicts = rejection_verdicts(log_ratio, response_mask, parse_rejection_rules(rollout_rs, threshold))
+    valid, rows = mask.bool(), mask.sum(-1) > 0
+    rejected = mask - kept.to(mask.dtype)
     metrics = {
         "rollout_rs_masked_fraction": masked_mean(rejected, mask).item(),
         "rollout_rs_seq_masked_fraction": (rejected.sum(-1)[rows] > 0).float().mean().item(),
-        "rollout_rs_ratio_fraction_high": masked_mean(high.float(), mask).item(),
-        "rollout_rs_ratio_fraction_low": masked_mean(low.float(), mask).item(),
     }
-    return response_mask * (1 - rejected).to(response_mask.dtype), metrics
+    for rule, value, high, low in verdicts:
+        by_sequence = rule.aggregation != "token"
+        share = (lambda flags: flags[:, 0][rows].float().mean()) if by_sequence else (lambda flags: masked_mean(flags.float(), mask))
+        rule_rejected = (high | low).to(mask.dtype) * mask
+        prefix = f"rollout_rs_{rule.mode}"
+        metrics.update({
+            f"{prefix}_mean": masked_mean(value, mask).item(),
+            f"{prefix}_max": value[valid].max().item() if valid.any() else 0.0,
+            f"{prefix}_min": value[valid].min().item() if valid.any() else 0.0,
+            f"{prefix}_fraction_high": share(high).item(),
+            f"{prefix}_masked_fraction": masked_mean(rule_rejected, mask).item(),
+            f"{prefix}_seq_masked_fraction": (rule_rejected.sum(-1)[rows] > 0).float().mean().item(),
+        })
+        if rule.statistic == "k1":
+            metrics[f"{prefix}_fraction_low"] = share(low).item()
+    return kept, metrics
 
 
 def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
                        rollout_is: Optional[str], rollout_is_threshold: float, rollout_rs: Optional[str],
-                       rollout_rs_threshold: Optional[float], rollout_is_batch_normalize: bool = False
+                       rollout_rs_threshold: Union[str, float, None], rollout_is_batch_normalize: bool = False
                        ) -> tuple[Optional[torch.Tensor], torch.Tensor, dict[str, float]]:
     """(IS weights or None, the response mask after rejection, `rollout_corr/*` metrics) of a batch: verl's
     decoupled mode, old_log_prob from the trainer's pass over the rollout's samples. Rejection and the weights
@@ -187,7 +260,7 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 
 def bypass_mode_loss(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
                      loss_type: str, rollout_is: Optional[str], rollout_is_threshold: float, rollout_rs: Optional[str],
-                     rollout_rs_threshold: Optional[float], **clip) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+                     rollout_rs_threshold: Union[str, float, None], **clip) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """verl's bypass mode (old = rollout policy, no old-log-prob pass): (loss_mat, kept mask, per-token stats),
     all `[batch, response_len]`, the loss already zero on rejected tokens.
 
@@ -203,7 +276,8 @@ def bypass_mode_loss(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, adv
     log_ratio = log_prob.detach() - rollout_log_prob
     kept = response_mask
     if rollout_rs is not None:
-        kept, _ = rollout_rs_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
+        # the mask only: metrics here would cost a host sync per micro-batch (the actor logs the masked share)
+        kept, _ = rejection_verdicts(log_ratio, response_mask, parse_rejection_rules(rollout_rs, rollout_rs_threshold))
     if loss_type == "ppo_clip":
         loss_mat, stats = vanilla_ppo_loss(rollout_log_prob, log_prob, advantages, kept, **clip)
     elif loss_type == "reinforce":

@@ -81,7 +81,8 @@ def explain_compose_error(message: str, cfg_for_keys: Optional[DictConfig]) -> s
     """Hydra's message for a key it refused, with the closest real key (one line), or the message unchanged."""
     text = " ".join(message.split())
     if "Ambiguous value for argument" in text:
-        return f"{text.split(' 1. ')[0]}: to plan or train each value, add -m (a sweep); for a list use key=[a,b]"
+        return (f"{text.split(' 1. ')[0]}: to plan or train each value, add -m (a sweep); for a list use key=[a,b]; "
+                f"for one string with commas quote it: key='a,b'")
     match = _NOT_IN_STRUCT.search(message)
     if cfg_for_keys is None or not match or ("not in struct" not in text and "Could not override" not in text):
         return text

@@ -450,8 +450,11 @@ class RolloutCorrectionConfig:
 
     rollout_is: Optional[str] = None  # truncated importance sampling level: token | sequence; null = off
     rollout_is_threshold: float = 2.0  # IS weights are truncated here; also the line for rollout_corr/ratio_fraction_*
-    rollout_rs: Optional[str] = None  # rejection sampling level: token | sequence | geometric; null = off
-    rollout_rs_threshold: Optional[float] = None  # keep ratios in [1/threshold, threshold]; needed with rollout_rs
+    rollout_rs: Optional[str] = None  # rejection modes, comma-separated: token_k1 ... seq_max_k3; null = off
+    # needed with rollout_rs: one per mode, comma-separated ("0.6_1.6,2.5"), or one for all; a *_k1 mode takes a ratio
+    # band "lower_upper" or a number t for [1/t, t], a *_k2/*_k3 mode an upper bound. Any: a number or a string
+    # (OmegaConf has no Union[str, float]); rlcore/config/validate_rollout_corr.py parses and checks it
+    rollout_rs_threshold: Any = None
     bypass_mode: bool = False  # use the rollout's log-probs as the old log-probs (no old-log-prob pass)
     loss_type: str = "ppo_clip"  # bypass_mode loss: ppo_clip (PPO ratio to the rollout policy) | reinforce (-A w log pi)
     rollout_is_batch_normalize: bool = False  # divide the IS weights by their batch mean

@@ -1,13 +1,50 @@
 """Rules for verl's train-inference mismatch correction (`algorithm.rollout_correction.*`, applied by
 rlcore/algos/rollout_corr.py). `c` is validate's checker (get / error / choice). Imports neither torch nor ray, so
-the level names are repeated here; tests/config/test_validate_rollout_corr.py checks them against the algos registries."""
+the level and mode names are repeated here; tests/config/test_validate_rollout_corr.py checks them against the algos
+registries. The rejection rules (`rollout_rs` + `rollout_rs_threshold`) are parsed here, once, for both sides.
+
+verl's rejection modes (rollout_corr_helper.py, SUPPORTED_ROLLOUT_RS_OPTIONS) are `<aggregation>_<statistic>`: a
+per-token statistic of log rho = log(pi_train / pi_rollout), k1 = -log rho, k2 = (log rho)^2 / 2,
+k3 = rho - 1 - log rho, judged per token (`token`) or per sequence by its sum, mean or max (`seq_sum`, `seq_mean`,
+`seq_max`). `rollout_rs` lists one or more, comma-separated; a token stays only where every mode keeps it.
+"""
 
 from __future__ import annotations
 
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
 RC = "algorithm.rollout_correction"
+RS, RS_THRESHOLD = f"{RC}.rollout_rs", f"{RC}.rollout_rs_threshold"
 IS_LEVELS = ("token", "sequence")
+RS_MODES = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+            "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")  # verl has no seq_max_k1
+# rlcore's names from before verl's k-modes, still accepted: each is the k1 mode at its level
 RS_LEVELS = ("token", "sequence", "geometric")
+LEGACY_RS_MODES = dict(zip(RS_LEVELS, ("token_k1", "seq_sum_k1", "seq_mean_k1")))
+EXAMPLE_THRESHOLDS = {"k1": "0.5_2.0", "k2": "2.5", "k3": "0.01"}  # the values verl's docs show for each statistic
 LOSS_TYPES = ("ppo_clip", "reinforce")
+
+
+@dataclass(frozen=True)
+class RejectionRule:
+    """One rollout_rs mode and its threshold: a token (or its whole sequence) is kept where the mode's value lies in
+    [lower, upper]. k1 (signed) has a band on exp(value) = pi_rollout / pi_train, as verl compares -log rho with
+    [log lower, log upper]; k2 and k3 (>= 0) have an upper bound only (lower is None)."""
+
+    mode: str  # verl's name, e.g. seq_max_k2 (an earlier rlcore name is stored as its k1 mode)
+    lower: Optional[float]
+    upper: float
+
+    @property
+    def aggregation(self) -> str:  # token | seq_sum | seq_mean | seq_max
+        return self.mode.rsplit("_", 1)[0]
+
+    @property
+    def statistic(self) -> str:  # k1 | k2 | k3
+        return self.mode.rsplit("_", 1)[1]
 
 
 def check_rollout_correction(c) -> None:
@@ -15,16 +52,13 @@ def check_rollout_correction(c) -> None:
     if rollout_is is not None:
         c.choice(f"{RC}.rollout_is", IS_LEVELS)
     if rollout_rs is not None:
-        c.choice(f"{RC}.rollout_rs", RS_LEVELS)
+        for problem in rejection_rules(rollout_rs, c.get(RS_THRESHOLD))[1]:
+            c.error(problem)
     c.choice(f"{RC}.loss_type", LOSS_TYPES)
     threshold = c.get(f"{RC}.rollout_is_threshold")
     if threshold is None or threshold <= 1:  # at or below 1 every ratio above 1 is truncated and the band is empty
         c.error(f"{RC}.rollout_is_threshold={threshold} must be > 1 (IS weights are truncated there, and ratios past it or "
                 f"below its inverse are counted); use {RC}.rollout_is_threshold=2.0")
-    rs_threshold = c.get(f"{RC}.rollout_rs_threshold")
-    if rollout_rs is not None and (rs_threshold is None or rs_threshold <= 1):
-        c.error(f"{RC}.rollout_rs={rollout_rs} keeps the ratios in [1/rollout_rs_threshold, rollout_rs_threshold], but "
-                f"{RC}.rollout_rs_threshold={rs_threshold}; use {RC}.rollout_rs_threshold=2.0 (it must be > 1)")
     if c.get(f"{RC}.rollout_is_batch_normalize") and rollout_is is None:
         c.error(f"{RC}.rollout_is_batch_normalize=True normalises IS weights, but {RC}.rollout_is=null computes none; "
                 f"set {RC}.rollout_is=token (or sequence), or drop rollout_is_batch_normalize")
@@ -51,3 +85,105 @@ def _check_bypass(c, rollout_is) -> None:
     if c.get(f"{RC}.rollout_is_batch_normalize"):
         c.error(f"{RC}.rollout_is_batch_normalize=True: in bypass mode rlcore forms the IS weights per micro-batch, where a "
                 f"batch mean would depend on the split; use {RC}.rollout_is_batch_normalize=False, or bypass_mode=False")
+
+
+def rejection_rules(rollout_rs: str, threshold: Union[str, float, None]) -> tuple[list[RejectionRule], list[str]]:
+    """(the rules, every problem as one line with its fix) of `rollout_rs` and `rollout_rs_threshold`, as verl reads
+    them: comma-separated modes; thresholds comma-separated, one per mode in the same order or one for all. A k1
+    threshold is `lower_upper` (ratio bounds) or one number t for [1/t, t]; a k2/k3 threshold is one upper bound."""
+    if not isinstance(rollout_rs, str):
+        return [], [f"{RS}={rollout_rs!r} must be a string of comma-separated modes; use {RS}=token_k1 (valid: {', '.join(RS_MODES)})"]
+    names = [name.strip() for name in rollout_rs.split(",") if name.strip()]
+    problems = _mode_problems(rollout_rs, names)
+    if not names or problems:
+        return [], problems
+    modes = [LEGACY_RS_MODES.get(name, name) for name in names]
+    example = ",".join(EXAMPLE_THRESHOLDS[mode[-2:]] for mode in modes)
+    if threshold is None:
+        if len(modes) == 1 and modes[0].endswith("k1"):
+            return [], [f"{RS}={rollout_rs} keeps the ratios in [1/rollout_rs_threshold, rollout_rs_threshold], but "
+                        f"{RS_THRESHOLD}=None; use {RS_THRESHOLD}=2.0 (it must be > 1)"]
+        return [], [f"{RS}={rollout_rs} needs a threshold per mode, but {RS_THRESHOLD}=None; use {RS_THRESHOLD}='{example}' "
+                    f"({_threshold_forms()})"]
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, str)):
+        return [], [f"{RS_THRESHOLD}={threshold!r} must be a number or a string of comma-separated thresholds; "
+                    f"use {RS_THRESHOLD}='{example}'"]
+    specs = [str(threshold)] if not isinstance(threshold, str) else [s.strip() for s in threshold.split(",") if s.strip()]
+    if len(specs) not in (1, len(modes)):
+        return [], [f"{RS_THRESHOLD}='{threshold}' has {len(specs)} thresholds for the {len(modes)} modes of {RS}={rollout_rs}; "
+                    f"give one per mode in the same order (or one for all), e.g. {RS_THRESHOLD}='{example}'"]
+    rules = []
+    for mode, spec in zip(modes, specs * len(modes) if len(specs) == 1 else specs):
+        rule, problem = _rule(mode, spec, threshold)
+        rules.append(rule)
+        problems += [problem] if problem else []
+    return ([] if problems else rules), problems
+
+
+def parse_rejection_rules(rollout_rs: str, threshold: Union[str, float, None]) -> list[RejectionRule]:
+    """rejection_rules, or ValueError with every problem (validate_config reports them before a run starts)."""
+    rules, problems = rejection_rules(rollout_rs, threshold)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return rules
+
+
+def _mode_problems(rollout_rs: str, names: list[str]) -> list[str]:
+    valid = RS_MODES + RS_LEVELS
+    if not names:
+        return [f"{RS}='{rollout_rs}' names no mode; use {RS}=null to turn rejection off, or one of {', '.join(RS_MODES)}"]
+    problems = []
+    for name in names:
+        if name not in valid:
+            # the closest name, the first of a tie (seq_max_k1 -> seq_max_k2, token_kl -> token_k1)
+            close = max(valid, key=lambda v: difflib.SequenceMatcher(None, name, v).ratio())
+            close = close if difflib.SequenceMatcher(None, name, close).ratio() >= 0.6 else "token_k1"
+            fixed = ",".join(close if n == name else n for n in names)
+            which = f"{RS}={rollout_rs}" + (f": {name}" if len(names) > 1 else "")
+            problems.append(f"{which} is not one of {', '.join(RS_MODES)} (or rlcore's earlier {', '.join(RS_LEVELS)}); "
+                            f"use {RS}={fixed}")
+    modes = [LEGACY_RS_MODES.get(name, name) for name in names]
+    twice = sorted({mode for mode in modes if modes.count(mode) > 1})
+    if twice:
+        problems.append(f"{RS}={rollout_rs} lists {', '.join(twice)} more than once (token, sequence and geometric are "
+                        f"token_k1, seq_sum_k1 and seq_mean_k1); list each mode once, with its own threshold")
+    return problems
+
+
+def _threshold_forms() -> str:
+    return ("each *_k1 takes a ratio band 'lower_upper' or one number t > 1 for [1/t, t]; each *_k2 / *_k3 one positive "
+            "upper bound")
+
+
+def _rule(mode: str, spec: str, threshold) -> tuple[Optional[RejectionRule], Optional[str]]:
+    """The rule of one mode and its threshold text, or the problem with it."""
+    where = f"{RS_THRESHOLD}={threshold!r}: {mode}'s threshold '{spec}'"
+    if mode.endswith("k1"):
+        band = "_" in spec
+        lower_text, _, upper_text = spec.partition("_") if band else ("", "", spec)
+        lower, upper = _number(lower_text), _number(upper_text)
+        if upper is None or (band and lower is None):
+            return None, f"{where} is not a number or a 'lower_upper' band; use e.g. '0.5_2.0' ({_threshold_forms()})"
+        if not band:  # one number t: the band [1/t, t]
+            if not upper > 1:
+                # a band written 0.5_2 without quotes and a decimal point is a number to YAML and Hydra (0.52)
+                hint = " (an unquoted 0.5_2 reads as the number 0.52: write '0.5_2.0')" if 0 < upper < 1 else ""
+                return None, f"{where} keeps the ratios in [1/{spec}, {spec}], which is empty{hint}; use a number > 1, e.g. 2.0"
+            return RejectionRule(mode, 1 / upper, upper), None
+        if not (lower > 0 and upper > lower):
+            return None, f"{where} must be a band 0 < lower < upper of ratios; use e.g. '0.5_2.0'"
+        return RejectionRule(mode, lower, upper), None
+    upper = None if "_" in spec else _number(spec)
+    if upper is None or not upper > 0:
+        return None, (f"{where} must be one positive upper bound on the {mode[-2:]} divergence (a 'lower_upper' band is for "
+                      f"*_k1 modes only); use e.g. '{EXAMPLE_THRESHOLDS[mode[-2:]]}'")
+    return RejectionRule(mode, None, upper), None
+
+
+def _number(text: str) -> Optional[float]:
+    """A finite number, or None ("_" is Python's digit separator: "2_3" would read as 23)."""
+    try:
+        value = float(text) if "_" not in text else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None

@@ -5,7 +5,8 @@ from omegaconf import OmegaConf
 
 from rlcore.algos import ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS
 from rlcore.config import ConfigError, compose, validate_config
-from rlcore.config.validate_rollout_corr import IS_LEVELS, RS_LEVELS
+from rlcore.algos.rollout_corr import ROLLOUT_RS_AGGREGATIONS, ROLLOUT_RS_STATISTICS
+from rlcore.config.validate_rollout_corr import IS_LEVELS, RS_LEVELS, RS_MODES, RejectionRule, parse_rejection_rules
 
 RC = "algorithm.rollout_correction"
 BASE = compose(["recipe=tiny_cpu"])
@@ -39,7 +40,9 @@ def test_verls_defaults_and_settings_validate():
 
 @pytest.mark.parametrize("values, message", [
     (dict(rollout_is="sequense"), f"{RC}.rollout_is=sequense is not one of token, sequence; use {RC}.rollout_is=sequence"),
-    (dict(rollout_rs="geometrc", rollout_rs_threshold=2.0), f"{RC}.rollout_rs=geometrc is not one of token, sequence, geometric; use {RC}.rollout_rs=geometric"),
+    (dict(rollout_rs="geometrc", rollout_rs_threshold=2.0), f"{RC}.rollout_rs=geometrc is not one of token_k1, token_k2, token_k3, "
+     f"seq_sum_k1, seq_sum_k2, seq_sum_k3, seq_mean_k1, seq_mean_k2, seq_mean_k3, seq_max_k2, seq_max_k3 (or rlcore's earlier token, "
+     f"sequence, geometric); use {RC}.rollout_rs=geometric"),
     (dict(rollout_rs="token"), f"{RC}.rollout_rs=token keeps the ratios in [1/rollout_rs_threshold, rollout_rs_threshold], but "
                                f"{RC}.rollout_rs_threshold=None; use {RC}.rollout_rs_threshold=2.0 (it must be > 1)"),
     (dict(rollout_is_threshold=0.5), f"{RC}.rollout_is_threshold=0.5 must be > 1"),
@@ -58,3 +61,62 @@ def test_verls_defaults_and_settings_validate():
 def test_bad_values_are_refused_with_the_fix(values, message):
     found = errors(**values)
     assert len(found) == 1 and message in found[0], found
+
+
+# verl b178a3c, verl/trainer/ppo/rollout_corr_helper.py: SUPPORTED_ROLLOUT_RS_OPTIONS
+VERL_RS_MODES = {"token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1", "seq_mean_k2",
+                 "seq_mean_k3", "seq_max_k2", "seq_max_k3"}
+
+
+def test_the_rs_modes_are_verls_and_pair_the_algos_registries():
+    pairs = {f"{a}_{k}" for a in ROLLOUT_RS_AGGREGATIONS.names() for k in ROLLOUT_RS_STATISTICS.names()}
+    assert set(RS_MODES) == VERL_RS_MODES == pairs - {"seq_max_k1"}
+
+
+def test_verls_multi_mode_example_composes_and_validates():
+    # verl's examples/rollout_correction/run_with_rollout_corr_multi_rs.sh quotes both values (Hydra reads an unquoted a,b
+    # as a sweep); an unquoted band 0.6_1.6 is a string to Hydra too
+    cfg = compose(["recipe=tiny_cpu", f"{RC}.rollout_is=token", f"{RC}.rollout_rs='token_k1,seq_max_k2'",
+                   f"{RC}.rollout_rs_threshold='0.6_1.6,2.5'"])
+    rc = cfg.algorithm.rollout_correction
+    assert (rc.rollout_rs, rc.rollout_rs_threshold) == ("token_k1,seq_max_k2", "0.6_1.6,2.5")
+    rules = [RejectionRule("token_k1", 0.6, 1.6), RejectionRule("seq_max_k2", None, 2.5)]
+    assert parse_rejection_rules(rc.rollout_rs, rc.rollout_rs_threshold) == rules
+    validate_config(cfg)
+    assert compose(["recipe=tiny_cpu", f"{RC}.rollout_rs_threshold=0.6_1.6"]).algorithm.rollout_correction.rollout_rs_threshold == "0.6_1.6"
+    for rs, threshold in [("seq_sum_k1", "0.5_2.0"), ("seq_mean_k3", 0.01), ("token_k2,token_k3", 2), ("geometric", "0.9_1.2"),
+                          ("token_k1 , seq_mean_k2", " 2.0 , 2.5 ")]:
+        assert errors(rollout_rs=rs, rollout_rs_threshold=threshold) == [], (rs, threshold)
+
+
+def test_a_single_number_is_shared_and_is_the_band_one_over_t_to_t_for_k1():
+    assert parse_rejection_rules("token,seq_max_k3", 2.0) == [RejectionRule("token_k1", 0.5, 2.0), RejectionRule("seq_max_k3", None, 2.0)]
+    assert parse_rejection_rules("seq_mean_k1", "1.25") == [RejectionRule("seq_mean_k1", 0.8, 1.25)]
+
+
+RS, RST = f"{RC}.rollout_rs", f"{RC}.rollout_rs_threshold"
+
+
+@pytest.mark.parametrize("rs, threshold, message", [
+    ("token_k1,seq_max_k1", "0.6_1.6,2.5", f"{RS}=token_k1,seq_max_k1: seq_max_k1 is not one of token_k1, token_k2"),
+    ("token_k1,seq_max_k1", "0.6_1.6,2.5", f"use {RS}=token_k1,seq_max_k2"),
+    ("token_kl", 2.0, f"use {RS}=token_k1"),
+    (" , ", 2.0, f"{RS}=' , ' names no mode; use {RS}=null to turn rejection off"),
+    ("token,token_k1", 2.0, f"{RS}=token,token_k1 lists token_k1 more than once"),
+    ("token_k1,seq_max_k2", None, f"{RS}=token_k1,seq_max_k2 needs a threshold per mode, but {RST}=None; use {RST}='0.5_2.0,2.5'"),
+    ("token_k1,seq_max_k2", "0.6_1.6,2.5,3", f"{RST}='0.6_1.6,2.5,3' has 3 thresholds for the 2 modes of {RS}=token_k1,seq_max_k2; "
+                                             f"give one per mode in the same order (or one for all)"),
+    ("seq_max_k2", "0.5_2.5", f"{RST}='0.5_2.5': seq_max_k2's threshold '0.5_2.5' must be one positive upper bound on the k2 divergence"),
+    ("token_k3", -1.0, f"{RST}=-1.0: token_k3's threshold '-1.0' must be one positive upper bound"),
+    ("token_k2", "abc", f"{RST}='abc': token_k2's threshold 'abc' must be one positive upper bound"),
+    ("token_k1", "1.6_0.6", f"{RST}='1.6_0.6': token_k1's threshold '1.6_0.6' must be a band 0 < lower < upper of ratios"),
+    ("token_k1", "0.5_x", f"{RST}='0.5_x': token_k1's threshold '0.5_x' is not a number or a 'lower_upper' band"),
+    ("seq_sum_k1", 0.52, "keeps the ratios in [1/0.52, 0.52], which is empty (an unquoted 0.5_2 reads as the number 0.52: write '0.5_2.0')"),
+    ("sequence", 1.0, f"{RST}=1.0: seq_sum_k1's threshold '1.0' keeps the ratios in [1/1.0, 1.0], which is empty; use a number > 1"),
+    ("token_k2", True, f"{RST}=True must be a number or a string of comma-separated thresholds; use {RST}='2.5'"),
+])
+def test_bad_rejection_rules_are_refused_with_the_key_and_a_fix(rs, threshold, message):
+    found = errors(rollout_rs=rs, rollout_rs_threshold=threshold)
+    assert len(found) == 1 and message in found[0], found
+    with pytest.raises(ValueError, match="algorithm.rollout_correction.rollout_rs"):  # the run's own parse says the same
+        parse_rejection_rules(rs, threshold)
