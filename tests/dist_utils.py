@@ -65,8 +65,11 @@ def make_rollout_batch(num_rows: int, prompt_len: int, response_len: int, vocab:
 
 
 def token_outputs(logits: torch.Tensor, responses: torch.Tensor) -> dict[str, torch.Tensor]:
-    """What an engine hands a loss, computed the plain way from response-aligned logits `[batch, len, vocab]`."""
-    return {"log_probs": gather_log_probs(logits.float(), responses), "entropy": entropy_from_logits(logits.float())}
+    """What an engine hands a loss, computed the plain way from response-aligned logits `[batch, len, vocab]`; and
+    sum_v p(v)^2 (asked for by TokenRequest.sum_pi_squared) as verl computes it, exp(logsumexp(2z) - 2 logsumexp(z))."""
+    z = logits.float()
+    return {"log_probs": gather_log_probs(z, responses), "entropy": entropy_from_logits(z),
+            "sum_pi_squared": torch.exp(torch.logsumexp(2.0 * z, -1) - 2.0 * torch.logsumexp(z, -1))}
 
 
 def assert_split_invariant(engine, micro_batch_sets, loss_fn, loss_key: str) -> None:

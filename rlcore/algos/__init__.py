@@ -1,5 +1,6 @@
 """Algorithm math: pure tensor functions in name registries (advantages, policy losses, KL, aggregation)."""
 
+from rlcore.algos import otb  # noqa: F401  (registers the optimal token baseline estimators)
 from rlcore.algos.advantages import ADV_ESTIMATORS, compute_advantage
 from rlcore.algos.agg import LOSS_AGGREGATIONS, agg_loss
 from rlcore.algos.kl import KL_ESTIMATORS, kl_penalty, make_kl_controller

@@ -64,6 +64,9 @@ NO_EFFECT: dict[str, str] = {
                                                              "(rlcore/models/logits.py)",
     "actor_rollout_ref.*.entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
                                                  "keeping them (rlcore/models/logits.py); the reference has no backward",
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "rlcore computes sum_pi_squared in the old-log-prob pass, "
+                                                            "which has no backward, a chunk of tokens at a time from "
+                                                            "the hidden states (rlcore/models/logits.py)",
     "*.fused_kernel_options.impl_backend": "it picks the backend of verl's fused kernels (use_fused_kernels), whose work "
                                            "rlcore's chunked log-prob head does (rlcore/models/logits.py)",
     "*model.use_liger": "Liger's kernels are not used: the memory its fused linear cross-entropy saves, rlcore's chunked "

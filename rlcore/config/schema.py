@@ -221,6 +221,9 @@ class ActorConfig:
     use_torch_compile: bool = True  # torch.compile the log-prob/entropy helpers
     entropy_from_logits_with_chunking: bool = False  # compute entropy in chunks to save memory
     entropy_checkpointing: bool = False  # recompute entropy in backward to save memory
+    # the old-log-prob pass also computes sum_v p(v)^2 per token: the optimal token baseline's score norm
+    calculate_sum_pi_squared: bool = False
+    sum_pi_squared_checkpointing: bool = False  # recompute that sum in backward to save memory
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoint contents
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding

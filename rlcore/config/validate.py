@@ -26,6 +26,7 @@ from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_profiler import check_profiler
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
 from rlcore.config.validate_multi_turn import check_multi_turn
+from rlcore.config.validate_otb import OTB_ESTIMATORS, check_otb
 from rlcore.config.validate_pf_ppo import check_pf_ppo
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_rollout_expert_parallel, check_vllm_rollout
@@ -48,7 +49,7 @@ REWARD_MANAGERS = ("naive", "dapo")  # rlcore.reward.manager.REWARD_MANAGERS (a 
 _OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 # Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
-GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg")
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg", *OTB_ESTIMATORS)
 
 _UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
 _UNSUPPORTED_REWARD_MANAGER = {name: "is not supported yet by rlcore; use {key}=naive (per-sample scores; "
@@ -175,6 +176,7 @@ def _check_choices(c: _Checker) -> None:
     check_overlong_buffer(c)
     check_dynamic_sampling(c)
     check_pf_ppo(c)
+    check_otb(c)
     check_rollout_correction(c)
     check_router_replay(c)
     check_profiler(c)

@@ -44,8 +44,6 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "rlcore selects its manager with reward_model.reward_manager (naive, dapo)"),
     (("actor_rollout_ref.actor.use_prefix_grouper",), "the prefix grouper (a shared prompt's forward computed once)",
      "not in rlcore yet"),
-    (("actor_rollout_ref.actor.calculate_sum_pi_squared", "actor_rollout_ref.actor.sum_pi_squared_checkpointing"),
-     "the sum of squared probabilities (for OTB)", "not in rlcore yet"),
     (("transfer_queue.*", "transfer_queue"), "the transfer queue", "not in rlcore: batches move through Ray's object store"),
 )
 

@@ -41,6 +41,8 @@ class TokenRequest:
     # outputs; "replay" forces the batch's `routed_experts` in every MoE layer (and records what the experts got);
     # "free" lets the routers route.
     routes: str = "free"
+    # Also sum_v p(v)^2 per token (the optimal token baseline's score norm, actor.calculate_sum_pi_squared).
+    sum_pi_squared: bool = False
 
 
 @dataclass

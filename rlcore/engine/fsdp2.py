@@ -224,9 +224,9 @@ class FSDP2Engine(TrainEngine):
             out = self.model(**kwargs).logits[:, index]
             channels = {"scores" if self.spec.kind == "reward" else "values": 0}
         else:
-            with self.head.computing(tokens, request.temperature, request.entropy):
+            with self.head.computing(tokens, request):
                 out = self.model(**kwargs, logits_to_keep=index).logits
-            channels = {name: TOKEN_CHANNELS.index(name) for name in channel_names(request.entropy)}
+            channels = {name: TOKEN_CHANNELS.index(name) for name in channel_names(request)}
         if shard is not None:
             out = self.ulysses.gather(shard, out[0])[None]
         if self.spec.use_remove_padding:

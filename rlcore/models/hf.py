@@ -161,7 +161,7 @@ class TokenHead:
     """Makes an HF causal LM's `lm_head` compute per-token log-probs (and entropy) of given tokens instead of
     logits, inside the model's own forward (so FSDP2 has the head's weight gathered exactly when it is used).
 
-    Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, 3]` (TOKEN_CHANNELS) of
+    Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, channels]` (TOKEN_CHANNELS) of
     `tokens` `[batch, k]` at the positions selected by `logits_to_keep`; outside it the head is a plain linear.
     """
 
@@ -175,8 +175,9 @@ class TokenHead:
         self.linear.forward = self._forward
 
     @contextlib.contextmanager
-    def computing(self, tokens: torch.Tensor, temperature: float, entropy: bool):
-        self._pending = (tokens, temperature, entropy)
+    def computing(self, tokens: torch.Tensor, request):
+        """`request`: rlcore.engine.base.TokenRequest (its temperature and which optional channels to compute)."""
+        self._pending = (tokens, request)
         try:
             yield
         finally:
@@ -185,7 +186,8 @@ class TokenHead:
     def _forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._pending is None:
             return torch.nn.functional.linear(hidden, self.linear.weight)
-        tokens, temperature, entropy = self._pending
-        lp, ent, top = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), temperature,
-                                       entropy, vocab_size=self.vocab_size, compiled=self.compiled)
-        return stack_channels(lp, ent, top, hidden.shape[:-1])
+        tokens, request = self._pending
+        stats = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), request.temperature,
+                                request.entropy, vocab_size=self.vocab_size, compiled=self.compiled,
+                                with_sum_pi_squared=request.sum_pi_squared)
+        return stack_channels(stats, hidden.shape[:-1])

@@ -9,7 +9,7 @@ Both training engines compute log-probs this way; losses receive log-probs and e
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -78,13 +78,14 @@ def _cache_per_cpu_capability() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{capability}"
 
 
-def _chunk_stats(z: torch.Tensor, col: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, ...]:
-    """One unsharded chunk's (target log-prob, logsumexp, top log-prob, E_p[z]): the elementwise work after the
-    chunk's GEMM, which torch.compile fuses into a few passes over `[chunk, vocab]` instead of one per op."""
+def _chunk_stats(z: torch.Tensor, col: torch.Tensor, with_entropy: bool, with_sum_pi_squared: bool) -> tuple[torch.Tensor, ...]:
+    """One unsharded chunk's (target log-prob, logsumexp, top log-prob, E_p[z], sum p^2): the elementwise work after
+    the chunk's GEMM, which torch.compile fuses into a few passes over `[chunk, vocab]` instead of one per op."""
     m = z.max(-1).values
     lse = m + torch.exp(z - m[:, None]).sum(-1).log()
     expected_z = (torch.exp(z - lse[:, None]) * z).sum(-1) if with_entropy else torch.zeros_like(lse)
-    return z.gather(-1, col[:, None]).squeeze(-1) - lse, lse, m - lse, expected_z
+    sum_pi_squared = torch.exp(2.0 * (z - lse[:, None])).sum(-1) if with_sum_pi_squared else torch.zeros_like(lse)
+    return z.gather(-1, col[:, None]).squeeze(-1) - lse, lse, m - lse, expected_z, sum_pi_squared
 
 
 def _chunk_grad(z: torch.Tensor, lse: torch.Tensor, col: torch.Tensor, g: torch.Tensor, expected_z: torch.Tensor,
@@ -138,20 +139,24 @@ def _softmax_stats(z: torch.Tensor, shard: _VocabShard, with_expected: bool) -> 
 
 class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, shard, reduce_hidden_grad):
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, with_sum_pi_squared, shard, reduce_hidden_grad):
         num_tokens = hidden.shape[0]
         log_probs = hidden.new_empty(num_tokens, dtype=torch.float32)
         lse = hidden.new_empty(num_tokens, dtype=torch.float32)
         top_log_probs = hidden.new_empty(num_tokens, dtype=torch.float32)
         expected_z = hidden.new_zeros(num_tokens, dtype=torch.float32)
+        sum_pi_squared = hidden.new_zeros(num_tokens, dtype=torch.float32)
         step = chunk_tokens(shard.local)
         for s in range(0, num_tokens, step):
             z = shard.scaled_logits(hidden[s : s + step], weight, temperature)
             if shard.whole:  # one function of the chunk (compiled with use_torch_compile)
-                stats = _kernel(_chunk_stats, shard.compiled, z)(z, tokens[s : s + step], with_entropy)
-                log_probs[s : s + step], lse[s : s + step], top_log_probs[s : s + step], expected_z[s : s + step] = stats
+                stats = _kernel(_chunk_stats, shard.compiled, z)(z, tokens[s : s + step], with_entropy, with_sum_pi_squared)
+                (log_probs[s : s + step], lse[s : s + step], top_log_probs[s : s + step], expected_z[s : s + step],
+                 sum_pi_squared[s : s + step]) = stats
                 continue
-            m, lse[s : s + step], _, ez = _softmax_stats(z, shard, with_entropy)
+            m, lse[s : s + step], p, ez = _softmax_stats(z, shard, with_entropy)
+            if with_sum_pi_squared:  # padding columns have p = 0
+                sum_pi_squared[s : s + step] = shard.all_reduce((p * p).sum(-1))
             col, owned = shard.target(tokens[s : s + step])
             target_z = shard.all_reduce(z.gather(-1, col[:, None]).squeeze(-1) * owned)
             log_probs[s : s + step] = target_z - lse[s : s + step]
@@ -164,11 +169,11 @@ class _TokenLogProbs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, tokens, lse, expected_z)
         ctx.temperature, ctx.shard, ctx.with_entropy, ctx.reduce_hidden_grad = temperature, shard, with_entropy, reduce_hidden_grad
         entropy = lse - expected_z if with_entropy else torch.zeros_like(lse)
-        ctx.mark_non_differentiable(top_log_probs)
-        return log_probs, entropy, top_log_probs
+        ctx.mark_non_differentiable(top_log_probs, sum_pi_squared)
+        return log_probs, entropy, top_log_probs, sum_pi_squared
 
     @staticmethod
-    def backward(ctx, grad_log_probs, grad_entropy, _grad_top):
+    def backward(ctx, grad_log_probs, grad_entropy, _grad_top, _grad_sum_pi_squared):
         hidden, weight, tokens, lse, expected_z = ctx.saved_tensors
         shard, temperature = ctx.shard, ctx.temperature
         with_entropy = ctx.with_entropy and grad_entropy is not None
@@ -206,37 +211,52 @@ class _TokenLogProbs(torch.autograd.Function):
         # caller sums it itself, e.g. a sequence-parallel gather whose backward reduce-scatters).
         if ctx.reduce_hidden_grad:
             shard.all_reduce(grad_hidden)
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None, None
+
+
+class TokenStats(NamedTuple):
+    """Per-token float32 `[tokens]` statistics of the distribution softmax(z / temperature) at each position."""
+
+    log_probs: torch.Tensor             # log p(token)
+    entropy: torch.Tensor | None        # H(p) (None unless asked)
+    top_log_probs: torch.Tensor         # log p of the most likely token (no gradient)
+    sum_pi_squared: torch.Tensor | None  # sum over the vocabulary of p^2 (no gradient; None unless asked): OTB's score
+                                         # norm ||d log p(token) / dz||^2 = 1 - 2 p(token) + sum p^2 needs it
 
 
 def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                     with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
-                    group=None, reduce_hidden_grad: bool = True, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """log softmax(hidden @ weight.T / temperature)[token], (optionally) the entropy of that distribution, and the
-    log-prob of its most likely token (no gradient; `log_probs >= top` marks tokens greedy decoding would pick).
+                    group=None, reduce_hidden_grad: bool = True, compiled: bool = False,
+                    with_sum_pi_squared: bool = False) -> TokenStats:
+    """log softmax(hidden @ weight.T / temperature)[token], (optionally) the entropy of that distribution and its
+    sum of squared probabilities, and the log-prob of its most likely token (`log_probs >= top` marks tokens greedy
+    decoding would pick).
 
     hidden `[tokens, hidden]`, weight `[vocab_per_rank, hidden]` (this rank's rows `vocab_start ...` of the
     vocabulary projection; the whole of it when `group` is None), tokens `[tokens]` global ids. Columns at or past
-    `vocab_size` (TP padding) are excluded. Returns float32 `[tokens]` log-probs, entropy (None if not asked), top.
-    Collective over `group` (every rank of the tensor-parallel group calls it with the same hidden and tokens).
-    `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial sum. `compiled` (use_torch_compile):
-    the per-chunk elementwise work runs torch.compile'd (see _VocabShard for when).
+    `vocab_size` (TP padding) are excluded. Collective over `group` (every rank of the tensor-parallel group calls
+    it with the same hidden and tokens). `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial
+    sum. `compiled` (use_torch_compile): the per-chunk elementwise work runs torch.compile'd (see _VocabShard for when).
     """
     shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group, compiled)
-    log_probs, entropy, top = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy, shard, reduce_hidden_grad)
-    return log_probs, (entropy if with_entropy else None), top
+    log_probs, entropy, top, sum_pi_squared = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy,
+                                                                   with_sum_pi_squared, shard, reduce_hidden_grad)
+    return TokenStats(log_probs, entropy if with_entropy else None, top, sum_pi_squared if with_sum_pi_squared else None)
 
 
-# The channels a causal-LM head stacks along the last dim, in this order (entropy is zeros unless requested).
-TOKEN_CHANNELS = ("log_probs", "entropy", "top_log_probs")
+# The channels a causal-LM head stacks along the last dim, in this order (a channel not asked for is zeros).
+TOKEN_CHANNELS = TokenStats._fields
 
 
-def stack_channels(log_probs: torch.Tensor, entropy: torch.Tensor | None, top: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """`[*shape, 3]` in TOKEN_CHANNELS order. Stacked, not viewed: FSDP2 hooks the model's output, and an output
-    that is a view defeats the hook."""
-    return torch.stack([log_probs.view(shape), (entropy if entropy is not None else torch.zeros_like(log_probs)).view(shape), top.view(shape)], -1)
+def stack_channels(stats: TokenStats, shape: torch.Size) -> torch.Tensor:
+    """`[*shape, len(TOKEN_CHANNELS)]`. Stacked, not viewed: FSDP2 hooks the model's output, and an output that is
+    a view defeats the hook."""
+    zeros = torch.zeros_like(stats.log_probs)
+    return torch.stack([(t if t is not None else zeros).view(shape) for t in stats], -1)
 
 
-def channel_names(with_entropy: bool) -> tuple[str, ...]:
-    """The channels handed to losses: entropy only when it was computed."""
-    return tuple(name for name in TOKEN_CHANNELS if with_entropy or name != "entropy")
+def channel_names(request) -> tuple[str, ...]:
+    """The channels handed to losses and log-prob passes (rlcore.engine.base.TokenRequest): the optional ones only
+    when they were computed."""
+    skipped = {"entropy": not request.entropy, "sum_pi_squared": not request.sum_pi_squared}
+    return tuple(name for name in TOKEN_CHANNELS if not skipped.get(name, False))

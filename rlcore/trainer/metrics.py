@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlcore.algos.otb import variance_proxy_metrics
 from rlcore.algos.value import explained_variance
 from rlcore.protocol import DataProto
 
@@ -50,6 +51,16 @@ def multi_turn_metrics(batch: DataProto) -> dict[str, float]:
         "tool/error_rate": failures / max(calls, 1.0), "tool/calls_per_trajectory": b["tool_calls"].float().mean().item(),
         "multi_turn/truncated_ratio": b["truncated"].float().mean().item(), "tool/rewards_mean": b["tool_rewards"].float().mean().item(),
     }
+
+
+def gradient_variance_metrics(batch: DataProto, grad_norm: float | None) -> dict[str, float]:
+    """verl's `variance_proxy/*` (rlcore.algos.otb.variance_proxy_metrics) when the old-log-prob pass computed
+    sum_pi_squared (actor.calculate_sum_pi_squared); nothing otherwise."""
+    b = batch.batch
+    if "sum_pi_squared" not in b.keys() or "old_log_probs" not in b.keys():
+        return {}
+    return variance_proxy_metrics(b["advantages"], b["response_mask"], b["old_log_probs"], b["sum_pi_squared"],
+                                  b.get("rollout_is_weights", None), grad_norm)
 
 
 def throughput_metrics(batch: DataProto, step_seconds: float, num_devices: int) -> dict[str, float]:

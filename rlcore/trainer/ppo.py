@@ -22,7 +22,7 @@ from rlcore.rollout.agent_loop import TURN_COUNTERS
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
-from rlcore.trainer.metrics import data_metrics, multi_turn_metrics, throughput_metrics
+from rlcore.trainer.metrics import data_metrics, gradient_variance_metrics, multi_turn_metrics, throughput_metrics
 from rlcore.trainer.preemption import EXIT_CODE, DeferredStop, deferred_stop, resume_hint, say, stop_line
 from rlcore.trainer.profiling import Profiling
 from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
@@ -68,11 +68,13 @@ class PPOTrainer:
         # once, on the whole batch. An old-log-prob pass would only recompute the update's own log-probs (ratio 1),
         # so it is skipped and the loss uses them detached (verl's actor does the same on-policy, after running the
         # pass anyway). Only a KL penalty in the reward needs them before the update.
-        # Rollout correction's IS weights and rejection come from that pass too, before the update.
+        # Rollout correction's IS weights and rejection come from that pass too, before the update, and so does
+        # sum_pi_squared (the optimal token baseline's).
         rc = cfg.algorithm.rollout_correction
         self.rollout_corr, self.bypass = rc, rc.bypass_mode
         self.on_policy = (cfg.data.train_batch_size == actor.ppo_mini_batch_size and actor.ppo_epochs == 1
-                          and not cfg.algorithm.use_kl_in_reward and rc.rollout_is is None and rc.rollout_rs is None)
+                          and not cfg.algorithm.use_kl_in_reward and rc.rollout_is is None and rc.rollout_rs is None
+                          and not actor.calculate_sum_pi_squared)
         # Split pools: the rollout group generates (a background thread; rlcore.trainer.split_pools). Samples may
         # then be stale, so the step is on-policy only when every sample is fresh (staleness 0, a sync every
         # step, no partial rollouts: the synchronous trainer); otherwise the old policy is the rollout's own
@@ -190,8 +192,8 @@ class PPOTrainer:
                 with self.perf.phase("values", metrics):
                     batch.union(self.critic.compute_values(batch.select(FORWARD_KEYS + ["response_mask"])))
             with self.perf.phase("adv", metrics):
+                metrics.update(self.correct_rollout(batch))  # its IS weights scale OTB's path weights
                 metrics.update(self.compute_advantage(batch))
-                metrics.update(self.correct_rollout(batch))
             if self.critic is not None:
                 with self.perf.phase("update_critic", metrics):
                     metrics.update(self.critic.update_critic(batch.select(CRITIC_KEYS)))
@@ -201,6 +203,7 @@ class PPOTrainer:
         self.perf.count_tokens(batch)
         metrics.update(data_metrics(batch))
         metrics.update(multi_turn_metrics(batch))
+        metrics.update(gradient_variance_metrics(batch, metrics.get("actor/grad_norm")))
         metrics.update(throughput_metrics(batch, metrics["timing_s/step"], self.actor_rollout.world_size))
         return metrics
 
@@ -320,6 +323,8 @@ class PPOTrainer:
             algo.adv_estimator, token_level_rewards=rewards, response_mask=b["response_mask"],
             index=batch.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo,
             values=b.get("values", None), reward_baselines=b.get("reward_baselines", None),
+            old_log_probs=b.get("old_log_probs", None), sum_pi_squared=b.get("sum_pi_squared", None),
+            rollout_is_weights=b.get("rollout_is_weights", None),
         )
         if algo.use_pf_ppo:  # verl redraws the batch in its GAE path (validation refuses any other estimator)
             seeded = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + self.global_step)

@@ -15,10 +15,10 @@ from rlcore.workers.common import run_forward, run_ppo_updates
 
 
 def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec, temperature: float, with_entropy: bool,
-                     routes: str = "free") -> DataProto:
-    """Log-prob (and entropy) of every response token: `[batch, response_len]` columns `log_probs` / `entropys`.
-    A mixture of experts (rlcore.engine.base.TokenRequest.routes): "record" adds `routed_experts` `[batch, seq,
-    layers, top_k]`; "replay" forces the batch's, when it has them."""
+                     routes: str = "free", with_sum_pi_squared: bool = False) -> DataProto:
+    """Log-prob (and entropy, and sum_v p(v)^2) of every response token: `[batch, response_len]` columns `log_probs`
+    / `entropys` / `sum_pi_squared`. A mixture of experts (rlcore.engine.base.TokenRequest.routes): "record" adds
+    `routed_experts` `[batch, seq, layers, top_k]`; "replay" forces the batch's, when it has them."""
     if routes == "replay" and ROUTES not in data.batch.keys():
         routes = "free"  # R2 with an on-policy update: no old-log-prob pass recorded any
 
@@ -26,11 +26,13 @@ def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec
         out = {"log_probs": outputs["log_probs"]}
         if with_entropy:
             out["entropys"] = outputs["entropy"]
+        if with_sum_pi_squared:
+            out["sum_pi_squared"] = outputs["sum_pi_squared"]
         if routes == "record":
             out[ROUTES] = outputs[ROUTES]
         return out
 
-    return run_forward(engine, data, micro, fn, TokenRequest(temperature, with_entropy, routes))
+    return run_forward(engine, data, micro, fn, TokenRequest(temperature, with_entropy, routes, with_sum_pi_squared))
 
 
 def policy_loss_params(actor_cfg) -> dict[str, float]:

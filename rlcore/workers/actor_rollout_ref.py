@@ -110,13 +110,15 @@ class ActorRolloutRefWorker(RoleWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """Log-probs of the responses under the current policy (`old_log_probs`) and their entropy."""
+        """Log-probs of the responses under the current policy (`old_log_probs`) and their entropy (and with
+        actor.calculate_sum_pi_squared, each position's sum_v p(v)^2: `sum_pi_squared`, for the optimal token baseline)."""
         temperature = self.config.actor_rollout_ref.rollout.temperature
         phases.reset_peak(self.device)
         # R2 records the routes this pass takes, for the reference and the update to replay; R3 replays the rollout's.
         routes = {"disabled": "free", "R2": "record", "R3": "replay"}[self.config.actor_rollout_ref.actor.router_replay.mode]
         with phases.running(self.actor, "old_log_prob"):
-            out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True, routes=routes)
+            out = compute_log_prob(self.actor, data, self._micro_batches("rollout"), temperature, with_entropy=True, routes=routes,
+                                   with_sum_pi_squared=self.config.actor_rollout_ref.actor.calculate_sum_pi_squared)
             memory = phases.ledger("old_log_prob", self._engines(), self.rollout, device=self.device)
         out = out.rename({"log_probs": "old_log_probs"})
         out.meta_info["memory"] = memory

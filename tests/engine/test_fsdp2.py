@@ -60,14 +60,15 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_path: 
     rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"))
     sent = sync_weights(engine, rollout)
     assert sent == len(weights)
-    train_lp = engine.forward([data], lambda out, mb: {"lp": out["log_probs"]})[0]["lp"]
+    train = engine.forward([data], lambda out, mb: {"lp": out["log_probs"], "spp": out["sum_pi_squared"]}, TokenRequest(sum_pi_squared=True))[0]
     with torch.no_grad():
         b = data.batch
         rollout_logits = rollout.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-        rollout_lp = token_outputs(rollout_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"]  # states before response tokens
+        rollout_out = token_outputs(rollout_logits[:, -RESPONSE - 1 : -1], b["responses"])  # states before response tokens
     if rank == 0:
         torch.save({"pg_loss": loss.item() / world_size, "grads": grads, "weights": weights, "grad_norm": step["grad_norm"],
-                    "train_lp": train_lp, "rollout_lp": rollout_lp, "placements": [str(p) for p in placements]}, out_path)
+                    "train_lp": train["lp"], "rollout_lp": rollout_out["log_probs"], "train_spp": train["spp"],
+                    "rollout_spp": rollout_out["sum_pi_squared"], "placements": [str(p) for p in placements]}, out_path)
     close_gloo()
 
 
@@ -137,3 +138,5 @@ def test_two_rank_adamw_step_equals_single_process(two_rank_result, reference):
 def test_weight_sync_makes_rollout_model_equal_trained_model(two_rank_result):
     # After an optimizer step, the rollout model (synced tensor by tensor) gives the training model's log-probs.
     torch.testing.assert_close(two_rank_result["rollout_lp"], two_rank_result["train_lp"], atol=1e-5, rtol=1e-5)
+    # ... and sum_v p(v)^2 (actor.calculate_sum_pi_squared) equal to verl's formula on that model's logits
+    torch.testing.assert_close(two_rank_result["rollout_spp"], two_rank_result["train_spp"], atol=1e-5, rtol=1e-5)

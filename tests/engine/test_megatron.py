@@ -95,8 +95,9 @@ def _one_layout(rank, layout, qwen_dir, llama_dir, rm_dir, out_dir):
     out["loaded_weights"] = dict(engine.rollout_weights())  # before any training: the HF checkpoint, re-laid out
     data = batch(engine.vocab_size)
     shard = data.chunk(engine.dp_size)[engine.dp_rank]
-    request = TokenRequest(temperature=0.7, entropy=True)
-    fwd = run_forward(engine, shard, micro_spec(layout), lambda o, mb: {"lp": o["log_probs"], "ent": o["entropy"]}, request)
+    request = TokenRequest(temperature=0.7, entropy=True, sum_pi_squared=True)
+    fwd = run_forward(engine, shard, micro_spec(layout), lambda o, mb: {"lp": o["log_probs"], "ent": o["entropy"], "spp": o["sum_pi_squared"]},
+                      request)
     parts, _ = make_micro_batches(shard, micro_spec(layout))
     assert len(parts) > 1  # token budgets: several micro-batches, each trimmed to its own width (PP: shapes differ)
     metrics = engine.forward_backward(parts, policy_loss_fn(data, engine.dp_size), TokenRequest(entropy=True))
@@ -119,7 +120,7 @@ def _one_layout(rank, layout, qwen_dir, llama_dir, rm_dir, out_dir):
     llama_lp = llama.forward([shard], lambda o, mb: {"lp": o["log_probs"]})
     if engine.is_output_rank:
         out.update(
-            dp_rank=engine.dp_rank, lp=fwd.batch["lp"], ent=fwd.batch["ent"],
+            dp_rank=engine.dp_rank, lp=fwd.batch["lp"], ent=fwd.batch["ent"], spp=fwd.batch["spp"],
             pg_loss=sum(m["actor/pg_loss"] for m in metrics), grad_norm=step["grad_norm"], after_lp=torch.cat([r["lp"] for r in after]),
             rollout_lp=rollout_lp, values=torch.cat([r["v"] for r in values]), llama_lp=torch.cat([r["lp"] for r in llama_lp]),
         )
@@ -178,7 +179,7 @@ def reference(model_dirs):
         llama_model = load_causal_lm(llama)
         llama_logits = llama_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
     return {
-        "data": data, "lp": warm["log_probs"], "ent": warm["entropy"], "pg_loss": float(metrics["actor/pg_loss"]), "grads": grads,
+        "data": data, "lp": warm["log_probs"], "ent": warm["entropy"], "spp": warm["sum_pi_squared"], "pg_loss": float(metrics["actor/pg_loss"]), "grads": grads,
         "grad_norm": grad_norm, "weights": dict(model.state_dict()), "values": values[:, -RESPONSE - 1 : -1, 0],
         "llama_weights": {k: v for k, v in llama_model.state_dict().items() if k != "lm_head.weight"},  # tied: HF saves one
         "llama_lp": token_outputs(llama_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"],
@@ -216,7 +217,7 @@ def joined(outputs, key):
 def test_log_probs_entropy_and_values_equal_hf(layout_result, reference):
     _, _, outputs = layout_result
     mask = reference["data"].batch["response_mask"].bool()
-    for key in ("lp", "ent", "values"):
+    for key in ("lp", "ent", "spp", "values"):  # spp: sum_v p(v)^2 (TokenRequest.sum_pi_squared), over TP's vocabulary shards too
         torch.testing.assert_close(joined(outputs, key)[mask], reference[key][mask], atol=1e-5, rtol=1e-5, msg=key)
 
 

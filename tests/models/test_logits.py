@@ -18,6 +18,12 @@ def reference(hidden, weight, tokens, temperature):
     return gather_log_probs(z, tokens), entropy_from_logits(z)
 
 
+def sum_pi_squared_reference(hidden, weight, temperature=1.0):
+    """verl's calculate_sum_pi_squared_from_logits: exp(logsumexp(2z) - 2 logsumexp(z)), on full logits."""
+    z = (hidden @ weight.t()).double() / temperature
+    return torch.exp(torch.logsumexp(2.0 * z, -1) - 2.0 * torch.logsumexp(z, -1))
+
+
 def problem(seed=0, tokens=37, hidden=16, vocab=50):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
@@ -45,6 +51,20 @@ def test_chunked_head_equals_full_log_softmax_in_value_and_gradient(monkeypatch,
         torch.testing.assert_close(a.double(), b.double(), **TOL)
 
 
+def test_sum_of_squared_probabilities_equals_verls_formula_and_leaves_the_gradient_alone(monkeypatch):
+    """actor.calculate_sum_pi_squared (the optimal token baseline): sum_v p(v)^2 per token, chunk by chunk, equal to
+    verl's formula on the full logits; asking for it changes neither the other outputs nor any gradient."""
+    monkeypatch.setattr(logits_mod, "LOGITS_CHUNK_BYTES", 4 * 50 * 7)
+    h, w, t, g_lp, g_ent = problem()
+    stats = token_log_probs(h, w, t, 0.7, with_sum_pi_squared=True)
+    torch.testing.assert_close(stats.sum_pi_squared.double(), sum_pi_squared_reference(h, w, 0.7), **TOL)
+    assert token_log_probs(h, w, t, 0.7).sum_pi_squared is None
+    plain = grads_of(lambda h, w: token_log_probs(h, w, t, 0.7, with_entropy=True), h, w, g_lp, g_ent)
+    asked = grads_of(lambda h, w: token_log_probs(h, w, t, 0.7, with_entropy=True, with_sum_pi_squared=True), h, w, g_lp, g_ent)
+    for a, b in zip(asked, plain):
+        assert torch.equal(a, b)
+
+
 def test_use_torch_compile_compiles_the_chunk_kernels_with_the_same_values_and_gradients(monkeypatch):
     """actor.use_torch_compile: the head's per-chunk work runs torch.compile'd (fused elementwise passes); values
     and gradients equal the eager head's. Compiled only for a whole vocabulary of COMPILE_MIN_VOCAB columns or more
@@ -59,6 +79,8 @@ def test_use_torch_compile_compiles_the_chunk_kernels_with_the_same_values_and_g
     assert set(logits_mod._COMPILED) == {"_chunk_stats", "_chunk_grad"}  # forward and backward kernels
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, **TOL)
+    spp = token_log_probs(h, w, t, 0.7, compiled=True, with_sum_pi_squared=True).sum_pi_squared
+    torch.testing.assert_close(spp.double(), sum_pi_squared_reference(h, w, 0.7), **TOL)
     assert not logits_mod._VocabShard(0, 49, 49, None, compiled=True).compiled  # below the vocabulary threshold
     assert not logits_mod._VocabShard(0, 50, 100, "tp-group", compiled=True).compiled  # a TP shard: eager
 
@@ -66,10 +88,11 @@ def test_use_torch_compile_compiles_the_chunk_kernels_with_the_same_values_and_g
 def test_padding_columns_are_excluded(monkeypatch):
     h, w, t, g_lp, _ = problem()
     padded = torch.cat([w, torch.randn(6, w.shape[1], dtype=w.dtype)])  # 6 rows of TP padding past vocab 50
-    lp, ent, _ = token_log_probs(h, padded, t, with_entropy=True, vocab_size=50)
+    lp, ent, _, spp = token_log_probs(h, padded, t, with_entropy=True, vocab_size=50, with_sum_pi_squared=True)
     want_lp, want_ent = reference(h, w, t, 1.0)
     torch.testing.assert_close(lp.double(), want_lp.double(), **TOL)
     torch.testing.assert_close(ent.double(), want_ent.double(), **TOL)
+    torch.testing.assert_close(spp.double(), sum_pi_squared_reference(h, w), **TOL)
 
 
 def test_top_log_prob_marks_exactly_the_greedy_tokens(monkeypatch):
@@ -77,7 +100,7 @@ def test_top_log_prob_marks_exactly_the_greedy_tokens(monkeypatch):
     h, w, t, _, _ = problem()
     z = (h @ w.t()).float()
     t = torch.where(torch.arange(len(t)) % 2 == 0, z.argmax(-1), t)  # half the targets are the greedy token
-    lp, _, top = token_log_probs(h, w, t)
+    lp, _, top, _ = token_log_probs(h, w, t)
     torch.testing.assert_close(top.double(), z.log_softmax(-1).max(-1).values.double(), **TOL)
     assert torch.equal(lp >= top, t == z.argmax(-1))  # exact: the same float z, minus the same logsumexp
     assert (t == z.argmax(-1)).sum() >= 19
@@ -92,8 +115,10 @@ def _shard_main(rank, world, port, out):
     local[: len(rows)] = rows
     lp, ent, gh, gw = grads_of(lambda h, w_: token_log_probs(h, w_, t, 0.7, True, vocab_start=rank * per_rank, vocab_size=45,
                                                              group=torch.distributed.group.WORLD), h, local, g_lp, g_ent)
-    top = token_log_probs(h, local, t, vocab_start=rank * per_rank, vocab_size=45, group=torch.distributed.group.WORLD)[2]
-    torch.save({"lp": lp, "ent": ent, "gh": gh, "gw": gw[: len(rows)], "top": top}, f"{out}.{rank}")
+    stats = token_log_probs(h, local, t, 0.7, vocab_start=rank * per_rank, vocab_size=45, group=torch.distributed.group.WORLD,
+                            with_sum_pi_squared=True)
+    torch.save({"lp": lp, "ent": ent, "gh": gh, "gw": gw[: len(rows)], "top": stats.top_log_probs, "spp": stats.sum_pi_squared},
+               f"{out}.{rank}")
     close_gloo()
 
 
@@ -107,5 +132,6 @@ def test_vocab_parallel_over_two_ranks_equals_full(tmp_path):
         torch.testing.assert_close(p["lp"].double(), want_lp.double(), **TOL)
         torch.testing.assert_close(p["ent"].double(), want_ent.double(), **TOL)
         torch.testing.assert_close(p["gh"], want_gh, **TOL)  # summed over both vocabulary shards
-        torch.testing.assert_close(p["top"].double(), (h @ w.t()).float().log_softmax(-1).max(-1).values.double(), **TOL)
+        torch.testing.assert_close(p["top"].double(), ((h @ w.t()).float() / 0.7).log_softmax(-1).max(-1).values.double(), **TOL)
+        torch.testing.assert_close(p["spp"].double(), sum_pi_squared_reference(h, w, 0.7), **TOL)
     torch.testing.assert_close(torch.cat([p["gw"] for p in parts]), want_gw, **TOL)

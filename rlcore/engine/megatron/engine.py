@@ -152,10 +152,10 @@ class MegatronEngine(TrainEngine):
             w = weight if weight is not None else layer.weight
             if value:
                 return states @ w.t(), None
-            lp, ent, top = token_log_probs(states.reshape(-1, states.shape[-1]), w, inputs.head_tokens.reshape(-1), request.temperature,
-                                           request.entropy, vocab_start=vocab_start, vocab_size=self.vocab_size, group=tp_group,
-                                           reduce_hidden_grad=not self.layout.sp)
-            return stack_channels(lp, ent, top, states.shape[:-1]), None
+            stats = token_log_probs(states.reshape(-1, states.shape[-1]), w, inputs.head_tokens.reshape(-1), request.temperature,
+                                    request.entropy, vocab_start=vocab_start, vocab_size=self.vocab_size, group=tp_group,
+                                    reduce_hidden_grad=not self.layout.sp, with_sum_pi_squared=request.sum_pi_squared)
+            return stack_channels(stats, states.shape[:-1]), None
 
         return forward
 
@@ -169,7 +169,7 @@ class MegatronEngine(TrainEngine):
         self._request = request
         micro_batches = self._fit_interleaving(micro_batches)
         num = len(micro_batches)
-        channels = {"values": 0} if self.spec.kind == "value" else {name: TOKEN_CHANNELS.index(name) for name in channel_names(request.entropy)}
+        channels = {"values": 0} if self.spec.kind == "value" else {name: TOKEN_CHANNELS.index(name) for name in channel_names(request)}
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
