@@ -85,7 +85,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def _remote(path: str) -> bool:
-    return "://" in str(path)
+    return "://" in str(path) and not str(path).startswith("pkg://")  # pkg://: verl's importable-module form
 
 
 def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
@@ -133,6 +133,7 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
     tools_file = OmegaConf.select(cfg, tools_key) if tools_key else None
     if tools_file and not os.path.isfile(os.path.expanduser(str(tools_file))):
         missing(tools_key, tools_file, "no such file")
+    _sampler(cfg.data.sampler, missing, out)
     reward_file = cfg.custom_reward_function.path
     if reward_file:
         if not os.path.isfile(os.path.expanduser(str(reward_file))):
@@ -144,6 +145,29 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
                 load_custom_reward_fn(reward_file, cfg.custom_reward_function.name)
             except (OSError, ImportError, ValueError) as err:
                 out.errors.append(_one_line(err))
+
+
+def _sampler(sampler, missing, out: Preflight) -> None:
+    """data.sampler: a class named in a file that exists, or in a module that imports (pkg://)."""
+    key, path = "data.sampler.class_path", sampler.class_path
+    if path is None:
+        if sampler.class_name is not None:
+            out.errors.append(f"data.sampler.class_name={sampler.class_name} without data.sampler.class_path: set the file "
+                              "(or pkg://module) that defines it, or drop class_name")
+        return
+    if sampler.class_name is None:
+        out.errors.append(f"{key}={path} without data.sampler.class_name: name the sampler class defined there")
+    if path.startswith("pkg://"):
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(path.removeprefix("pkg://")) is not None
+        except ImportError:  # a parent package that does not import
+            found = False
+        if not found:
+            missing(key, path, "no such module on the Python path")
+    elif not os.path.isfile(os.path.expanduser(path)):
+        missing(key, path, "no such file")
 
 
 def _model_dir(key: str, path, strategy: str, missing, out: Preflight) -> None:
@@ -194,6 +218,8 @@ def _fix_for(key: str, value) -> str:
     demo = next((target for prefix, target in DEMO_BUILDERS if prefix in str(value)), None)
     if demo:
         return f"the demo's assets are built by `{demo}` (run it once from the repository root, where these paths are relative)"
+    if key == "data.sampler.class_path":
+        return f"point {key} at the Python file that defines the sampler, or pkg://module for an importable one"
     if key.startswith("data."):
         return f"point {key} at local parquet files (docs/gpu_start.md prepares GSM8K in verl's row format)"
     if key == "global_profiler.tool":

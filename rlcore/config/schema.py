@@ -25,6 +25,7 @@ from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
 from rlcore.config.moe_schema import RouterReplayConfig
 from rlcore.config.profiler_schema import GlobalProfilerConfig, ProfilerConfig
 from rlcore.config.rollout_schema import RolloutConfig
+from rlcore.config.sampler_schema import SamplerConfig
 
 
 @dataclass
@@ -51,6 +52,7 @@ class DataConfig:
     shuffle: bool = True  # shuffle training prompts each epoch
     validation_shuffle: bool = False  # shuffle validation prompts
     seed: Optional[int] = None  # shuffle seed; None = trainer.seed
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # a custom order (curriculum) in place of shuffle
     dataloader_num_workers: int = 8  # DataLoader worker processes
     filter_overlong_prompts: bool = False  # drop prompts longer than max_prompt_length at load time
     skip_bad_rows: bool = False  # rlcore addition: drop rows that fail the load-time checks (counted) instead of stopping

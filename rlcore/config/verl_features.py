@@ -34,8 +34,6 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "not in rlcore: the rollout receives the training weights in the rollout dtype"),
     (("actor_rollout_ref.rollout.skip_rollout", "actor_rollout_ref.rollout.skip_dump_dir"), "rollout replay from a dump",
      "not in rlcore"),
-    (("data.sampler.*",), "custom data samplers (curriculum)", "not in rlcore yet: prompts are shuffled per epoch "
-     "(data.shuffle, data.seed)"),
     (("data.datagen.*", "data.custom_cls.*"), "custom dataset classes", "not in rlcore: data is parquet in verl's row "
      "format, checked at load"),
     (("reward_model.sandbox_fusion.*",), "Sandbox Fusion code execution for rewards",

@@ -200,6 +200,7 @@ class PPOTrainer:
             if updates_actor:
                 with self.perf.phase("update_actor", metrics):
                     metrics.update(self.actor_rollout.update_actor(self.actor_batch(batch)))
+        self.train_loader.update(batch)  # a curriculum sampler (data.sampler) hears how the step's prompts scored
         self.perf.count_tokens(batch)
         metrics.update(data_metrics(batch))
         metrics.update(multi_turn_metrics(batch))

@@ -13,6 +13,7 @@ from rlcore.config.tool_config import tool_schemas
 from rlcore.config.validate import ConfigError
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
+from rlcore.data.sampler import build_sampler
 from rlcore.data.row_checks import rule_score_problem
 from rlcore.models.hf import ModelLoadError, import_external_lib, policy_tokenizer
 from rlcore.reward.custom import load_custom_reward_fn
@@ -66,7 +67,10 @@ def build_data(cfg: DictConfig):
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed
     # Prompts are drawn a generation batch at a time (= train_batch_size unless DAPO's dynamic sampling is on).
-    train = PromptLoader(dataset(data.train_files, data.train_max_samples, [] if cfg.reward_model.enable else rule, "data.train_files"), data.gen_batch_size, shuffle=data.shuffle, seed=seed,
+    train_set = dataset(data.train_files, data.train_max_samples, [] if cfg.reward_model.enable else rule, "data.train_files")
+    with loading("data.sampler.class_path", data.sampler.class_path, "the data sampler", catch=(OSError, ValueError, ImportError, TypeError)):
+        sampler = build_sampler(data, train_set)
+    train = PromptLoader(train_set, data.gen_batch_size, shuffle=data.shuffle, seed=seed, sampler=sampler,
                          batch_key="data.gen_batch_size" if cfg.algorithm.filter_groups.enable else "data.train_batch_size")
     val = None
     if data.val_files:

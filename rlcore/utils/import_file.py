@@ -1,4 +1,4 @@
-"""Importing a user's Python file by path (custom reward functions, custom algorithms)."""
+"""Importing a user's Python file by path (custom reward functions, custom algorithms, data samplers)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,15 @@ def import_file(path: str, config_key: str) -> ModuleType:
         sys.modules.pop(module_name, None)
         raise ImportError(f"{config_key}={path} failed to load: {type(e).__name__}: {e}") from e
     return module
+
+
+def import_module_or_file(location: str, config_key: str) -> ModuleType:
+    """verl's two ways of naming user code: `pkg://package.module` (importable from the Python path) or a file path."""
+    if location.startswith("pkg://"):
+        name = location.removeprefix("pkg://")
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            raise ImportError(f"{config_key}={location}: module {name} cannot be imported ({e}); put its package on "
+                              f"PYTHONPATH or give the file's path instead") from e
+    return import_file(location, config_key)

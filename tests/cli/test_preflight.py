@@ -100,6 +100,21 @@ def test_a_reward_file_that_fails_to_import_is_one_line(tiny_model_dir, tiny_tas
     assert found == [f"custom_reward_function.path={reward} failed to load: ModuleNotFoundError: No module named 'not_a_module_anywhere'"]
 
 
+def test_a_data_sampler_names_a_file_or_an_importable_module_and_a_class(tiny_model_dir, tiny_task_dir):
+    """data.sampler (verl's curriculum sampler): missing pieces are errors here and warnings when the job runs
+    elsewhere (verl's own example names a module of its test tree: pkg://tests.utils.dataset...)."""
+    S = "data.sampler"
+    module = tiny(tiny_model_dir, tiny_task_dir, f"{S}.class_path=pkg://tests.utils.dataset.sampler_here", f"{S}.class_name=MySampler")
+    assert errors(module) == [f"{S}.class_path=pkg://tests.utils.dataset.sampler_here: no such module on the Python path; point "
+                              f"{S}.class_path at the Python file that defines the sampler, or pkg://module for an importable one"]
+    assert preflight(compose(module), "elsewhere").warnings[0].startswith(f"{S}.class_path=pkg://tests.utils.dataset.sampler_here: "
+                                                                          "no such module on the Python path on this machine (--elsewhere")
+    assert errors(tiny(tiny_model_dir, tiny_task_dir, f"{S}.class_path={__file__}")) == [
+        f"{S}.class_path={__file__} without {S}.class_name: name the sampler class defined there"]
+    assert errors(tiny(tiny_model_dir, tiny_task_dir, f"{S}.class_name=MySampler")) == [
+        f"{S}.class_name=MySampler without {S}.class_path: set the file (or pkg://module) that defines it, or drop class_name"]
+
+
 def test_heads_against_tensor_parallel_sizes(capsys):
     assert plan(["--elsewhere", "recipe=qwen2_7b_grpo", "actor_rollout_ref.rollout.tensor_model_parallel_size=8"]) == 1
     out = capsys.readouterr().out

@@ -112,10 +112,26 @@ def test_an_exactly_on_policy_step_skips_the_old_log_prob_pass(tiny_model_dir, t
 
 
 @pytest.mark.numerics
-def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny_model_dir, tiny_task_dir, tmp_path):
-    common = ("trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3")
+def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny_model_dir, tiny_task_dir, tmp_path, monkeypatch):
+    # Prompts drawn by a curriculum sampler (data.sampler, tests/data/curriculum_sampler.py): 16 prompts are 2 steps
+    # an epoch, so step 3 opens an epoch ordered by the scores of steps 1-2, which the resumed run only has if the
+    # sampler's state travelled in the checkpoint. The reward differs by prompt (a random tiny model's answers all
+    # score 0), so the scores do order the prompts.
+    sampler = os.path.join(os.path.dirname(__file__), "..", "data", "curriculum_sampler.py")
+    reward = tmp_path / "by_answer.py"
+    reward.write_text("def by_answer(data_source, solution_str, ground_truth, extra_info=None):\n    return int(ground_truth) % 3 / 2\n")
+    common = ("trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3", "data.train_max_samples=16",
+              f"data.sampler.class_path={sampler}", "data.sampler.class_name=HardestFirstSampler",
+              f"custom_reward_function.path={reward}", "custom_reward_function.name=by_answer")
+    monkeypatch.setenv("RLCORE_TEST_SAMPLER_LOG", str(tmp_path / "draws.jsonl"))
     run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", *KEEP_EVERY_STEP, *common), str(tmp_path / "a"))
+    draws = read_jsonl_file(tmp_path / "draws.jsonl")
+    assert [d["epoch"] for d in draws] == [0, 0, 1] and all(len(d["rows"]) == 8 * 4 for d in draws)  # 8 prompts x n=4
+    assert sorted(set(draws[0]["rows"]) | set(draws[1]["rows"])) == list(range(16))  # epoch 0: every prompt once
+    assert draws[0]["order"] == list(range(16)) and draws[2]["order"] != draws[0]["order"]  # the scores reordered epoch 1
+    assert set(draws[2]["rows"]) == set(draws[2]["order"][:8])  # step 3 drew epoch 1's 8 hardest prompts
     run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", *resume_overrides(tmp_path / "a" / "ckpt", 1), *common), str(tmp_path / "b"))
+    assert read_jsonl_file(tmp_path / "draws.jsonl")[3:] == draws[1:]  # the resumed run drew steps 2 and 3 alike
     # Same data, same sampling RNG, same weights and optimizer state: steps 2 and 3 are the same steps.
     assert_same_steps(read_metrics(tmp_path / "b"), read_metrics(tmp_path / "a"),
                       ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)
