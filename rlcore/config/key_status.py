@@ -64,6 +64,8 @@ NO_EFFECT: dict[str, str] = {
                                                              "(rlcore/models/logits.py)",
     "actor_rollout_ref.*.entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
                                                  "keeping them (rlcore/models/logits.py); the reference has no backward",
+    "*.fsdp_config.mixed_precision.buffer_dtype": "FSDP2 (verl's fsdp2 and rlcore) keeps buffers in the dtype they were "
+                                                  "loaded in; only FSDP1 casts them",
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "rlcore computes sum_pi_squared in the old-log-prob pass, "
                                                             "which has no backward, a chunk of tokens at a time from "
                                                             "the hidden states (rlcore/models/logits.py)",

@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
 
-from rlcore.config.schema import FSDPConfig, OptimConfig, RayKwargsConfig
+from rlcore.config.fsdp_schema import FSDPConfig
+from rlcore.config.schema import OptimConfig, RayKwargsConfig
 from rlcore.config.keys import unknown_key_errors
 from rlcore.config.validate_engine import supervised_engine_errors
 

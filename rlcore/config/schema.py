@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II, MISSING
 
 from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
+from rlcore.config.fsdp_schema import FSDPConfig, RewardModelFSDPConfig
 from rlcore.config.moe_schema import RouterReplayConfig
 from rlcore.config.profiler_schema import GlobalProfilerConfig, ProfilerConfig
 from rlcore.config.rollout_schema import RolloutConfig
@@ -115,31 +116,6 @@ class OptimConfig:
     # optimizer_cpu_offload), torch.optim.AdamW keywords (FSDP2, e.g. eps, amsgrad); {} as in verl's Megatron tree, so
     # that its scripts' `+...override_optimizer_config.key=value` compose (a null would refuse them)
     override_optimizer_config: Dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class WrapPolicyConfig:
-    """Which modules get their own FSDP unit (`*.fsdp_config.wrap_policy.*`)."""
-
-    min_num_params: int = 0  # wrap modules with at least this many parameters; 0 = per decoder layer
-
-
-@dataclass
-class FSDPConfig:
-    """FSDP2 sharding, offload and precision (`*.fsdp_config.*`)."""
-
-    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)  # FSDP unit granularity
-    param_offload: bool = False  # keep parameters on CPU between uses
-    optimizer_offload: bool = False  # keep optimizer state on CPU between steps
-    offload_policy: bool = False  # FSDP2 CPUOffloadPolicy (params + grads + optimizer step on CPU)
-    reshard_after_forward: bool = True  # free gathered params after forward (ZeRO-3); False = ZeRO-2
-    fsdp_size: int = -1  # ranks per shard group; -1 = all data-parallel ranks (otherwise HSDP)
-    ulysses_sequence_parallel_size: int = 1  # verl's newer place for the role's ulysses_sequence_parallel_size
-    forward_prefetch: bool = False  # prefetch the next unit's all-gather during forward
-    model_dtype: str = "fp32"  # dtype the weights are loaded and kept in: fp32 | bf16 | fp16 (long names ok)
-    dtype: str = "bfloat16"  # mixed-precision compute dtype: bfloat16 | float16 | float32 (short names ok)
-    strategy: str = "fsdp"  # verl's FSDP version for its newer engine: fsdp | fsdp2 (rlcore trains with FSDP2)
-    use_orig_params: bool = False  # FSDP1's flat-parameter switch
 
 
 @dataclass
@@ -321,19 +297,6 @@ class CriticConfig:
     n_gpus_per_node: int = II("trainer.n_gpus_per_node")  # rlcore addition: with enable_resource_pool
     nnodes: int = II("trainer.nnodes")  # rlcore addition: with enable_resource_pool
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
-
-
-@dataclass
-class RewardModelFSDPConfig:
-    """FSDP2 sharding of the frozen reward model (`reward_model.model.fsdp_config.*`)."""
-
-    wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)  # FSDP unit granularity
-    param_offload: bool = False  # keep parameters on CPU between uses
-    reshard_after_forward: bool = True  # free gathered params after forward
-    fsdp_size: int = -1  # ranks per shard group; -1 = all
-    forward_prefetch: bool = False  # prefetch the next unit's all-gather during forward
-    offload_policy: bool = False  # rlcore addition: FSDP2 CPUOffloadPolicy (params on CPU, streamed per block)
-    dtype: str = "bfloat16"  # rlcore addition: compute dtype (float32 on CPU)
 
 
 @dataclass

@@ -171,6 +171,9 @@ def _check_choices(c: _Checker) -> None:
     for role in ("actor", "ref"):
         c.choice(f"{ARR}.{role}.fsdp_config.dtype", DTYPES)
         c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
+        for name in ("param_dtype", "reduce_dtype"):
+            if c.get(f"{ARR}.{role}.fsdp_config.mixed_precision.{name}") is not None:
+                c.choice(f"{ARR}.{role}.fsdp_config.mixed_precision.{name}", DTYPES)
     c.choice(f"{ARR}.rollout.dtype", DTYPES)
     _check_reward_manager(c)
     check_overlong_buffer(c)

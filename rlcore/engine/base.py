@@ -56,6 +56,7 @@ class EngineSpec:
     hf_config_path: str | None = None     # read the HF config from here instead of model_path (model.hf_config_path)
     trust_remote_code: bool = False       # let modeling code shipped in the model directory run (model.trust_remote_code)
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
+    reduce_dtype: str = "float32"         # FSDP2: gradients are reduced across ranks in this (mixed_precision.reduce_dtype)
     model_dtype: str = "float32"          # storage of frozen weights: a frozen role (reference) or a LoRA base; full
                                           # fine-tuning keeps fp32 masters whatever it says
     lora: LoraSpec | None = None          # train LoRA adapters only (model.lora_rank > 0)

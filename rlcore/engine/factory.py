@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 
+from rlcore.config.fsdp_schema import compute_dtype
 from rlcore.config.validate_ulysses import sequence_parallel_size
 from rlcore.config.validate_engine import DEFAULT_GRAD_CLIP
 from rlcore.config.validate_optim import schedule_kind
@@ -50,7 +51,9 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.param_dtype = megatron.dtype
         spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
     else:
-        spec.param_dtype, spec.param_offload, spec.reshard_after_forward = fsdp_cfg.dtype, fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
+        spec.param_dtype, spec.param_offload, spec.reshard_after_forward = compute_dtype(fsdp_cfg), fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
+        if "mixed_precision" in fsdp_cfg:
+            spec.reduce_dtype = fsdp_cfg.mixed_precision.reduce_dtype
         spec.offload_policy = fsdp_cfg.offload_policy
         spec.fsdp_size, spec.forward_prefetch = fsdp_cfg.fsdp_size, fsdp_cfg.forward_prefetch
         spec.wrap_min_params = fsdp_cfg.wrap_policy.min_num_params

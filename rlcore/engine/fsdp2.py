@@ -51,7 +51,7 @@ def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, spec:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if spec.activation_offload:
             offload_checkpointed_inputs(blocks)
-    mp = MixedPrecisionPolicy(param_dtype=to_torch_dtype(spec.param_dtype), reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=to_torch_dtype(spec.param_dtype), reduce_dtype=to_torch_dtype(spec.reduce_dtype))
     kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=spec.reshard_after_forward)
     if spec.offload_policy:
         # pin_memory needs an accelerator; on CPU-only torch it raises.

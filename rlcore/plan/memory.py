@@ -34,6 +34,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.fsdp_schema import compute_dtype
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
 from rlcore.config.validate_reward_model import uses_token_budgets
@@ -120,7 +121,7 @@ def frozen_dtype(fsdp) -> str:
 def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: bool, trainable: bool) -> dict:
     """GiB of one FSDP2 role's state on a device: resident weights, grads, optimizer, gathered weights."""
     p, layer, root = arch.params(value_head), arch.layer_params(), arch.root_params(value_head)
-    compute = _BYTES[fsdp.dtype]
+    compute = _BYTES[compute_dtype(fsdp)]
     lora = arch.lora_params(lora_rank) if lora_rank else 0
     if lora:
         weights = (p * _BYTES[fsdp.model_dtype] + lora * 4) / shards
@@ -296,7 +297,7 @@ class Estimator:
         if role.megatron:
             return self._megatron_items(role)
         s = self.state(role)
-        compute = _BYTES[role.fsdp.dtype]
+        compute = _BYTES[compute_dtype(role.fsdp)]
         offload = role.offload_act and role.ckpt
         act, logits = _activations(role.arch, role.tokens, role.response_tokens, compute, role.ckpt, role.trainable,
                                    role.value_head, offload=offload)
@@ -306,7 +307,7 @@ class Estimator:
             items += [(f"gradients / {role.shards}", s["grads"]), (f"AdamW moments / {role.shards}", s["optim"])]
         zero = "ZeRO-3: root + 2 blocks" if role.fsdp.reshard_after_forward else "ZeRO-2-like: all blocks"
         ulysses = f" (1/{role.sp} of each micro-batch: Ulysses)" if role.sp > 1 else ""
-        items += [(f"gathered {role.fsdp.dtype} weights ({zero})", s["gathered"]),
+        items += [(f"gathered {compute_dtype(role.fsdp)} weights ({zero})", s["gathered"]),
                   (f"activations, {role.tokens} tokens{ulysses}" + (", checkpointed" if role.ckpt and role.trainable else "")
                    + (", inputs in host memory" if offload and role.trainable else ""), act)]
         if logits:

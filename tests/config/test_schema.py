@@ -40,6 +40,9 @@ RLCORE_ADDITIONS = {
     "reward_model.overlong_buffer.penalty_factor", "reward_model.overlong_buffer.log",
     # verl's Megatron optim tree (optim/megatron.yaml) names the schedule so; its FSDP tree, listed here, does not
     "actor_rollout_ref.actor.optim.lr_decay_style", "critic.optim.lr_decay_style",
+    # verl's fsdp_config.mixed_precision is a null dict its scripts fill with `+`; rlcore types its three keys
+    *(f"{role}.fsdp_config.mixed_precision.{key}" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")
+      for key in ("param_dtype", "reduce_dtype", "buffer_dtype")),
 }
 # verl's `<role>.megatron.*` sections live in its ppo_megatron_trainer tree, not in the FSDP reference above.
 MEGATRON_SECTIONS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.", "critic.megatron.")

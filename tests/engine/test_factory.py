@@ -169,6 +169,19 @@ def test_offload_policy_and_reshard_after_forward_reach_fully_shard(role, monkey
         assert kwargs["reshard_after_forward"] is False and isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
 
 
+# verl's FSDP mixed-precision dict (verl's scripts add it with "+", which rlcore's command line takes as a plain
+# override): param_dtype wins over dtype, reduce_dtype is the dtype FSDP2 reduces gradients in. What FSDP2 does with them is torch's (MixedPrecisionPolicy); the memory plan
+# computes in the same dtype (rlcore/config/fsdp_schema.py::compute_dtype).
+@pytest.mark.parametrize("role", [r for r in FSDP if r != "reward_model"])
+def test_mixed_precision_param_and_reduce_dtypes_reach_fully_shard(role, monkeypatch):
+    fsdp = FSDP[role]
+    for kwargs in _fully_shard_kwargs(spec_of(role, [f"{fsdp}dtype=bfloat16"]), monkeypatch):
+        assert (kwargs["mp_policy"].param_dtype, kwargs["mp_policy"].reduce_dtype) == (torch.bfloat16, torch.float32)
+    mixed = [f"{fsdp}dtype=bfloat16", f"{fsdp}mixed_precision.param_dtype=fp32", f"{fsdp}mixed_precision.reduce_dtype=bf16"]
+    for kwargs in _fully_shard_kwargs(spec_of(role, mixed), monkeypatch):
+        assert (kwargs["mp_policy"].param_dtype, kwargs["mp_policy"].reduce_dtype) == (torch.float32, torch.bfloat16)
+
+
 def _megatron_spec(role, overrides):
     section = ROLES[role][0]
     return spec_of(role, [f"{section}strategy=megatron", *[f"{section}megatron.{o}" for o in overrides]])
