@@ -8,12 +8,13 @@ by one controller, LoRA with model.lora_rank; the result is saved as an HF causa
 from __future__ import annotations
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config import CONFIG_DIR, compose, run_cli, schema_registrar
 from rlcore.config.files import file_list
 from rlcore.config.rm_schema import supervised_config_errors
-from rlcore.config.sft_schema import TRUNCATIONS, SFTTrainerConfig
+from rlcore.config.sft_schema import PAD_MODES, TRUNCATIONS, SFTTrainerConfig
+from rlcore.config.validate_engine import checkpoint_contents_errors
 
 SCHEMA_NAME = "rlcore_sft_schema"
 CONSOLE_KEYS = ("train/loss", "train/grad_norm", "train/lr", "val/loss")
@@ -32,7 +33,11 @@ def sft_config_errors(cfg: DictConfig) -> list[str]:
     errors = supervised_config_errors(cfg, "samples", "SFT")
     if cfg.data.truncation not in TRUNCATIONS:
         errors.append(f"data.truncation={cfg.data.truncation} is not one of {', '.join(TRUNCATIONS)}; use data.truncation=error")
-    return errors
+    if cfg.data.pad_mode not in PAD_MODES:
+        errors.append(f"data.pad_mode={cfg.data.pad_mode} is not one of {', '.join(PAD_MODES)}; use data.pad_mode=no_padding")
+    if cfg.engine.forward_only:
+        errors.append("engine.forward_only=True builds verl's inference-only engine, which cannot train; drop it for SFT")
+    return errors + checkpoint_contents_errors(lambda key: OmegaConf.select(cfg, key), "checkpoint", "trainer.resume_mode")
 
 
 def load_rows(cfg: DictConfig, tokenizer):

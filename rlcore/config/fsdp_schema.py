@@ -4,6 +4,8 @@ reward model's (`reward_model.model.fsdp_config.*`). rlcore/engine/factory.py tu
 from dataclasses import dataclass, field
 from typing import Optional
 
+from omegaconf import II
+
 
 @dataclass
 class WrapPolicyConfig:
@@ -39,6 +41,19 @@ class FSDPConfig:
     strategy: str = "fsdp"  # verl's FSDP version for its newer engine: fsdp | fsdp2 (rlcore trains with FSDP2)
     use_orig_params: bool = False  # FSDP1's flat-parameter switch
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)  # verl's per-dtype form
+
+
+# The fields verl's newer engine section (engine/fsdp.yaml) shares with an fsdp_config, nested ones dotted
+ENGINE_FIELDS = ("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "fsdp_size",
+                 "ulysses_sequence_parallel_size", "forward_prefetch", "model_dtype", "dtype", "strategy", "use_orig_params")
+
+
+def following(section: str) -> FSDPConfig:
+    """An fsdp_config each of whose fields follows `section`'s (verl's SFT trainer names them engine.*, its older one
+    model.fsdp_config.*: either key sets the one value the engine reads)."""
+    mixed = {name: II(f"{section}.mixed_precision.{name}") for name in ("param_dtype", "reduce_dtype", "buffer_dtype")}
+    return FSDPConfig(wrap_policy=WrapPolicyConfig(min_num_params=II(f"{section}.wrap_policy.min_num_params")),
+                      mixed_precision=MixedPrecisionConfig(**mixed), **{name: II(f"{section}.{name}") for name in ENGINE_FIELDS})
 
 
 @dataclass

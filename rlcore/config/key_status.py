@@ -53,19 +53,22 @@ NO_EFFECT: dict[str, str] = {
                                                                 "refused (no custom rollout servers)",
     "*.fsdp_config.strategy": "rlcore trains every FSDP role with FSDP2, whichever version is named here (as "
                               "<role>.strategy=fsdp does); fsdp and fsdp2 are accepted",
-    "*.fsdp_config.use_orig_params": "FSDP2 always shards the original parameters (FSDP1's flat parameters do not exist "
+    "*use_orig_params": "FSDP2 always shards the original parameters (FSDP1's flat parameters do not exist "
                                      "there)",
     "*.use_fused_kernels": "rlcore always computes log-probs and entropy from the hidden states a chunk of tokens at a "
                            "time, without [tokens, vocab] logits (rlcore/models/logits.py), which is what verl's fused "
                            "kernels are for",
     # bench/log_prob_head.py: 8192 tokens x vocab 151936, the whole logits' peak 27.6 GiB, rlcore's chunked head's 1.2
-    "actor_rollout_ref.*.entropy_from_logits_with_chunking": "rlcore always computes the entropy a chunk of tokens at "
+    "*entropy_from_logits_with_chunking": "rlcore always computes the entropy a chunk of tokens at "
                                                              "a time, never the whole [tokens, vocab] logits "
                                                              "(rlcore/models/logits.py)",
-    "actor_rollout_ref.*.entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
+    "*entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
                                                  "keeping them (rlcore/models/logits.py); the reference has no backward",
-    "*.fsdp_config.mixed_precision.buffer_dtype": "FSDP2 (verl's fsdp2 and rlcore) keeps buffers in the dtype they were "
+    "*mixed_precision.buffer_dtype": "FSDP2 (verl's fsdp2 and rlcore) keeps buffers in the dtype they were "
                                                   "loaded in; only FSDP1 casts them",
+    "data.pad_mode": "verl's SFT collator layout (no_padding: nested tensors, right: padded to max_length); rlcore's SFT "
+                     "batches rows unpadded and its engine packs them or pads each micro-batch as use_remove_padding "
+                     "says, with the same loss either way",
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "rlcore computes sum_pi_squared in the old-log-prob pass, "
                                                             "which has no backward, a chunk of tokens at a time from "
                                                             "the hidden states (rlcore/models/logits.py)",
@@ -124,6 +127,7 @@ REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "*optim.optimizer": ("SGD", ()),
     "*.megatron.override_mcore_model_config": ({"num_layers": 2}, MEGATRON),
     "actor_rollout_ref.rollout.checkpoint_engine.backend": ("nccl", ()),
+    "engine.forward_only": (True, ()),  # the SFT trainer's (tests/trainer/test_supervised.py)
     "*.router_replay.record_file": ("routes.pt", ()),
     "*.router_replay.replay_file": ("routes.pt", ()),
     "*.megatron.use_dist_checkpointing": (True, MEGATRON),

@@ -112,6 +112,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.0  # cosine and linear floor as a fraction of lr
     num_cycles: float = 0.5  # cosine cycles over the schedule (0.5 = one half-cosine decay)
     lr_decay_style: Optional[str] = None  # verl's Megatron name for lr_scheduler_type; set, it is the schedule
+    warmup_style: Optional[str] = None  # verl's deprecated FSDP name for lr_scheduler_type; set, it is the schedule
     # extra optimizer arguments, as verl passes them: megatron-core OptimizerConfig fields (strategy=megatron, e.g.
     # optimizer_cpu_offload), torch.optim.AdamW keywords (FSDP2, e.g. eps, amsgrad); {} as in verl's Megatron tree, so
     # that its scripts' `+...override_optimizer_config.key=value` compose (a null would refuse them)

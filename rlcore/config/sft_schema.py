@@ -10,10 +10,12 @@ from typing import Any, List, Optional
 
 from omegaconf import II
 
+from rlcore.config.fsdp_schema import FSDPConfig, following
 from rlcore.config.rm_schema import RMModelConfig, RMTrainerSection
-from rlcore.config.schema import OptimConfig, RayKwargsConfig
+from rlcore.config.schema import CheckpointConfig, OptimConfig, RayKwargsConfig
 
 TRUNCATIONS = ("error", "left", "right")  # data.truncation of SFT rows
+PAD_MODES = ("no_padding", "right", "left_right")  # verl's data.pad_mode (its SFT collators)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class SFTDataConfig:
     val_max_rows: Optional[int] = None  # validate on at most this many rows; None = all
     shuffle: bool = True  # reshuffle every epoch
     seed: Optional[int] = None  # shuffle seed; None = trainer.seed
+    pad_mode: str = "no_padding"  # verl's collator layout: no_padding | right | left_right (use_remove_padding packs)
 
 
 @dataclass
@@ -60,6 +63,22 @@ class SFTModelConfig(RMModelConfig):
     # Ulysses: ranks sharing each sample's tokens (packed sequences only); follows the top-level key
     ulysses_sequence_parallel_size: int = II("ulysses_sequence_parallel_size")
     use_liger: bool = False  # Liger kernels (verl's SFT trainer: patches the model with them)
+    strategy: str = II("engine.strategy")  # fsdp | fsdp2 (both FSDP2 in rlcore); follows engine.strategy
+    use_torch_compile: bool = II("engine.use_torch_compile")  # compile the log-prob head's kernels; follows the engine's
+    fsdp_config: FSDPConfig = field(default_factory=lambda: following("engine"))  # sharding; each field follows engine.*
+
+
+@dataclass
+class SFTEngineConfig(FSDPConfig):
+    """verl's newer SFT trainer's engine section (`engine.*`, engine/fsdp.yaml, picked by `engine=fsdp`): the FSDP
+    knobs that model.fsdp_config follows (verl's older fsdp_sft_trainer sets them there), and the engine's own."""
+
+    seed: int = II("trainer.seed")  # the workers' torch seed (LoRA init); rlcore: follows trainer.seed (verl: 42)
+    full_determinism: bool = False  # deterministic torch kernels (torch.use_deterministic_algorithms)
+    use_torch_compile: bool = True  # compile the log-prob head's per-chunk kernels
+    entropy_from_logits_with_chunking: bool = False  # verl's entropy memory switch (SFT computes no entropy)
+    entropy_checkpointing: bool = False  # verl's entropy memory switch (SFT computes no entropy)
+    forward_only: bool = False  # verl's inference-only engine (its reference and reward roles); SFT trains
 
 
 @dataclass
@@ -67,9 +86,12 @@ class SFTTrainerConfig:
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    engine: SFTEngineConfig = field(default_factory=SFTEngineConfig)  # verl's newer SFT trainer's engine section
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # what a checkpoint saves and a resume loads
     trainer: RMTrainerSection = field(default_factory=lambda: RMTrainerSection(project_name="rlcore_sft", experiment_name="sft"))
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     # verl's fsdp_sft_trainer keeps these keys at the top (its use_remove_padding defaults to False; rlcore packs by
     # default: exact and faster)
     use_remove_padding: bool = True
-    ulysses_sequence_parallel_size: int = 1  # Ulysses sequence parallelism (verl's fsdp_sft_trainer key)
+    # Ulysses sequence parallelism (verl's fsdp_sft_trainer key); follows engine.ulysses_sequence_parallel_size
+    ulysses_sequence_parallel_size: int = II("engine.ulysses_sequence_parallel_size")

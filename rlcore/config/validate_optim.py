@@ -19,22 +19,32 @@ LR_SCHEDULERS = ("constant", "cosine", "linear", "inverse_square_root")
 _ADAMW_FROM_KEYS = {"params": "the trained parameters", "lr": "optim.lr", "betas": "optim.betas", "weight_decay": "optim.weight_decay"}
 
 
+# The three names verl has had for the schedule after warmup; the first one set decides
+SCHEDULE_KEYS = ("lr_decay_style", "warmup_style", "lr_scheduler_type")
+
+
 def schedule_kind(optim) -> str:
-    """The schedule after warmup: `lr_decay_style` (verl's Megatron name) when set, else `lr_scheduler_type`."""
-    return optim.lr_decay_style or optim.lr_scheduler_type
+    """The schedule after warmup: `lr_decay_style` (verl's Megatron name) or `warmup_style` (its deprecated FSDP name)
+    when set, else `lr_scheduler_type`."""
+    return next(optim[key] for key in SCHEDULE_KEYS if optim.get(key) is not None)
 
 
 def optim_errors(get, optim: str, strategy: str, device: str) -> list[str]:
     """`optim` is a trained role's optim section (e.g. actor_rollout_ref.actor.optim), trained with `strategy`."""
     errors = []
-    for key in ("lr_scheduler_type", "lr_decay_style"):
+    for key in SCHEDULE_KEYS:
         value = get(f"{optim}.{key}")
         if value is not None and value not in LR_SCHEDULERS:
             errors.append(f"{optim}.{key}={value} is not one of {', '.join(LR_SCHEDULERS)}")
-    decay, kind = get(f"{optim}.lr_decay_style"), get(f"{optim}.lr_scheduler_type")
-    if decay is not None and kind not in ("constant", decay):
-        errors.append(f"{optim}.lr_decay_style={decay} and {optim}.lr_scheduler_type={kind} name two schedules (verl's Megatron "
-                      f"and FSDP names for the same thing); set one of them")
+    kind = get(f"{optim}.lr_scheduler_type")
+    for key in SCHEDULE_KEYS[:2]:  # an alias set beside a different lr_scheduler_type (constant is its default)
+        alias = get(f"{optim}.{key}")
+        if alias is not None and kind not in ("constant", alias):
+            errors.append(f"{optim}.{key}={alias} and {optim}.lr_scheduler_type={kind} name two schedules (verl's names for "
+                          f"the same thing); set one of them")
+    decay, style = get(f"{optim}.lr_decay_style"), get(f"{optim}.warmup_style")
+    if decay is not None and style is not None and decay != style:
+        errors.append(f"{optim}.lr_decay_style={decay} and {optim}.warmup_style={style} name two schedules; set one of them")
     overrides = dict(get(f"{optim}.override_optimizer_config") or {})
     if strategy == "megatron":
         return errors + _megatron_override_errors(optim, overrides, device)

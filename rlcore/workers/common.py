@@ -16,10 +16,12 @@ from omegaconf import OmegaConf
 from rlcore.controller.decorator import DataLayout, Dispatch, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
-from rlcore.engine.base import ForwardFn, LossFn, TokenRequest, TrainEngine
+from rlcore.engine.base import CHECKPOINT_STATE, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto
+from rlcore.utils import checkpoint
 from rlcore.utils.checkpoint import checkpoint_load
+from rlcore.utils.checkpoint_contents import STATE
 from rlcore.utils.dist import all_reduce_values
 from rlcore.utils.rng import rng_state, set_rng_state
 
@@ -35,19 +37,38 @@ class RoleWorker(Worker):
 
 class SupervisedWorker(RoleWorker):
     """A role that trains one engine (`self.engine`) with nothing to offload between phases: reward-model
-    training and SFT. Checkpoints are the engine's state plus this rank's RNG."""
+    training and SFT. Checkpoints are the engine's state plus this rank's RNG, as far as the trainer's
+    checkpoint.save_contents / load_contents say (the SFT trainer's, as verl's; a trainer without them keeps all)."""
 
     engine: TrainEngine
 
+    def _contents(self, which: str) -> frozenset[str]:
+        """checkpoint.<which> as a set ("hf_model" too: the supervised trainers export HF weights at every save
+        anyway, their result)."""
+        section = self.config.get("checkpoint")
+        if section is None:
+            return frozenset(STATE)
+        return checkpoint.checked_contents(section[which], f"checkpoint.{which}")
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str | None) -> None:
-        self.engine.save(path, hf_dir=hf_dir)
-        save_rng_state(path, self.rank)
+        contents = self._contents("save_contents")
+        self.engine.save(path, hf_dir=hf_dir, contents=contents & CHECKPOINT_STATE)
+        if self.rank == 0:
+            checkpoint.write_contents(path, contents)
+        if "extra" in contents:
+            save_rng_state(path, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        self.engine.load(path)
-        load_rng_state(path, self.rank)
+        """What checkpoint.load_contents names, refused if `path` does not hold it (rank 0 says what is left as built)."""
+        contents, notes = checkpoint.restore_plan(path, self._contents("load_contents"), "checkpoint.load_contents", role="model")
+        if self.rank == 0:
+            for note in notes:
+                print(f"WARNING: {note} ({path})", flush=True)
+        self.engine.load(path, contents=contents)
+        if "extra" in contents:
+            load_rng_state(path, self.rank)
 
 
 def layout_of(engine: TrainEngine) -> DataLayout:

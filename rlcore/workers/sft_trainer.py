@@ -3,6 +3,7 @@ never a target), micro-batched by samples or token budgets, exact over ranks and
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -14,13 +15,23 @@ from rlcore.protocol import DataProto
 from rlcore.workers.common import SupervisedWorker, layout_of, mini_batch_counts
 
 
+def deterministic_kernels() -> None:
+    """verl's engine.full_determinism: torch picks deterministic kernels (warning where an op has none) and cuBLAS a
+    fixed workspace, so two runs on the same hardware give the same bits."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+
+
 class SFTTrainerWorker(SupervisedWorker):
     """One process per device: a shard of the model being fine-tuned, and its optimizer."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
         cfg = self.config
-        torch.manual_seed(cfg.trainer.seed)
+        torch.manual_seed(cfg.engine.seed)  # follows trainer.seed unless set (verl's engine.seed)
+        if cfg.engine.full_determinism:
+            deterministic_kernels()
         spec = engine_spec(cfg.model.strategy, cfg.model, cfg.model, cfg.optim, cfg.optim.clip_grad, total_steps)
         self.engine = build_engine(cfg.model.strategy, spec, self.device, key="model.strategy")
         self.layouts["sft"] = layout_of(self.engine)

@@ -21,9 +21,13 @@ def test_verls_megatron_schedule_name_is_accepted_and_two_different_schedules_ar
     assert validate_config(compose(["recipe=tiny_cpu", f"{OPTIM}.lr_decay_style=cosine"]))
     assert validate_config(compose(["recipe=tiny_cpu", f"{OPTIM}.lr_decay_style=linear", f"{OPTIM}.lr_scheduler_type=linear"]))
     assert errors(f"{OPTIM}.lr_decay_style=cosine", f"{OPTIM}.lr_scheduler_type=linear") == [
-        f"{OPTIM}.lr_decay_style=cosine and {OPTIM}.lr_scheduler_type=linear name two schedules (verl's Megatron and FSDP names "
-        "for the same thing); set one of them"]
+        f"{OPTIM}.lr_decay_style=cosine and {OPTIM}.lr_scheduler_type=linear name two schedules (verl's names for the same "
+        "thing); set one of them"]
     assert errors(f"{OPTIM}.lr_decay_style=wsd") == [f"{OPTIM}.lr_decay_style=wsd is not one of constant, cosine, linear, inverse_square_root"]
+    # verl's older FSDP name, warmup_style, likewise
+    assert validate_config(compose(["recipe=tiny_cpu", f"{OPTIM}.warmup_style=cosine"]))
+    assert errors(f"{OPTIM}.warmup_style=cosine", f"{OPTIM}.lr_decay_style=linear") == [
+        f"{OPTIM}.lr_decay_style=linear and {OPTIM}.warmup_style=cosine name two schedules; set one of them"]
 
 
 def test_adamw_overrides_must_be_adamw_arguments_that_no_optim_key_sets():

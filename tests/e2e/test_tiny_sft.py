@@ -1,4 +1,5 @@
-"""rlcore-sft through Ray on 2 FSDP2 ranks: the tiny task's SFT rows, LoRA, packed sequences, HF export."""
+"""rlcore-sft through Ray on 2 FSDP2 ranks: the tiny task's SFT rows, LoRA, packed sequences, HF export (the first run
+with verl's newer sft_trainer keys: engine=fsdp optim=fsdp engine.*)."""
 
 import json
 
@@ -17,7 +18,7 @@ def test_sft_through_ray_lowers_the_loss_and_exports_the_model(tiny_model_dir, t
                        f"data.val_files=[{tiny_task_dir}/sft.parquet]", "data.val_max_rows=64", "data.max_length=16",
                        "data.train_batch_size=32", "data.micro_batch_size_per_gpu=8", "optim.lr=3e-3", "optim.weight_decay=0",
                        "trainer.total_training_steps=12", "trainer.test_freq=6", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
-                       "model.fsdp_config.dtype=float32", "model.lora_rank=8", "model.lora_alpha=16", "trainer.logger=[jsonl]",
+                       "engine=fsdp", "optim=fsdp", "engine.dtype=float32", "model.lora_rank=8", "model.lora_alpha=16", "trainer.logger=[jsonl]",
                        f"trainer.default_local_dir={tmp_path}/ckpt", f"trainer.export_dir={tmp_path}/model"])
     final = run(cfg, str(tmp_path / "run"))
     assert_no_workers_left()

@@ -91,6 +91,14 @@ def test_lr_decay_style_is_verls_megatron_name_for_the_schedule(role):
     assert factor(specs["inverse_square_root"], 15) == pytest.approx(0.5) and factor(specs["inverse_square_root"], 10_000) == 0.1
 
 
+# verl's FSDP optim once named it warmup_style (deprecated there for lr_scheduler_type; its newer SFT scripts still set it).
+@pytest.mark.parametrize("role", TRAINED)
+def test_warmup_style_is_verls_older_name_for_the_schedule(role):
+    optim = OPTIM[role]
+    assert spec_of(role, [f"{optim}warmup_style=cosine"]).lr_scheduler_type == "cosine"
+    assert spec_of(role, []).lr_scheduler_type == "constant"
+
+
 # optim.override_optimizer_config: extra optimizer arguments, verl's way. What they do: the FSDP2 engine's AdamW
 # (tests/engine/test_fsdp2_features.py::test_override_optimizer_config_reaches_adamw), megatron-core's OptimizerConfig
 # (tests/engine/test_megatron_features.py::test_override_optimizer_config_reaches_megatron_cores_optimizer).
@@ -167,6 +175,23 @@ def test_offload_policy_and_reshard_after_forward_reach_fully_shard(role, monkey
         assert kwargs["reshard_after_forward"] is True and "offload_policy" not in kwargs
     for kwargs in _fully_shard_kwargs(spec_of(role, [f"{fsdp}offload_policy=True", f"{fsdp}reshard_after_forward=False"]), monkeypatch):
         assert kwargs["reshard_after_forward"] is False and isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
+
+
+# verl's newer SFT trainer (verl.trainer.sft_trainer) names the FSDP knobs engine.*, its older one model.fsdp_config.*:
+# SFT's model.fsdp_config follows engine.*, so either key sets what the engine reads. What each field does:
+# the fsdp_config lines of tests/config/wired_keys.txt.
+def test_verls_sft_engine_section_sets_the_sft_engine():
+    cfg = compose_sft(["engine=fsdp", "optim=fsdp", "engine.strategy=fsdp2", "engine.fsdp_size=1", "engine.ulysses_sequence_parallel_size=2",
+                       "engine.param_offload=True", "engine.optimizer_offload=True", "engine.offload_policy=True",
+                       "engine.reshard_after_forward=False", "engine.forward_prefetch=True", "engine.model_dtype=bf16",
+                       "engine.dtype=float32", "engine.wrap_policy.min_num_params=1000", "engine.use_torch_compile=False"])
+    spec = engine_spec(cfg.model.strategy, cfg.model, cfg.model, cfg.optim, cfg.optim.clip_grad, TOTAL_STEPS)
+    assert cfg.model.strategy == "fsdp2" and cfg.ulysses_sequence_parallel_size == 2 and spec.ulysses_sp == 2
+    assert (spec.fsdp_size, spec.param_offload, spec.optimizer_offload, spec.offload_policy) == (1, True, True, True)
+    assert (spec.reshard_after_forward, spec.forward_prefetch, spec.model_dtype, spec.param_dtype) == (False, True, "bf16", "float32")
+    assert (spec.wrap_min_params, spec.use_torch_compile) == (1000, False)
+    older = compose_sft(["model.fsdp_config.fsdp_size=1"])  # verl's fsdp_sft_trainer key still sets it
+    assert engine_spec(older.model.strategy, older.model, older.model, older.optim, 1.0, TOTAL_STEPS).fsdp_size == 1
 
 
 # verl's FSDP mixed-precision dict (verl's scripts add it with "+", which rlcore's command line takes as a plain

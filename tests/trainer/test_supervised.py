@@ -94,6 +94,22 @@ def test_stop_rule_and_resume_keys_are_checked():
         resume_point(compose_sft(["trainer.resume_mode=resume_path", "trainer.resume_from_path=/nonexistent"]).trainer)
 
 
+def test_verls_newer_sft_keys_are_checked_before_ray_starts():
+    """verl's sft_trainer keys: its engine and optim group choices compose; an inference-only engine, an unknown
+    pad_mode or checkpoint item, and its Megatron engine are refused with the fix."""
+    assert sft_config_errors(compose_sft(["engine=fsdp", "optim=fsdp", "data.pad_mode=right", "checkpoint.save_contents=[model,optimizer,extra]"])) == []
+    cfg = compose_sft(["engine.forward_only=True", "data.pad_mode=left", "checkpoint.save_contents=[model,weights]"])
+    assert sft_config_errors(cfg) == [
+        "data.pad_mode=left is not one of no_padding, right, left_right; use data.pad_mode=no_padding",
+        "engine.forward_only=True builds verl's inference-only engine, which cannot train; drop it for SFT",
+        "checkpoint.save_contents: unknown item(s) ['weights']; choose from ['model', 'optimizer', 'extra', 'hf_model']",
+        "checkpoint.load_contents: unknown item(s) ['weights']; choose from ['model', 'optimizer', 'extra', 'hf_model']"]  # it follows
+    from rlcore.cli.overrides import explain
+
+    message = "In 'sft_trainer': Could not find 'engine/megatron'\n\nAvailable options in 'engine':\n\tfsdp\nConfig search path:"
+    assert explain(message, lambda: None) == "engine=megatron is verl's Megatron SFT engine; rlcore's SFT trainer trains with FSDP2: use engine=fsdp"
+
+
 COMPOSE = {"sft": compose_sft, "rm": compose_rm}
 
 

@@ -127,3 +127,37 @@ def test_top_level_ulysses_size_splits_each_sample_over_two_ranks_with_the_same_
     assert ranks[0]["val"] == pytest.approx(expected["val"], abs=1e-5)  # the output rank reports the replica's loss
     for r in ranks:
         assert r["train"] == pytest.approx(expected["train"], abs=1e-5)  # both ranks, every step: the same updates
+
+
+def test_checkpoint_contents_decide_what_a_save_holds_and_a_resume_restores(tiny_model_dir, tmp_path):
+    """verl's SFT checkpoint.save_contents / load_contents: a save without "optimizer" holds none (contents.json says
+    what it holds), a resume that asks for it is refused with the fix, and one that asks for the model alone loads
+    the trained weights into a fresh worker (whose optimizer starts afresh). engine.seed seeds the workers (LoRA's
+    init) and engine.full_determinism switches torch to deterministic kernels."""
+    import json
+
+    from rlcore.data.synthetic import make_addition_rows
+
+    tok = build_char_tokenizer()
+    rows = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]} for r in make_addition_rows(4, 1, 2, seed=4)]
+    batch = read_sft([write_parquet(rows, str(tmp_path / "s.parquet"))], tok, "prompt", "response", 32, "error").batch(list(range(4)), tok.pad_token_id)
+    init_gloo(0, 1, free_port())
+    try:
+        saving = worker_for(tiny_model_dir, "checkpoint.save_contents=[model,extra]", "engine.seed=3", "engine.full_determinism=True")
+        assert torch.are_deterministic_algorithms_enabled()
+        saving.train_batch(batch)
+        saving.save_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+        assert json.load(open(tmp_path / "ckpt" / "contents.json")) == ["extra", "model"]
+        trained = {n: p.full_tensor().clone() for n, p in saving.engine.model.named_parameters()}
+        with pytest.raises(ValueError, match=r"checkpoint.load_contents=\['extra', 'model', 'optimizer'\] asks for \['optimizer'\], but "
+                                             r".* holds only \['extra', 'model'\] .*: drop \['optimizer'\] from checkpoint.load_contents"):
+            worker_for(tiny_model_dir).load_checkpoint(str(tmp_path / "ckpt"))
+        fresh = worker_for(tiny_model_dir, "checkpoint.load_contents=[model]")
+        fresh.load_checkpoint(str(tmp_path / "ckpt"))
+        assert all(torch.equal(p.full_tensor(), trained[n]) for n, p in fresh.engine.model.named_parameters())
+        lora = [worker_for(tiny_model_dir, "model.lora_rank=4", f"engine.seed={seed}") for seed in (3, 3, 4)]
+        a_init = [{n: p.full_tensor() for n, p in w.engine.model.named_parameters() if "lora_A" in n} for w in lora]
+        assert all(torch.equal(a_init[0][n], a_init[1][n]) for n in a_init[0]) and not torch.equal(*[next(iter(a.values())) for a in (a_init[0], a_init[2])])
+    finally:
+        torch.use_deterministic_algorithms(False)
+        close_gloo()
