@@ -180,6 +180,7 @@ bench: $(STAMP)
 	$(PY) bench/megatron_layouts.py $(if $(BENCH_QUICK),--reps 1)
 	$(PY) bench/weight_sync.py
 	$(PY) bench/ulysses_memory.py $(if $(BENCH_QUICK),--tokens 2048 --reps 1)
+	$(PY) bench/prefix_grouper.py $(if $(BENCH_QUICK),--repeats 1)
 	$(PY) bench/async_training.py $(if $(BENCH_QUICK),--steps 20 --val 200)
 	$(PY) bench/partial_rollout.py $(if $(BENCH_QUICK),--steps 10)
 	$(PY) bench/rollout.py

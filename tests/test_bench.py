@@ -33,6 +33,14 @@ def test_dynamic_bsz_benchmark_prints_every_mode_and_the_ratios(capsys):
     assert ratios and all(float(x) > 0 for x in ratios.groups()), out
 
 
+def test_prefix_grouper_benchmark_prints_both_passes_and_equal_log_probs(capsys):
+    out = bench(capsys, "prefix_grouper", "--prompt", "16", "--response", "4", "--n", "2", "--prompts", "2", "--hidden", "64",
+                "--layers", "1", "--vocab", "64", "--repeats", "1")
+    diff = re.search(r"max \|log-prob diff\| ([\d.e+-]+)", out)
+    assert diff and float(diff.group(1)) < 1e-4, out
+    assert len(re.findall(r"speed-up [\d.]+x", out)) == 2, out
+
+
 @pytest.mark.slow
 def test_megatron_layouts_benchmark_prints_every_layout_against_fsdp2(capsys):
     pytest.importorskip("megatron.core")

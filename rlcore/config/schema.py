@@ -200,6 +200,7 @@ class ActorConfig:
     use_torch_compile: bool = True  # torch.compile the log-prob/entropy helpers
     entropy_from_logits_with_chunking: bool = False  # compute entropy in chunks to save memory
     entropy_checkpointing: bool = False  # recompute entropy in backward to save memory
+    use_prefix_grouper: bool = False  # each distinct prompt's forward once per micro-batch, shared by its responses
     # the old-log-prob pass also computes sum_v p(v)^2 per token: the optimal token baseline's score norm
     calculate_sum_pi_squared: bool = False
     sum_pi_squared_checkpointing: bool = False  # recompute that sum in backward to save memory

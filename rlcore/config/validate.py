@@ -28,6 +28,7 @@ from rlcore.config.validate_megatron import _megatron_model_parallel, check_mega
 from rlcore.config.validate_multi_turn import check_multi_turn
 from rlcore.config.validate_otb import OTB_ESTIMATORS, check_otb
 from rlcore.config.validate_pf_ppo import check_pf_ppo
+from rlcore.config.validate_prefix_grouper import check_prefix_grouper
 from rlcore.config.validate_reward_model import check_reward_model
 from rlcore.config.validate_rollout import check_native_rollout, check_rollout_expert_parallel, check_vllm_rollout
 from rlcore.config.validate_moe import check_router_replay
@@ -180,6 +181,7 @@ def _check_choices(c: _Checker) -> None:
     check_dynamic_sampling(c)
     check_pf_ppo(c)
     check_otb(c)
+    check_prefix_grouper(c)
     check_rollout_correction(c)
     check_router_replay(c)
     check_profiler(c)

@@ -40,8 +40,6 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "not in rlcore: write a custom_reward_function that calls your sandbox (it runs in its own process with a timeout)"),
     (("reward_manager.*",), "the reward-manager section of verl's reward loop",
      "rlcore selects its manager with reward_model.reward_manager (naive, dapo)"),
-    (("actor_rollout_ref.actor.use_prefix_grouper",), "the prefix grouper (a shared prompt's forward computed once)",
-     "not in rlcore yet"),
     (("transfer_queue.*", "transfer_queue"), "the transfer queue", "not in rlcore: batches move through Ray's object store"),
 )
 

@@ -73,6 +73,7 @@ class EngineSpec:
     activation_offload: bool = False      # checkpointed block inputs kept in host memory (model.enable_activation_offload)
     use_torch_compile: bool = False       # FSDP2: the log-prob head's chunk kernels compiled (<role>.use_torch_compile)
     use_remove_padding: bool = False      # pack micro-batches (varlen attention) instead of computing on padding
+    prefix_grouper: bool = False          # pack each distinct prompt once, its responses after it (actor.use_prefix_grouper)
     ulysses_sp: int = 1                   # sequence-parallel group size (FSDP2, packed only): each rank a slice of the tokens
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)

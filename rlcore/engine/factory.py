@@ -60,6 +60,7 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         # Only the policy's model section has the key (verl's critic and reward model have none).
         spec.activation_offload = spec.gradient_checkpointing and "enable_activation_offload" in model_cfg and model_cfg.enable_activation_offload
         spec.use_torch_compile = "use_torch_compile" in role_cfg and role_cfg.use_torch_compile  # the actor's and the reference's key
+        spec.prefix_grouper = bool(role_cfg.get("use_prefix_grouper", False))  # the actor's key
         # Ulysses: the role's key or its fsdp_config's (verl reads either); validation refuses two sizes.
         spec.ulysses_sp = sequence_parallel_size(role_cfg.get("ulysses_sequence_parallel_size"), fsdp_cfg.get("ulysses_sequence_parallel_size"))
         if "model_dtype" in fsdp_cfg:  # the reward model's section has no such key (its weights load as fp32)

@@ -32,6 +32,7 @@ from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_val
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
+from rlcore.models.prefix_grouper import pack_prefix_groups
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
 
@@ -87,7 +88,9 @@ class FSDP2Engine(TrainEngine):
                 self.dp_group, self.ulysses = groups.get_group("dp"), Ulysses(groups.get_group("sp"))
         self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
         load = load_causal_lm if spec.kind == "causal_lm" else load_value_model  # value / reward: a scalar head
-        attn = attention_implementation(spec.use_remove_padding, device, to_torch_dtype(spec.param_dtype))
+        # The prefix grouper packs too (its groups ride on the packed attention), whatever use_remove_padding says
+        self.grouped = spec.prefix_grouper and spec.kind == "causal_lm"
+        attn = attention_implementation(spec.use_remove_padding or self.grouped, device, to_torch_dtype(spec.param_dtype))
         # Full fine-tuning keeps fp32 masters; frozen weights (a reference, a LoRA base) are stored in model_dtype
         # (bf16: half the memory, as verl's reference).
         dtype = to_torch_dtype(spec.model_dtype) if spec.lora or not spec.trainable else torch.float32
@@ -121,6 +124,9 @@ class FSDP2Engine(TrainEngine):
         # A mixture of experts: hooks on its routers (router replay, load metrics, HF's load-balancing loss when its
         # config asks for it with output_router_logits).
         self.routing = Routing(self.model) if routers(self.model) else None
+        if self.grouped and self.routing is not None:  # routes are kept per row token; grouped rows share prompt tokens
+            raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True with a mixture of experts is not supported yet: "
+                             "set use_prefix_grouper=False")
         if self.ulysses is not None:
             reason = check_heads(self.hf_config.num_attention_heads, sp)
             if reason:
@@ -203,8 +209,10 @@ class FSDP2Engine(TrainEngine):
         inputs = {k: mb.batch[k].to(self.device) for k in MODEL_INPUTS}
         responses = mb.batch["responses"].to(self.device)
         response_len = responses.shape[-1]
-        if self.spec.use_remove_padding:
-            packed = pack_sequences(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"], response_len)
+        packing = self.spec.use_remove_padding or self.grouped
+        if packing:
+            pack = (lambda *a: pack_prefix_groups(*a)[0]) if self.grouped else pack_sequences
+            packed = pack(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"], response_len)
             index, tokens = packed.response_index, responses[packed.response_valid][None]
         else:
             width = inputs["input_ids"].shape[-1]
@@ -216,7 +224,7 @@ class FSDP2Engine(TrainEngine):
         if self.ulysses is not None:  # this rank's slice of the packed row, and the outputs its states give
             packed, shard = self.ulysses.shard(packed, index)
             index, tokens = shard.local_index, self.ulysses.mine(shard, tokens)
-        if self.spec.use_remove_padding:
+        if packing:
             kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
         if self.routing is not None:  # the routing hooks compute the load-balancing loss, on the tokens that count
             kwargs["output_router_logits"] = False
@@ -229,7 +237,7 @@ class FSDP2Engine(TrainEngine):
             channels = {name: TOKEN_CHANNELS.index(name) for name in channel_names(request)}
         if shard is not None:
             out = self.ulysses.gather(shard, out[0])[None]
-        if self.spec.use_remove_padding:
+        if packing:
             out = unpack_responses(out[0], packed.response_valid)
         return {name: out[..., i].float() for name, i in channels.items()}
 
