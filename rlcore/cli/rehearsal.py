@@ -195,7 +195,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
     max_len, resp = est.max_len, est.resp
     actor_role = est.training_role("actor update", arch, "actor", world)
     ref_role = est.training_role("reference log-probs", arch, "ref", world)
-    use_ref = (plan.use_reference_policy if plan else bool(arr.actor.use_kl_loss)) and not arr.model.lora_rank
+    use_ref = (plan.use_reference_policy if plan else bool(arr.actor.use_kl_loss)) and not actor_role.lora_rank
     rows = {name: max(1, role.tokens // max_len) for name, role in (("actor", actor_role), ("ref", ref_role))}
     notes = [f"rank 0 of a fake world of {world}; {arch.name if where.startswith('built-in') else where}; "
              f"micro-batches of full-length rows ({max_len} tokens): update {rows['actor']} rows, log-probs {rows['ref']} rows; "

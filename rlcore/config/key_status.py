@@ -64,6 +64,14 @@ NO_EFFECT: dict[str, str] = {
                                                              "(rlcore/models/logits.py)",
     "*entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
                                                  "keeping them (rlcore/models/logits.py); the reference has no backward",
+    "actor_rollout_ref.model.lora.merge": "rlcore's rollout always receives the LoRA adapters merged into the base "
+                                          "weights (each TP rank merges its own shard before the gather)",
+    "actor_rollout_ref.model.lora.dtype": "rlcore's Megatron adapters are stored in the model's params dtype and trained "
+                                          "through megatron-core's fp32 main copy",
+    "actor_rollout_ref.model.lora.a2a_experimental": "rlcore's adapters use megatron-core's TP collectives (no "
+                                                     "Megatron-Bridge all-to-all)",
+    "actor_rollout_ref.model.lora.dropout_position": "rlcore's Megatron LoRA has no dropout (model.lora.dropout=0), so "
+                                                     "there is no position to choose",
     "*mixed_precision.buffer_dtype": "FSDP2 (verl's fsdp2 and rlcore) keeps buffers in the dtype they were "
                                                   "loaded in; only FSDP1 casts them",
     "data.pad_mode": "verl's SFT collator layout (no_padding: nested tensors, right: padded to max_length); rlcore's SFT "
@@ -123,7 +131,11 @@ NO_EFFECT: dict[str, str] = {
 # pattern -> (a value other than the default that validation refuses with the reason, the overrides it is refused
 # under): the schema test composes each
 MEGATRON = ("actor_rollout_ref.actor.strategy=megatron",)
+MEGATRON_LORA = (*MEGATRON, "actor_rollout_ref.model.lora.rank=8")
 REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "actor_rollout_ref.model.lora.type": ("dora", MEGATRON_LORA),
+    "actor_rollout_ref.model.lora.dropout": (0.1, MEGATRON_LORA),
+    "actor_rollout_ref.model.lora.lora_B_init_method": ("kaiming", MEGATRON_LORA),
     "*optim.optimizer": ("SGD", ()),
     "*.megatron.override_mcore_model_config": ({"num_layers": 2}, MEGATRON),
     "actor_rollout_ref.rollout.checkpoint_engine.backend": ("nccl", ()),

@@ -23,6 +23,7 @@ from omegaconf import II, MISSING
 
 from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
 from rlcore.config.fsdp_schema import FSDPConfig, RewardModelFSDPConfig
+from rlcore.config.lora_schema import MegatronLoraConfig
 from rlcore.config.moe_schema import RouterReplayConfig
 from rlcore.config.profiler_schema import GlobalProfilerConfig, ProfilerConfig
 from rlcore.config.rollout_schema import RolloutConfig
@@ -90,7 +91,9 @@ class ModelConfig:
     lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (peft adapters; the reference is the base, adapters off)
     lora_alpha: int = 16  # LoRA scaling numerator (scaling = lora_alpha / lora_rank)
     target_modules: Any = "all-linear"  # LoRA target modules: "all-linear" or a list of names
+    exclude_modules: Any = None  # modules LoRA leaves alone: a regex or a list of names (peft's exclude_modules)
     lora_adapter_path: Optional[str] = None  # start from this saved peft adapter (its rank/alpha/targets win)
+    lora: MegatronLoraConfig = field(default_factory=MegatronLoraConfig)  # LoRA with strategy=megatron
     use_fused_kernels: bool = False  # fused log-prob/entropy kernels
     use_liger: bool = False  # Liger kernels (verl: patches the model with them)
     fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)  # with use_fused_kernels

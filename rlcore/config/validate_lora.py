@@ -1,23 +1,63 @@
-"""Rules for LoRA (`model.lora_rank`, `lora_alpha`, `target_modules`). `c` is validate's checker (get / error)."""
+"""Rules for LoRA: FSDP2's flat keys (`model.lora_rank`, `lora_alpha`, `target_modules`, `exclude_modules`) and
+Megatron's section (`model.lora.*`, the policy's only). Each set is refused with the other backend, naming the keys
+it takes. `c` is validate's checker (get / error)."""
 
 from __future__ import annotations
+
+A_INITS = ("xavier", "kaiming")  # rlcore/engine/megatron/lora.py's (repeated: this module imports no torch)
+
+
+def adapter_rank(get, model: str, strategy: str) -> int:
+    """The LoRA rank a model trains with: `{model}.lora.rank` under Megatron, `{model}.lora_rank` otherwise (0: none).
+    The one reading of the two keys for the engine's caller, the memory plan and the rehearsal."""
+    if get(strategy) == "megatron" and get(f"{model}.lora.rank") is not None:
+        return int(get(f"{model}.lora.rank"))
+    return int(get(f"{model}.lora_rank") or 0)
 
 
 def check_lora(c, model: str, strategy: str) -> None:
     """`model`: the section holding lora_rank (actor_rollout_ref.model or critic.model); `strategy`: its role's backend."""
     rank = c.get(f"{model}.lora_rank")
+    megatron = c.get(strategy) == "megatron"
+    if c.get(f"{model}.lora.rank") is not None:  # the policy's section only
+        _check_megatron_lora(c, model, strategy, megatron)
     if rank < 0:
         c.error(f"{model}.lora_rank={rank} must be >= 0 (0 = full fine-tuning)")
     if rank <= 0:
         return
-    if c.get(strategy) == "megatron":
-        # megatron-core 0.16 has no adapter layers of its own (NeMo / Megatron-Bridge add them on top), and its
-        # fused TP linears are not modules peft can wrap.
-        c.error(f"{model}.lora_rank={rank} with {strategy}=megatron is not supported: megatron-core has no LoRA layers and peft "
-                f"cannot wrap its tensor-parallel linears; use {strategy}=fsdp2 for LoRA, or {model}.lora_rank=0")
+    if megatron:
+        # verl's Megatron LoRA has its own section; lora_rank is its FSDP key
+        c.error(f"{model}.lora_rank={rank} is the FSDP LoRA key; with {strategy}=megatron set {model}.lora.rank={rank} and "
+                f"{model}.lora.alpha (verl's Megatron keys), and {model}.lora_rank=0")
     if c.get(f"{model}.lora_alpha") <= 0:
         c.error(f"{model}.lora_alpha={c.get(f'{model}.lora_alpha')} must be > 0 (scaling = lora_alpha / lora_rank; verl's examples use "
                 f"lora_alpha={2 * rank} for lora_rank={rank})")
     targets = c.get(f"{model}.target_modules")
     if isinstance(targets, str) and targets != "all-linear" or not isinstance(targets, str) and not (targets and all(isinstance(t, str) for t in targets)):
         c.error(f"{model}.target_modules={targets!r}: use all-linear or a list of module names, e.g. [q_proj,k_proj,v_proj,o_proj]")
+
+
+def _check_megatron_lora(c, model: str, strategy: str, megatron: bool) -> None:
+    lora = f"{model}.lora"
+    rank = c.get(f"{lora}.rank")
+    if rank < 0:
+        c.error(f"{lora}.rank={rank} must be >= 0 (0 = full fine-tuning)")
+    if rank <= 0:
+        return
+    if not megatron:
+        c.error(f"{lora}.rank={rank} is verl's Megatron LoRA section; with {strategy}={c.get(strategy)} use {model}.lora_rank={rank} "
+                f"and {model}.lora_alpha (the FSDP keys), or {strategy}=megatron")
+    if c.get(f"{lora}.alpha") <= 0:
+        c.error(f"{lora}.alpha={c.get(f'{lora}.alpha')} must be > 0 (scaling = alpha / rank)")
+    if c.get(f"{lora}.type") != "lora":
+        c.error(f"{lora}.type={c.get(f'{lora}.type')}: rlcore's Megatron adapters are plain LoRA; use {lora}.type=lora")
+    if c.get(f"{lora}.dropout") != 0:
+        c.error(f"{lora}.dropout={c.get(f'{lora}.dropout')}: rlcore's Megatron LoRA has no dropout (its RNG would have to agree "
+                f"over tensor-parallel ranks); use {lora}.dropout=0")
+    c.choice(f"{lora}.lora_A_init_method", A_INITS)
+    if c.get(f"{lora}.lora_B_init_method") != "zero":
+        c.error(f"{lora}.lora_B_init_method={c.get(f'{lora}.lora_B_init_method')}: B starts at zero (the adapted model starts as "
+                f"the base); use {lora}.lora_B_init_method=zero")
+    if c.get(f"{lora}.exclude_modules") and c.get(f"{lora}.target_modules"):
+        c.error(f"{lora}.exclude_modules adapts every dense linear except those, so {lora}.target_modules must be empty (as in "
+                f"verl): set {lora}.target_modules=[]")

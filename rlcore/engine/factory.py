@@ -79,13 +79,22 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
             # set both) has nothing of it to move, and moving it to the device would undo the hybrid split
             spec.optimizer_offload = False
         spec.grad_clip = effective_grad_clip(grad_clip, optim_cfg.clip_grad)
-        if model_cfg.lora_rank > 0:  # a frozen role (the reference) is the base model: LoRA runs disable the adapters
-            targets = model_cfg.target_modules
-            spec.lora = LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, targets if isinstance(targets, str) else tuple(targets),
-                                 model_cfg.lora_adapter_path)
+        spec.lora = lora_spec(model_cfg, strategy)  # a frozen role (the reference) is the base: LoRA runs disable the adapters
     else:
         spec.optimizer_offload = spec.grad_offload = False  # nothing to move
     return spec
+
+
+def lora_spec(model_cfg, strategy: str) -> LoraSpec | None:
+    """The adapters a trained model gets: verl's FSDP keys (lora_rank, ...) or, under Megatron, its model.lora section."""
+    names = lambda value: value if isinstance(value, str) or value is None else tuple(value)  # noqa: E731
+    if strategy == "megatron" and "lora" in model_cfg and model_cfg.lora.rank > 0:
+        m = model_cfg.lora
+        return LoraSpec(m.rank, m.alpha, names(m.target_modules), None, names(m.exclude_modules) or None, m.lora_A_init_method)
+    if model_cfg.lora_rank > 0:
+        return LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, names(model_cfg.target_modules), model_cfg.lora_adapter_path,
+                        names(model_cfg.get("exclude_modules")))
+    return None
 
 
 def effective_grad_clip(role_grad_clip: float, optim_clip_grad: float) -> float:

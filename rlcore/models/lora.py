@@ -30,6 +30,8 @@ class LoraSpec:
     alpha: float = 16
     target_modules: str | tuple[str, ...] = "all-linear"
     adapter_path: str | None = None
+    exclude_modules: str | tuple[str, ...] | None = None  # layers never adapted (peft's regex / names; Megatron's names)
+    init_a: str = "kaiming"  # A's init (Megatron: model.lora.lora_A_init_method; peft always kaiming-uniform)
 
 
 def import_peft():
@@ -53,7 +55,8 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec, value_head: bool = False)
     else:
         targets = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
         config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=targets, lora_dropout=0.0, bias="none",
-                                 modules_to_save=[VALUE_HEAD] if value_head else None)
+                                 modules_to_save=[VALUE_HEAD] if value_head else None,
+                                 exclude_modules=list(spec.exclude_modules) if isinstance(spec.exclude_modules, tuple) else spec.exclude_modules)
         wrapped = peft.get_peft_model(model, config)
     for param in wrapped.parameters():
         if param.requires_grad:

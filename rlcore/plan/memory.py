@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.fsdp_schema import compute_dtype
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.config.validate_lora import adapter_rank
 from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config.validate_ulysses import role_sp
 from rlcore.plan.heads import head_errors
@@ -136,11 +137,19 @@ def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: b
     return {"weights": weights / GIB, "grads": grads / GIB, "optim": optim / GIB, "gathered": gathered / GIB}
 
 
-def _megatron_state(arch: Arch, m: dict, value_head: bool, trainable: bool) -> dict:
+def _megatron_state(arch: Arch, m: dict, value_head: bool, trainable: bool, lora_rank: int = 0) -> dict:
     """Megatron-core: weights (megatron.dtype) and the fp32 gradient buffer split over TP x PP; AdamW's two fp32
     moments (and fp32 master weights when the weights are 16-bit) also split over DP by the distributed optimizer.
     A MoE's routed experts split over expert-TP x EP x PP instead, their optimizer state over the expert-data-parallel
-    ranks (the world over expert-TP x EP x PP)."""
+    ranks (the world over expert-TP x EP x PP). With LoRA (model.lora.rank) only the adapters have gradients and
+    optimizer state (counted whole on every rank: half of each adapter is TP-split, the other half replicated)."""
+    if lora_rank and trainable:
+        base = _megatron_state(arch, m, value_head, False)
+        lora = arch.lora_params(lora_rank) / m["pp"]
+        master = 4 if _BYTES[m["cfg"].dtype] < 4 else 0
+        dp = m["dp"] if m["cfg"].use_distributed_optimizer else 1
+        return {**base, "weights": base["weights"] + lora * _BYTES[m["cfg"].dtype] / GIB, "grads": lora * 4 / GIB,
+                "optim": lora * (8 + master) / dp / GIB}
     distributed = m["cfg"].use_distributed_optimizer
     parts = [(arch.params(value_head) - arch.routed_params(), m["tp"] * m["pp"], m["dp"]),  # (params, split, optimizer's DP)
              (arch.routed_params(), m["etp"] * m["ep"] * m["pp"], m["edp"])]
@@ -241,7 +250,7 @@ class Estimator:
                                  micro, self.max_len, self.resp, sp)
             trainable, section = False, f"{ARR}.ref"
         fsdp = c(f"{section}.fsdp_config")
-        return _Role(name, arch, section, fsdp, self._shards(fsdp, world), c(f"{ARR}.model.lora_rank"), False, *toks,
+        return _Role(name, arch, section, fsdp, self._shards(fsdp, world), adapter_rank(c, f"{ARR}.model", f"{ARR}.actor.strategy"), False, *toks,
                      c(f"{ARR}.model.enable_gradient_checkpointing"), f"{ARR}.model.enable_gradient_checkpointing",
                      trainable, self._megatron(section, world), sp,
                      offload_act=trainable and bool(c(f"{ARR}.model.enable_activation_offload")) and self.device != "cpu")
@@ -282,7 +291,7 @@ class Estimator:
 
     def state(self, role: _Role) -> dict:
         if role.megatron:
-            return _megatron_state(role.arch, role.megatron, role.value_head, role.trainable)
+            return _megatron_state(role.arch, role.megatron, role.value_head, role.trainable, role.lora_rank)
         return _training_state(role.arch, role.fsdp, role.shards, role.lora_rank, role.value_head, role.trainable)
 
     def resident(self, role: _Role) -> float:
@@ -498,7 +507,7 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     if archs["policy"] is not None:
         phases.append(("actor update", est.training_role("actor update", archs["policy"], "actor", world), 0))
         use_ref = plan.use_reference_policy if plan else bool(c(f"{ARR}.actor.use_kl_loss"))
-        if use_ref and not c(f"{ARR}.model.lora_rank"):  # with LoRA the reference is the base without adapters
+        if use_ref and not adapter_rank(c, f"{ARR}.model", f"{ARR}.actor.strategy"):  # with LoRA the reference is the base, adapters off
             phases.append(("reference log-probs", est.training_role("reference log-probs", archs["policy"], "ref", world), 0))
     pool_world = {0: world, 1: (c("critic.nnodes") or 0) * (c("critic.n_gpus_per_node") or 0),
                   2: c("reward_model.nnodes") * c("reward_model.n_gpus_per_node")}

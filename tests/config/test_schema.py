@@ -44,8 +44,10 @@ RLCORE_ADDITIONS = {
     *(f"{role}.fsdp_config.mixed_precision.{key}" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")
       for key in ("param_dtype", "reduce_dtype", "buffer_dtype")),
 }
-# verl's `<role>.megatron.*` sections live in its ppo_megatron_trainer tree, not in the FSDP reference above.
-MEGATRON_SECTIONS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.", "critic.megatron.")
+# verl's `<role>.megatron.*` sections (and the policy's Megatron LoRA section) live in its ppo_megatron_trainer tree,
+# not in the FSDP reference above.
+MEGATRON_SECTIONS = ("actor_rollout_ref.actor.megatron.", "actor_rollout_ref.ref.megatron.", "critic.megatron.",
+                     "actor_rollout_ref.model.lora.")
 # verl's fully-async recipe keys (its own trainer config, not the main tree the reference lists)
 ASYNC_SECTIONS = ("async_training.", "rollout.")
 # verl's rollout and reward-model profiler tool_config is one node that follows the actor's; rlcore's are sections of

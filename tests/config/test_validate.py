@@ -135,7 +135,7 @@ def test_many_violations_in_one_error():
             "(= tensor_model_parallel_size 1) x pipeline_model_parallel_size=1 = 4 does not divide the world size 6",
         f"{ARR}.rollout.name=sglang is not supported yet by rlcore; use {ARR}.rollout.name=vllm",
         "algorithm.adv_estimator=gae needs the critic's values but critic.enable=False",
-        f"{ARR}.model.lora_rank=8 with {ARR}.actor.strategy=megatron is not supported: megatron-core has no LoRA layers",
+        f"{ARR}.model.lora_rank=8 is the FSDP LoRA key; with {ARR}.actor.strategy=megatron set {ARR}.model.lora.rank=8",
         f"{ARR}.model.lora_alpha=0 must be > 0",
         "trainer.test_freq=0 must be -1 (never) or > 0",
         f"{ARR}.rollout.top_p=1.5 must be in (0, 1]",

@@ -41,11 +41,17 @@ def test_grpo_on_megatron_tp2_trains_saves_an_hf_model_and_resumes_exactly(tiny_
     assert 0.5 < straight["perf/max_memory_allocated_gb"] / estimate < 2, (straight["perf/max_memory_allocated_gb"], estimate)
 
 
-def test_ppo_with_a_pipeline_parallel_megatron_critic(tiny_model_dir, tiny_task_dir, tmp_path):
-    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *MEGATRON, *COMMON, "trainer.total_training_steps=2",
+def test_ppo_with_a_pipeline_parallel_megatron_critic_and_a_lora_actor(tiny_model_dir, tiny_task_dir, tmp_path):
+    # The actor trains LoRA adapters on megatron-core's TP2 linears (verl's model.lora.*): its reference is the base with
+    # the adapters off, and the rollout receives merged weights (rlcore/engine/megatron/lora.py)
+    lora = ("actor_rollout_ref.model.lora.rank=4", "actor_rollout_ref.model.lora.alpha=8", "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.actor.optim.lr=1e-2")
+    cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *MEGATRON, *COMMON, *lora, "trainer.total_training_steps=2",
                    "algorithm.adv_estimator=gae", f"critic.model.path={tiny_model_dir}", "critic.megatron.pipeline_model_parallel_size=2",
                    "critic.megatron.dtype=float32", "critic.ppo_micro_batch_size_per_gpu=8", "critic.forward_micro_batch_size_per_gpu=8",
                    "critic.model.use_remove_padding=True", config_name="ppo_megatron_trainer")
     final = run(cfg, str(tmp_path / "run"))
     for key in ("critic/vf_loss", "critic/grad_norm", "critic/values/mean", "actor/pg_loss"):
         assert math.isfinite(final[key]), key
+    # step 2's policy has trained adapters: its KL to the base (the reference, adapters off) is no longer zero
+    assert final["actor/kl_loss"] > 0 and "timing_s/ref" in final

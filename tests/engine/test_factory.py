@@ -194,6 +194,25 @@ def test_verls_sft_engine_section_sets_the_sft_engine():
     assert engine_spec(older.model.strategy, older.model, older.model, older.optim, 1.0, TOTAL_STEPS).fsdp_size == 1
 
 
+# LoRA's two key sets: verl's Megatron section (model.lora.*: what the adapters do, tests/engine/test_megatron_lora.py)
+# and its FSDP keys, model.exclude_modules included (peft's exclude_modules: below).
+def test_megatron_lora_section_and_fsdp_exclude_modules_reach_the_spec(tiny_model_dir):
+    from rlcore.models.lora import LoraSpec, apply_lora
+
+    section = [f"{ARR}.actor.strategy=megatron", f"{ARR}.model.lora.rank=8", f"{ARR}.model.lora.alpha=16",
+               f"{ARR}.model.lora.lora_A_init_method=kaiming"]
+    assert spec_of("actor", [*section, f"{ARR}.model.lora.target_modules=[linear_qkv]"]).lora == LoraSpec(
+        8, 16, ("linear_qkv",), None, None, "kaiming")
+    excluding = spec_of("actor", [*section, f"{ARR}.model.lora.target_modules=[]", f"{ARR}.model.lora.exclude_modules=[linear_fc2]"])
+    assert excluding.lora.exclude_modules == ("linear_fc2",) and excluding.lora.target_modules == ()
+    fsdp = spec_of("actor", [f"{ARR}.model.lora_rank=8", f"{ARR}.model.exclude_modules=.*layers\\.0\\..*"])
+    assert fsdp.lora.exclude_modules == ".*layers\\.0\\..*"
+    from rlcore.models.hf import load_causal_lm
+
+    adapted = {n.split(".lora_A")[0] for n, _ in apply_lora(load_causal_lm(tiny_model_dir), fsdp.lora).named_parameters() if "lora_A" in n}
+    assert adapted and not any(".layers.0." in n for n in adapted) and any(".layers.1." in n for n in adapted)
+
+
 # verl's FSDP mixed-precision dict (verl's scripts add it with "+", which rlcore's command line takes as a plain
 # override): param_dtype wins over dtype, reduce_dtype is the dtype FSDP2 reduces gradients in. What FSDP2 does with them is torch's (MixedPrecisionPolicy); the memory plan
 # computes in the same dtype (rlcore/config/fsdp_schema.py::compute_dtype).

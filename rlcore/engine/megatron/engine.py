@@ -21,6 +21,7 @@ from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
 from rlcore.engine.base import CHECKPOINT_STATE, STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
 from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
+from rlcore.engine.megatron.lora import apply_lora, disabled
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
 from rlcore.engine.megatron.offload import grad_buffers, move_state, state_bytes
 from rlcore.engine.megatron.routes import RouteReplay
@@ -99,6 +100,11 @@ class MegatronEngine(TrainEngine):
         for chunk in self.modules:
             if chunk.post_process:
                 chunk.output_layer.forward = self._head(chunk)
+        if spec.lora is not None and spec.trainable:  # the base frozen, adapters on the dense linears (model.lora.*)
+            if self.config.num_moe_experts:
+                raise ValueError("model.lora with strategy=megatron on a mixture of experts is not supported yet: use FSDP2 "
+                                 "(model.lora_rank) for a MoE model's LoRA")
+            apply_lora(self.modules, spec.lora, m.get("seed", 42))
         self.routes = RouteReplay(self.modules, self.config)  # MoE routers: record / replay routes on request
         self.optimizer = None
         self.model = self.modules
@@ -261,10 +267,13 @@ class MegatronEngine(TrainEngine):
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
                         adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        # adapted_only concerns LoRA, which the validator refuses with strategy=megatron: every weight is sent.
+        # LoRA: every weight is sent, the adapted ones merged (the rollout has no adapters; adapted_only is FSDP's saving)
         if self._manifest is None:
             self._manifest = export_manifest(self.modules, self.spec.kind, self.tied)
         return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device, bucket_bytes)
+
+    def disabled_adapters(self):
+        return disabled(self.modules) if self.spec.lora is not None else super().disabled_adapters()
 
     def _move_state(self, kinds: frozenset[str], to_host: bool) -> None:
         move_state(self, to_host, "params" in kinds, "grads" in kinds, "optimizer" in kinds)

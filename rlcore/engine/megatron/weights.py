@@ -62,6 +62,8 @@ def entries(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[Entry]
     for c, chunk in enumerate(chunks):
         layers = chunk.decoder.layers
         for name, _ in chunk.named_parameters():
+            if ".adapter." in name:  # LoRA's A and B: exported merged into their layer's weight (_local)
+                continue
             m = _LAYER.fullmatch(name)
             if m:
                 layer = layers[int(m.group(1))].layer_number - 1  # global index (megatron counts from 1)
@@ -248,7 +250,10 @@ def _local(chunks, entry) -> torch.Tensor:
     """This rank's piece of an exported entry (a routed-expert stack: its local experts' pieces, stacked)."""
     if isinstance(entry, moe.ExpertStack):
         return moe.local_stack(chunks[entry.chunk], entry)
-    return chunks[entry.chunk].get_parameter(entry.name).detach()
+    weight = chunks[entry.chunk].get_parameter(entry.name).detach()
+    owner, _, leaf = entry.name.rpartition(".")
+    adapter = getattr(chunks[entry.chunk].get_submodule(owner), "adapter", None) if leaf == "weight" else None
+    return adapter.merged(weight).detach() if adapter is not None else weight  # LoRA: this rank's shard of W + s B A
 
 
 @dataclass(frozen=True)
