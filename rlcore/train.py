@@ -15,7 +15,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, schema_keys, set_existing_keys, split_argv
+from rlcore.cli.overrides import (ComposeError, compose_explained, config_dir_of, expand_sweep, hydra_argv, schema_keys,
+                                  set_existing_keys, split_argv)
 from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
 from rlcore.config.validate import diagnose, uses_critic
@@ -202,9 +203,10 @@ def hydra_main(cfg: DictConfig) -> float:
 def main() -> None:
     """rlcore-train: a command line that does not compose (a misspelled key or recipe, a `~` Hydra's grammar
     refuses) is explained in one line with its fix before Hydra sees it; then Hydra runs the job(s)."""
-    config_name = split_argv(sys.argv[1:], "ppo_trainer")[0]
+    config_name, config_dir = split_argv(sys.argv[1:], "ppo_trainer")[0], config_dir_of(sys.argv[1:])
     sys.argv[1:] = set_existing_keys(sys.argv[1:], schema_keys(config_name))  # before Hydra reads sys.argv
-    refuse_what_does_not_compose(sys.argv[1:], "ppo_trainer", compose)
+    refuse_what_does_not_compose(sys.argv[1:], "ppo_trainer", lambda o, config_name: compose(o, config_name=config_name, config_dir=config_dir))
+    sys.argv[1:] = hydra_argv(sys.argv[1:])  # a verl example's config folder builds on rlcore's configs
     hydra_main()
 
 

@@ -9,6 +9,8 @@ a `main_*.py` path) is kept: its module and its overrides, one per line, as verl
     python tools/verl_corpus.py --verl /path/to/verl/checkout [--out tests/config/verl_corpus]
 
 A script runs without arguments; one that starts no trainer so gets placeholders ($1, $2, ...: PLACEHOLDERS).
+The YAML files of the example config folders the scripts name with `--config-path` (other than verl's own trainer
+folder) are copied under <out>/configs/, at their path in verl's tree, so the corpus test composes them.
 """
 
 from __future__ import annotations
@@ -98,8 +100,28 @@ def main(argv: list[str] | None = None) -> int:
             found += call is not None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    print(f"{len(scripts)} scripts, {found} start a verl trainer: written to {os.path.relpath(args.out)}")
+    copied = copy_example_configs(args.verl, args.out)
+    print(f"{len(scripts)} scripts, {found} start a verl trainer: written to {os.path.relpath(args.out)} "
+          f"(+ {copied} example config files under configs/)")
     return 0
+
+
+def copy_example_configs(verl: Path, out: Path) -> int:
+    """Copies each example config folder's YAML files that a script names with --config-path (verl's own trainer
+    folder is rlcore's config/: not copied)."""
+    from rlcore.config import VERL_CONFIG_DIRS
+
+    folders = {line.split("=", 1)[1].strip("/") for args in out.glob("*.args") for line in args.read_text().splitlines()
+               if line.startswith("--config-path=") and line.split("=", 1)[1].rstrip("/") not in VERL_CONFIG_DIRS}
+    shutil.rmtree(out / "configs", ignore_errors=True)
+    copied = 0
+    for folder in sorted(folders):
+        for yaml_file in sorted((verl / folder).glob("*.yaml")):
+            target = out / "configs" / folder / yaml_file.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(yaml_file, target)
+            copied += 1
+    return copied
 
 
 if __name__ == "__main__":

@@ -159,11 +159,44 @@ def explain(message: str, key_tree: Callable[[], DictConfig | None]) -> str:
         key = re.search(r"Could not override '([^']+)'", message)
         name = key.group(1) if key else "that group"
         return f"{name} is not a config group here; groups: recipe, data, model, actor, ref, rollout, critic, reward_model"
-    return explain_compose_error(message, key_tree() if ("not in struct" in message or "Could not override" in message) else None)
+    unknown = any(s in message for s in ("not in struct", "Could not override", "ConfigKeyError"))  # an override's or a YAML's key
+    return explain_compose_error(message, key_tree() if unknown else None)
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def config_dir_of(argv: list[str]) -> str | None:
+    """The `--config-path` (`-cp`) of a command line when it names a verl example's config folder (its absolute
+    path); None for none, or for verl's own trainer folder, whose config names rlcore's share."""
+    from rlcore.config import external_config_dir
+
+    for previous, arg in zip(["", *argv], argv):
+        if arg.startswith("--config-path="):
+            return external_config_dir(arg.split("=", 1)[1])
+        if previous in ("--config-path", "-cp"):
+            return external_config_dir(arg)
+    return None
+
+
+def hydra_argv(argv: list[str]) -> list[str]:
+    """The command line as rlcore's `@hydra.main` takes it: verl's own `--config-path=config` dropped (rlcore's
+    config folder has those names), a verl example's folder made absolute with rlcore's folder on its search path."""
+    from rlcore.config import searchpath_override
+
+    config_dir, out, skip = config_dir_of(argv), [], False
+    for previous, arg in zip(["", *argv], argv):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--config-path", "-cp") or arg.startswith("--config-path="):
+            skip = arg in ("--config-path", "-cp")
+            if config_dir is not None:
+                out.append(f"--config-path={config_dir}")
+            continue
+        out.append(arg)
+    return out + ([searchpath_override()] if config_dir is not None else [])
 
 
 def split_argv(argv: list[str], default_config: str) -> tuple[str, list[str], bool | str, bool]:
@@ -180,10 +213,12 @@ def split_argv(argv: list[str], default_config: str) -> tuple[str, list[str], bo
             value = next(args, "")
             if arg in ("--config-name", "-cn"):
                 config_name = value
-            else:
-                plain = False  # another config directory: Hydra's business
+            elif arg in ("--config-dir", "-cd"):
+                plain = False  # a further config directory: Hydra's business
         elif arg.startswith("--config-name="):
             config_name = arg.split("=", 1)[1]
+        elif arg.startswith("--config-path="):
+            continue  # rlcore's own folder, or a verl example's (config_dir_of): composed here all the same
         elif arg.startswith("-"):
             plain = False
         elif not arg.startswith(("hydra.", "hydra/", "+hydra", "~hydra")):

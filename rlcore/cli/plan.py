@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, schema_keys, set_existing_keys, varying
 from rlcore.cli.preflight import preflight
-from rlcore.config import compose, format_plan
+from rlcore.config import compose, external_config_dir, format_plan
 from rlcore.config.key_status import ineffective_settings
 from rlcore.config.validate import diagnose
 from rlcore.plan import format_memory, memory_plan, supervised_memory_plan
 from rlcore.plan.heads import policy_heads
 
-USAGE = ("usage: rlcore-plan [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [-m] [--elsewhere] "
+USAGE = ("usage: rlcore-plan [--config-path DIR] [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [-m] [--elsewhere] "
          "[--rehearse] [recipe=NAME] [key=value ...]")
 
 
@@ -42,6 +42,7 @@ class Args:
     rehearse: bool = False
     sweep: bool = False
     elsewhere: bool = False
+    config_dir: str | None = None  # a verl example's --config-path (None: rlcore's configs)
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -56,6 +57,9 @@ def parse_args(argv: list[str]) -> Args:
             args.config_name = next(it, None) or sys.exit(f"rlcore-plan: --config-name needs a value\n{USAGE}")
         elif arg.startswith("--config-name="):
             args.config_name = arg.split("=", 1)[1]
+        elif arg in ("--config-path", "-cp") or arg.startswith("--config-path="):
+            path = arg.split("=", 1)[1] if "=" in arg else next(it, None) or sys.exit(f"rlcore-plan: {arg} needs a value\n{USAGE}")
+            args.config_dir = external_config_dir(path)
         elif arg.startswith("-"):
             raise SystemExit(f"rlcore-plan: unknown option {arg}\n{USAGE}")
         else:
@@ -106,8 +110,9 @@ def supervised_doctor(cfg, pairs: bool) -> Diagnosis:
     return Diagnosis(errors, [], mem, _report(cfg, errors, [], [format_memory(mem)]))
 
 
-def composer(config_name: str):
-    """(compose(overrides), doctor(cfg, where)) for a config name: rm_* and sft_* with their trainers' schemas."""
+def composer(config_name: str, config_dir: str | None = None):
+    """(compose(overrides), doctor(cfg, where)) for a config name: rm_* and sft_* with their trainers' schemas;
+    `config_dir`: a verl example's config folder (--config-path), whose YAML builds on rlcore's ppo_trainer."""
     if config_name.startswith("rm_"):
         from rlcore.train_rm import compose_rm
 
@@ -116,12 +121,12 @@ def composer(config_name: str):
         from rlcore.train_sft import compose_sft
 
         return lambda o: compose_sft(o, config_name), lambda cfg, where: supervised_doctor(cfg, pairs=False)
-    return lambda o: compose(o, config_name=config_name), doctor
+    return lambda o: compose(o, config_name=config_name, config_dir=config_dir), doctor
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    compose_fn, check = composer(args.config_name)
+    compose_fn, check = composer(args.config_name, args.config_dir)
     args.overrides = set_existing_keys(args.overrides, schema_keys(args.config_name))
     where = "elsewhere" if args.elsewhere else "plan"
     if args.sweep:

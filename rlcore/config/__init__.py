@@ -5,6 +5,7 @@ call `register_configs()` first: config/ppo_trainer.yaml's defaults list starts 
 `rlcore_ppo_schema`, which lives in Hydra's ConfigStore, not on disk.
 """
 
+import os
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -45,9 +46,12 @@ def register_configs() -> None:
     _store_once(SCHEMA_NAME, PPOConfig)
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer", register: Callable[[], None] = register_configs) -> DictConfig:
+def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer", register: Callable[[], None] = register_configs,
+            config_dir: str | None = None) -> DictConfig:
     """Composes `config/<config_name>.yaml` with Hydra command-line style overrides, for tests and tools;
-    `register` stores the schema that config's defaults list names.
+    `register` stores the schema that config's defaults list names. `config_dir`: a verl example's config folder
+    (`--config-path`) instead of rlcore's, whose YAML builds on verl's ppo_trainer: rlcore's config dir is put on the
+    search path in its place (external_config_dir).
 
     The result is in struct mode: reading or setting an unknown key raises. Not for use inside a running
     `@hydra.main` app (Hydra allows one global initialization at a time)."""
@@ -55,10 +59,29 @@ def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer", reg
     from hydra import initialize_config_dir
 
     register()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    extra = [searchpath_override()] if config_dir else []
+    with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name=config_name, overrides=[*overrides, *extra])
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+# verl's scripts name its own trainer config folder (next to main_ppo) so; rlcore's CONFIG_DIR holds the same names
+VERL_CONFIG_DIRS = ("config", "./config", "verl/trainer/config")
+
+
+def external_config_dir(path: str | None) -> str | None:
+    """A `--config-path` that is a config folder of rlcore's own (None, verl's trainer folder included, whose
+    config names rlcore shares) or a verl example's folder (its absolute path)."""
+    if path is None or path.rstrip("/") in VERL_CONFIG_DIRS or os.path.abspath(path) == os.path.abspath(CONFIG_DIR):
+        return None
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def searchpath_override() -> str:
+    """The override that lets a verl example's YAML (`defaults: [ppo_trainer, _self_]`, with verl's config folder on
+    its search path) find rlcore's ppo_trainer instead: the example's own hydra.searchpath is replaced."""
+    return f"hydra.searchpath=[file://{os.path.abspath(CONFIG_DIR)}]"
 
 
 def schema_registrar(name: str, node: type) -> Callable[[], None]:

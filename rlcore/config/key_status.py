@@ -139,6 +139,7 @@ REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "*optim.optimizer": ("SGD", ()),
     "*.megatron.override_mcore_model_config": ({"num_layers": 2}, MEGATRON),
     "actor_rollout_ref.rollout.checkpoint_engine.backend": ("nccl", ()),
+    "actor_rollout_ref.rollout.over_sample_rate": (0.1, ()),
     "engine.forward_only": (True, ()),  # the SFT trainer's (tests/trainer/test_supervised.py)
     "*.router_replay.record_file": ("routes.pt", ()),
     "*.router_replay.replay_file": ("routes.pt", ()),

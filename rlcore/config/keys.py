@@ -84,7 +84,9 @@ def explain_compose_error(message: str, cfg_for_keys: Optional[DictConfig]) -> s
         return (f"{text.split(' 1. ')[0]}: to plan or train each value, add -m (a sweep); for a list use key=[a,b]; "
                 f"for one string with commas quote it: key='a,b'")
     match = _NOT_IN_STRUCT.search(message)
-    if cfg_for_keys is None or not match or ("not in struct" not in text and "Could not override" not in text):
+    if not match or not any(s in text for s in ("not in struct", "Could not override", "ConfigKeyError")):
         return text
-    key = match.group(1) or match.group(2)
-    return unknown_key_message(key.lstrip("+~"), cfg_for_keys)
+    key = (match.group(1) or match.group(2)).lstrip("+~")
+    if cfg_for_keys is None and verl_feature(key) is None:  # no tree to suggest from (a YAML's own key that fails)
+        return text
+    return unknown_key_message(key, cfg_for_keys)

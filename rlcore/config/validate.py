@@ -30,7 +30,8 @@ from rlcore.config.validate_otb import OTB_ESTIMATORS, check_otb
 from rlcore.config.validate_pf_ppo import check_pf_ppo
 from rlcore.config.validate_prefix_grouper import check_prefix_grouper
 from rlcore.config.validate_reward_model import check_reward_model
-from rlcore.config.validate_rollout import check_native_rollout, check_rollout_expert_parallel, check_vllm_rollout
+from rlcore.config.validate_rollout import (check_native_rollout, check_over_sample_rate, check_rollout_expert_parallel,
+                                            check_vllm_rollout)
 from rlcore.config.validate_moe import check_router_replay
 from rlcore.config.validate_rollout_corr import check_rollout_correction
 from rlcore.config.validate_ulysses import check_ulysses, role_sp, sp_key
@@ -186,6 +187,7 @@ def _check_choices(c: _Checker) -> None:
     check_router_replay(c)
     check_profiler(c)
     check_native_rollout(c)
+    check_over_sample_rate(c)
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")
         # The reference is built by the same engine from its own section: what the engine cannot do is refused

@@ -10,7 +10,7 @@ from rlcore.config.tool_config import AGENT, MT, load_tool_config, tool_config_k
 
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")
 TRUNCATE_SIDES = ("left", "middle", "right")
-FORMATS = ("hermes",)
+FORMATS = ("hermes", "qwen")  # rlcore.rollout.agent_loop.PARSERS' (qwen: SGLang's name for hermes' format)
 # Keys of verl features rlcore does not have yet: what each would need.
 _UNSUPPORTED = {f"{MT}.interaction_config_path": "simulated-user interactions",
                 f"{AGENT}.agent_loop_config_path": "custom agent loops",

@@ -26,6 +26,15 @@ def check_native_rollout(c) -> None:
                     f"n samples together; use {ROLLOUT}.max_num_seqs={max(n, 256)}")
 
 
+def check_over_sample_rate(c) -> None:
+    rate = c.get(f"{ROLLOUT}.over_sample_rate")
+    if rate:
+        # verl drops the aborted requests' samples, so a group loses members by their length: a bias toward short answers
+        c.error(f"{ROLLOUT}.over_sample_rate={rate} (verl: abort the slowest {rate:.0%} of a step's requests) is not supported: "
+                "rlcore's rollout finishes every request. For the long tail use partial rollouts on split pools "
+                "(async_training.partial_rollout=True) or a shorter data.max_response_length; set over_sample_rate=0")
+
+
 def _positive_bytes(c, key: str) -> None:
     value = c.get(key)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):

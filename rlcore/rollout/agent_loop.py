@@ -24,7 +24,8 @@ from rlcore.tools.parser import ParsedCall, parse_hermes
 from rlcore.tools.runner import ToolCall, ToolResult, ToolRunner
 
 TRUNCATED = "...(truncated)..."
-PARSERS: dict[str, Callable[[str], list[ParsedCall]]] = {"hermes": parse_hermes}  # multi_turn.format -> parser
+# multi_turn.format -> parser; "qwen" is SGLang's name for the same <tool_call>{json}</tool_call> format (Qwen2.5 / 3)
+PARSERS: dict[str, Callable[[str], list[ParsedCall]]] = {"hermes": parse_hermes, "qwen": parse_hermes}
 # Per-trajectory columns of a multi-turn batch: counters, and the sum of the tools' step rewards (what a scorer can
 # add to the outcome: the reward manager passes it as extra_info["tool_rewards"]).
 TURN_COUNTERS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "truncated", "tool_rewards")

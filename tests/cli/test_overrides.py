@@ -96,3 +96,31 @@ def test_a_plus_on_a_key_rlcore_has_sets_it():
     assert set_existing_keys(["+data.gen_batch_size=64", "+reward_model.reward_kwargs.max_resp_len=8", "++a=1"], keys) == [
         "data.gen_batch_size=64", "+reward_model.reward_kwargs.max_resp_len=8", "++a=1"]
     assert plan(["--elsewhere", "recipe=tiny_cpu", "+data.gen_batch_size=32"]) == 0  # composes (Hydra alone refuses it)
+
+
+EXAMPLE_DIR = "tests/config/verl_corpus/configs/examples/sglang_multiturn/config"  # verl's, copied by tools/verl_corpus.py
+
+
+def test_a_verl_examples_config_folder_composes_onto_rlcores_configs(capsys):
+    """verl's example scripts name their own YAML (`--config-path=$PROJECT_DIR/examples/.../config --config-name=
+    gsm8k_multiturn_grpo`), which builds on verl's ppo_trainer: rlcore composes it onto its own ppo_trainer (its
+    config folder replaces verl's on the YAML's search path), for rlcore-plan and rlcore-train alike; verl's own
+    trainer folder (`--config-path=config`) is rlcore's."""
+    import os
+
+    from rlcore.cli.overrides import config_dir_of, hydra_argv
+    from rlcore.config import CONFIG_DIR
+
+    assert config_dir_of(["--config-path=config", "a=1"]) is None and config_dir_of(["-cp", "./config"]) is None
+    assert config_dir_of(["--config-path", EXAMPLE_DIR]) == os.path.abspath(EXAMPLE_DIR)
+    assert hydra_argv(["--config-path=config", "--config-name=ppo_megatron_trainer", "a=1"]) == ["--config-name=ppo_megatron_trainer", "a=1"]
+    assert hydra_argv(["--config-path", EXAMPLE_DIR, "a=1"]) == [f"--config-path={os.path.abspath(EXAMPLE_DIR)}", "a=1",
+                                                                 f"hydra.searchpath=[file://{os.path.abspath(CONFIG_DIR)}]"]
+    cfg = compose(["actor_rollout_ref.rollout.name=vllm"], config_name="gsm8k_multiturn_grpo", config_dir=EXAMPLE_DIR)
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 5 and cfg.data.train_batch_size == 256  # the YAML's
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.trainer.seed == 1  # the command line's, rlcore's defaults
+    run = ["actor_rollout_ref.rollout.name=vllm", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "trainer.n_gpus_per_node=8",
+           "actor_rollout_ref.rollout.multi_turn.tool_config_path=tool_configs/gsm8k_calculator.yaml",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"]
+    assert plan(["--elsewhere", f"--config-path={EXAMPLE_DIR}", "--config-name", "gsm8k_multiturn_grpo", *run]) == 0
+    assert "memory plan:" in capsys.readouterr().out

@@ -35,6 +35,10 @@ def test_a_tool_setup_validates():
     assert errors(enable=True, tool_config_path=TOOLS) == []
     assert errors(**{f"${AGENT}.default_agent_loop": "tool_agent", "$data.tool_config_path": "tool_configs/tiny_add.yaml"}) == []
     assert errors(enable=True, tool_config_path=TOOLS, max_assistant_turns=5, max_user_turns=5, max_parallel_calls=2) == []
+    # verl's search-R1 example names the format "qwen" (SGLang's name for hermes' <tool_call>{json}</tool_call>)
+    from rlcore.rollout.agent_loop import PARSERS
+
+    assert errors(enable=True, tool_config_path=TOOLS, format="qwen") == [] and PARSERS["qwen"] is PARSERS["hermes"]
 
 
 ON = {"enable": True, "tool_config_path": TOOLS}
@@ -46,7 +50,7 @@ ON = {"enable": True, "tool_config_path": TOOLS}
     ({f"${AGENT}.default_agent_loop": "tool_agent"}, "need tools"),
     ({"tool_config_path": TOOLS}, f"{MT}.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off; set {MT}.enable=True"),
     ({"$data.tool_config_path": TOOLS}, f"data.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off"),
-    ({**ON, "format": "chatml"}, f"{MT}.format=chatml is not one of hermes; use {MT}.format=hermes"),
+    ({**ON, "format": "chatml"}, f"{MT}.format=chatml is not one of hermes, qwen; use {MT}.format=hermes"),
     ({**ON, "tool_response_truncate_side": "start"}, f"{MT}.tool_response_truncate_side=start is not one of left, middle, right"),
     ({**ON, "max_tool_response_length": 0}, f"{MT}.max_tool_response_length=0 must be >= 1; use {MT}.max_tool_response_length=256"),
     ({**ON, "max_parallel_calls": 0}, f"{MT}.max_parallel_calls=0 must be >= 1"),

@@ -29,9 +29,10 @@ REASONS = (
     (r"sglang", "SGLang rollout"),
     (r"trtllm|TensorRT", "TensorRT-LLM rollout"),
     (r"multimodal|vision", "vision-language model"),
-    (r"npu", "Ascend NPU"),
+    (r"\bnpu\b", "Ascend NPU"),
     (r"^([\w.+~]+) is not a config key", "unknown key {0}"),
     (r"^Error merging override ([\w.]+)=:", "{0} from the user's environment (empty here)"),
+    (r"^Error parsing override '([\w.]+)=", "{0}: the script's own override does not parse (a typo in verl's script)"),
 )
 
 
@@ -56,15 +57,16 @@ def verdict(entry: str, args: list[str]) -> list[str]:
     if entry not in ENTRIES:
         return [f"verl's entry point {entry}"]
     # `--config-path=config` is verl's own config directory (next to its main_ppo), whose names rlcore's configs share;
-    # another path is an example's YAML, which rlcore does not have
+    # another is an example's folder, copied under configs/ (tools/verl_corpus.py) and composed onto rlcore's configs
+    from rlcore.config import external_config_dir
+
     paths = [a.split("=", 1)[-1] for a in args if a.startswith("--config-path")]
-    if any(p not in ("config", "./config") for p in paths):
-        return ["a config file of a verl example (--config-path)"]
+    config_dir = str(CORPUS / "configs" / paths[0].strip("/")) if paths and external_config_dir(paths[0]) else None
     args = [a for a in args if not a.startswith("--config-path")]
     named = [a.removesuffix(".yaml") if a.startswith("--config-name") or b in ("--config-name", "-cn") else a
              for b, a in zip(["", *args], args)]  # verl's scripts name the config with or without .yaml
     config_name, overrides, _, _ = split_argv(named, ENTRIES[entry])
-    compose_fn, check = composer(config_name)
+    compose_fn, check = composer(config_name, config_dir)
     overrides = set_existing_keys(overrides, schema_keys(config_name))  # as rlcore-train and rlcore-plan do
     try:
         errors = check(compose_explained(compose_fn, overrides), "elsewhere").errors
