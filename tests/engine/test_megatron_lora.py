@@ -1,6 +1,6 @@
 """LoRA on megatron-core (rlcore/engine/megatron/lora.py, verl's model.lora.*): the adapted model starts as the
-base, one step trains the adapters only, every layout (TP2, TP2 with sequence parallelism, PP2) takes the same step
-as one process, the exported weights are the merged ones (the rollout's log-probs after a sync equal the engine's),
+base, one step trains the adapters only, every layout (TP2 with sequence parallelism, PP2) takes the step data
+parallelism takes, the exported weights are the merged ones (the rollout's log-probs after a sync equal the engine's),
 and with the adapters off the model is the base again (the reference policy)."""
 
 import os
@@ -15,8 +15,9 @@ from rlcore.models.lora import LoraSpec
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.numerics
 
-# name: (tp, pp, sequence_parallel)
-LAYOUTS = {"tp1": (1, 1, False), "tp2": (2, 1, False), "tp2_sp": (2, 1, True), "pp2": (1, 2, False)}
+# name: (tp, pp, sequence_parallel), all on 2 ranks (one spawn): DP2 is the reference (data parallelism is exact);
+# TP2 with sequence parallelism covers both adapters' TP collectives and the sequence-parallel gather / reduce-scatter
+LAYOUTS = {"dp2": (1, 1, False), "tp2_sp": (2, 1, True), "pp2": (1, 2, False)}
 LORA = LoraSpec(rank=4, alpha=8, target_modules=("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"), init_a="kaiming")
 
 
@@ -48,7 +49,8 @@ def _one_layout(layout, model_dir, out_dir):
 
     before = lp()
     base_weights = {k: v.clone() for k, v in engine.rollout_weights()}
-    engine.forward_backward(data.split(4), policy_loss_fn(data, engine.dp_size), TokenRequest(entropy=True))
+    shard = data.chunk(engine.dp_size)[engine.dp_rank]  # each replica trains on its half of the batch
+    engine.forward_backward(shard.split(2), policy_loss_fn(data, engine.dp_size), TokenRequest(entropy=True))
     step = engine.optimizer_step()
     after = lp()
     with engine.disabled_adapters():
@@ -61,7 +63,7 @@ def _one_layout(layout, model_dir, out_dir):
         logits = rollout.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
     rollout_lp = torch.log_softmax(logits[:, -b["responses"].shape[1] - 1 : -1].float(), -1).gather(-1, b["responses"][..., None])[..., 0]
     trainable = sorted(n for chunk in engine.modules for n, p in chunk.named_parameters() if p.requires_grad)
-    if engine.is_output_rank:
+    if engine.is_output_rank and engine.dp_rank == 0:
         torch.save({"before": before, "after": after, "base_after": base_after, "base": base_weights, "merged": merged,
                     "grad_norm": step["grad_norm"], "rollout_lp": rollout_lp, "trainable": trainable,
                     "mask": b["response_mask"].bool()}, os.path.join(out_dir, f"{layout}.pt"))
@@ -79,13 +81,12 @@ def _rank_main(rank, world, port, layouts, model_dir, out_dir):
 @pytest.fixture(scope="module")
 def results(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron_lora")
-    spawn_ranks(_rank_main, 1, lambda port: (1, port, ["tp1"], tiny_model_dir, str(out)))
-    spawn_ranks(_rank_main, 2, lambda port: (2, port, ["tp2", "tp2_sp", "pp2"], tiny_model_dir, str(out)))
+    spawn_ranks(_rank_main, 2, lambda port: (2, port, list(LAYOUTS), tiny_model_dir, str(out)))
     return {layout: torch.load(out / f"{layout}.pt", weights_only=False) for layout in LAYOUTS}
 
 
 def test_the_adapted_model_starts_as_the_base_and_trains_the_adapters_only(results):
-    one = results["tp1"]
+    one = results["dp2"]
     mask = one["mask"]
     torch.testing.assert_close(one["before"][mask], one["base_after"][mask], atol=1e-6, rtol=0)  # B = 0, and adapters off = base
     assert (one["after"] - one["before"])[mask].abs().max() > 1e-4  # the step changed the adapted model
@@ -94,9 +95,9 @@ def test_the_adapted_model_starts_as_the_base_and_trains_the_adapters_only(resul
     assert changed and all(any(p in k for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) for k in changed)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "tp2_sp", "pp2"])
-def test_every_layout_takes_the_single_process_step(results, layout):
-    one, other = results["tp1"], results[layout]
+@pytest.mark.parametrize("layout", ["tp2_sp", "pp2"])
+def test_every_layout_takes_the_data_parallel_step(results, layout):
+    one, other = results["dp2"], results[layout]
     assert other["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
     torch.testing.assert_close(other["after"][one["mask"]], one["after"][one["mask"]], atol=1e-5, rtol=1e-5)
     for name, weight in one["merged"].items():
