@@ -124,9 +124,10 @@ class FSDP2Engine(TrainEngine):
         # A mixture of experts: hooks on its routers (router replay, load metrics, HF's load-balancing loss when its
         # config asks for it with output_router_logits).
         self.routing = Routing(self.model) if routers(self.model) else None
-        if self.grouped and self.routing is not None:  # routes are kept per row token; grouped rows share prompt tokens
-            raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True with a mixture of experts is not supported yet: "
-                             "set use_prefix_grouper=False")
+        if self.grouped and (self.routing is not None or self.ulysses is not None):
+            # routes are kept per row token and Ulysses splits rows by sequence; grouped rows share their prompt's tokens
+            raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True with a mixture of experts or Ulysses sequence "
+                             "parallelism is not supported: set use_prefix_grouper=False")
         if self.ulysses is not None:
             reason = check_heads(self.hf_config.num_attention_heads, sp)
             if reason:
