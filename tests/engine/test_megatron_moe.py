@@ -91,6 +91,7 @@ def _engine_case(rank, layout, model, model_dir, out_dir):
     replayed = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]}, TokenRequest(routes="replay"))
     metrics = engine.forward_backward(parts, policy_loss_fn(data, engine.dp_size))
     step = engine.optimizer_step()
+    out["moe"] = engine.moe_metrics()  # the training forward's router load (collective: every rank)
     after = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]})
     out["weights"] = dict(engine.rollout_weights())
     if engine.is_output_rank:
@@ -165,6 +166,9 @@ def reference(moe_dirs):
                 forced_logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
             with routing.run(record=True) as free:
                 model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+            with routing.run(valid=b["attention_mask"].reshape(-1).bool(), count=True):  # the FSDP2 engine's MoE metrics
+                model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        moe = routing.metrics()
         routes = to_routes(free.recorded, routing.num_layers).view(*b["input_ids"].shape, routing.num_layers, routing.top_k)
         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
         outputs = token_outputs(logits[:, -RESPONSE - 1 : -1], b["responses"])
@@ -172,7 +176,7 @@ def reference(moe_dirs):
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
         out[name] = {"data": data, "lp": outputs["log_probs"].detach(), "pg_loss": float(metrics["actor/pg_loss"]),
-                     "grad_norm": grad_norm, "state": state, "routes": routes,
+                     "grad_norm": grad_norm, "state": state, "routes": routes, "moe": moe,
                      "forced_lp": token_outputs(forced_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"]}
     return out
 
@@ -226,6 +230,22 @@ def test_streamed_weights_after_loading_are_hf_state_dict(run_dir, reference, la
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("layout,model", CASES)
+def test_router_load_metrics_are_the_fsdp2_engines(run_dir, reference, layout, model):
+    """actor/moe/*: each layer's load balance and the router entropy of the training forward's valid tokens, as the
+    FSDP2 engine measures them on HF's modules. A layout without data parallelism routes the whole batch (its TP ranks
+    each a slice, summed); a data-parallel rank reports its own half, a balance at least 1 and the same entropy scale."""
+    ranks, _ = _ranks(run_dir, layout, model)
+    want = reference[model]["moe"]
+    for rank in ranks:
+        got = rank["moe"]
+        assert set(got) == set(want)
+        if LAYOUTS[layout][0].get("tensor_model_parallel_size", 1) == 2:  # no data parallelism: the whole batch
+            assert got == pytest.approx(want, rel=1e-5)
+        else:
+            assert all(v >= 1.0 for k, v in got.items() if k.startswith("moe/load")) and 0 < got["moe/router_entropy"] < 3
+
+
 @pytest.mark.parametrize("layout,model", CASES)
 def test_policy_loss_and_grad_norm_equal_hf(run_dir, reference, layout, model):
     _, outputs = _ranks(run_dir, layout, model)

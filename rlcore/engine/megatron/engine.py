@@ -24,7 +24,7 @@ from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.lora import apply_lora, disabled
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
 from rlcore.engine.megatron.offload import grad_buffers, move_state, state_bytes
-from rlcore.engine.megatron.routes import RouteReplay
+from rlcore.engine.megatron.routes import RouteReplay, RouterLoad
 from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
 from rlcore.engine.optim import lr_factor
 from rlcore.models.hf import load_config, to_torch_dtype
@@ -106,6 +106,7 @@ class MegatronEngine(TrainEngine):
                                  "(model.lora_rank) for a MoE model's LoRA")
             apply_lora(self.modules, spec.lora, m.get("seed", 42))
         self.routes = RouteReplay(self.modules, self.config)  # MoE routers: record / replay routes on request
+        self.router_load = RouterLoad(self.modules, self.config)  # MoE routers: the training forwards' load metrics
         self.optimizer = None
         self.model = self.modules
         if spec.trainable:
@@ -182,8 +183,10 @@ class MegatronEngine(TrainEngine):
             inputs = model_inputs(mb, self.spec.use_remove_padding, self.device, self.layout.tp if self.layout.sp else 1)
             self._inputs = inputs
             self.routes.before(request.routes, mb, inputs)
+            self.router_load.before(mb, inputs, count=not forward_only)
             output = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=None,
                            packed_seq_params=inputs.packed_seq_params)
+            self.router_load.after_forward()  # a recomputation in backward routes again: not counted twice
 
             def loss_func(output_tensor):
                 per_token = inputs.unpack(output_tensor)
@@ -240,9 +243,7 @@ class MegatronEngine(TrainEngine):
         return read_metrics(results) if self.is_output_rank else []
 
     def moe_metrics(self) -> dict[str, float]:
-        # megatron-core's routers are not measured yet (their load would come from the routing maps the router
-        # replay hook records): no metrics rather than made-up ones.
-        return {}
+        return self.router_load.metrics()
 
     def optimizer_step(self, skip: bool = False) -> dict[str, float]:
         lr = self.spec.lr * lr_factor(self.optimizer_steps, self.spec.warmup_steps, self.spec.total_steps, self.spec.lr_scheduler_type,

@@ -122,3 +122,76 @@ class RouteReplay:
         for router in self.routers:
             router.router_replay.clear_indices()
             router.router_replay.set_router_replay_action(None)
+
+
+class RouterLoad:
+    """The FSDP2 engine's per-step MoE metrics (rlcore.models.router.Routing.metrics) on megatron-core's routers: each
+    layer's load balance (the busiest expert's tokens over the mean) and the mean router entropy, over the tokens
+    that count of the training forwards since the last call. A hook on each router reads its routing map and (via
+    its gating) its logits; under sequence parallelism each TP rank routes a slice of the tokens and pipeline stages
+    route their own layers, so the counts are summed over both groups before the ratios."""
+
+    def __init__(self, chunks, config) -> None:
+        self.config = config
+        self.layers = [layer.layer_number - 1 for chunk in chunks for layer in chunk.decoder.layers if hasattr(layer.mlp, "router")]
+        self.sp = config.sequence_parallel and config.tensor_model_parallel_size > 1
+        self.valid: torch.Tensor | None = None  # this rank's routed tokens that count; None: not counting
+        self._load = self._entropy = None
+        for index, router in zip(self.layers, layer_routers(chunks)):
+            gating = router.gating
+
+            def keep_logits(x, gating=gating, router=router):
+                router.rlcore_logits = gating(x)
+                return router.rlcore_logits
+
+            router.gating = keep_logits
+            router.register_forward_hook(lambda module, args, output, index=index: self._count(index, module, output))
+
+    def before(self, mb, inputs: ModelInputs, count: bool) -> None:
+        """Count the next forward's routes (a training forward) or not; call `after_forward` once it has run, so a
+        recomputation in backward is not counted again."""
+        self.valid = None
+        if not count or not self.layers:
+            return
+        mask = mb.batch["attention_mask"].to(inputs.input_ids.device).bool()
+        valid = _model_order(mask.long()[..., None, None], mask, inputs)[:, 0, 0].bool()  # padding routes as expert 0
+        self.valid = valid.chunk(self.config.tensor_model_parallel_size)[mpu.get_tensor_model_parallel_rank()] if self.sp else valid
+
+    def after_forward(self) -> None:
+        self.valid = None
+
+    def _count(self, layer: int, router, output) -> None:
+        if self.valid is None:
+            return
+        routing_map = output[1]  # [tokens, experts] bool
+        weights = self.valid.to(routing_map.device, torch.float32)
+        if self._load is None:
+            self._load = torch.zeros(self.config.num_layers, routing_map.shape[-1], dtype=torch.float64, device=routing_map.device)
+            self._entropy = torch.zeros(2, dtype=torch.float64, device=routing_map.device)
+        self._load[layer] += (routing_map.float() * weights[:, None]).sum(0).double()
+        logits = router.rlcore_logits.detach().float()
+        probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)  # [s, b, experts] -> the map's [tokens, experts]
+        entropy = -(probs * probs.clamp(min=1e-30).log()).sum(-1)
+        self._entropy += torch.stack([(entropy * weights).sum(), weights.sum()]).double()
+
+    def metrics(self) -> dict[str, float]:
+        """Collective over the TP and PP groups (every rank of a replica calls it)."""
+        if not self.layers:
+            return {}
+        device = self._load.device if self._load is not None else torch.device("cpu")
+        load = self._load if self._load is not None else torch.zeros(self.config.num_layers, self.config.num_moe_experts, dtype=torch.float64)
+        entropy = self._entropy if self._entropy is not None else torch.zeros(2, dtype=torch.float64)
+        self._load = self._entropy = None
+        stacked = torch.cat([load.reshape(-1), entropy]).to(device)
+        groups = [mpu.get_pipeline_model_parallel_group()] + ([mpu.get_tensor_model_parallel_group()] if self.sp else [])
+        for group in groups:
+            if torch.distributed.get_world_size(group) > 1:
+                torch.distributed.all_reduce(stacked, group=group)
+        load, (entropy_sum, tokens) = stacked[:-2].view(load.shape).cpu(), stacked[-2:].tolist()
+        if tokens == 0:
+            return {}
+        balance = load.max(-1).values / load.mean(-1).clamp(min=1e-12)
+        moe_layers = [i for i in range(len(load)) if load[i].sum() > 0]  # every stage's MoE layers, after the sums
+        out = {f"moe/load_max_over_mean/layer_{i}": float(balance[i]) for i in moe_layers}
+        out.update({"moe/load_max_over_mean": float(balance[moe_layers].mean()), "moe/router_entropy": entropy_sum / tokens})
+        return out
