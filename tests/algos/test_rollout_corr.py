@@ -140,8 +140,7 @@ def verl_reference(log_ratio, mask, modes):
     return kept
 
 
-torch.manual_seed(0)
-RANDOM_LOG_RATIO = torch.randn(4, 6) * 0.4  # padding holds values too: they must not count
+RANDOM_LOG_RATIO = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)) * 0.4  # padding holds values too: they must not count
 RANDOM_MASK = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]])  # one empty row
 # per mode: the threshold as written in a config, and (lower, upper) as verl reads it; each rejects some rows or tokens
 VERL_MODES = {
