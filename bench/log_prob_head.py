@@ -25,8 +25,8 @@ def _run(hidden, weight, tokens, compiled: bool) -> None:
     from rlcore.models.logits import token_log_probs
 
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    lp, ent, _ = token_log_probs(h, w, tokens, 1.0, with_entropy=True, compiled=compiled)
-    (lp.sum() + ent.sum()).backward()
+    stats = token_log_probs(h, w, tokens, 1.0, with_entropy=True, compiled=compiled)
+    (stats.log_probs.sum() + stats.entropy.sum()).backward()
 
 
 def _full_logits(hidden, weight, tokens) -> None:

@@ -7,7 +7,7 @@ A packed row holds groups one after another: `[prompt_a, response_a1, ..., respo
 inside a group: a prompt token sees the prompt tokens before it; a response token sees the whole prompt and its own
 response's tokens before it, never another response. Positions continue from the prompt in each response, as in the
 row it came from. It rides on the packed path (rlcore.models.varlen): the same `rlcore_varlen` attention, which
-finds the groups in its kwargs (PREFIX_KWARG).
+finds the groups in its kwargs (PREFIX_KWARG) and lets them attend.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlcore.models.varlen import PackedBatch
-
-PREFIX_KWARG = "rlcore_prefix_groups"  # the attention kwarg holding a PrefixGroups
+from rlcore.models.varlen import PREFIX_KWARG, PackedBatch
 
 
 @dataclass
@@ -28,6 +26,11 @@ class PrefixGroups:
 
     bounds: torch.Tensor   # [num_groups + 1] token offsets of the groups in the packed row
     segment: torch.Tensor  # [total_tokens] 0 for a prompt token, i for the i-th response of its group
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
+               dropout: float = 0.0) -> torch.Tensor:
+        """The packed attention (rlcore.models.varlen.segment_attention) hands a grouped row to its groups."""
+        return prefix_grouped_attention(query, key, value, self, scale, dropout)
 
 
 def pack_prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 VARLEN_ATTENTION = "rlcore_varlen"
+PREFIX_KWARG = "rlcore_prefix_groups"  # the attention kwarg of a prefix-grouped packing (rlcore.models.prefix_grouper)
 ULYSSES_ATTR = "rlcore_ulysses"  # an attention module's Ulysses group (rlcore.models.ulysses.attach_ulysses)
 
 
@@ -117,10 +118,9 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     -> (`[1, total, heads, dim]`, None). Without `cu_seq_lens_q` (an unpacked call) it is plain SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from rlcore.models.prefix_grouper import PREFIX_KWARG, prefix_grouped_attention  # it builds on this module
-
-    if kwargs.get(PREFIX_KWARG) is not None:  # the prefix grouper's packing: each prompt once, its responses after it
-        return prefix_grouped_attention(query[0], key[0], value[0], kwargs[PREFIX_KWARG], scaling, dropout)[None], None
+    groups = kwargs.get(PREFIX_KWARG)
+    if groups is not None:  # the prefix grouper's packing (rlcore.models.prefix_grouper): each prompt once, its responses after it
+        return groups.attend(query[0], key[0], value[0], scaling, dropout)[None], None
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)

@@ -24,7 +24,7 @@ def test_a_bf16_trainer_shows_a_mismatch_that_fp32_does_not(tiny_model_dir, tiny
                                 "actor_rollout_ref.actor.calculate_sum_pi_squared=True"), str(tmp_path / "a" / "run"))
     fp32 = corr(fp32_metrics)
     # sum p^2 <= 1 and 1 - 2 p + sum p^2 >= 0 per token: W, summed over each response, is positive
-    assert fp32_metrics["variance_proxy/expected_w"] > 0 and fp32_metrics["critic/advantages/max"] > 0
+    assert fp32_metrics["variance_proxy/expected_w"] > 0
     assert fp32_metrics["variance_proxy/proxy1_signal_strength"] == pytest.approx(fp32_metrics["actor/grad_norm"] ** 2)
     bf16 = corr(run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", *STEP, "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16",
                              f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=1.001", f"{RC}.rollout_rs=sequence",
