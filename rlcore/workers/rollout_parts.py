@@ -39,6 +39,7 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
             enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
             enforce_eager=rollout.enforce_eager, load_format=rollout.load_format, expert_parallel_size=rollout.expert_parallel_size,
             disable_log_stats=rollout.disable_log_stats, engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
+            record_routes=rollout.enable_rollout_routing_replay,
         )
         kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
     return kwargs

@@ -11,6 +11,8 @@ import torch
 
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.hf import load_causal_lm
+from rlcore.models.random_init import build_model_dir
+from rlcore.models.router import ROUTES, Routing, to_routes
 from rlcore.rollout import agent_loop
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings, ToolResponseIds, left_pad, truncate_text
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams, assemble_sequences
@@ -116,6 +118,33 @@ def test_kept_kv_gives_the_same_trajectories_and_prefills_only_what_turns_append
     torch.testing.assert_close(kept.response_log_probs, full.response_log_probs, atol=1e-5, rtol=0)
     assert kept_stats["reused_tokens"] > 0 and full_stats["reused_tokens"] == 0
     assert kept_stats["prefill_tokens"] + kept_stats["reused_tokens"] == full_stats["prefill_tokens"]
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("keep_kv", [True, False])
+def test_a_mixture_of_experts_routes_of_every_turn_and_tool_response_are_recorded(tmp_path, every_turn_calls, keep_kv):
+    """R3 across turns: the trajectories' routes are those of HF's forward over the assembled sequences at every token
+    that decides a log-prob, sampled and tool ids alike (a trajectory's final tool response, which no forward read, has
+    none). keep_kv: each turn prefills only what it appended, so the
+    earlier positions' routes come from earlier calls; without it every call recomputes the history (as vLLM does)."""
+    tokenizer = build_char_tokenizer()
+    model_dir = build_model_dir(str(tmp_path / "moe"), "tiny-qwen3-moe", tokenizer)
+    model = load_causal_lm(model_dir, None, dtype=torch.float32)
+    engine = NativeRollout(model_dir, tokenizer.pad_token_id, torch.device("cpu"), seed=0, record_routes=True)
+    engine.update_weights(model.named_parameters())
+    engine.keeps_kv_across_calls = keep_kv
+    ids, mask, out, counters = run(engine, tokenizer, EchoTools(), MultiTurnSettings(format="every_turn"))
+    batch = assemble_sequences(ids, mask, out)
+    routing = Routing(model)
+    with torch.no_grad(), routing.run(record=True) as p:
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
+    hf = to_routes(p.recorded, routing.num_layers).view(*batch["input_ids"].shape, routing.num_layers, routing.top_k)
+    # A position decides a log-prob up to the last sampled token; a tool response that ends a trajectory feeds nothing.
+    last_sampled = ids.shape[1] + out.loss_mask.shape[1] - 1 - out.loss_mask.flip(-1).argmax(-1)
+    decides = batch["attention_mask"].bool() & (torch.arange(batch["input_ids"].shape[1]) < last_sampled[:, None])
+    assert counters["num_turns"].float().mean() > 2 and (engine.stats["reused_tokens"] > 0) == keep_kv
+    assert batch[ROUTES].shape == (*batch["input_ids"].shape, 2, 2)
+    assert torch.equal(batch[ROUTES][decides], hf[decides])
 
 
 class ScriptedEngine(RolloutEngine):

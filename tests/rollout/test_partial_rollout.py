@@ -7,7 +7,10 @@ import time
 import pytest
 import torch
 
+from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.hf import load_causal_lm
+from rlcore.models.random_init import build_model_dir
+from rlcore.models.router import ROUTES, Routing, to_routes
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import SamplingParams, WeightGate, assemble_sequences
 from rlcore.rollout.native import NativeRollout
@@ -125,6 +128,36 @@ def test_resumed_rows_take_each_token_from_the_weights_loaded_when_it_was_sample
             if cut < n:  # the new weights really differ here: the old ones give other log-probs
                 assert not torch.allclose(got[cut:], lp["old"][row, cut:n], atol=1e-3)
         assert {tuple(v) for v in out.versions.tolist()} >= {(0, 1), (1, 1)}
+
+
+def test_a_mixture_of_experts_resumed_rows_carry_the_routes_of_the_weights_that_rebuilt_their_kv(tmp_path):
+    """R3 with partial rollouts: a row running across the load had its prompt and tokens so far recomputed under the
+    new weights, and every later token attends to that KV: its recorded routes are the new weights' at every
+    position. A row that finished before the load keeps the old weights' routes."""
+    moe_dir = build_model_dir(str(tmp_path / "moe"), "tiny-qwen3-moe", build_char_tokenizer())
+    old, new = load_causal_lm(moe_dir).eval(), load_causal_lm(moe_dir).eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(5)
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    ids, mask = prompts()
+    out = generate_with_a_load_at(engine(moe_dir, old, record_routes=True), 5, new, ids, mask)
+    seq = assemble_sequences(ids, mask, out)
+    expected = {}
+    for name, model in (("old", old), ("new", new)):
+        routing = Routing(model)
+        with torch.no_grad(), routing.run(record=True) as p:
+            model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"])
+        expected[name] = to_routes(p.recorded, routing.num_layers).view(*seq["input_ids"].shape, routing.num_layers, routing.top_k)
+    decides = seq["attention_mask"].bool().clone()
+    decides[torch.arange(len(decides)), decides.shape[1] - 1 - decides.flip(-1).int().argmax(-1)] = False
+    versions = [tuple(v) for v in out.versions.tolist()]
+    assert (0, 1) in versions
+    for row, version in enumerate(versions):
+        weights = "old" if version == (0, 0) else "new"
+        assert torch.equal(seq[ROUTES][row][decides[row]], expected[weights][row][decides[row]]), (row, version)
+    resumed = [row for row, v in enumerate(versions) if v == (0, 1)]
+    assert any(not torch.equal(expected["old"][r][decides[r]], expected["new"][r][decides[r]]) for r in resumed)
 
 
 def test_kv_kept_for_the_next_turn_is_dropped_when_the_weights_change(tiny_model_dir, models):

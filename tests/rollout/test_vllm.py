@@ -15,6 +15,7 @@ from rlcore.models.experts import to_checkpoint_names
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.random_init import TINY_MOE, build_model_dir
 from rlcore.models.logits import gather_log_probs, response_logits
+from rlcore.models.router import ROUTES, Routing, to_routes
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.native import filter_logits
@@ -252,6 +253,42 @@ def test_every_sync_of_changed_expert_weights_gives_hfs_tokens_and_log_probs(tmp
         responses = check_against_hf(rollout, model)
         assert before is None or not torch.equal(responses, before)  # the new weights are the ones generating
         before = responses
+
+
+def hf_routes(model, seq: dict) -> torch.Tensor:
+    """The routes HF's own forward takes on the assembled batch, `[batch, seq, layers, top_k]`."""
+    routing = Routing(model)
+    with torch.no_grad(), routing.run(record=True) as p:
+        model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"])
+    return to_routes(p.recorded, routing.num_layers).view(*seq["input_ids"].shape, routing.num_layers, routing.top_k)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("family", TINY_MOE)
+def test_recorded_routes_are_the_routes_hfs_forward_takes_on_the_same_tokens(tmp_path, family):
+    """R3 on vLLM: the routes recorded in vLLM's prefill and decode steps, laid out as the batch is, equal the routes of
+    HF's forward on the assembled sequences at every token that decides a log-prob (a row's last token feeds nothing).
+    The prompts repeat (a GRPO group): with prefix caching on, the repeats' prompts would never be computed, so the
+    adapter turns it off; rows that stop early and the padding keep route 0."""
+    model_dir = build_model_dir(str(tmp_path / family), family, build_char_tokenizer())
+    model = load_causal_lm(model_dir).eval()
+    perturb(model, seed=0)
+    rollout = build(model_dir, record_routes=True, enable_prefix_caching=True)
+    push(rollout, model.state_dict().items())
+    ids, mask = IDS.repeat_interleave(2, dim=0), MASK.repeat_interleave(2, dim=0)
+    stop = int(hf_greedy(model, IDS, MASK, 3)[0, 2])  # row 0 stops at its third token
+    for sampling in (SamplingParams(max_tokens=6, do_sample=False, stop_token_ids=[stop]), SamplingParams(max_tokens=6, temperature=1.0, seed=3)):
+        out = rollout.generate(ids, mask, sampling)
+        seq = assemble_sequences(ids, mask, out)
+        routes = seq[ROUTES]
+        assert routes.dtype == torch.int16 and routes.shape == (*seq["input_ids"].shape, 2, 2)
+        decides = seq["attention_mask"].bool().clone()
+        decides[torch.arange(len(decides)), decides.shape[1] - 1 - decides.flip(-1).int().argmax(-1)] = False
+        assert torch.equal(routes[decides], hf_routes(model, seq)[decides])
+        assert not routes[~seq["attention_mask"].bool()].any()
+        assert len(set(routes[decides].flatten().tolist())) > 4  # the tiny model spreads its tokens over the experts
+        if sampling.greedy:
+            assert max(out.response_mask[:2].sum(-1).tolist()) <= 3  # both samples of row 0 stopped early
 
 
 @pytest.mark.vllm

@@ -43,8 +43,11 @@ def prompt_and_response_routes(batch: DataProto) -> tuple[torch.Tensor, torch.Te
     return batch.batch[ROUTES], mask
 
 
-def test_r3_records_the_rollouts_routes_and_every_training_forward_replays_them(moe_dir, tiny_task_dir, tmp_path):
-    worker = worker_for(moe_dir, tiny_task_dir, tmp_path, *R3)
+@pytest.mark.parametrize("rollout", ["native", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_r3_records_the_rollouts_routes_and_every_training_forward_replays_them(moe_dir, tiny_task_dir, tmp_path, rollout):
+    """native: hooks on HF's routers in its prefill and decode steps; vllm: callbacks on vLLM's routers
+    (rlcore.rollout.vllm_routes; `make test-vllm` runs it in vLLM's venv)."""
+    worker = worker_for(moe_dir, tiny_task_dir, tmp_path, *R3, f"actor_rollout_ref.rollout.name={rollout}")
     sampled = worker.generate_sequences(prompts_batch(worker.actor.hf_config.vocab_size))
     routes, decides = prompt_and_response_routes(sampled)
     assert routes.dtype == torch.int16 and routes.shape[2:] == (2, 2) and routes.shape[:2] == sampled.batch["input_ids"].shape
@@ -65,6 +68,8 @@ def test_r3_records_the_rollouts_routes_and_every_training_forward_replays_them(
     replayed = worker.actor.forward([batch], lambda out, mb: {ROUTES: out[ROUTES]}, _record(replay=True))[0][ROUTES]
     assert not torch.equal(moved[decides], routes[decides]), "lr 1e-2 should move some routes of the tiny model"
     assert torch.equal(replayed[decides], routes[decides])
+    if rollout == "vllm":  # vLLM's shutdown destroys its groups, which must happen before the test's process group goes
+        worker.rollout.llm.llm_engine.engine_core.shutdown()
 
 
 def _record(replay: bool = False):
@@ -120,7 +125,6 @@ def test_a_checkpointed_layer_replays_the_same_routes_in_its_recompute(moe_dir, 
     (["actor_rollout_ref.rollout.enable_rollout_routing_replay=True"], "records routes that only"),
     (["actor_rollout_ref.actor.router_replay.mode=R4"], "is not one of disabled, R2, R3"),
     (["actor_rollout_ref.actor.router_replay.record_file=/tmp/x"], "verl declares it and never reads it"),
-    ([*R3, "actor_rollout_ref.rollout.name=vllm"], "use rollout.name=native, or mode=R2"),
     (["actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], "Ulysses"),
     (["actor_rollout_ref.ref.router_replay.mode=R2"], "the reference replays the actor's routes"),
     (["actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.strategy=megatron",
