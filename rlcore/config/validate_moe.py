@@ -37,14 +37,11 @@ def check_router_replay(c) -> None:
 
 
 def _check_megatron_replay(c, mode: str) -> None:
-    """megatron-core's RouterReplay (rlcore.engine.megatron.routes) records and forces routes per router for one forward:
-    a pipeline stage routes only its own layers, and a recomputed layer would replay from a queue filled in schedule order."""
-    megatron = f"{ARR}.actor.megatron"
-    if c.get(f"{megatron}.pipeline_model_parallel_size") != 1:
-        c.error(f"{RR}.mode={mode} with {megatron}.pipeline_model_parallel_size={c.get(f'{megatron}.pipeline_model_parallel_size')}: "
-                f"routes across pipeline stages are not replayed yet; use pipeline_model_parallel_size=1 (or strategy=fsdp2)")
-    recompute = c.get(f"{megatron}.override_transformer_config.recompute_granularity")
-    if c.get(f"{ARR}.model.enable_gradient_checkpointing") or recompute is not None:
-        c.error(f"{RR}.mode={mode} on megatron with activation recomputation ({ARR}.model.enable_gradient_checkpointing="
-                f"{c.get(f'{ARR}.model.enable_gradient_checkpointing')}, recompute_granularity={recompute}): megatron-core would replay "
-                f"a recomputed layer from its own queue, which rlcore does not fill yet; set {ARR}.model.enable_gradient_checkpointing=False")
+    """megatron-core's RouterReplay records and forces routes per router (rlcore.engine.megatron.routes): a pipeline
+    stage replays its own layers' columns, and a layer recomputed in backward replays its micro-batch's routes; but a
+    stage records only its own layers, which the last stage's outputs lack."""
+    pp = c.get(f"{ARR}.actor.megatron.pipeline_model_parallel_size")
+    if mode == "R2" and pp != 1:
+        c.error(f"{RR}.mode=R2 with {ARR}.actor.megatron.pipeline_model_parallel_size={pp}: R2 records routes in the old-log-prob pass, and "
+                f"rlcore does not gather them across pipeline stages yet; use mode=R3 (the rollout records them), or "
+                f"pipeline_model_parallel_size=1")

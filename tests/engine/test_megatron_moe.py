@@ -8,7 +8,8 @@ expert) on the Megatron engine, on 2 gloo ranks, against a single-process HF ref
   stream gathers each expert once from its EP rank;
 - one policy-gradient step: loss and grad norm equal HF's, and EP2 equals EP1 after the optimizer step
   (log-probs and the weights the step moved);
-- router replay: recorded routes are HF's, replayed forced routes give HF's log-probs under the same routes;
+- router replay: recorded routes are HF's, replayed forced routes give HF's log-probs under the same routes, and over
+  two pipeline stages with every layer recomputed, HF's loss and gradient under the same routes;
 - a GRPO step through the hybrid worker at EP2 (tiny Qwen3-MoE): greedy rollout log-probs equal the training
   forward after each sync, and the update moves them.
 
@@ -101,6 +102,34 @@ def _engine_case(rank, layout, model, model_dir, out_dir):
     torch.save(out, os.path.join(out_dir, f"{layout}-{model}-rank{rank}.pt"))
 
 
+# Router replay through megatron-core's schedules: 1F1B over two pipeline stages (stage 0 runs micro-batch 2's forward
+# before micro-batch 1's backward) with every layer recomputed in backward, which must replay its own micro-batch's routes.
+REPLAY_LAYOUT = {"pipeline_model_parallel_size": 2, "override_transformer_config": {
+    "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
+
+
+def _replay_case(rank, model, model_dir, out_dir):
+    from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
+    from rlcore.engine.base import EngineSpec, TokenRequest
+    from rlcore.engine.factory import build_engine
+    from rlcore.models.router import ROUTES
+
+    spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=dict(REPLAY_LAYOUT, use_distributed_optimizer=True, seed=1),
+                      param_dtype="float32", lr=LR, weight_decay=0.0, grad_clip=1e9)
+    engine = build_engine("megatron", spec, torch.device("cpu"))
+    data = batch(engine.vocab_size)
+    config = engine.config
+    data.batch[ROUTES] = forced_routes(data, config.num_layers, config.moe_router_topk, config.num_moe_experts)
+    parts, _ = make_micro_batches(data, MicroBatchSpec(rows=2))
+    replay = TokenRequest(routes="replay")
+    replayed = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]}, replay)
+    metrics = engine.forward_backward(parts, policy_loss_fn(data, 1), replay)
+    step = engine.optimizer_step()
+    if engine.is_output_rank:
+        torch.save({"replayed_lp": torch.cat([r["lp"] for r in replayed]), "pg_loss": sum(m["actor/pg_loss"] for m in metrics),
+                    "grad_norm": step["grad_norm"]}, os.path.join(out_dir, f"replay-{model}.pt"))
+
+
 def _grpo_case(rank, model_dir, task_dir, out_dir):
     """EP2 over both ranks (DP2: each rank generates and trains on its own prompt's group)."""
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -129,6 +158,10 @@ def _rank_main(rank, port, dirs, task_dir, out_dir):
     init_gloo(rank, 2, port)
     for layout, model in CASES:
         _engine_case(rank, layout, model, dirs[model], out_dir)
+        dist.barrier()
+        mpu.destroy_model_parallel()
+    for model in MODELS:
+        _replay_case(rank, model, dirs[model], out_dir)
         dist.barrier()
         mpu.destroy_model_parallel()
     _grpo_case(rank, dirs["tiny-qwen3-moe"], task_dir, out_dir)
@@ -175,9 +208,16 @@ def reference(moe_dirs):
         loss, metrics = policy_loss_fn(data, 1)(outputs, data)
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+        model.zero_grad()
+        with routing.run(replay=forced.reshape(-1, *forced.shape[2:])):  # the same loss under the forced routes
+            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+            forced_loss, forced_metrics = policy_loss_fn(data, 1)(token_outputs(logits[:, -RESPONSE - 1 : -1], b["responses"]), data)
+            forced_loss.backward()
         out[name] = {"data": data, "lp": outputs["log_probs"].detach(), "pg_loss": float(metrics["actor/pg_loss"]),
                      "grad_norm": grad_norm, "state": state, "routes": routes, "moe": moe,
-                     "forced_lp": token_outputs(forced_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"]}
+                     "forced_lp": token_outputs(forced_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"],
+                     "forced_pg_loss": float(forced_metrics["actor/pg_loss"]),
+                     "forced_grad_norm": float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))}
     return out
 
 
@@ -216,6 +256,18 @@ def test_router_replay_records_hf_routes_and_forces_given_ones(run_dir, referenc
     replayed = torch.cat([o["replayed_lp"] for o in outputs])
     torch.testing.assert_close(replayed[response], reference[model]["forced_lp"][response], atol=1e-5, rtol=0)
     assert (replayed[response] - reference[model]["lp"][response]).abs().max() > 1e-3  # the forced routes changed them (100x the tolerance)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_replay_holds_over_pipeline_stages_and_through_recomputation(run_dir, reference, model):
+    """PP2 with every layer recomputed: each stage forces its own layers' routes, and the update replays each micro-batch's
+    routes in its recompute (the loss and gradient of HF's modules under the same forced routes, the router's included)."""
+    got, want = torch.load(run_dir / f"replay-{model}.pt", weights_only=False), reference[model]
+    response = want["data"].batch["response_mask"].bool()
+    torch.testing.assert_close(got["replayed_lp"][response], want["forced_lp"][response], atol=1e-5, rtol=0)
+    assert got["pg_loss"] == pytest.approx(want["forced_pg_loss"], abs=1e-6)
+    assert got["grad_norm"] == pytest.approx(want["forced_grad_norm"], rel=1e-5)
+    assert abs(want["forced_grad_norm"] - want["grad_norm"]) > 1e-3 * want["grad_norm"]  # the forced routes changed the gradient
 
 
 @pytest.mark.slow

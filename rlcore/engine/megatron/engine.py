@@ -178,11 +178,14 @@ class MegatronEngine(TrainEngine):
         num = len(micro_batches)
         channels = {"values": 0} if self.spec.kind == "value" else {name: TOKEN_CHANNELS.index(name) for name in channel_names(request)}
 
+        chunk_of = {id(chunk): i for i, chunk in enumerate(self.model)}
+        self.routes.start(request.routes)
+
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             inputs = model_inputs(mb, self.spec.use_remove_padding, self.device, self.layout.tp if self.layout.sp else 1)
             self._inputs = inputs
-            self.routes.before(request.routes, mb, inputs)
+            self.routes.before(request.routes, mb, inputs, chunk_of[id(model)])
             self.router_load.before(mb, inputs, count=not forward_only)
             output = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=None,
                            packed_seq_params=inputs.packed_seq_params)

@@ -8,9 +8,12 @@ dimension first (`[s, b]` flattened, s-major), rows left-aligned (rlcore.engine.
 route keeps the router's gradient: megatron-core gathers the live scores at the forced indices (and, for
 top-k-then-softmax routers, normalises over them), as HF's hook in rlcore.models.router does.
 
-Scope: pipeline parallelism (routes of other stages' layers) and activation recomputation (megatron-core replays a
-recomputed layer from a per-router queue, which one forward per micro-batch would have to fill in schedule order)
-are refused with the reason.
+Pipeline stages and recomputation: each stage replays its own layers' columns of the routes (every layer of a Qwen
+MoE routes, so a layer's column is its layer number). megatron-core's RouterReplay replays a forward from the routes
+set last and has a REPLAY_BACKWARD action that pops the oldest routes not yet recomputed, but nothing in megatron-core
+switches between the two; rlcore queues every micro-batch's routes per router and a layer recomputed inside
+autograd's backward pops its own (megatron-core's schedules run a stage's backwards in forward order). Recording
+with pipeline stages is refused: each stage would hold its own layers' routes, which the last stage's outputs lack.
 """
 
 from __future__ import annotations
@@ -38,12 +41,28 @@ def check_mode(mode: str, routers: list, config) -> None:
         return
     if not routers:
         raise ValueError(f"router replay ({mode}) on a model without MoE routers: set actor_rollout_ref.actor.router_replay.mode=disabled")
-    if config.pipeline_model_parallel_size > 1:
-        raise ValueError(f"router replay ({mode}) with megatron.pipeline_model_parallel_size={config.pipeline_model_parallel_size} is not "
-                         "supported yet by rlcore (each stage routes its own layers); use pipeline_model_parallel_size=1")
-    if config.recompute_granularity is not None:
-        raise ValueError(f"router replay ({mode}) with activation recomputation (recompute_granularity={config.recompute_granularity}) "
-                         "is not supported yet by rlcore's megatron engine; turn model.enable_gradient_checkpointing off")
+    if mode == "record" and config.pipeline_model_parallel_size > 1:
+        raise ValueError(f"recording routes (router replay R2) with megatron.pipeline_model_parallel_size={config.pipeline_model_parallel_size} "
+                         "is not supported yet by rlcore (each stage routes its own layers); use mode=R3 (the rollout records them), "
+                         "or pipeline_model_parallel_size=1")
+
+
+def queue_recomputed_routes(replay) -> None:
+    """Makes one router's RouterReplay replay a layer recomputed in backward from its own micro-batch's routes: inside
+    autograd's backward a REPLAY_FORWARD router takes megatron-core's REPLAY_BACKWARD path, which pops the oldest
+    routes `set_target_indices` queued. A layer that is never recomputed never pops; its queue goes at `start`."""
+    replay_topk = replay.get_replay_topk
+
+    def get_replay_topk(*args, **kwargs):
+        if replay.router_replay_action != RouterReplayAction.REPLAY_FORWARD or torch._C._current_graph_task_id() == -1:
+            return replay_topk(*args, **kwargs)
+        replay.router_replay_action = RouterReplayAction.REPLAY_BACKWARD
+        try:
+            return replay_topk(*args, **kwargs)
+        finally:
+            replay.router_replay_action = RouterReplayAction.REPLAY_FORWARD
+
+    replay.get_replay_topk = get_replay_topk
 
 
 def _model_order(routes: torch.Tensor, mb_mask: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
@@ -82,32 +101,39 @@ def _batch_order(tokens: torch.Tensor, mb_mask: torch.Tensor, inputs: ModelInput
 
 
 class RouteReplay:
-    """Sets this rank's routers for one forward (call `before` right before the model runs) and reads what they
-    recorded (`recorded`, in the loss function of the same micro-batch)."""
+    """Sets this rank's routers for one schedule (`start`) and each micro-batch's forward (`before`, right before a
+    model chunk runs), and reads what they recorded (`recorded`, in the loss function of the same micro-batch)."""
 
     def __init__(self, chunks, config) -> None:
         self.routers = layer_routers(chunks)
+        # Per model chunk (virtual pipeline stage): its routers and their layers' columns in the routes.
+        self.chunk_routers = [[(layer.mlp.router, layer.layer_number - 1) for layer in chunk.decoder.layers if hasattr(layer.mlp, "router")]
+                              for chunk in chunks]
         self.config = config
         self.sp = config.sequence_parallel and config.tensor_model_parallel_size > 1
+        for router in self.routers:
+            queue_recomputed_routes(router.router_replay)
 
-    def before(self, mode: str, mb, inputs: ModelInputs) -> None:
+    def start(self, mode: str) -> None:
         check_mode(mode, self.routers, self.config)
+        action = None if mode == "free" else RouterReplayAction.RECORD if mode == "record" else RouterReplayAction.REPLAY_FORWARD
         for router in self.routers:
             router.router_replay.clear_indices()
-            router.router_replay.set_router_replay_action(None if mode == "free" else RouterReplayAction.RECORD if mode == "record"
-                                                          else RouterReplayAction.REPLAY_FORWARD)
+            router.router_replay.set_router_replay_action(action)
+
+    def before(self, mode: str, mb, inputs: ModelInputs, chunk: int = 0) -> None:
         if mode != "replay":
             return
         routes = mb.batch[ROUTES]
-        if tuple(routes.shape[2:]) != (len(self.routers), self.config.moe_router_topk):
-            raise ValueError(f"{ROUTES} of shape {tuple(routes.shape)} for a model of {len(self.routers)} MoE layers, "
+        if tuple(routes.shape[2:]) != (self.config.num_layers, self.config.moe_router_topk):
+            raise ValueError(f"{ROUTES} of shape {tuple(routes.shape)} for a model of {self.config.num_layers} MoE layers, "
                              f"top-{self.config.moe_router_topk}")
         device = inputs.input_ids.device
         tokens = _model_order(routes.to(device).long(), mb.batch["attention_mask"].to(device).bool(), inputs)
         if self.sp:  # this TP rank's contiguous share of the s-major tokens
             tokens = tokens.chunk(self.config.tensor_model_parallel_size)[mpu.get_tensor_model_parallel_rank()]
-        for layer, router in enumerate(self.routers):
-            router.router_replay.set_target_indices(tokens[:, layer].contiguous())
+        for router, layer in self.chunk_routers[chunk]:
+            router.router_replay.set_target_indices(tokens[:, layer].contiguous())  # queued for a recompute too
 
     def recorded(self, mb, inputs: ModelInputs) -> torch.Tensor:
         """This forward's routes as `[batch, seq, layers, top_k]` int16 (on every TP rank)."""
