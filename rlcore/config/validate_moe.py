@@ -31,9 +31,6 @@ def check_router_replay(c) -> None:
         return
     if c.get(f"{ARR}.actor.strategy") == "megatron":
         _check_megatron_replay(c, mode)
-    if c.get(f"{ARR}.actor.ulysses_sequence_parallel_size") != 1:
-        c.error(f"{RR}.mode={mode} with Ulysses sequence parallelism: replayed routes are not sliced over the sequence ranks yet; "
-                f"set {ARR}.actor.ulysses_sequence_parallel_size=1")
 
 
 def _check_megatron_replay(c, mode: str) -> None:

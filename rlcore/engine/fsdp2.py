@@ -166,8 +166,6 @@ class FSDP2Engine(TrainEngine):
             if request.routes != "free":
                 raise ValueError(f"router replay ({request.routes}) on a model without MoE routers: set actor_rollout_ref.actor.router_replay.mode=disabled")
             return contextlib.nullcontext()
-        if self.ulysses is not None and request.routes != "free":
-            raise ValueError("router replay with Ulysses sequence parallelism is not supported yet: set ulysses_sequence_parallel_size=1")
         mask = mb.batch["attention_mask"].to(self.device).bool()
         # Packed rows hold valid tokens only (under Ulysses, each rank's slice: its tail padding counts, a few tokens).
         valid = None if self.spec.use_remove_padding else mask.reshape(-1)
@@ -175,6 +173,8 @@ class FSDP2Engine(TrainEngine):
         if request.routes == "replay":
             routes = mb.batch[ROUTES].to(self.device)
             replay = routes[mask] if self.spec.use_remove_padding else routes.reshape(-1, *routes.shape[2:])
+            if self.ulysses is not None:  # this rank's slice of the packed tokens; the padding takes experts 0..k-1
+                replay = self.ulysses.local_tokens(replay, torch.arange(replay.shape[-1], device=self.device, dtype=replay.dtype))
         aux = train and bool(getattr(self.hf_config, "output_router_logits", False))
         # A replaying forward records too: what the experts received, for the caller that checks it.
         return self.routing.run(replay=replay, valid=valid, record=request.routes != "free", aux=aux, count=train)
@@ -186,7 +186,10 @@ class FSDP2Engine(TrainEngine):
             return
         if p.record:
             mask = mb.batch["attention_mask"].bool()
-            recorded = to_routes(p.recorded, self.routing.num_layers).cpu()
+            recorded = to_routes(p.recorded, self.routing.num_layers)
+            if self.ulysses is not None:  # each rank routed its slice of the packed tokens
+                recorded = self.ulysses.all_tokens(recorded, int(mask.sum()))
+            recorded = recorded.cpu()
             if self.spec.use_remove_padding:
                 routes = recorded.new_zeros(*mask.shape, *recorded.shape[1:])
                 routes[mask] = recorded

@@ -101,6 +101,21 @@ class Ulysses:
                         attention_kwargs=kwargs)
         return local, SequenceShard(start, length, counts.tolist(), index[mine] - start)
 
+    def local_tokens(self, values: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a per-token tensor `[total, ...]` over the packed row, laid out as `shard` lays out
+        input_ids (the row padded with `fill` to a multiple of sp)."""
+        length = -(-len(values) // self.size)
+        padded = torch.cat([values, fill.expand(length * self.size - len(values), *values.shape[1:])])
+        return padded[self.rank * length : (self.rank + 1) * length]
+
+    def all_tokens(self, local: torch.Tensor, total: int) -> torch.Tensor:
+        """The inverse of `local_tokens` (not differentiable): every rank's slice -> `[total, ...]` on every rank.
+        Integers travel as int64 (gloo gathers no int16)."""
+        wide = local if local.is_floating_point() else local.long()
+        parts = [torch.empty_like(wide) for _ in range(self.size)]
+        dist.all_gather(parts, wide.contiguous(), group=self.group)
+        return torch.cat(parts)[:total].to(local.dtype)
+
     def mine(self, shard: SequenceShard, values: torch.Tensor) -> torch.Tensor:
         """This rank's part of a per-response-token tensor `[..., num_response_tokens]` (the tokens its states predict)."""
         start = sum(shard.response_counts[: self.rank])

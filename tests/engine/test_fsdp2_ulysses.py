@@ -83,6 +83,29 @@ def _run(engine, data, rows):
             "grads": grads, "grad_norm": step["grad_norm"]}
 
 
+def _run_routes(engine, data, rows):
+    """A mixture of experts' routes under Ulysses: those a free forward records (each rank routed its slice, gathered),
+    then forced routes no router would pick, replayed in a forward and in the update (each rank forcing its slice)."""
+    from rlcore.engine.base import TokenRequest
+    from rlcore.models.router import ROUTES
+
+    micro = data.split(rows)
+    recorded = torch.cat([o[ROUTES] for o in engine.forward(micro, lambda out, mb: {ROUTES: out[ROUTES]}, TokenRequest(routes="record"))])
+    ids = data.batch["input_ids"]
+    layers, k, experts = 2, 2, 8  # tiny-qwen3-moe
+    # From each token's id and column, not its row: sp=1's halves and sp=2's whole batch force the same routes.
+    forced = (ids[:, :, None, None] + torch.arange(ids.shape[1])[None, :, None, None] + torch.arange(layers)[None, None, :, None]
+              + torch.arange(k)) % experts
+    data = DataProto.from_dict({**{k: v for k, v in data.batch.items()}, ROUTES: forced.to(torch.int16)})
+    micro = data.split(rows)
+    replay = TokenRequest(0.7, True, routes="replay")
+    replayed = torch.cat([o["lp"] for o in engine.forward(micro, lambda out, mb: {"lp": out["log_probs"]}, replay)])
+    metrics = engine.forward_backward(micro, _loss(engine, data), replay)
+    grads = [p.grad.full_tensor().clone() for p in engine.model.parameters() if p.grad is not None]
+    return {"routes": recorded, "log_probs": replayed, "loss": sum(m["loss"] for m in metrics), "grads": grads,
+            "grad_norm": engine.optimizer_step()["grad_norm"]}
+
+
 def rollout_batch():
     batch = make_rollout_batch(ROWS, 7, 9, 60, seed=11)
     batch["response_mask"][::2, 1:3] = 0  # a tool's output inside the response: attended to, not trained on
@@ -90,7 +113,8 @@ def rollout_batch():
 
 
 VARIANTS = {"qwen2": {}, "qwen2_ckpt": {"gradient_checkpointing": True}, "qwen2_lora": {"lora": LoraSpec(4, 8)}, "qwen2tied": {},
-            "llama": {}, "qwen3": {}, "qwen3moe": {}}  # qwen3moe: a mixture of experts, each rank routing its slice
+            "llama": {}, "qwen3": {}, "qwen3moe": {},  # qwen3moe: a mixture of experts, each rank routing its slice
+            "qwen3moe_replay": {}}  # its routes recorded and forced (router replay), each rank its slice
 
 
 def _rank_main(rank, world, port, dirs, out_dir):
@@ -105,7 +129,7 @@ def _rank_main(rank, world, port, dirs, out_dir):
             spec = EngineSpec(model_path=dirs[variant.split("_")[0]], use_remove_padding=True, lr=1e-3, ulysses_sp=sp, **extra)
             engine = FSDP2Engine(spec, torch.device("cpu"))
             assert (engine.dp_size, engine.dp_rank) == ((2, rank) if sp == 1 else (1, 0))
-            runs[sp] = _run(engine, share, rows)
+            runs[sp] = (_run_routes if variant == "qwen3moe_replay" else _run)(engine, share, rows)
         results[variant] = runs
     values = {}
     for kind in ("value", "reward"):  # a critic reads its head before each response token, a reward model at it
@@ -136,7 +160,24 @@ def test_micro_batches_have_odd_packed_lengths():
     assert (lengths % 2 == 1).any(), lengths  # the sp=2 engine pads at least one packed row
 
 
-@pytest.mark.parametrize("model", list(VARIANTS))
+def test_router_replay_under_sp2_equals_sp1(parity):
+    """Recorded routes (every real token) and, under forced routes, log-probs, the loss and the gradient."""
+    ranks = [p["results"]["qwen3moe_replay"] for p in parity]
+    batch = make_rollout_batch(ROWS, 7, 9, 60, seed=11)
+    real, response = batch["attention_mask"].bool(), batch["response_mask"].bool()
+    sp1 = {key: torch.cat([r[1][key] for r in ranks]) for key in ("routes", "log_probs")}
+    for r in ranks:
+        assert torch.equal(r[2]["routes"][real], sp1["routes"][real])
+        torch.testing.assert_close(r[2]["log_probs"][response], sp1["log_probs"][response], atol=1e-5, rtol=0)
+    assert ranks[0][2]["loss"] == pytest.approx(sum(r[1]["loss"] for r in ranks) / 2, abs=1e-5)
+    for a, b in zip(ranks[0][2]["grads"], ranks[0][1]["grads"]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert ranks[0][2]["grad_norm"] == pytest.approx(ranks[0][1]["grad_norm"], abs=1e-5)
+    free = parity[0]["results"]["qwen3moe"][2]["log_probs"]  # the same model and batch, routing freely
+    assert (ranks[0][2]["log_probs"][response] - free[response]).abs().max() > 1e-3  # the forced routes took effect
+
+
+@pytest.mark.parametrize("model", [v for v in VARIANTS if v != "qwen3moe_replay"])
 def test_sp2_equals_sp1(parity, model):
     ranks = [p["results"][model] for p in parity]
     mask = make_rollout_batch(ROWS, 7, 9, 60, seed=11)["response_mask"].bool()  # every response token (holes included)
