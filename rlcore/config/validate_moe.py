@@ -27,18 +27,3 @@ def check_router_replay(c) -> None:
         c.error(f"{RR}.mode=R3 replays the rollout's routes, which the rollout records only with {RECORD}=True; set it, or use mode=R2")
     if c.get(RECORD) and mode != "R3":
         c.error(f"{RECORD}=True records routes that only {RR}.mode=R3 replays ({RR}.mode={mode}); set mode=R3, or the key to False")
-    if mode == "disabled":
-        return
-    if c.get(f"{ARR}.actor.strategy") == "megatron":
-        _check_megatron_replay(c, mode)
-
-
-def _check_megatron_replay(c, mode: str) -> None:
-    """megatron-core's RouterReplay records and forces routes per router (rlcore.engine.megatron.routes): a pipeline
-    stage replays its own layers' columns, and a layer recomputed in backward replays its micro-batch's routes; but a
-    stage records only its own layers, which the last stage's outputs lack."""
-    pp = c.get(f"{ARR}.actor.megatron.pipeline_model_parallel_size")
-    if mode == "R2" and pp != 1:
-        c.error(f"{RR}.mode=R2 with {ARR}.actor.megatron.pipeline_model_parallel_size={pp}: R2 records routes in the old-log-prob pass, and "
-                f"rlcore does not gather them across pipeline stages yet; use mode=R3 (the rollout records them), or "
-                f"pipeline_model_parallel_size=1")

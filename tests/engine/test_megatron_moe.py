@@ -121,12 +121,13 @@ def _replay_case(rank, model, model_dir, out_dir):
     config = engine.config
     data.batch[ROUTES] = forced_routes(data, config.num_layers, config.moe_router_topk, config.num_moe_experts)
     parts, _ = make_micro_batches(data, MicroBatchSpec(rows=2))
+    recorded = engine.forward(parts, lambda o, mb: {"routes": o[ROUTES]}, TokenRequest(routes="record"))  # each stage its layers
     replay = TokenRequest(routes="replay")
     replayed = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]}, replay)
     metrics = engine.forward_backward(parts, policy_loss_fn(data, 1), replay)
     step = engine.optimizer_step()
     if engine.is_output_rank:
-        torch.save({"replayed_lp": torch.cat([r["lp"] for r in replayed]), "pg_loss": sum(m["actor/pg_loss"] for m in metrics),
+        torch.save({"routes": torch.cat([r["routes"] for r in recorded]), "replayed_lp": torch.cat([r["lp"] for r in replayed]), "pg_loss": sum(m["actor/pg_loss"] for m in metrics),
                     "grad_norm": step["grad_norm"]}, os.path.join(out_dir, f"replay-{model}.pt"))
 
 
@@ -260,9 +261,12 @@ def test_router_replay_records_hf_routes_and_forces_given_ones(run_dir, referenc
 
 @pytest.mark.parametrize("model", MODELS)
 def test_replay_holds_over_pipeline_stages_and_through_recomputation(run_dir, reference, model):
-    """PP2 with every layer recomputed: each stage forces its own layers' routes, and the update replays each micro-batch's
-    routes in its recompute (the loss and gradient of HF's modules under the same forced routes, the router's included)."""
+    """PP2 with every layer recomputed: recorded routes gather both stages' layers (HF's routes); each stage forces its
+    own layers' routes, and the update replays each micro-batch's routes in its recompute (the loss and gradient of HF's
+    modules under the same forced routes, the router's included)."""
     got, want = torch.load(run_dir / f"replay-{model}.pt", weights_only=False), reference[model]
+    real = want["data"].batch["attention_mask"].bool()
+    assert got["routes"].dtype == torch.int16 and torch.equal(got["routes"][real], want["routes"][real])  # both stages' layers
     response = want["data"].batch["response_mask"].bool()
     torch.testing.assert_close(got["replayed_lp"][response], want["forced_lp"][response], atol=1e-5, rtol=0)
     assert got["pg_loss"] == pytest.approx(want["forced_pg_loss"], abs=1e-6)

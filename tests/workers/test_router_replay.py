@@ -126,14 +126,24 @@ def test_a_checkpointed_layer_replays_the_same_routes_in_its_recompute(moe_dir, 
     (["actor_rollout_ref.actor.router_replay.mode=R4"], "is not one of disabled, R2, R3"),
     (["actor_rollout_ref.actor.router_replay.record_file=/tmp/x"], "verl declares it and never reads it"),
     (["actor_rollout_ref.ref.router_replay.mode=R2"], "the reference replays the actor's routes"),
-    (["actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.strategy=megatron",
-      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"], "use mode=R3 \\(the rollout records them\\)"),
 ])
 def test_router_replay_keys_are_checked_before_ray_starts(overrides, message, tiny_model_dir, tiny_task_dir, tmp_path):
     from e2e_utils import tiny_cfg
 
     with pytest.raises(ConfigError, match=message):
         check_config(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *overrides))
+
+
+@pytest.mark.parametrize("overrides", [
+    ("actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.strategy=megatron",
+     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", "actor_rollout_ref.model.enable_gradient_checkpointing=True"),
+    (*R3, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"),
+])
+def test_replay_runs_over_pipeline_stages_recomputation_and_ulysses(overrides, tiny_model_dir, tiny_task_dir, tmp_path):
+    """Both were refused before; tests/engine/test_megatron_moe.py and test_fsdp2_ulysses.py run them."""
+    from e2e_utils import tiny_cfg
+
+    check_config(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, *overrides))
 
 
 def test_replay_on_a_dense_model_names_the_key(tiny_model_dir, tiny_task_dir, tmp_path):

@@ -179,7 +179,12 @@ class MegatronEngine(TrainEngine):
         channels = {"values": 0} if self.spec.kind == "value" else {name: TOKEN_CHANNELS.index(name) for name in channel_names(request)}
 
         chunk_of = {id(chunk): i for i, chunk in enumerate(self.model)}
+        index_of = {id(mb): i for i, mb in enumerate(micro_batches)}
         self.routes.start(request.routes)
+        # Routes recorded over pipeline stages are whole only after the schedule: on_output runs then (forward-only).
+        staged = request.routes == "record" and self.layout.pp > 1
+        if staged and not forward_only:
+            raise ValueError("recording routes over pipeline stages runs in forward-only passes (the old-log-prob pass)")
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
@@ -190,10 +195,14 @@ class MegatronEngine(TrainEngine):
             output = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=None,
                            packed_seq_params=inputs.packed_seq_params)
             self.router_load.after_forward()  # a recomputation in backward routes again: not counted twice
+            if staged:
+                self.routes.keep_stage(index_of[id(mb)], mb, inputs, chunk_of[id(model)])
 
             def loss_func(output_tensor):
                 per_token = inputs.unpack(output_tensor)
                 outputs = {name: per_token[..., i].float() for name, i in channels.items()}
+                if staged:
+                    return output_tensor.sum() * 0, (outputs, mb)
                 if request.routes == "record":
                     outputs[ROUTES] = self.routes.recorded(mb, inputs)
                 loss, result = on_output(outputs, mb)
@@ -210,6 +219,9 @@ class MegatronEngine(TrainEngine):
         )
         self._inputs = None
         self.routes.after()
+        if staged:
+            routes = self.routes.stage_routes(micro_batches, self.device)
+            results = [on_output({**outputs, ROUTES: r}, mb)[1] for (outputs, mb), r in zip(results, routes)]
         return list(results) if mpu.is_pipeline_last_stage() else []
 
     def _fit_interleaving(self, micro_batches: list) -> list:

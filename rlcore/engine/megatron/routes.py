@@ -13,7 +13,8 @@ MoE routes, so a layer's column is its layer number). megatron-core's RouterRepl
 set last and has a REPLAY_BACKWARD action that pops the oldest routes not yet recomputed, but nothing in megatron-core
 switches between the two; rlcore queues every micro-batch's routes per router and a layer recomputed inside
 autograd's backward pops its own (megatron-core's schedules run a stage's backwards in forward order). Recording
-with pipeline stages is refused: each stage would hold its own layers' routes, which the last stage's outputs lack.
+with pipeline stages (a forward-only pass): each stage keeps its layers' columns of every micro-batch, and after the
+schedule they are summed over the pipeline group (every other column is zero) before the outputs are made.
 """
 
 from __future__ import annotations
@@ -41,10 +42,6 @@ def check_mode(mode: str, routers: list, config) -> None:
         return
     if not routers:
         raise ValueError(f"router replay ({mode}) on a model without MoE routers: set actor_rollout_ref.actor.router_replay.mode=disabled")
-    if mode == "record" and config.pipeline_model_parallel_size > 1:
-        raise ValueError(f"recording routes (router replay R2) with megatron.pipeline_model_parallel_size={config.pipeline_model_parallel_size} "
-                         "is not supported yet by rlcore (each stage routes its own layers); use mode=R3 (the rollout records them), "
-                         "or pipeline_model_parallel_size=1")
 
 
 def queue_recomputed_routes(replay) -> None:
@@ -111,11 +108,13 @@ class RouteReplay:
                               for chunk in chunks]
         self.config = config
         self.sp = config.sequence_parallel and config.tensor_model_parallel_size > 1
+        self._stages: dict[int, torch.Tensor] = {}  # micro-batch -> its routes, this stage's columns (record, PP > 1)
         for router in self.routers:
             queue_recomputed_routes(router.router_replay)
 
     def start(self, mode: str) -> None:
         check_mode(mode, self.routers, self.config)
+        self._stages.clear()
         action = None if mode == "free" else RouterReplayAction.RECORD if mode == "record" else RouterReplayAction.REPLAY_FORWARD
         for router in self.routers:
             router.router_replay.clear_indices()
@@ -135,13 +134,36 @@ class RouteReplay:
         for router, layer in self.chunk_routers[chunk]:
             router.router_replay.set_target_indices(tokens[:, layer].contiguous())  # queued for a recompute too
 
-    def recorded(self, mb, inputs: ModelInputs) -> torch.Tensor:
-        """This forward's routes as `[batch, seq, layers, top_k]` int16 (on every TP rank)."""
-        tokens = torch.stack([r.router_replay.get_recorded_indices() for r in self.routers], dim=1)  # [tokens, L, k]
+    def recorded(self, mb, inputs: ModelInputs, routers: list | None = None) -> torch.Tensor:
+        """This forward's routes as `[batch, seq, layers, top_k]` int16 (on every TP rank), of `routers` (all)."""
+        tokens = torch.stack([r.router_replay.get_recorded_indices() for r in routers or self.routers], dim=1)  # [tokens, L, k]
         if self.sp:
             tokens = gather_from_sequence_parallel_region(tokens, group=mpu.get_tensor_model_parallel_group())
         mask = mb.batch["attention_mask"].to(tokens.device).bool()
         return _batch_order(tokens, mask, inputs, mask.shape[1]).to(ROUTE_DTYPE)
+
+    def keep_stage(self, index: int, mb, inputs: ModelInputs, chunk: int) -> None:
+        """Pipeline stages: right after a chunk's forward of micro-batch `index`, its layers' columns of the routes."""
+        routers = self.chunk_routers[chunk]
+        if not routers:
+            return
+        mask = mb.batch["attention_mask"]
+        full = self._stages.setdefault(index, torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk,
+                                                          dtype=torch.long, device=inputs.input_ids.device))
+        full[:, :, [layer for _, layer in routers]] = self.recorded(mb, inputs, [r for r, _ in routers]).long()
+
+    def stage_routes(self, micro_batches: list, device: torch.device) -> list[torch.Tensor]:
+        """Every micro-batch's routes of all layers `[batch, seq, layers, top_k]` int16, summed over the pipeline
+        group from the stages' columns (collective: every rank of a replica calls it)."""
+        out = []
+        for index, mb in enumerate(micro_batches):
+            mask = mb.batch["attention_mask"]
+            full = self._stages.pop(index, None)
+            if full is None:  # a stage without MoE layers
+                full = torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk, dtype=torch.long, device=device)
+            torch.distributed.all_reduce(full, group=mpu.get_pipeline_model_parallel_group())
+            out.append(full.to(ROUTE_DTYPE))
+        return out
 
     def after(self) -> None:
         """Back to free routing, nothing kept."""
