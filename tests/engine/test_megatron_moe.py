@@ -51,6 +51,9 @@ LAYOUTS = {
     "tp2_sp_packed": ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, ("tiny-qwen3-moe",), True),
     "tp2_sp_allgather": ({"tensor_model_parallel_size": 2, "sequence_parallel": True,
                           "override_transformer_config": {"moe_token_dispatcher_type": "allgather"}}, ("tiny-qwen2-moe",), False),
+    # MoE parallel folding: attention over TP2, each expert whole on one of 2 EP ranks (expert TP 1), the same 2 ranks.
+    "tp2_sp_ep2": ({"tensor_model_parallel_size": 2, "sequence_parallel": True, "expert_model_parallel_size": 2,
+                    "expert_tensor_parallel_size": 1}, ("tiny-qwen2-moe",), False),
 }
 CASES = [(layout, model) for layout, (_, models, _) in LAYOUTS.items() for model in models]
 
@@ -80,7 +83,12 @@ def _engine_case(rank, layout, model, model_dir, out_dir):
     spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=megatron, param_dtype="float32", lr=LR,
                       weight_decay=0.0, grad_clip=1e9, use_remove_padding=LAYOUTS[layout][2])
     engine = build_engine("megatron", spec, torch.device("cpu"))
-    out = {"loaded_weights": dict(engine.rollout_weights())}  # before any training: the checkpoint, re-laid out
+    from megatron.core import parallel_state as mpu
+
+    experts = {n: p.shape for n, p in engine.modules[0].named_parameters() if "experts" in n and "shared" not in n}
+    out = {"loaded_weights": dict(engine.rollout_weights()),  # before any training: the checkpoint, re-laid out
+           "layout": (mpu.get_tensor_model_parallel_world_size(), mpu.get_expert_model_parallel_world_size(),
+                      mpu.get_expert_tensor_parallel_world_size()), "expert_shapes": experts}
     data = batch(engine.vocab_size)
     config = engine.config
     data.batch[ROUTES] = forced_routes(data, config.num_layers, config.moe_router_topk, config.num_moe_experts)
@@ -272,6 +280,17 @@ def test_replay_holds_over_pipeline_stages_and_through_recomputation(run_dir, re
     assert got["pg_loss"] == pytest.approx(want["forced_pg_loss"], abs=1e-6)
     assert got["grad_norm"] == pytest.approx(want["forced_grad_norm"], rel=1e-5)
     assert abs(want["forced_grad_norm"] - want["grad_norm"]) > 1e-3 * want["grad_norm"]  # the forced routes changed the gradient
+
+
+def test_tp2_ep2_folds_experts_over_the_tensor_parallel_ranks(run_dir, reference):
+    """tp2_sp_ep2 runs as asked: attention over TP2, and each rank holds 4 of the 8 experts whole (expert TP 1), where
+    TP2 alone gives every rank a half of each of the 8."""
+    folded, _ = _ranks(run_dir, "tp2_sp_ep2", "tiny-qwen2-moe")
+    sliced, _ = _ranks(run_dir, "tp2_sp_allgather", "tiny-qwen2-moe")
+    assert folded[0]["layout"] == (2, 2, 1) and sliced[0]["layout"] == (2, 1, 2)
+    fc1 = lambda rank: [shape for name, shape in rank["expert_shapes"].items() if "linear_fc1" in name]  # noqa: E731
+    assert len(fc1(folded[0])) == len(fc1(sliced[0])) // 2  # sequential experts: one weight per local expert
+    assert fc1(folded[0])[0][0] == 2 * fc1(sliced[0])[0][0]  # each a whole expert, not a TP half
 
 
 @pytest.mark.slow
