@@ -10,6 +10,8 @@
 #              sleep, generated tokens/s against HF generate
 #   trl        bench/vs_trl.py on the GPU workload: rlcore against TRL's GRPOTrainer, alternating, same settings
 #   vllm_tests tests/rollout/test_vllm.py on CUDA (the adapter's parity tests)
+#   moe        bench/moe_rollout.py: a Qwen3-30B-A3B layer shape (8 layers) in bf16 through the native engine, greedy
+#              parity with HF generate and the training forward, tokens/s against HF generate, with R3 recording
 #   extra      the padded native run (packed vs padded) and the GPU regression tests, as time allows
 #
 # Before it, the calls that deliver `bash ../shared/gpu/vllm_kit.sh`'s parts (VLLM_KIT_SLIM=1) must have filled
@@ -18,9 +20,9 @@
 # wheels for CPython 3.12), appends the part as the kit prints, then runs:
 #   bash bench/gpu_session.sh [BUDGET_SECONDS]     # default 480
 # STAGES="step trl" picks stages (default: all, in the order above). The first session (2026-11-27, H100) passed the
-# smoke check and ran the vLLM step; the next one should start with STAGES="step trl vllm_tests extra".
+# smoke check and ran the vLLM step; the next one should start with STAGES="step trl vllm_tests moe extra".
 set -u
-STAGES=${STAGES:-smoke step trl vllm_tests extra}
+STAGES=${STAGES:-smoke step trl vllm_tests moe extra}
 BUDGET=${1:-480}
 END=$((SECONDS + BUDGET))
 LOGS=${OUT:-/tmp/gpu_session}
@@ -72,6 +74,7 @@ stage trl 90 180 env PYTHONPATH=/tmp/trlsite $RLCORE python3 bench/vs_trl.py --s
   --betas 0.001 --steps 4 --runs 1 --trl-python python3
 # -x -rf: the first failure and its traceback are printed at once (a run stopped at its limit printed only "F")
 stage vllm_tests 60 150 $VLLM $RLCORE python3 -m pytest -x -rf --tb=short -p no:cacheprovider -m vllm tests/rollout/test_vllm.py
+stage moe 60 150 $RLCORE python3 bench/moe_rollout.py --reps 3
 stage extra 60 200 $RLCORE "${STEP[@]}" --modes padded --rollouts native
 stage extra 45 150 $RLCORE python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 echo "== done: $((SECONDS)) s" | tee -a "$SUMMARY"

@@ -41,6 +41,13 @@ def test_prefix_grouper_benchmark_prints_both_passes_and_equal_log_probs(capsys)
     assert len(re.findall(r"speed-up [\d.]+x", out)) == 2, out
 
 
+def test_moe_rollout_benchmark_prints_parity_and_both_engines_against_hf(capsys):
+    out = bench(capsys, "moe_rollout", "--prompts", "2", "--n", "2", "--max_tokens", "4", "--reps", "1")
+    parity = re.findall(r"greedy rows equal to HF generate ([\d.]+), .* max \|log-prob - training forward\| ([\d.e+-]+)", out)
+    assert len(parity) == 2 and all(float(rows) == 1.0 and float(diff) < 1e-4 for rows, diff in parity), out  # fp32: exact
+    assert len(re.findall(r"^(skewed|uniform)\s+[\d.]+\s+\d+\s+\d+\s+\d+\s+[\d.]+x$", out, re.MULTILINE)) == 2, out
+
+
 @pytest.mark.slow
 def test_megatron_layouts_benchmark_prints_every_layout_against_fsdp2(capsys):
     pytest.importorskip("megatron.core")

@@ -43,6 +43,11 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                                  num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960,
                                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # Qwen3-30B-A3B's layer (its config.json), 8 of its 48 layers: a MoE decode shape one GPU holds (bench/moe_rollout.py).
+    "qwen3-30b-a3b-l8": ("qwen3_moe", dict(hidden_size=2048, num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=4,
+                                           head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                           intermediate_size=6144, norm_topk_prob=True, tie_word_embeddings=False,
+                                           max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
 }
 TINY_FAMILIES = [name for name in SHAPES if name.startswith("tiny-")]
 TINY_MOE = [name for name in TINY_FAMILIES if name.endswith("-moe")]
