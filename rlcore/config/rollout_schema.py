@@ -83,7 +83,7 @@ class RolloutConfig:
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
     multi_stage_wake_up: bool = False  # wake the rollout's weights, sync, then its KV cache (lower peak memory)
     over_sample_rate: float = 0.0  # verl: abort the slowest requests once (1 - rate) of them finished; rlcore: 0 only
-    enable_rollout_routing_replay: bool = False  # MoE: record each token's routes for R3 router replay (native engine)
+    enable_rollout_routing_replay: bool = False  # MoE: each token's routes for R3 (native or vLLM: vLLM then eager, no prefix cache)
     engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)  # engine pass-through
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)  # validation sampling
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)  # weight sync
