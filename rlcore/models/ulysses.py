@@ -112,9 +112,9 @@ class Ulysses:
         """The inverse of `local_tokens` (not differentiable): every rank's slice -> `[total, ...]` on every rank.
         Integers travel as int64 (gloo gathers no int16)."""
         wide = local if local.is_floating_point() else local.long()
-        parts = [torch.empty_like(wide) for _ in range(self.size)]
-        dist.all_gather(parts, wide.contiguous(), group=self.group)
-        return torch.cat(parts)[:total].to(local.dtype)
+        out = wide.new_empty(self.size * wide.numel())
+        all_gather_flat(out, wide.reshape(-1), group=self.group)
+        return out.view(self.size * len(local), *local.shape[1:])[:total].to(local.dtype)
 
     def mine(self, shard: SequenceShard, values: torch.Tensor) -> torch.Tensor:
         """This rank's part of a per-response-token tensor `[..., num_response_tokens]` (the tokens its states predict)."""

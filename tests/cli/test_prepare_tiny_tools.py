@@ -10,7 +10,8 @@ from rlcore.data.synthetic_tools import tool_trace
 
 TOY = dict(SETTINGS, num_train=60, num_test=20, num_sft=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
            num_attention_heads=2, num_key_value_heads=2, batch_size=8, warmup_steps=1, max_steps=3, eval_every=2,
-           probe_rows=10, stop_exact_match=1.1)  # above 1: never reached, so the SFT runs all max_steps
+           probe_rows=10, stop_exact_match=1.1,  # above 1: never reached, so the SFT runs all max_steps
+           probe_below_loss=1e9)  # probes at every eval_every step (the toy's loss stays high)
 
 
 def test_builds_a_loadable_warm_start_and_reuses_it(tmp_path, capsys):
@@ -37,3 +38,6 @@ def test_builds_a_loadable_warm_start_and_reuses_it(tmp_path, capsys):
     # Changed settings rebuild; a threshold of 0 is met at the first probe evaluation (step eval_every).
     prepare(out, dict(TOY, stop_exact_match=0.0))
     assert "SFT 2 steps" in capsys.readouterr().out
+    # No probe while the loss is above probe_below_loss: the threshold of 0 is met only at the last step's probe.
+    prepare(out, dict(TOY, stop_exact_match=0.0, probe_below_loss=0.0))
+    assert "SFT 3 steps" in capsys.readouterr().out

@@ -26,6 +26,7 @@ from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
 from rlcore.engine.megatron.inputs import ModelInputs
 from rlcore.models.router import ROUTE_DTYPE, ROUTES
+from rlcore.utils.dist import all_reduce
 
 MODES = ("free", "record", "replay")
 
@@ -161,7 +162,7 @@ class RouteReplay:
             full = self._stages.pop(index, None)
             if full is None:  # a stage without MoE layers
                 full = torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk, dtype=torch.long, device=device)
-            torch.distributed.all_reduce(full, group=mpu.get_pipeline_model_parallel_group())
+            all_reduce(full, group=mpu.get_pipeline_model_parallel_group())
             out.append(full.to(ROUTE_DTYPE))
         return out
 
