@@ -251,7 +251,11 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
             actor.optimizer_step()
 
         with phases.running(actor, "update_actor"):
-            update()  # AdamW creates its moments here: the phases below are measured in the steady state
+            # AdamW creates its moments at its first step, so the phases below are measured in the steady state. A zero
+            # gradient is enough for that step: a forward and backward there would cost as much as the update measured.
+            for p in actor.trained:
+                p.grad = torch.zeros_like(p)
+            actor.optimizer_step()
         steps = [("sync", "actor", sync, [woken]), ("generate", None, lambda: None, rollout_items),
                  ("old_log_prob", "actor", lambda: actor.forward([log_prob_mb], lambda o, mb: o, request), [])]
         if use_ref:

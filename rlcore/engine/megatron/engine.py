@@ -180,7 +180,7 @@ class MegatronEngine(TrainEngine):
 
         chunk_of = {id(chunk): i for i, chunk in enumerate(self.model)}
         index_of = {id(mb): i for i, mb in enumerate(micro_batches)}
-        self.routes.start(request.routes)
+        self.routes.start(request.routes, forward_only)
         # Routes recorded over pipeline stages are whole only after the schedule: on_output runs then (forward-only).
         staged = request.routes == "record" and self.layout.pp > 1
         if staged and not forward_only:
@@ -220,7 +220,7 @@ class MegatronEngine(TrainEngine):
         self._inputs = None
         self.routes.after()
         if staged:
-            routes = self.routes.stage_routes(micro_batches, self.device)
+            routes = self.routes.stage_routes(micro_batches)
             results = [on_output({**outputs, ROUTES: r}, mb)[1] for (outputs, mb), r in zip(results, routes)]
         return list(results) if mpu.is_pipeline_last_stage() else []
 

@@ -113,9 +113,11 @@ class RouteReplay:
         for router in self.routers:
             queue_recomputed_routes(router.router_replay)
 
-    def start(self, mode: str) -> None:
+    def start(self, mode: str, forward_only: bool) -> None:
         check_mode(mode, self.routers, self.config)
         self._stages.clear()
+        # Only a layer recomputed in backward reads the queue; elsewhere it would hold every micro-batch's routes.
+        self._queue = not forward_only and self.config.recompute_granularity is not None
         action = None if mode == "free" else RouterReplayAction.RECORD if mode == "record" else RouterReplayAction.REPLAY_FORWARD
         for router in self.routers:
             router.router_replay.clear_indices()
@@ -134,6 +136,8 @@ class RouteReplay:
             tokens = tokens.chunk(self.config.tensor_model_parallel_size)[mpu.get_tensor_model_parallel_rank()]
         for router, layer in self.chunk_routers[chunk]:
             router.router_replay.set_target_indices(tokens[:, layer].contiguous())  # queued for a recompute too
+            if not self._queue:
+                router.router_replay.replay_backward_list.clear()
 
     def recorded(self, mb, inputs: ModelInputs, routers: list | None = None) -> torch.Tensor:
         """This forward's routes as `[batch, seq, layers, top_k]` int16 (on every TP rank), of `routers` (all)."""
@@ -149,21 +153,21 @@ class RouteReplay:
         if not routers:
             return
         mask = mb.batch["attention_mask"]
-        full = self._stages.setdefault(index, torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk,
-                                                          dtype=torch.long, device=inputs.input_ids.device))
-        full[:, :, [layer for _, layer in routers]] = self.recorded(mb, inputs, [r for r, _ in routers]).long()
+        # On the host, as the outputs will be: a pass's routes of every layer would crowd the device until the end.
+        full = self._stages.setdefault(index, torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk, dtype=ROUTE_DTYPE))
+        full[:, :, [layer for _, layer in routers]] = self.recorded(mb, inputs, [r for r, _ in routers]).cpu()
 
-    def stage_routes(self, micro_batches: list, device: torch.device) -> list[torch.Tensor]:
-        """Every micro-batch's routes of all layers `[batch, seq, layers, top_k]` int16, summed over the pipeline
-        group from the stages' columns (collective: every rank of a replica calls it)."""
+    def stage_routes(self, micro_batches: list) -> list[torch.Tensor]:
+        """Every micro-batch's routes of all layers `[batch, seq, layers, top_k]` int16 on the host, summed over the
+        pipeline group from the stages' columns (collective: every rank of a replica calls it). They travel as int32:
+        neither NCCL nor gloo reduces int16."""
         out = []
         for index, mb in enumerate(micro_batches):
             mask = mb.batch["attention_mask"]
             full = self._stages.pop(index, None)
             if full is None:  # a stage without MoE layers
-                full = torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk, dtype=torch.long, device=device)
-            all_reduce(full, group=mpu.get_pipeline_model_parallel_group())
-            out.append(full.to(ROUTE_DTYPE))
+                full = torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk, dtype=ROUTE_DTYPE)
+            out.append(all_reduce(full.int(), group=mpu.get_pipeline_model_parallel_group()).to(ROUTE_DTYPE))
         return out
 
     def after(self) -> None:
