@@ -24,6 +24,7 @@ LAYERS = [  # top to bottom
     ("data", ("rlcore.data",)),
     ("models", ("rlcore.models",)),
     ("plans", ("rlcore.plan",)),
+    ("model families", ("rlcore.families",)),
     ("config", ("rlcore.config",)),
     ("batch type", ("rlcore.protocol",)),
     ("utils", ("rlcore.utils", "rlcore")),

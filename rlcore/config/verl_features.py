@@ -27,7 +27,7 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "policy's model section (with no effect)"),
     (("data.image_key", "data.video_key", "data.image_patch_size", "data.return_multi_modal_inputs", "*.freeze_vision_tower"),
      "vision-language models",
-     "rlcore trains text-only causal LMs (the families in rlcore/plan/families.py)"),
+     "rlcore trains text-only causal LMs (the families in rlcore/families/)"),
     (("actor_rollout_ref.rollout.engine_kwargs.sglang*", "actor_rollout_ref.rollout.engine_kwargs.trtllm*"),
      "SGLang / TensorRT-LLM engine options", "rlcore's rollout engines are native and vllm (neither has a CPU build "
      "to test them on in CI)"),

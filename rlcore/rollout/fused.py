@@ -16,14 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlcore.families import FAMILIES
 from rlcore.rollout.kv_pool import SlotCache, pool_attention
-
-SUPPORTED = ("qwen2", "qwen3", "llama")
 
 
 def fusable(model: nn.Module) -> bool:
+    """Whether the model's blocks are Llama's (its family says so: rlcore.families.<family>.FAMILY.fused_decode) with
+    full attention and projections the fused GEMMs can stack."""
     c = model.config
-    return (c.model_type in SUPPORTED and not getattr(c, "use_sliding_window", False) and getattr(c, "pretraining_tp", 1) == 1
+    family = FAMILIES.get(c.model_type)
+    return (family is not None and family.fused_decode and not getattr(c, "use_sliding_window", False) and getattr(c, "pretraining_tp", 1) == 1
             and all(_same_bias(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
                     and _same_bias(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers))
 

@@ -170,7 +170,7 @@ def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
         if arch is not None:
             head = arch.hidden if paths[role][1] else arch.vocab * arch.hidden
             # a MoE token uses only its top-k experts: the FLOPs (and MFU) count those
-            shapes[role] = {"body": arch.layers * arch.active_layer_params(), "head": head, "layers": arch.layers, "attn_width": arch.heads * arch.dim}
+            shapes[role] = {"body": arch.active_blocks_params(), "head": head, "layers": arch.layers, "attn_width": arch.heads * arch.dim}
     return shapes
 
 

@@ -47,7 +47,7 @@ def test_hf_config_of_a_real_qwen2_shape_matches_the_table(tmp_path):
                                   tie_word_embeddings=False, max_position_embeddings=32768)
     config.save_pretrained(tmp_path)
     arch = arch_from_hf_config(json.loads((tmp_path / "config.json").read_text()), "qwen2-7b")
-    assert arch.params() == BUILTIN["qwen2.5-7b"].params() and arch.qkv_bias
+    assert arch.params() == BUILTIN["qwen2.5-7b"].params() and arch.model_type == "qwen2"
     assert arch.kv_bytes_per_token(2, tp=2) == 2 * 28 * 2 * 128 * 2  # K and V, 28 layers, 2 of 4 KV heads, bf16
 
 

@@ -8,14 +8,15 @@ from conftest import build_tiny_model_dir
 from rlcore.config import CONFIG_DIR, compose
 from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
-from rlcore.plan.arch import BUILTIN, Arch
+from rlcore.families import arch_of
+from rlcore.plan.arch import BUILTIN
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
 from rlcore.plan.memory import GIB, _activations, _training_state
 
 ARR = "actor_rollout_ref"
 RECIPES = sorted((Path(CONFIG_DIR).parent / "recipes").glob("*.yaml"))
-SMALL = Arch("small", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=100, max_positions=512,
-             tied_embeddings=False)
+SMALL = arch_of(dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=128, vocab_size=100, max_position_embeddings=512, tie_word_embeddings=False), "small")
 
 
 class _FSDP:
@@ -248,7 +249,7 @@ def test_a_mixture_of_experts_is_planned_by_what_it_holds_and_what_a_token_compu
     mem = _plan(recipe="qwen3_30b_a3b_grpo")
     assert any("30.53B (3.35B active: top-8 of 128 experts per layer)" in note for note in mem.arch_notes)
     arch = BUILTIN["qwen3-30b-a3b"]
-    assert arch.mlp_width == 8 * 768 and arch.active_layer_params() < arch.layer_params() / 8
+    assert arch.mlp_width == 8 * 768 and arch.active_blocks_params() < arch.blocks_params() / 8
     actor = dict(_role(mem, "actor update").items)
     assert actor["fp32 master weights / 8"] == pytest.approx(4 * arch.params() / 8 / GIB)
 

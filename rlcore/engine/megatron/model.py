@@ -19,15 +19,10 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from rlcore.config.validate_megatron import moe_override_problems
 from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.attention import SDPACoreAttention
-from rlcore.plan.families import FAMILIES, family_problems, megatron_rope
+from rlcore.families import family_of, family_problems, megatron_rope
 
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # verl's override_transformer_config defaults name a flash backend; rlcore picks its attention itself.
 _IGNORED_OVERRIDES = ("attention_backend",)
-# What distinguishes a family's attention: Qwen3's per-head RMSNorm of q and k before RoPE (HF's q_norm / k_norm),
-# Qwen2's q/k/v biases (other families: config.json's attention_bias / qkv_bias).
-_QK_NORM = ("qwen3", "qwen3_moe")
-_QKV_BIAS = ("qwen2", "qwen2_moe")
 
 
 @dataclass(frozen=True)
@@ -62,6 +57,7 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
     model.enable_gradient_checkpointing and none of them given, every layer is recomputed)."""
     model_type = hf_config.model_type
     problems = family_problems(hf_config.to_dict(), "megatron")  # the driver checked too; this is for direct callers
+    family = family_of(hf_config.to_dict())
     problems += moe_override_problems(overrides, layout.pp, layout.ep)
     mixture = moe.moe_fields(hf_config, layout.tp, layout.sp)
     if layout.ep > 1 and not mixture:
@@ -84,8 +80,9 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         gated_linear_unit=True,  # SwiGLU: linear_fc1 holds [gate; up]
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=model_type in _QKV_BIAS or bool(getattr(hf_config, "attention_bias", False) or getattr(hf_config, "qkv_bias", False)),
-        qk_layernorm=model_type in _QK_NORM,
+        # the family's switches (rlcore.families.<family>.FAMILY.megatron); other families: config.json's own
+        add_qkv_bias=family.megatron.qkv_bias or bool(getattr(hf_config, "attention_bias", False) or getattr(hf_config, "qkv_bias", False)),
+        qk_layernorm=family.megatron.qk_layernorm,
         hidden_dropout=0.0,
         attention_dropout=getattr(hf_config, "attention_dropout", 0.0),
         # No fused kernels: they need apex / Transformer Engine, and RL's exactness tests compare plain maths.

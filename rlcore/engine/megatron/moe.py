@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rlcore.plan.families import is_moe, num_experts
+from rlcore.families import is_moe, num_experts
 
 # megatron-core name inside a MoE layer -> (kind, HF names inside model.layers.{i}); kinds as in weights.py.
 LAYER_MAP = {

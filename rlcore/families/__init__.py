@@ -1,0 +1,138 @@
+"""The model families rlcore knows, one module each, and what a config.json may run on.
+
+Any decoder-only causal LM that transformers ships trains on FSDP2 through HF's own modules and rolls out on vLLM
+(the generic path); a family module (rlcore/families/<model_type>.py) adds what that path cannot know (exact counts
+for the plan, a MoE router, a megatron-core build, the native fused decode). Adding a family is adding its module
+and listing it below. The driver checks every model of a run here before it starts a process, so a model that would
+fail inside a worker, or run wrong, is named with the reason and the alternative up front. Pure Python: no torch
+(transformers' list of causal LMs is read only for a model_type without a module).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from rlcore.families import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss, llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_5_text,
+                             qwen3_moe, qwen3_next, seed_oss)
+from rlcore.families.arch import Arch, dense_arch, routed_experts, text_config
+from rlcore.families.base import Family, Megatron, Router
+
+FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
+    qwen2, qwen3, llama, qwen3_moe, qwen2_moe, mistral, gemma2, gemma3_text, deepseek_v3, glm4_moe, gpt_oss, seed_oss, qwen3_5_text,
+    qwen3_next)}
+# model_type -> (family, the name of each tiny shape): every tiny shape the CPU suite builds
+TINY_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {name: (f.model_type, kwargs) for f in FAMILIES.values() for name, kwargs in f.tiny.items()}
+# megatron-core's built-in Llama 3.1 RoPE scaling (GPTModel(rope_scaling=True)) has these fixed parameters.
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# Layer kinds whose cache is keys and values per token: the native engine's KV pool holds them.
+KV_LAYER_KINDS = ("full_attention", "sliding_attention")
+
+__all__ = ["FAMILIES", "TINY_SHAPES", "Arch", "Family", "Megatron", "Router", "arch_of", "family_of", "family_problems", "is_moe",
+           "num_experts", "rope_parameters", "megatron_rope", "check_model_dir"]
+
+
+def family_of(config: dict[str, Any]) -> Family | None:
+    """The family module of a config.json (its language model's, for a multimodal one); None: the generic path."""
+    return FAMILIES.get(text_config(config).get("model_type"))
+
+
+def arch_of(config: dict[str, Any], name: str) -> Arch:
+    """The plan's architecture facts: exact from the family's module, else estimated as Llama's block."""
+    family, model_type = family_of(config), text_config(config).get("model_type")
+    if family is not None:
+        try:
+            return family.arch(config, name)
+        except KeyError as missing:  # a hand-edited config.json: plan the rest; family_problems names what is wrong
+            return dense_arch(config, name, estimated=f"estimated as a Llama-style block: config.json has no {missing}, which "
+                                                      f"{model_type}'s counts need")
+    return dense_arch(config, name, estimated=f"estimated as a Llama-style block: rlcore has no module for model_type={model_type!r}")
+
+
+def is_moe(config: dict[str, Any]) -> bool:
+    family = family_of(config)
+    return family.is_moe if family is not None else bool(routed_experts(text_config(config)))
+
+
+def num_experts(config: dict[str, Any]) -> int:
+    """Routed experts per MoE layer (0 for a dense model)."""
+    return routed_experts(text_config(config)) if is_moe(config) else 0
+
+
+def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE type, theta and scaling as one dict, from transformers 5's `rope_parameters` or the older
+    `rope_theta` + `rope_scaling` keys that most published checkpoints still carry."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    return params
+
+
+def megatron_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(theta, GPTModel RoPE-scaling kwargs); a scaling megatron-core cannot express raises ValueError."""
+    params = rope_parameters(config)
+    theta, kind = params["rope_theta"], params["rope_type"]
+    if kind == "default":
+        return theta, {}
+    if kind == "llama3" and all(params.get(k) == v for k, v in LLAMA3_ROPE.items()):
+        return theta, {"rope_scaling": True, "rope_scaling_factor": params["factor"]}
+    raise ValueError(f"{config.get('model_type')} RoPE scaling {params} has no megatron-core equivalent; use strategy=fsdp2 for this model")
+
+
+def _transformers_causal_lm(model_type: str) -> str | None:
+    """The causal-LM class transformers maps `model_type` to, or None (read only for a model without a module:
+    it imports torch)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+
+
+def family_problems(config: dict[str, Any], strategy: str, rollout: str | None = None) -> list[str]:
+    """Why rlcore cannot train this architecture with `strategy` (fsdp / fsdp2 / megatron) and roll it out with
+    `rollout` (native / vllm; None: not asked); empty when it can. Each problem ends with what to do instead."""
+    model_type = config.get("model_type")
+    if "vision_config" in config:
+        return [f"model_type={model_type!r} is a vision-language model; rlcore trains text-only causal LMs so far: use a "
+                "text-only checkpoint (docs/backends.md lists the families that run)"]
+    c = text_config(config)
+    model_type = c.get("model_type")
+    family = FAMILIES.get(model_type)
+    problems = []
+    if family is None:
+        if not _transformers_causal_lm(model_type) and "AutoModelForCausalLM" not in (config.get("auto_map") or {}):
+            return [f"model_type={model_type!r} is not a causal LM transformers ships (nor one its config.json's auto_map "
+                    "names): rlcore trains decoder-only causal LMs through transformers' own modules; upgrade transformers "
+                    "or use a checkpoint of a family it has (docs/backends.md)"]
+        if strategy == "megatron":
+            problems.append(f"model_type={model_type!r} has no megatron-core build in rlcore (it runs on the generic path); "
+                            "use actor_rollout_ref.actor.strategy=fsdp2")
+    elif strategy == "megatron":
+        if family.megatron is None:
+            problems.append(f"model_type={model_type!r} on megatron: {family.megatron_missing}; use strategy=fsdp2 for this model")
+        else:
+            try:
+                megatron_rope(c)
+            except ValueError as err:
+                problems.append(str(err))
+    if rollout == "vllm" and family is not None and family.vllm_problem:
+        problems.append(f"model_type={model_type!r} with actor_rollout_ref.rollout.name=vllm: {family.vllm_problem}; "
+                        "use actor_rollout_ref.rollout.name=native")
+    if rollout == "native":
+        recurrent = sorted({k for k in c.get("layer_types") or () if k not in KV_LAYER_KINDS})
+        if recurrent:
+            problems.append(f"model_type={model_type!r} has {', '.join(recurrent)} layers, whose recurrent state the native "
+                            "engine's KV pool cannot hold; use actor_rollout_ref.rollout.name=vllm")
+    if family is not None and family.problems is not None:
+        problems += family.problems(config, strategy)
+    return problems
+
+
+def check_model_dir(path: str, strategy: str, key: str, rollout: str | None = None) -> list[str]:
+    """family_problems of the config.json in `path`, each naming the config key that points at it."""
+    config_file = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(config_file):
+        return []  # resolve_model_path reports a missing directory with its own fix
+    with open(config_file) as f:
+        config = json.load(f)
+    return [f"{key}={path}: {problem}" for problem in family_problems(config, strategy, rollout)]

@@ -1,0 +1,58 @@
+"""DeepSeek-V3 / Moonlight / Kimi-K2: multi-head latent attention (queries and keys/values through low-rank latents,
+a RoPE part shared by every head, a value head dim of its own; the cache holds the latent), the first
+`first_k_dense_replace` layers dense, the rest shared + routed experts under a sigmoid router whose bias chooses
+experts (within `topk_group` of `n_group` groups) without weighing them."""
+
+from rlcore.families.arch import Block, arch as make_arch, moe_block, swiglu, text_config
+from rlcore.families.base import Family, Router
+
+
+def mla(c) -> tuple[tuple, int, dict]:
+    """(linears, other parameters, cache) of one MLA attention: the norms of its latents and its biases."""
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    nope, rope, v, kv_rank, q_rank = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"], c.get("q_lora_rank")
+    q = ((h, q_rank), (q_rank, heads * (nope + rope))) if q_rank else ((h, heads * (nope + rope)),)
+    linears = q + ((h, kv_rank + rope), (kv_rank, heads * (nope + v)), (heads * v, h))
+    bias = ((q_rank or 0) + kv_rank + rope + h) if c.get("attention_bias") else 0  # q_a, kv_a and o projections
+    return linears, (q_rank or 0) + kv_rank + bias, dict(kv_heads=1, kv_dims=kv_rank + rope)
+
+
+def deepseek_moe_arch(config, name, attention: tuple, attention_other: int, cache: dict, kv_heads: int):
+    """First-k-dense blocks, then MoE blocks with `n_shared_experts` shared experts (DeepSeek-V3, GLM-4.5)."""
+    c = text_config(config)
+    h, mi = c["hidden_size"], c["moe_intermediate_size"]
+    dense = min(c.get("first_k_dense_replace") or 0, c["num_hidden_layers"])
+    shared = swiglu(h, mi * c.get("n_shared_experts", 0)) if c.get("n_shared_experts") else ()
+    other = attention_other + 2 * h
+    blocks = [Block(dense, attention + swiglu(h, c["intermediate_size"]), other, **cache)] if dense else []
+    blocks.append(moe_block(c, c["num_hidden_layers"] - dense, attention, other, shared=shared, **cache))
+    return make_arch(config, name, blocks, c["num_experts_per_tok"] * mi + mi * c.get("n_shared_experts", 0), kv_heads=kv_heads)
+
+
+def arch(config, name):
+    c = text_config(config)
+    linears, other, cache = mla(c)
+    return deepseek_moe_arch(config, name, linears, other, cache, kv_heads=c["num_attention_heads"])
+
+
+def problems(config, strategy):
+    c = text_config(config)
+    if c.get("n_routed_experts") and c.get("topk_method", "noaux_tc") != "noaux_tc":
+        return [f"deepseek_v3 with topk_method={c['topk_method']}: transformers' DeepSeek-V3 routes by noaux_tc only"]
+    return []
+
+
+FAMILY = Family(
+    "deepseek_v3", "DeepSeek-V3 / Moonlight / Kimi-K2 (MLA; first layers dense, then shared + routed experts under a biased sigmoid router)",
+    arch,
+    tiny={"tiny-deepseek-v3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+                                   qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                                   n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=2,
+                                   topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
+                                   max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})},
+    router=Router(module="mlp.gate", scoring="sigmoid", aux_loss=False),
+    megatron_missing="rlcore's megatron-core build has no MLA converter yet",
+    # transformers 5 leaves these out of a saved config.json; vLLM then builds a softmax router without the bias
+    vllm_config={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
+    problems=problems)
