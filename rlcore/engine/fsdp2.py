@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import warnings
@@ -26,13 +27,16 @@ from rlcore.engine.host_buffers import HostBuffers
 from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files, value_head_init
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
+from rlcore.families import family_of
 from rlcore.models import lora
 from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names
+from rlcore.models.experts import splits_experts
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
 from rlcore.models.prefix_grouper import pack_prefix_groups
+from rlcore.models.recurrent import prepare_packing
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.protocol import DataProto
 
@@ -90,7 +94,7 @@ class FSDP2Engine(TrainEngine):
         load = load_causal_lm if spec.kind == "causal_lm" else load_value_model  # value / reward: a scalar head
         # The prefix grouper packs too (its groups ride on the packed attention), whatever use_remove_padding says
         self.grouped = spec.prefix_grouper and spec.kind == "causal_lm"
-        attn = attention_implementation(spec.use_remove_padding or self.grouped, device, to_torch_dtype(spec.param_dtype))
+        attn = attention_implementation(spec.use_remove_padding or self.grouped)
         # Full fine-tuning keeps fp32 masters; frozen weights (a reference, a LoRA base) are stored in model_dtype
         # (bf16: half the memory, as verl's reference).
         dtype = to_torch_dtype(spec.model_dtype) if spec.lora or not spec.trainable else torch.float32
@@ -115,6 +119,9 @@ class FSDP2Engine(TrainEngine):
                               trust_remote_code=spec.trust_remote_code, hf_config_path=spec.hf_config_path)
         self.hf_config = self.model.config
         blocks = decoder_layers(self.model)
+        family = family_of(self.hf_config.to_dict())
+        if spec.use_remove_padding or self.grouped:
+            self._prepare_packing(blocks, family)
         if spec.lora:  # before sharding: fully_shard then sees the adapters as parameters of their blocks
             self.model = lora.apply_lora(self.model, spec.lora, value_head=spec.kind != "causal_lm")
             self._scalings = lora.scalings(self.model)
@@ -128,6 +135,9 @@ class FSDP2Engine(TrainEngine):
             # routes are kept per row token and Ulysses splits rows by sequence; grouped rows share their prompt's tokens
             raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True with a mixture of experts or Ulysses sequence "
                              "parallelism is not supported: set use_prefix_grouper=False")
+        if self.ulysses is not None and family is not None and family.recurrent:
+            raise ValueError(f"ulysses_sequence_parallel_size={sp} with {self.hf_config.model_type}: its recurrent layers need every "
+                             "token of a sequence on one rank; use ulysses_sequence_parallel_size=1")
         if self.ulysses is not None:
             reason = check_heads(self.hf_config.num_attention_heads, sp)
             if reason:
@@ -157,6 +167,18 @@ class FSDP2Engine(TrainEngine):
             self.scheduler = warmup_schedule(self.optimizer, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)
         else:
             self.model.requires_grad_(False)
+
+    def _prepare_packing(self, blocks: torch.nn.ModuleList, family) -> None:
+        """Readies the blocks for packed rows (recurrent layers restart per sequence); a model whose blocks cannot be
+        packed runs padded batches instead, said once here (the prefix grouper has no padded form: refused)."""
+        reason = prepare_packing(blocks, family.recurrent if family is not None else None)
+        if reason is None:
+            return
+        if self.grouped:
+            raise ValueError(f"actor_rollout_ref.actor.use_prefix_grouper=True packs prompts and responses, and {reason}; "
+                             "set use_prefix_grouper=False")
+        warnings.warn(f"use_remove_padding=True for {self.hf_config.model_type}: {reason}; this engine runs padded batches")
+        self.spec = dataclasses.replace(self.spec, use_remove_padding=False)
 
     # ------------------------------------------------------------------------------------------- compute
     def _routing(self, mb: DataProto, request: TokenRequest, train: bool):
@@ -382,7 +404,7 @@ class FSDP2Engine(TrainEngine):
         """HF-loadable safetensors + config.json, written shard by shard as the parameters are gathered one at a
         time (collective; rank 0 writes)."""
         # rollout_weights() leaves a tied head out (safetensors refuses shared storage; HF re-ties it on load).
-        save_safetensors_stream(hf_dir, self.rollout_weights(), write=dist.get_rank() == 0)
+        save_safetensors_stream(hf_dir, self.rollout_weights(), write=dist.get_rank() == 0, split_experts=splits_experts(self.hf_config.to_dict()))
         if dist.get_rank() == 0:
             head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
 

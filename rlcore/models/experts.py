@@ -15,6 +15,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from rlcore.families import family_of
+
 _FUSED = re.compile(r"^(?P<experts>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
 
 
@@ -35,11 +37,18 @@ def expert_pieces(name: str, expert: int, rows: int) -> list[tuple[str, int, int
     return [(f"{prefix}.gate_proj.weight", 0, rows // 2), (f"{prefix}.up_proj.weight", rows // 2, rows // 2)]
 
 
-def to_checkpoint_names(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def splits_experts(config: dict) -> bool:
+    """Whether the family's checkpoints name one tensor per expert (Qwen MoE, DeepSeek-V3, GLM-4.5, Qwen3-Next) rather
+    than the fused ones HF trains (GPT-OSS); a MoE without a family module keeps HF's fused names."""
+    family = family_of(config)
+    return family is not None and family.is_moe and family.split_experts
+
+
+def to_checkpoint_names(named: Iterable[tuple[str, torch.Tensor]], split: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """The stream with each fused expert parameter split into its per-expert checkpoint tensors (views, no copy);
-    every other tensor passes through."""
+    every other tensor passes through (every one of them when not `split`: splits_experts)."""
     for name, tensor in named:
-        if not is_fused(name):
+        if not split or not is_fused(name):
             yield name, tensor
             continue
         for expert in range(tensor.shape[0]):

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, PretrainedConfig
 
 from rlcore.models.logits import stack_channels, token_log_probs
+from rlcore.models.varlen import padded_attention
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -101,11 +102,12 @@ def load_config(path: str, override_config: dict[str, Any] | None = None, trust_
 
 
 def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32, weights: bool = True,
-                   attn_implementation: str = "sdpa", trust_remote_code: bool = False, hf_config_path: str | None = None) -> torch.nn.Module:
+                   attn_implementation: str | None = None, trust_remote_code: bool = False, hf_config_path: str | None = None) -> torch.nn.Module:
     """The model at `path` in `dtype`; `weights=False` builds the architecture only (weights arrive by sync).
-    `attn_implementation`: see rlcore.models.varlen.attention_implementation. `trust_remote_code`, `hf_config_path`:
-    see load_config (custom modeling code in the directory runs only when trusted)."""
+    `attn_implementation`: see rlcore.models.varlen.attention_implementation (None: the model's own, sdpa or eager).
+    `trust_remote_code`, `hf_config_path`: see load_config (custom modeling code in the directory runs only when trusted)."""
     config = load_config(path, override_config, trust_remote_code, hf_config_path)
+    attn_implementation = attn_implementation or padded_attention(config)
     if weights:
         return AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
                                                     attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
@@ -113,7 +115,7 @@ def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dty
 
 
 def load_value_model(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32,
-                     weights: bool = True, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
+                     weights: bool = True, attn_implementation: str | None = None, trust_remote_code: bool = False,
                      hf_config_path: str | None = None) -> torch.nn.Module:
     """A critic: the LM trunk at `path` with a scalar head `score` [hidden -> 1] on every position.
 
@@ -122,6 +124,7 @@ def load_value_model(path: str, override_config: dict[str, Any] | None = None, d
     head (OpenRLHF's critic init); pointing it at a causal LM loads the trunk and initialises the head.
     """
     config = load_config(path, override_config, trust_remote_code, hf_config_path)
+    attn_implementation = attn_implementation or padded_attention(config)
     config.num_labels = 1
     config.classifier_dropout = 0.0  # dropout on the value head only adds noise to regression targets
     config.token_classification_bias = False
@@ -171,6 +174,10 @@ class TokenHead:
         if getattr(self.linear, "bias", None) is not None:
             raise ValueError(f"{type(model).__name__}'s output layer has a bias; rlcore's log-prob head supports none")
         self.vocab_size = model.config.vocab_size
+        self.config = model.config
+        # Gemma's final_logit_softcapping: HF caps whatever its head returns, so while the head returns log-prob
+        # channels the model's cap is off and the head caps the logits itself.
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self._pending = None
         self.linear.forward = self._forward
 
@@ -178,10 +185,14 @@ class TokenHead:
     def computing(self, tokens: torch.Tensor, request):
         """`request`: rlcore.engine.base.TokenRequest (its temperature and which optional channels to compute)."""
         self._pending = (tokens, request)
+        if self.softcap is not None:
+            self.config.final_logit_softcapping = None
         try:
             yield
         finally:
             self._pending = None
+            if self.softcap is not None:
+                self.config.final_logit_softcapping = self.softcap
 
     def _forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._pending is None:
@@ -189,5 +200,5 @@ class TokenHead:
         tokens, request = self._pending
         stats = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), request.temperature,
                                 request.entropy, vocab_size=self.vocab_size, compiled=self.compiled,
-                                with_sum_pi_squared=request.sum_pi_squared)
+                                with_sum_pi_squared=request.sum_pi_squared, softcap=self.softcap)
         return stack_channels(stats, hidden.shape[:-1])

@@ -16,11 +16,11 @@ SHARD_BYTES = 4 * 2**30  # as transformers' save_pretrained default ("5GB" there
 
 
 def save_safetensors_stream(hf_dir: str, named_tensors: Iterable[tuple[str, torch.Tensor]], write: bool = True,
-                            max_shard_bytes: int = SHARD_BYTES) -> None:
+                            max_shard_bytes: int = SHARD_BYTES, split_experts: bool = True) -> None:
     """`model.safetensors`, or `model-0000i-of-0000N.safetensors` + `model.safetensors.index.json` when the tensors
     exceed `max_shard_bytes`. Each shard is written as soon as it is full, under a temporary name until the count
     is known. The stream may be collective (gathers over ranks): every rank consumes it, only `write` ranks write.
-    A MoE's fused experts go out under the per-expert names every checkpoint reader knows (rlcore.models.experts)."""
+    A MoE's fused experts go out under the per-expert names its checkpoints use (rlcore.models.experts.splits_experts)."""
     shard: dict[str, torch.Tensor] = {}
     written: list[tuple[str, list[str], int]] = []  # (temporary file, tensor names, bytes)
 
@@ -33,7 +33,7 @@ def save_safetensors_stream(hf_dir: str, named_tensors: Iterable[tuple[str, torc
     if write:
         os.makedirs(hf_dir, exist_ok=True)
     size = 0
-    for name, tensor in to_checkpoint_names(named_tensors):
+    for name, tensor in to_checkpoint_names(named_tensors, split_experts):
         if not write:
             continue
         nbytes = tensor.numel() * tensor.element_size()

@@ -101,8 +101,8 @@ class _VocabShard:
     rest is padding added to divide the vocabulary by the TP size, masked out of every softmax). `compiled`:
     use_torch_compile, honoured for a whole vocabulary (no tensor parallelism) of COMPILE_MIN_VOCAB columns or more."""
 
-    def __init__(self, start: int, local: int, vocab_size: int, group, compiled: bool = False) -> None:
-        self.start, self.local, self.group = start, local, group
+    def __init__(self, start: int, local: int, vocab_size: int, group, compiled: bool = False, softcap: float | None = None) -> None:
+        self.start, self.local, self.group, self.softcap = start, local, group, softcap
         self.num_padding = max(0, start + local - vocab_size)
         self.whole = group is None and self.num_padding == 0 and start == 0
         self.compiled = compiled and self.whole and local >= COMPILE_MIN_VOCAB
@@ -112,14 +112,19 @@ class _VocabShard:
             all_reduce(tensor, op=op, group=self.group)
         return tensor
 
-    def scaled_logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-        """`[chunk, local]` float32 logits / temperature; padding columns are -inf."""
+    def scaled_logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(`[chunk, local]` float32 logits, soft-capped then / temperature, with -inf padding columns; the cap's
+        derivative d capped / d logits = 1 - tanh^2, or None without a cap)."""
         z = (hidden @ weight.t()).float()
+        cap_grad = None
+        if self.softcap is not None:  # Gemma's final_logit_softcapping: softcap * tanh(z / softcap)
+            bent = torch.tanh(z / self.softcap)
+            z, cap_grad = bent * self.softcap, 1.0 - bent * bent
         if temperature not in (0.0, 1.0):
             z = z / temperature
         if self.num_padding:
             z[:, self.local - self.num_padding :] = float("-inf")
-        return z
+        return z, cap_grad
 
     def target(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(local column of each token clamped into range, whether this rank owns it)."""
@@ -148,7 +153,7 @@ class _TokenLogProbs(torch.autograd.Function):
         sum_pi_squared = hidden.new_zeros(num_tokens, dtype=torch.float32)
         step = chunk_tokens(shard.local)
         for s in range(0, num_tokens, step):
-            z = shard.scaled_logits(hidden[s : s + step], weight, temperature)
+            z, _ = shard.scaled_logits(hidden[s : s + step], weight, temperature)
             if shard.whole:  # one function of the chunk (compiled with use_torch_compile)
                 stats = _kernel(_chunk_stats, shard.compiled, z)(z, tokens[s : s + step], with_entropy, with_sum_pi_squared)
                 (log_probs[s : s + step], lse[s : s + step], top_log_probs[s : s + step], expected_z[s : s + step],
@@ -183,13 +188,13 @@ class _TokenLogProbs(torch.autograd.Function):
         scale = 1.0 / temperature if temperature not in (0.0, 1.0) else 1.0
         for s in range(0, hidden.shape[0], step):
             h = hidden[s : s + step]
-            z = shard.scaled_logits(h, weight, temperature)
+            z, cap_grad = shard.scaled_logits(h, weight, temperature)
             if shard.whole:
                 zeros = torch.zeros_like(lse[s : s + step])
                 g = grad_log_probs[s : s + step] if grad_log_probs is not None else zeros
                 g_entropy = grad_entropy[s : s + step] if with_entropy else zeros
                 dz = _kernel(_chunk_grad, shard.compiled, z)(z, lse[s : s + step], tokens[s : s + step], g, expected_z[s : s + step], g_entropy)
-                dz = (dz * scale).to(hidden.dtype)
+                dz = (dz * (scale if cap_grad is None else cap_grad * scale)).to(hidden.dtype)
                 grad_hidden[s : s + step] = dz @ weight
                 grad_weight += (dz.t() @ h).float()
                 continue
@@ -204,7 +209,7 @@ class _TokenLogProbs(torch.autograd.Function):
             if with_entropy:
                 centred = z.nan_to_num(neginf=0.0) - expected_z[s : s + step, None]
                 dz -= p * centred * grad_entropy[s : s + step, None]
-            dz = (dz * scale).to(hidden.dtype)
+            dz = (dz * (scale if cap_grad is None else cap_grad * scale)).to(hidden.dtype)
             grad_hidden[s : s + step] = dz @ weight
             grad_weight += (dz.t() @ h).float()
         # Each shard saw only its vocabulary columns: the hidden state's gradient is the sum over shards (unless the
@@ -227,7 +232,7 @@ class TokenStats(NamedTuple):
 def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                     with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
                     group=None, reduce_hidden_grad: bool = True, compiled: bool = False,
-                    with_sum_pi_squared: bool = False) -> TokenStats:
+                    with_sum_pi_squared: bool = False, softcap: float | None = None) -> TokenStats:
     """log softmax(hidden @ weight.T / temperature)[token], (optionally) the entropy of that distribution and its
     sum of squared probabilities, and the log-prob of its most likely token (`log_probs >= top` marks tokens greedy
     decoding would pick).
@@ -237,8 +242,9 @@ def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Te
     `vocab_size` (TP padding) are excluded. Collective over `group` (every rank of the tensor-parallel group calls
     it with the same hidden and tokens). `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial
     sum. `compiled` (use_torch_compile): the per-chunk elementwise work runs torch.compile'd (see _VocabShard for when).
+    `softcap` (Gemma's final_logit_softcapping): the logits are softcap * tanh(logits / softcap) before the temperature.
     """
-    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group, compiled)
+    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group, compiled, softcap)
     log_probs, entropy, top, sum_pi_squared = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy,
                                                                    with_sum_pi_squared, shard, reduce_hidden_grad)
     return TokenStats(log_probs, entropy if with_entropy else None, top, sum_pi_squared if with_sum_pi_squared else None)

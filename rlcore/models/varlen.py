@@ -10,6 +10,12 @@ HF models get `rlcore_varlen` (below) as their attention implementation, megatro
 - CPU: exact causal SDPA per group of equal-length sequences (`segment_causal_attention`). It costs sum(len^2)
   attention work rather than total_tokens^2 of one block-diagonal mask, and needs no compiler.
 The model call passes the same `cu_seq_lens_*` kwargs whatever the kernel; HF forwards them to every attention layer.
+
+A layer may ask for more than causal softmax attention (`AttentionOptions`, from HF's attention kwargs): a sliding
+window (Mistral, Gemma, GPT-OSS), tanh soft-capping of the logits (Gemma 2), a learned sink per head (GPT-OSS); its
+values may have a head dim of their own (DeepSeek-V3's MLA). Each is honoured on every kernel: flash-attn takes the
+window and the cap, torch's varlen kernel the window, and whatever a kernel cannot take runs as explicit masked
+attention per group of equal-length sequences (CPU) or over the padded layout (CUDA).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,24 +33,93 @@ PREFIX_KWARG = "rlcore_prefix_groups"  # the attention kwarg of a prefix-grouped
 ULYSSES_ATTR = "rlcore_ulysses"  # an attention module's Ulysses group (rlcore.models.ulysses.attach_ulysses)
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What a layer asks of attention beyond causal softmax, as HF's attention modules pass it."""
+
+    window: int | None = None            # each query sees itself and the window - 1 tokens before it (`sliding_window`)
+    softcap: float | None = None         # logits -> softcap * tanh(logits / softcap) before the softmax (`softcap`)
+    sinks: torch.Tensor | None = None    # [heads]: a logit per head in each softmax's denominator, weighing no value (`s_aux`)
+
+    @classmethod
+    def of(cls, module: torch.nn.Module, kwargs: dict) -> "AttentionOptions":
+        # The kwarg decides when the layer passes one (Mistral passes its config's window; Qwen2 and Gemma pass
+        # None on their global layers); a module that only carries the attribute is read from it.
+        window = kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
+        return cls(window=window or None, softcap=kwargs.get("softcap") or None, sinks=kwargs.get("s_aux"))
+
+    def within(self, max_len: int) -> "AttentionOptions":
+        """Without a window no sequence reaches (a window of at least the longest length is full attention)."""
+        return replace(self, window=None) if self.window is not None and self.window >= max_len else self
+
+    def heads(self, first: int, count: int) -> "AttentionOptions":
+        """The options of query heads [first, first + count) (Ulysses: a rank attends with its group of heads)."""
+        return self if self.sinks is None else replace(self, sinks=self.sinks[first : first + count])
+
+    @property
+    def plain(self) -> bool:
+        return self.window is None and self.softcap is None and self.sinks is None
+
+
+PLAIN = AttentionOptions()
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float | None,
+                     dropout: float, options: AttentionOptions) -> torch.Tensor:
+    """Attention with every option applied, as HF's eager functions compute it: q `[n, heads, L, d]`, k `[n, kv_heads,
+    S, d]`, v `[n, kv_heads, S, dv]`, `allowed` `[n or 1, 1, L, S]` bool (which key each query sees) -> `[n, heads, L, dv]`."""
+    heads = q.shape[1]
+    k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if options.softcap is not None:
+        scores = torch.tanh(scores / options.softcap) * options.softcap
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if options.sinks is not None:
+        sinks = options.sinks.to(scores.dtype).reshape(1, heads, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sinks], dim=-1)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    if options.sinks is not None:
+        probs = probs[..., :-1]
+    if dropout:
+        probs = F.dropout(probs, p=dropout)
+    return torch.matmul(probs.to(v.dtype), v)
+
+
+def causal_window(length: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """`[1, 1, length, length]` bool: key j is visible to query i when j <= i and, with a window, i - j < window."""
+    pos = torch.arange(length, device=device)
+    distance = pos[:, None] - pos[None, :]
+    allowed = distance >= 0
+    if window is not None:
+        allowed &= distance < window
+    return allowed[None, None]
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, dropout: float,
+            options: AttentionOptions) -> torch.Tensor:
+    """Causal attention of `[n, heads, L, d]` over `[n, kv_heads, L, dv]`: torch's SDPA when nothing else is asked."""
+    options = options.within(q.shape[2])
+    if options.plain:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1])
+    return masked_attention(q, k, v, causal_window(q.shape[2], options.window, q.device), scale, dropout, options)
+
+
 def segment_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor,
-                             scale: float | None = None, dropout: float = 0.0) -> torch.Tensor:
-    """Causal attention inside each packed sequence: query `[heads, total, dim]`, key/value `[kv_heads, total, dim]`,
-    `cu_seq_lens` `[num_seqs + 1]` -> `[total, heads, dim]`. Sequences of equal length share one batched SDPA call:
-    many short sequences cost a few calls, not one each."""
+                             scale: float | None = None, dropout: float = 0.0, options: AttentionOptions = PLAIN) -> torch.Tensor:
+    """Causal attention inside each packed sequence: query `[heads, total, dim]`, key `[kv_heads, total, dim]`, value
+    `[kv_heads, total, value_dim]`, `cu_seq_lens` `[num_seqs + 1]` -> `[total, heads, value_dim]`. Sequences of equal
+    length share one batched call: many short sequences cost a few calls, not one each."""
     starts, lengths = cu_seq_lens[:-1].long(), cu_seq_lens.diff().long()
-    gqa = query.shape[0] != key.shape[0]
-    out = query.new_empty(query.shape[1], query.shape[0], query.shape[2])  # [total, heads, dim]
+    out = query.new_empty(query.shape[1], query.shape[0], value.shape[2])  # [total, heads, value_dim]
     for length in lengths.unique().tolist():
         rows = starts[lengths == length, None] + torch.arange(length, device=query.device)  # [n, length] token indices
         q, k, v = (t[:, rows].transpose(0, 1) for t in (query, key, value))  # [n, heads, length, dim]
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=gqa)
-        out[rows] = o.transpose(1, 2)  # [n, length, heads, dim]
+        out[rows] = _causal(q, k, v, scale, dropout, options).transpose(1, 2)  # [n, length, heads, value_dim]
     return out
 
 
 def padded_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int,
-                            scale: float | None = None, dropout: float = 0.0) -> torch.Tensor:
+                            scale: float | None = None, dropout: float = 0.0, options: AttentionOptions = PLAIN) -> torch.Tensor:
     """The same function as `segment_causal_attention` as ONE SDPA call: each sequence scattered into a row of
     `[n, heads, max_len, dim]`, right-padded. Causal masking alone keeps every real query off the padding keys
     (they come after it); the padded queries' outputs are never gathered back."""
@@ -53,8 +128,7 @@ def padded_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     valid = columns < lengths[:, None]                                     # [n, max_len]
     index = (starts[:, None] + columns).clamp(max=query.shape[1] - 1)      # token of each (row, column)
     q, k, v = (t[:, index].transpose(0, 1) for t in (query, key, value))   # [n, heads, max_len, dim]
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=q.shape[1] != k.shape[1])
-    return out.transpose(1, 2)[valid]                                      # [total, heads, dim]
+    return _causal(q, k, v, scale, dropout, options).transpose(1, 2)[valid]  # [total, heads, value_dim]
 
 
 @functools.cache
@@ -76,32 +150,45 @@ def _torch_varlen():
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
-def packed_kernel(device: torch.device, dtype: torch.dtype, dropout: float = 0.0) -> str:
-    """Which kernel `packed_causal_attention` runs: flash_attn | torch_varlen | padded_sdpa | segments."""
+def packed_kernel(device: torch.device, dtype: torch.dtype, dropout: float = 0.0, options: AttentionOptions = PLAIN) -> str:
+    """Which kernel `packed_causal_attention` runs: flash_attn | torch_varlen | padded_sdpa | segments. Attention
+    sinks go to the padded layout (no varlen kernel takes them); soft-capping needs flash-attn."""
     if device.type != "cuda":
         return "segments"
-    if dtype in (torch.bfloat16, torch.float16):
+    if dtype in (torch.bfloat16, torch.float16) and options.sinks is None:
         if _flash_attn_varlen() is not None:
             return "flash_attn"
-        if dropout == 0.0 and _torch_varlen()[0] is not None:
+        if dropout == 0.0 and options.softcap is None and _torch_varlen()[0] is not None:
             return "torch_varlen"
     return "padded_sdpa"
 
 
 def packed_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int,
-                            scale: float | None = None, dropout: float = 0.0, kernel: str | None = None) -> torch.Tensor:
-    """Causal attention inside each packed sequence: query `[heads, total, dim]`, key/value `[kv_heads, total, dim]`,
-    `cu_seq_lens` `[num_seqs + 1]` int32 -> `[total, heads, dim]`, on the fastest kernel the device has
-    (`kernel` forces one, for tests)."""
-    kernel = kernel or packed_kernel(query.device, query.dtype, dropout)
+                            scale: float | None = None, dropout: float = 0.0, kernel: str | None = None,
+                            options: AttentionOptions = PLAIN) -> torch.Tensor:
+    """Causal attention inside each packed sequence: query `[heads, total, dim]`, key `[kv_heads, total, dim]`, value
+    `[kv_heads, total, value_dim]`, `cu_seq_lens` `[num_seqs + 1]` int32 -> `[total, heads, value_dim]`, with the
+    layer's `options`, on the fastest kernel the device has (`kernel` forces one, for tests)."""
+    options = options.within(max_len)
+    kernel = kernel or packed_kernel(query.device, query.dtype, dropout, options)
     if kernel == "segments":
-        return segment_causal_attention(query, key, value, cu_seq_lens, scale, dropout)
+        return segment_causal_attention(query, key, value, cu_seq_lens, scale, dropout, options)
     if kernel == "padded_sdpa":
-        return padded_causal_attention(query, key, value, cu_seq_lens, max_len, scale, dropout)
+        return padded_causal_attention(query, key, value, cu_seq_lens, max_len, scale, dropout, options)
+    value_dim = value.shape[-1]
+    if value_dim != query.shape[-1]:  # the flash kernels take one head dim: MLA's narrower values ride zero-padded
+        value = F.pad(value, (0, query.shape[-1] - value_dim))
     q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [total, heads, dim], as the varlen kernels take them
     cu = cu_seq_lens.to(torch.int32)
+    window = (options.window - 1, 0) if options.window is not None else (-1, 0)
+    return _varlen_kernel(kernel, q, k, v, cu, max_len, scale, dropout, window, options)[..., :value_dim]
+
+
+def _varlen_kernel(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None,
+                   dropout: float, window: tuple[int, int], options: AttentionOptions) -> torch.Tensor:
     if kernel == "flash_attn":
-        return _flash_attn_varlen()(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True)
+        return _flash_attn_varlen()(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True,
+                                    window_size=window, softcap=options.softcap or 0.0)
     varlen_attn, takes_gqa = _torch_varlen()
     gqa = {}
     if q.shape[1] != k.shape[1]:
@@ -109,7 +196,7 @@ def packed_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
             gqa = {"enable_gqa": True}
         else:
             k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-    return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(-1, 0), **gqa)
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=window, **gqa)
 
 
 def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -121,22 +208,25 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     groups = kwargs.get(PREFIX_KWARG)
     if groups is not None:  # the prefix grouper's packing (rlcore.models.prefix_grouper): each prompt once, its responses after it
         return groups.attend(query[0], key[0], value[0], scaling, dropout)[None], None
+    options = AttentionOptions.of(module, kwargs)
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
-    if cu_seq_lens is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    window = getattr(module, "sliding_window", None)
-    if window is not None and int(cu_seq_lens.diff().max()) > window:
-        raise NotImplementedError(f"{type(module).__name__} uses sliding-window attention ({window} tokens), which the "
-                                  "per-sequence SDPA path does not implement for longer sequences; set use_remove_padding="
-                                  "False (or run on CUDA in bf16 with flash-attn installed)")
+    if cu_seq_lens is None:  # an unpacked call: HF's mask says what each query sees
+        if options.plain:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        if attention_mask is None:
+            allowed = causal_window(query.shape[2], options.window, query.device)
+        else:
+            allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        return masked_attention(query, key, value, allowed, scaling, dropout, options).transpose(1, 2), None
     max_len = kwargs.get("max_length_q") or int(cu_seq_lens.diff().max())
     ulysses = getattr(module, ULYSSES_ATTR, None)
     if ulysses is None:
-        return packed_causal_attention(query[0], key[0], value[0], cu_seq_lens, max_len, scaling, dropout)[None], None
+        return packed_causal_attention(query[0], key[0], value[0], cu_seq_lens, max_len, scaling, dropout, options=options)[None], None
     # This rank holds a slice of the tokens for every head: whole sequences for heads / sp, attention, and back.
     heads = query.shape[1]
     q, k, v = (ulysses.heads_to_sequence(t[0], heads) for t in (query, key, value))
-    return ulysses.sequence_to_heads(packed_causal_attention(q, k, v, cu_seq_lens, max_len, scaling, dropout))[None], None
+    options = options.heads(ulysses.rank * q.shape[0], q.shape[0])
+    return ulysses.sequence_to_heads(packed_causal_attention(q, k, v, cu_seq_lens, max_len, scaling, dropout, options=options))[None], None
 
 
 def _segment_mask(**kwargs):
@@ -147,11 +237,21 @@ def _segment_mask(**kwargs):
     return None if kwargs.get("attention_mask") is None else sdpa_mask(**kwargs)
 
 
-def attention_implementation(packed: bool, device: torch.device, compute_dtype: torch.dtype = torch.float32) -> str:
-    """The HF `attn_implementation` for a training model: sdpa for padded batches, `rlcore_varlen` for packed
-    (whose kernel `packed_causal_attention` picks per call: flash-attn's, torch's varlen, padded SDPA, segments)."""
+def padded_attention(config) -> str:
+    """HF's own attention for padded batches: sdpa where the model class takes it, else eager (Gemma 2 and GPT-OSS:
+    torch's SDPA has no soft-capping and no sinks, and HF refuses it for them)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)] if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else None
+    return "eager" if cls is not None and not cls._supports_sdpa else "sdpa"
+
+
+def attention_implementation(packed: bool) -> str | None:
+    """The HF `attn_implementation` for a training model: `rlcore_varlen` for packed batches (whose kernel
+    `packed_causal_attention` picks per call: flash-attn's, torch's varlen, padded SDPA, segments); None for padded
+    ones: the model's own (`padded_attention`)."""
     if not packed:
-        return "sdpa"
+        return None
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

@@ -85,6 +85,25 @@ def test_use_torch_compile_compiles_the_chunk_kernels_with_the_same_values_and_g
     assert not logits_mod._VocabShard(0, 50, 100, "tp-group", compiled=True).compiled  # a TP shard: eager
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_final_logit_softcapping_bends_the_logits_in_value_and_gradient(monkeypatch, temperature):
+    """Gemma's final_logit_softcapping inside the chunked head: log-probs, entropy and both gradients equal autograd
+    through cap * tanh(z / cap) on the full logits, chunk by chunk."""
+    monkeypatch.setattr(logits_mod, "LOGITS_CHUNK_BYTES", 4 * 50 * 8)  # 8 tokens per chunk
+    h, w, t, g_lp, g_ent = problem()
+    cap = 2.0
+
+    def capped(h, w):
+        z = cap * torch.tanh((h @ w.t()).float() / cap) / temperature
+        return gather_log_probs(z, t), entropy_from_logits(z)
+
+    ours = grads_of(lambda h, w: token_log_probs(h, w, t, temperature, with_entropy=True, softcap=cap), h, w, g_lp, g_ent)
+    for got, want in zip(ours, grads_of(capped, h, w, g_lp, g_ent)):
+        torch.testing.assert_close(got.double(), want.double(), **TOL)
+    uncapped = token_log_probs(h, w, t, temperature).log_probs
+    assert (uncapped - ours[0]).abs().max() > 0.1  # the cap bends these logits: the check above can fail
+
+
 def test_padding_columns_are_excluded(monkeypatch):
     h, w, t, g_lp, _ = problem()
     padded = torch.cat([w, torch.randn(6, w.shape[1], dtype=w.dtype)])  # 6 rows of TP padding past vocab 50

@@ -6,7 +6,7 @@ from dist_utils import make_rollout_batch
 
 from rlcore.models.hf import load_causal_lm
 from rlcore.models import varlen
-from rlcore.models.varlen import (VARLEN_ATTENTION, attention_implementation, pack_sequences, packed_causal_attention, packed_kernel,
+from rlcore.models.varlen import (VARLEN_ATTENTION, AttentionOptions, attention_implementation, pack_sequences, packed_causal_attention, packed_kernel,
                                   unpack_responses)
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
@@ -30,9 +30,8 @@ def test_pack_sequences_layout_by_hand():
 
 
 def test_attention_implementation_is_chosen_by_padding_mode():
-    assert attention_implementation(False, torch.device("cpu")) == "sdpa"
-    assert attention_implementation(True, torch.device("cpu")) == VARLEN_ATTENTION
-    assert attention_implementation(True, torch.device("cuda"), torch.bfloat16) == VARLEN_ATTENTION
+    assert attention_implementation(False) is None  # the model's own: sdpa, or eager where HF refuses sdpa
+    assert attention_implementation(True) == VARLEN_ATTENTION
 
 
 def test_the_gpu_never_gets_the_per_sequence_loop(monkeypatch):
@@ -67,7 +66,7 @@ def test_padded_sdpa_kernel_equals_the_per_sequence_path(kv_heads):
 
 def test_packed_forward_equals_padded_forward_on_every_valid_token(tiny_model_dir):
     padded_model = load_causal_lm(tiny_model_dir).eval()
-    packed_model = load_causal_lm(tiny_model_dir, attn_implementation=attention_implementation(True, torch.device("cpu"))).eval()
+    packed_model = load_causal_lm(tiny_model_dir, attn_implementation=attention_implementation(True)).eval()
     b = make_rollout_batch(6, 7, 9, padded_model.config.vocab_size, seed=5)
     mask = b["attention_mask"].bool()
     packed = pack_sequences(b["input_ids"], b["attention_mask"], b["position_ids"], response_len=9)
@@ -78,15 +77,53 @@ def test_packed_forward_equals_padded_forward_on_every_valid_token(tiny_model_di
     torch.testing.assert_close(out[0], padded[mask], atol=1e-5, rtol=1e-5)
 
 
-def test_sliding_window_longer_than_a_sequence_is_refused_with_the_fix():
-    from rlcore.models.varlen import segment_attention
+def _reference(q, k, v, lengths, scale, window=None, softcap=None, sinks=None):
+    """Each sequence alone, one query at a time, written out: the keys it may see, capped logits, a sink logit."""
+    out, start = [], 0
+    group = q.shape[0] // k.shape[0]
+    for length in lengths:
+        for i in range(length):
+            first = max(0, i - window + 1) if window else 0
+            rows = []
+            for h in range(q.shape[0]):
+                logits = (k[h // group, start + first : start + i + 1] @ q[h, start + i]) * scale
+                if softcap:
+                    logits = softcap * torch.tanh(logits / softcap)
+                extra = sinks[h : h + 1] if sinks is not None else logits[:0]
+                probs = torch.cat([logits, extra]).softmax(0)[: len(logits)]
+                rows.append(probs @ v[h // group, start + first : start + i + 1])
+            out.append(torch.stack(rows))
+        start += length
+    return torch.stack(out)
 
+
+@pytest.mark.parametrize("kernel", ["segments", "padded_sdpa"])
+@pytest.mark.parametrize("options", [dict(window=3), dict(softcap=0.7), dict(sinks=True), dict(window=4, softcap=0.5, sinks=True)],
+                         ids=["window", "softcap", "sinks", "all"])
+def test_what_a_layer_asks_is_honoured_on_every_cpu_kernel(kernel, options):
+    """Sliding windows, soft-capping and attention sinks, with grouped-query heads and a value head dim narrower than
+    the keys' (MLA), equal each sequence attended alone and written out query by query."""
+    torch.manual_seed(0)
+    lengths = [7, 1, 5, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = torch.randn(4, sum(lengths), 16), torch.randn(2, sum(lengths), 16), torch.randn(2, sum(lengths), 8)
+    sinks = torch.randn(4) if options.get("sinks") else None
+    opts = AttentionOptions(window=options.get("window"), softcap=options.get("softcap"), sinks=sinks)
+    out = packed_causal_attention(q, k, v, cu, max(lengths), scale=0.3, kernel=kernel, options=opts)
+    expected = _reference(q, k, v, lengths, 0.3, opts.window, opts.softcap, sinks)
+    assert out.shape == (sum(lengths), 4, 8)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    plain = packed_causal_attention(q, k, v, cu, max(lengths), scale=0.3, kernel=kernel)
+    assert (plain - out).abs().max() > 1e-2  # each option changes the result: the check above can fail
+
+
+def test_options_come_from_the_layers_kwargs_and_a_window_no_sequence_reaches_is_dropped():
     module = torch.nn.Module()
-    module.sliding_window = 3  # the second sequence has 4 tokens
-    q = torch.randn(1, 2, 6, 8)
-    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="set use_remove_padding=False"):
-        segment_attention(module, q, q, q, None, cu_seq_lens_q=cu)
-    module.sliding_window = 8  # every sequence fits in the window: plain causal attention, allowed
-    out, _ = segment_attention(module, q, q, q, None, cu_seq_lens_q=cu)
-    assert out.shape == (1, 6, 2, 8)
+    module.sliding_window = 5  # read only when the layer passes no sliding_window kwarg
+    assert AttentionOptions.of(module, {}).window == 5
+    assert AttentionOptions.of(module, {"sliding_window": None}).window is None  # a global layer of a sliding model
+    sinks = torch.zeros(4)
+    opts = AttentionOptions.of(module, {"sliding_window": 8, "softcap": 50.0, "s_aux": sinks})
+    assert (opts.window, opts.softcap, opts.sinks is sinks) == (8, 50.0, True)
+    assert opts.within(8).window is None and opts.within(9).window == 8
+    assert opts.heads(2, 2).sinks.shape == (2,)
