@@ -1,14 +1,17 @@
 """The routers of a mixture of experts, watched and steered: routes recorded, routes replayed, load and entropy
 measured, the load-balancing loss computed, all through forward hooks on each layer's router.
 
-Each MoE layer of a HF Qwen MoE model has a router at `<layer>.mlp.gate` whose forward maps the layer's hidden
-states `[tokens, hidden]` to `(logits [tokens, experts], scores [tokens, top_k], indices [tokens, top_k])`; the
-experts then run each token through its `indices` weighted by `scores`. Replaying routes (router replay, R2/R3)
-swaps in recorded `indices` and gathers their scores from this forward's own softmax, so the router keeps its
-gradient while the tokens go to the experts that sampled them.
+Where a family's router sits and how it weighs the experts it picks is the family's fact (rlcore.families:
+`Family.router`): Qwen's `mlp.gate` softmaxes every logit, DeepSeek-V3's and GLM-4.5's take sigmoid scores,
+GPT-OSS's `mlp.router` softmaxes its top-k logits. Every one of them maps the layer's hidden states
+`[tokens, hidden]` to `(logits [tokens, experts], weights [tokens, top_k], indices [tokens, top_k])`; the experts
+then run each token through its `indices` weighted by `weights`. Replaying routes (router replay, R2/R3) swaps in
+recorded `indices` and recomputes their weights from this forward's own logits by the family's rule, so the router
+keeps its gradient while the tokens go to the experts that sampled them.
 
-Routes travel as `routed_experts` `[batch, seq, layers, top_k]` int16, aligned with `input_ids`: the route of
-every input token (a prompt's too: its states feed the response's attention).
+Routes travel as `routed_experts` `[batch, seq, moe_layers, top_k]` int16, aligned with `input_ids`: the route of
+every input token (a prompt's too: its states feed the response's attention) through each layer that routes (a
+dense first layer has none).
 """
 
 from __future__ import annotations
@@ -18,13 +21,42 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlcore.families import family_of
+from rlcore.families.base import Router
+
 ROUTES = "routed_experts"
 ROUTE_DTYPE = torch.int16
 
 
+def router_facts(model: torch.nn.Module) -> Router | None:
+    """The family's router facts (rlcore.families); None for a dense model or a family without a module."""
+    family = family_of(model.config.to_dict())
+    return family.router if family is not None else None
+
+
 def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Each MoE layer's router, in layer order; [] for a dense model."""
-    return [m for name, m in model.named_modules() if name.endswith("mlp.gate") and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+    """Each MoE layer's router, in layer order; [] for a dense model (or a MoE family rlcore has no module for)."""
+    facts = router_facts(model)
+    if facts is None:
+        return []
+    suffix = "." + facts.module
+    return [m for name, m in model.named_modules() if name.endswith(suffix) and hasattr(m, "top_k") and hasattr(m, "num_experts")]
+
+
+def replayed_weights(router: torch.nn.Module, scoring: str, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """The weights `[tokens, top_k]` the family's router gives experts `indices` from its `logits` (in the logits'
+    dtype), for forced indices: the same function HF's router applies to the indices it picks itself."""
+    if scoring == "topk_softmax":  # GPT-OSS: a softmax over the chosen logits only
+        return torch.softmax(logits.gather(-1, indices), dim=-1, dtype=logits.dtype)
+    if scoring == "sigmoid":  # DeepSeek-V3, GLM-4.5: the correction bias chose; the plain sigmoid scores weigh
+        weights = logits.float().sigmoid().gather(-1, indices)
+        if router.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return (weights * router.routed_scaling_factor).to(logits.dtype)
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).gather(-1, indices)
+    if getattr(router, "norm_topk_prob", False):
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights.to(logits.dtype)
 
 
 @dataclass
@@ -49,7 +81,8 @@ class Routing:
     def __init__(self, model: torch.nn.Module) -> None:
         self.routers = routers(model)
         if not self.routers:
-            raise ValueError(f"{type(model).__name__} has no MoE router (a `mlp.gate` with top_k and num_experts)")
+            raise ValueError(f"{type(model).__name__} has no MoE router rlcore knows (a family module's Router: rlcore/families/)")
+        self.scoring = router_facts(model).scoring
         self.num_layers, self.top_k = len(self.routers), self.routers[0].top_k
         self.num_experts = self.routers[0].num_experts
         self._pass: _Pass | None = None
@@ -79,11 +112,7 @@ class Routing:
             p = self._pass
             if p is not None and p.replay is not None:
                 indices = p.replay[:, layer].to(device=indices.device, dtype=indices.dtype)
-                probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-                scores = probs.gather(-1, indices)
-                if getattr(router, "norm_topk_prob", False):
-                    scores = scores / scores.sum(-1, keepdim=True)
-                scores = scores.to(logits.dtype)
+                scores = replayed_weights(router, self.scoring, logits, indices)
             if p is None:
                 return logits, scores, indices
             if p.record:

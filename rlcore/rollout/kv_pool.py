@@ -20,24 +20,41 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from rlcore.models.varlen import AttentionOptions, masked_attention
+
 
 @dataclass(frozen=True)
 class KVGeometry:
-    num_layers: int
-    kv_heads: int
-    head_dim: int
+    """What each layer writes to its cache per token: (key heads, key dim, value heads, value dim). Usually the KV
+    heads and head dim twice; DeepSeek-V3's latent attention caches its compressed latent as one "key" head and its
+    shared RoPE part as one "value" head, each of its own width."""
+
+    layers: tuple[tuple[int, int, int, int], ...]
     dtype: torch.dtype
 
     @classmethod
-    def of(cls, config, dtype: torch.dtype) -> "KVGeometry":
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim, dtype)
+    def of(cls, model: torch.nn.Module, dtype: torch.dtype) -> "KVGeometry":
+        """Read off what the model's own attention writes to HF's cache in a one-token forward (whatever its family),
+        so the pool holds exactly that. A layer that caches no keys and values (a recurrent state) is refused."""
+        with torch.no_grad():
+            cache = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device), use_cache=True).past_key_values
+        layers = []
+        for index, layer in enumerate(cache.layers):
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if keys is None or values is None:
+                raise ValueError(f"{model.config.model_type} layer {index} caches a recurrent state ({type(layer).__name__}), which the "
+                                 "native engine's KV pool cannot hold; use actor_rollout_ref.rollout.name=vllm")
+            layers.append((keys.shape[1], keys.shape[-1], values.shape[1], values.shape[-1]))
+        return cls(tuple(layers), dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
 
     @property
     def bytes_per_token(self) -> int:
         """Keys + values of one token over all layers."""
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        return sum(kh * kd + vh * vd for kh, kd, vh, vd in self.layers) * torch.empty((), dtype=self.dtype).element_size()
 
 
 def slots_for_budget(geometry: KVGeometry, max_len: int, budget_bytes: float | None) -> int | None:
@@ -67,11 +84,10 @@ class KVPool:
             return
         self.release()
         g = self.geometry
-        shape = (num_slots, g.kv_heads, max_len, g.head_dim)
         # Zeroed, not empty: attention reads masked positions too (weight 0), and 0 x NaN from uninitialised memory
         # would be NaN. Stale values of earlier sequences are finite and harmless.
-        self.keys = [torch.zeros(shape, dtype=g.dtype, device=self.device) for _ in range(g.num_layers)]
-        self.values = [torch.zeros(shape, dtype=g.dtype, device=self.device) for _ in range(g.num_layers)]
+        self.keys = [torch.zeros(num_slots, kh, max_len, kd, dtype=g.dtype, device=self.device) for kh, kd, _, _ in g.layers]
+        self.values = [torch.zeros(num_slots, vh, max_len, vd, dtype=g.dtype, device=self.device) for _, _, vh, vd in g.layers]
         self.num_slots, self.max_len = num_slots, max_len
         self.start = torch.zeros(num_slots, dtype=torch.long, device=self.device)
 
@@ -138,16 +154,44 @@ def pool_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.
     """The native engine's attention (registered as `ATTENTION_NAME` for the HF-module path, called directly by the
     fused decoder). A decode step (one query per row) is two small batched matmuls and a softmax over the pool's
     view: ~120 us per layer on the rollout bench, where CPU SDPA's flash kernel took ~440 us. Prefills go to torch
-    SDPA with the pool's 4D mask."""
+    SDPA with the pool's 4D mask. What the layer asks beyond that (a sliding window, soft-capping, sinks:
+    rlcore.models.varlen.AttentionOptions) is applied to the same mask; values may be narrower than keys (MLA)."""
+    options = AttentionOptions.of(module, kwargs)
+    if options.window is not None and attention_mask is not None:
+        attention_mask = _windowed(attention_mask, options.window)
     batch, heads, q_len, head_dim = query.shape
     if q_len != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=False, **kwargs)
+        if options.plain:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=False, **kwargs)
+        return masked_attention(query, key, value, attention_mask, scaling, dropout, options).transpose(1, 2), None
     kv_heads = key.shape[1]
     q = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)  # the query heads sharing each KV head (GQA)
     scores = torch.matmul(q, key.transpose(-1, -2)) * (scaling if scaling is not None else head_dim**-0.5)
+    if options.softcap is not None:
+        scores = torch.tanh(scores / options.softcap) * options.softcap
     scores = scores.masked_fill(~attention_mask[:, :, 0, : key.shape[2]].unsqueeze(2), float("-inf")) if attention_mask is not None else scores
-    out = torch.matmul(scores.softmax(-1, dtype=torch.float32).to(value.dtype), value)  # [batch, kv_heads, group, head_dim]
-    return out.reshape(batch, 1, heads, head_dim), None
+    if options.sinks is not None:  # a logit per query head that only joins the softmax's denominator
+        sinks = options.sinks.to(scores.dtype).reshape(1, kv_heads, heads // kv_heads, 1).expand(batch, -1, -1, 1)
+        probs = torch.cat([scores, sinks], dim=-1).softmax(-1, dtype=torch.float32)[..., :-1]
+    else:
+        probs = scores.softmax(-1, dtype=torch.float32)
+    out = torch.matmul(probs.to(value.dtype), value)  # [batch, kv_heads, group, value_dim]
+    return out.reshape(batch, 1, heads, value.shape[-1]), None
+
+
+_last_window: list = [None, None, None]  # (mask, window, windowed mask) of the last call: every sliding layer of a forward shares it
+
+
+def _windowed(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """The pool's bool mask with each query row cut to its last `window` visible keys. Every mask the engine builds
+    (prefill_mask, decode_mask) lets a query see one contiguous run of positions ending at itself, so its last
+    `window` visible keys are exactly the ones a sliding window keeps."""
+    if _last_window[0] is mask and _last_window[1] == window:
+        return _last_window[2]
+    visible_after = mask.flip(-1).cumsum(-1).flip(-1)  # visible keys at or after each position, per query row
+    windowed = mask & (visible_after <= window)
+    _last_window[:] = [mask, window, windowed]
+    return windowed
 
 
 # Registered once, process-wide: HF modules pick it up through `config._attn_implementation = ATTENTION_NAME`.

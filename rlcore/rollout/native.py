@@ -136,7 +136,7 @@ class NativeRollout(RolloutEngine):
         # row's extra steps are not), a stall of the launch queue on CUDA.
         self.finish_check_every = 1 if device.type == "cpu" else 4
         dtype_ = next(self.model.parameters()).dtype
-        self.pool = KVPool(KVGeometry.of(self.model.config, dtype_), device)
+        self.pool = KVPool(KVGeometry.of(self.model, dtype_), device)
         self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running (graph_captures on CUDA)
         self.kept: list[KeptKV | None] | None = None  # per row of the last generate(keep_kv=True)
         self.kept_under: int | None = None  # the weights version the kept KV was computed with

@@ -1,6 +1,7 @@
-"""The routers of a mixture of experts under rlcore's hooks (rlcore/models/router.py), on the tiny Qwen3-MoE and
-Qwen2-MoE (shared expert): replay forces recorded routes after the router moved, the router still learns, replay of
-a forward's own routes changes nothing, and the load-balancing loss and load metrics are HF's numbers."""
+"""The routers of a mixture of experts under rlcore's hooks (rlcore/models/router.py), on every tiny MoE family
+(Qwen's softmax routers, DeepSeek-V3's and GLM-4.5's biased sigmoid routers after a dense first layer, GPT-OSS's
+top-k softmax): replay forces recorded routes after the router moved, the router still learns, replay of a
+forward's own routes changes nothing, and the load-balancing loss and load metrics are HF's numbers."""
 
 import pytest
 import torch
@@ -29,7 +30,8 @@ def test_replayed_routes_are_forced_after_the_router_moved_and_the_router_still_
     with routing.run(record=True) as p:
         free = model(ids).logits
     recorded = to_routes(p.recorded, routing.num_layers)
-    assert recorded.shape == (ids.numel(), 2, 2) and recorded.dtype == torch.int16
+    moe_layers = model.config.num_hidden_layers - (getattr(model.config, "first_k_dense_replace", 0) or 0)
+    assert recorded.shape == (ids.numel(), moe_layers, 2) and recorded.dtype == torch.int16
 
     with routing.run(replay=recorded, record=True) as p:  # the same weights: replaying its own routes changes nothing
         assert torch.equal(model(ids).logits, free)

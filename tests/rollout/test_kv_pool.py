@@ -71,7 +71,7 @@ def test_hf_modules_prefill_and_decode_through_a_slot_cache_as_one_full_forward(
     then one decode step through `SlotCache` give the logits of one forward over the whole sequence, per family."""
     model, ids = family_model, torch.tensor([[0, 0, 7, 9, 11, 13], [5, 6, 8, 10, 12, 14]])
     start = (ids == 0).sum(1)
-    pool = KVPool(KVGeometry.of(model.config, torch.float32), torch.device("cpu"))
+    pool = KVPool(KVGeometry.of(model, torch.float32), torch.device("cpu"))
     pool.acquire(2, 8)
     pool.start[:] = start
     attention, model.config._attn_implementation = model.config._attn_implementation, ATTENTION_NAME
@@ -105,7 +105,7 @@ def test_masks_by_hand():
 def test_pool_bytes_are_keys_and_values_of_every_layer(tiny_model_dir, model):
     rollout = engine(tiny_model_dir, model)
     c = model.config
-    geometry = KVGeometry.of(c, torch.float32)
+    geometry = KVGeometry.of(model, torch.float32)
     assert geometry.bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
     ids, mask = grouped_prompts(3, 2)
     rollout.generate(ids, mask, SamplingParams(max_tokens=5, stop_token_ids=[EOS], seed=0))
@@ -147,7 +147,7 @@ def test_prefill_token_budget_admits_one_prompt_at_a_time(tiny_model_dir, model)
 
 def test_kv_budget_sizes_the_pool_and_too_small_a_budget_names_the_keys(tiny_model_dir, model):
     ids, mask = grouped_prompts(3, 4)
-    per_sequence = KVGeometry.of(model.config, torch.float32).bytes_per_token * (6 + 8)
+    per_sequence = KVGeometry.of(model, torch.float32).bytes_per_token * (6 + 8)
     sp = SamplingParams(max_tokens=8, do_sample=False, stop_token_ids=[EOS])
     rollout = engine(tiny_model_dir, model, kv_cache_memory_bytes=5 * per_sequence + per_sequence // 2)
     out = rollout.generate(ids, mask, sp)
@@ -170,7 +170,7 @@ def test_a_fresh_pool_is_zeroed(tiny_model_dir, model):
 
 
 def test_with_a_budget_wake_up_allocates_the_pool_and_generate_uses_it(tiny_model_dir, model):
-    per_token = KVGeometry.of(model.config, torch.float32).bytes_per_token
+    per_token = KVGeometry.of(model, torch.float32).bytes_per_token
     rollout = engine(tiny_model_dir, model, max_num_seqs=16, max_model_len=20, kv_cache_memory_bytes=12 * 20 * per_token)
     rollout.wake_up(["kv_cache"])
     assert (rollout.pool.num_slots, rollout.pool.max_len) == (12, 20)  # the budget holds 12 of the 16 sequences

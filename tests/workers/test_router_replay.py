@@ -1,4 +1,5 @@
-"""Router replay through the hybrid worker (FSDP2 + the native rollout) on the tiny Qwen3-MoE: R3's routes recorded by
+"""Router replay through the hybrid worker (FSDP2 + the native rollout) on the tiny Qwen3-MoE (and R3 on DeepSeek-V3's
+sigmoid router after a dense first layer, and GPT-OSS's top-k softmax router): R3's routes recorded by
 the rollout in its prefill and decode steps are the routes the training forward takes on the same weights, and are
 forced in the old-log-prob, reference and update forwards after the router moved; R2 records them in the
 old-log-prob pass (padded micro-batches of a token budget too) and replays them in the update. The update reports
@@ -43,14 +44,18 @@ def prompt_and_response_routes(batch: DataProto) -> tuple[torch.Tensor, torch.Te
     return batch.batch[ROUTES], mask
 
 
-@pytest.mark.parametrize("rollout", ["native", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_r3_records_the_rollouts_routes_and_every_training_forward_replays_them(moe_dir, tiny_task_dir, tmp_path, rollout):
+@pytest.mark.parametrize("family, rollout", [("tiny-qwen3-moe", "native"), pytest.param("tiny-qwen3-moe", "vllm", marks=pytest.mark.vllm),
+                                             ("tiny-deepseek-v3", "native"), ("tiny-gpt-oss", "native")])
+def test_r3_records_the_rollouts_routes_and_every_training_forward_replays_them(family, moe_dir, tiny_task_dir, tmp_path, rollout):
     """native: hooks on HF's routers in its prefill and decode steps; vllm: callbacks on vLLM's routers
-    (rlcore.rollout.vllm_routes; `make test-vllm` runs it in vLLM's venv)."""
-    worker = worker_for(moe_dir, tiny_task_dir, tmp_path, *R3, f"actor_rollout_ref.rollout.name={rollout}")
+    (rlcore.rollout.vllm_routes; `make test-vllm` runs it in vLLM's venv). DeepSeek-V3's first layer is dense: its
+    routes have one MoE layer."""
+    model_dir = moe_dir if family == "tiny-qwen3-moe" else build_model_dir(str(tmp_path / family), family, build_char_tokenizer())
+    worker = worker_for(model_dir, tiny_task_dir, tmp_path, *R3, f"actor_rollout_ref.rollout.name={rollout}")
     sampled = worker.generate_sequences(prompts_batch(worker.actor.hf_config.vocab_size))
     routes, decides = prompt_and_response_routes(sampled)
-    assert routes.dtype == torch.int16 and routes.shape[2:] == (2, 2) and routes.shape[:2] == sampled.batch["input_ids"].shape
+    moe_layers = 1 if family == "tiny-deepseek-v3" else 2
+    assert routes.dtype == torch.int16 and routes.shape[2:] == (moe_layers, 2) and routes.shape[:2] == sampled.batch["input_ids"].shape
     # The training forward, free, routes as the rollout did (same weights, fp32): prefill and decode steps recorded right.
     free = worker.actor.forward([sampled], lambda out, mb: {ROUTES: out[ROUTES]}, _record())[0][ROUTES]
     assert torch.equal(free[decides], routes[decides])
@@ -61,7 +66,7 @@ def test_r3_records_the_rollouts_routes_and_every_training_forward_replays_them(
     metrics = worker.update_actor(batch)
     assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
     assert 1.0 <= metrics["actor/moe/load_max_over_mean"] <= 8 and 0 < metrics["actor/moe/router_entropy"] < np.log(8)
-    assert {f"actor/moe/load_max_over_mean/layer_{i}" for i in range(2)} <= metrics.keys()
+    assert {f"actor/moe/load_max_over_mean/layer_{i}" for i in range(moe_layers)} <= metrics.keys()
 
     # After the update the router moved: free, some tokens now take other experts; replayed, every one takes its old ones.
     moved = worker.actor.forward([sampled], lambda out, mb: {ROUTES: out[ROUTES]}, _record())[0][ROUTES]
