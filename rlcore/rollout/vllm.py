@@ -38,8 +38,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlcore.models.experts import to_checkpoint_names
-from rlcore.plan.families import num_experts as experts_per_layer
+from rlcore.models.experts import splits_experts, to_checkpoint_names
+from rlcore.families import arch_of, family_of
+from rlcore.families import num_experts as experts_per_layer
 from rlcore.models.hf import to_torch_dtype
 from rlcore.models.router import ROUTE_DTYPE
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
@@ -74,13 +75,24 @@ def import_vllm():
 
 
 def kv_bytes_per_token(hf_config, dtype: torch.dtype, tp: int) -> int:
-    """Keys + values of one token over all layers on one TP rank (KV heads are split across TP, at least one each)."""
-    kv_heads = max(1, hf_config.num_key_value_heads // tp)
-    return 2 * hf_config.num_hidden_layers * kv_heads * head_dim_of(hf_config) * torch.finfo(dtype).bits // 8
+    """Keys + values of one token over all attention layers on one TP rank (KV heads split across TP, at least one
+    each; MLA's latent on every rank), from the family's architecture facts (rlcore.families)."""
+    return arch_of(hf_config.to_dict(), hf_config.model_type).kv_bytes_per_token(torch.finfo(dtype).bits // 8, tp)
+
+
+def kv_bytes_per_sequence(hf_config, dtype: torch.dtype, tp: int, tokens: int) -> int:
+    """What one sequence of `tokens` tokens holds on one TP rank: keys and values of every attention layer (a sliding
+    window not taken off: an upper bound) and a recurrent layer's state."""
+    return arch_of(hf_config.to_dict(), hf_config.model_type).kv_bytes(tokens, torch.finfo(dtype).bits // 8, tp, windowed=False)
 
 
 def head_dim_of(hf_config) -> int:
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def is_mla(hf_config) -> bool:
+    """Multi-head latent attention (DeepSeek-V3): vLLM runs it on its MLA backends, whatever the head dims."""
+    return bool(getattr(hf_config, "kv_lora_rank", None))
 
 
 def check_cpu_head_dim(hf_config) -> None:
@@ -89,7 +101,7 @@ def check_cpu_head_dim(hf_config) -> None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim_of(hf_config) not in supported:
+    if not is_mla(hf_config) and head_dim_of(hf_config) not in supported:
         raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU: the model's head_dim={head_dim_of(hf_config)} has no vLLM CPU "
                          f"attention kernel (supported: {supported}); use actor_rollout_ref.rollout.name=native")
 
@@ -141,6 +153,27 @@ def repack_moe_experts(worker) -> int:
                 "reload, so vLLM would generate from stale expert weights. rlcore's vLLM adapter handles unquantized MoE on "
                 "vLLM 0.24-0.32 (CUDA Triton, CPU); use actor_rollout_ref.rollout.name=native for this model or backend")
     return repacked
+
+
+def has_lm_head(worker) -> bool:
+    """Runs on each vLLM worker: whether its model has an output layer of its own (Qwen2, Llama, Gemma 3; tied, it
+    shares the embedding's parameter, so only the module tells) rather than computing logits from the embedding
+    (vLLM's Gemma 2, which refuses an `lm_head` tensor)."""
+    return any(name == "lm_head" for name, _ in worker.model_runner.get_model().named_modules())
+
+
+def keep_hf_classes_callable(worker) -> int:
+    """Runs on each vLLM worker: a model vLLM runs through its Transformers backend (a family without a vLLM
+    implementation of its own: Seed-OSS in 0.32) has its HF decoder class decorated in place for torch.compile, and
+    the decorated `__call__` reads an attribute only instances built after the decoration have. The trainer's HF
+    model in the same process was built before, and its next forward raised AttributeError. The attribute's class
+    default makes those instances run their plain forward; vLLM's own instance keeps its value. Returns the classes
+    given the default."""
+    classes = {type(m) for m in worker.model_runner.get_model().modules() if "do_not_compile" in vars(m)}
+    for cls in classes:
+        if "do_not_compile" not in vars(cls):
+            cls.do_not_compile = True
+    return len(classes)
 
 
 def moe_expert_rows(worker) -> dict[str, int]:
@@ -204,7 +237,7 @@ class VLLMRollout(RolloutEngine):
             seed=(seed + self.dp_rank) % 2**32,
             enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-            enable_prefix_caching=enable_prefix_caching, hf_overrides=override_config or None,
+            enable_prefix_caching=enable_prefix_caching,
             hf_config_path=hf_config_path, trust_remote_code=trust_remote_code, disable_log_stats=disable_log_stats,
             # Temperature-scaled log-probs, as the trainer computes them (rlcore.models.logits); raw ones would ignore
             # the temperature. Top-k/top-p masking is included too, as in the native engine.
@@ -212,7 +245,8 @@ class VLLMRollout(RolloutEngine):
         )
         args.update(self._launcher_args(rank))
         hf_config = self._hf_config(hf_config_path or model_path, override_config, trust_remote_code)
-        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        args.update(self._family_args(hf_config, override_config))
         args.update(self._expert_parallel_args(hf_config, expert_parallel_size))
         args.update(self._memory_args(hf_config, dtype, gpu_memory_utilization, max_model_len, max_num_seqs, kv_bytes))
         args.update(engine_kwargs)  # the user's engine arguments win
@@ -222,12 +256,30 @@ class VLLMRollout(RolloutEngine):
         self._awake = {"weights", "kv_cache"}
         with _KeepRNGAndThreads():
             self.llm = vllm.LLM(**args)
+        self.llm.collective_rpc(keep_hf_classes_callable)
+        # A tied head: vLLM's Qwen / Llama hold it as a layer of their own (sent as the embedding), its Gemma models
+        # compute logits from the embedding and refuse the name.
+        self.tied, self._head_layer = tied, tied and self.llm.collective_rpc(has_lm_head)[0]
         if self.device.type == "cpu":
             self._check_cpu_moe_reloadable(hf_config)
         self.route_recorder = self.llm.collective_rpc(install_route_recorder)[0] if record_routes else None
         self.sleep()  # dummy weights are worthless; the first sync loads real ones
         self._sampling_cls = vllm.SamplingParams
         self.stats: dict[str, int] = {}
+
+    def _family_args(self, hf_config, override_config: dict | None) -> dict:
+        """The user's override_config, and what vLLM reads of the family that a config.json saved by transformers 5
+        lacks (DeepSeek-V3's router: without `topk_method`/`scoring_func` vLLM builds a softmax router with no bias).
+        On CPU, multi-head latent attention runs on vLLM's portable MLA backend (the default AMX one takes bf16 only)."""
+        family = family_of(hf_config.to_dict())
+        if family is not None and family.vllm_problem:
+            raise ValueError(f"actor_rollout_ref.rollout.name=vllm with {hf_config.model_type}: {family.vllm_problem}; "
+                             "use actor_rollout_ref.rollout.name=native")
+        missing = {k: v for k, v in (family.vllm_config if family else {}).items() if getattr(hf_config, k, None) is None}
+        args = {"hf_overrides": {**missing, **(override_config or {})} or None}
+        if self.device.type == "cpu" and is_mla(hf_config):
+            args["attention_config"] = {"backend": "CPU_MLA"}
+        return args
 
     def _launcher_args(self, rank: int) -> dict:
         if not dist.is_initialized():
@@ -284,7 +336,7 @@ class VLLMRollout(RolloutEngine):
         else:
             check_cpu_head_dim(hf_config)
             max_len = max_model_len or hf_config.max_position_embeddings
-            kv_bytes = kv_bytes or kv_bytes_per_token(hf_config, to_torch_dtype(dtype), self.tp) * max_num_seqs * (max_len + KV_BLOCK_SLACK_TOKENS)
+            kv_bytes = kv_bytes or max_num_seqs * kv_bytes_per_sequence(hf_config, to_torch_dtype(dtype), self.tp, max_len + KV_BLOCK_SLACK_TOKENS)
             args = {}
         if kv_bytes is not None:
             args["kv_cache_memory_bytes"] = int(kv_bytes)
@@ -314,12 +366,12 @@ class VLLMRollout(RolloutEngine):
         if "weights" not in self._awake:
             raise RuntimeError("update_weights() while vLLM's weights sleep: call wake_up(['weights']) first "
                                "(rlcore.rollout.weight_sync.sync_weights does)")
-        stream = self._with_tied_head(weights) if self.tied else iter(weights)
+        stream = self._with_tied_head(weights, self._head_layer) if self.tied else iter(weights)
         # Experts go in under their per-expert checkpoint names (views of the fused [experts, ...] tensors transformers 5
         # trains, no copy): every vLLM release's Qwen MoE loader reads those, while the fused 3-D names load only in
         # recent ones (0.32 reads them; 0.24's qwen2_moe/qwen3_moe loaders do not know them). An EP rank's loader can
         # also drop the experts it does not hold name by name. A dense stream passes through unchanged.
-        stream = to_checkpoint_names(stream)
+        stream = to_checkpoint_names(stream, splits_experts(self._hf.to_dict()))
         numel = 0
 
         def counted():
@@ -334,17 +386,18 @@ class VLLMRollout(RolloutEngine):
         self._weight_bytes = numel * self._dtype.itemsize // self.tp
 
     @staticmethod
-    def _with_tied_head(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """A tied model's lm_head must reach vLLM even when the trainer leaves it out (it is the embedding): vLLM's
-        layer-wise reload re-processes only layers that received a tensor, and its CPU build keeps a repacked copy of
-        the head's weight, so an unsent head keeps computing logits from the previous (at first dummy) weights
-        (measured: wrong greedy tokens, weights equal). It is sent right after the embedding, while that tensor is
-        still valid (the stream's tensors are transient), and a later copy from the trainer is dropped."""
+    def _with_tied_head(weights: Iterable[tuple[str, torch.Tensor]], head_layer: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """A tied model's lm_head must reach vLLM even when the trainer leaves it out (it is the embedding), where vLLM
+        holds the head as a layer of its own (`head_layer`): vLLM's layer-wise reload re-processes only layers that
+        received a tensor, and its CPU build keeps a repacked copy of the head's weight, so an unsent head keeps
+        computing logits from the previous (at first dummy) weights (measured: wrong greedy tokens, weights equal).
+        It is sent right after the embedding, while that tensor is still valid (the stream's tensors are transient);
+        a copy from the trainer is dropped either way."""
         for name, tensor in weights:
             if name == TIED_HEAD:
                 continue
             yield name, tensor
-            if name == TIED_EMBEDDING:
+            if name == TIED_EMBEDDING and head_layer:
                 yield TIED_HEAD, tensor
 
     def wake_up(self, tags: list[str] | None = None) -> None:

