@@ -138,3 +138,9 @@ def test_partial_rollout_benchmark_compares_waiting_and_interrupting_syncs(tmp_p
     assert int(stale_without) <= 1 and int(stale_with) <= 1, out
     results = json.loads((tmp_path / "r.json").read_text())["results"]
     assert all(r["response_length"] == 48 for r in results.values()), results
+
+
+def test_model_families_benchmark_prints_each_familys_differences_to_hf(capsys):
+    out = bench(capsys, "model_families", "tiny-gemma2")
+    row = re.search(r"\| tiny-gemma2 \| ([\d.e+-]+) / ([\d.e+-]+) \| ([\d.e+-]+) / ([\d.e+-]+) \| ([\d.e+-]+) \|", out)
+    assert row and all(float(x) < 1e-4 for x in row.groups()), out

@@ -56,10 +56,11 @@ def test_a_missing_critic_model_is_reported_before_ray_starts(tmp_path):
 
 
 @pytest.mark.parametrize("edit, strategy, message", [
-    ({"model_type": "mixtral", "num_local_experts": 8}, "fsdp", "is a mixture of experts rlcore has not run (its MoE families: qwen3_moe"),
+    ({"model_type": "qwen3_5_text", "layer_types": ["linear_attention", "full_attention"]}, "fsdp",
+     "recurrent state the native engine's KV pool cannot hold; use actor_rollout_ref.rollout.name=vllm"),
     ({"model_type": "qwen3_moe", "num_experts": 8, "mlp_only_layers": [0]}, "fsdp", "set mlp_only_layers=[] and decoder_sparse_step=1"),
-    ({"model_type": "gemma2"}, "fsdp", "model_type='gemma2' is not a family rlcore has run"),
-    ({"use_sliding_window": True}, "fsdp", "use_sliding_window=true"),
+    ({"model_type": "my_lab_model"}, "fsdp", "model_type='my_lab_model' is not a causal LM transformers ships"),
+    ({"use_sliding_window": True}, "megatron", "use_sliding_window=false in config.json"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "megatron", "has no megatron-core equivalent"),
 ])
 def test_a_family_rlcore_cannot_run_is_refused_before_ray_starts(tiny_model_dir, tmp_path, edit, strategy, message):

@@ -413,7 +413,7 @@ class Estimator:
         if r.name != "vllm":  # the native engine: its own weight copy, a KV cache for all of the rank's samples
             samples = self.plan.samples_per_rank_per_step if self.plan else 1
             weights = arch.params() * rb / GIB
-            kv = samples * max_len * arch.kv_bytes_per_token(rb) / GIB
+            kv = samples * arch.kv_bytes(max_len, rb, windowed=False) / GIB  # its pool keeps every position of every layer
             prefill = samples * c("data.max_prompt_length") * arch.vocab * (rb + 4) / GIB
             items = [("native engine weight copy", weights), (f"KV cache, {samples} samples x {max_len} tokens", kv),
                      ("prefill logits", prefill)]
@@ -425,12 +425,12 @@ class Estimator:
         reserve = ((r.max_num_batched_tokens * (4 * arch.hidden + 2 * arch.mlp_width) * rb
                     + r.max_num_seqs * arch.vocab * 4) / GIB + (0.0 if r.enforce_eager else 0.5))
         kv = budget - weights - reserve
-        seqs = int(kv * GIB // (arch.kv_bytes_per_token(rb, tp) * max_len)) if kv > 0 else 0
+        seqs = int(kv * GIB // arch.kv_bytes(max_len, rb, tp)) if kv > 0 else 0
         per_replica = self.plan.samples_per_step * tp // world if self.plan else 0
         note = (f"weights {weights:.1f} + reserve {reserve:.1f} + KV cache {max(kv, 0):.1f} GiB: {seqs} sequences of "
                 f"{max_len} tokens at once per TP{tp} replica" + (f" (of {per_replica} per step)" if per_replica else ""))
         levers = []
-        self.vllm_floor = (weights + reserve + arch.kv_bytes_per_token(rb, tp) * max_len / GIB) / self.capacity
+        self.vllm_floor = (weights + reserve + arch.kv_bytes(max_len, rb, tp) / GIB) / self.capacity
         if seqs < 1:
             note = f"OOM: vLLM needs weights {weights:.1f} + reserve {reserve:.1f} GiB but gets {budget:.1f} GiB; " + note
             need = math.ceil(self.vllm_floor * 100) / 100
@@ -491,7 +491,9 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         if arch.experts:  # what a token computes with, beside what the ranks hold
             size += f" ({arch.active_params(value) / 1e9:.2f}B active: top-{arch.top_k} of {arch.experts} experts per layer)"
         notes.append(f"{key}: {size} params, {arch.layers} layers, hidden {arch.hidden}, "
-                     f"vocab {arch.vocab} ({where})")
+                     f"vocab {arch.vocab} ({where}{'; ' + arch.estimated if arch.estimated else ''})")
+        if key == "policy":
+            notes.append(f"{key} cache: {arch.cache_summary()}")
         if key == "policy":
             errors += head_errors(cfg, arch, f"{role}.path")
         if key == "policy" and arch.max_positions and est.max_len > arch.max_positions:

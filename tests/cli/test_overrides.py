@@ -15,7 +15,7 @@ def refusal(overrides):
 
 def test_group_options_keys_tildes_and_commas_are_explained():
     assert refusal(["recipe=tiny_cpu_ppp"]).startswith("recipe=tiny_cpu_ppp is not one of the recipe options; did you mean "
-                                                        "recipe=tiny_cpu_ppo? available: llama3_8b_rm_lora, ")
+                                                        "recipe=tiny_cpu_ppo? available: gemma2_2b_ppo, llama3_8b_rm_lora, ")
     assert refusal(["recipe=tiny_cpu", "trainer.n_gpu_per_node=2"]) == "trainer.n_gpu_per_node is not a config key; did you mean trainer.n_gpus_per_node?"
     assert "write data.val_files=$HOME/x.parquet" in refusal(["data.val_files=~/x.parquet"])
     assert refusal(["trainer.device_memory_gb=80,40"]).endswith("to plan or train each value, add -m (a sweep); for a list use key=[a,b]; for one string with commas quote it: key='a,b'")

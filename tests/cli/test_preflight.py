@@ -141,7 +141,7 @@ def test_training_names_a_missing_actor_model_in_one_line_without_a_traceback(ti
 
 @pytest.mark.parametrize("args, message", [
     (["recipe=qwen2_7b_gpro"], "rlcore: the config does not compose: recipe=qwen2_7b_gpro is not one of the recipe options; "
-                               "did you mean recipe=qwen2_7b_grpo? available: llama3_8b_rm_lora, "),
+                               "did you mean recipe=qwen2_7b_grpo? available: gemma2_2b_ppo, llama3_8b_rm_lora, "),
     (["actor_rollout_ref.rollout.gpu_memory_utilisation=0.6"], "rlcore: the config does not compose: actor_rollout_ref.rollout."
                                                                "gpu_memory_utilisation is not a config key; did you mean actor_rollout_ref.rollout.gpu_memory_utilization?"),
     (["data.train_files=~/data/gsm8k/train.parquet"], "rlcore: the config does not compose: data.train_files=~/data/gsm8k/train.parquet: "

@@ -53,11 +53,16 @@ def reason(error: str) -> str:
 
 def verdict(entry: str, args: list[str]) -> list[str]:
     """The reasons the doctor refuses the script for (sorted, each once); [] when it accepts it."""
+    if entry not in ENTRIES:
+        return [f"verl's entry point {entry}"]
+    return sorted({reason(e) for e in doctor_errors(entry, args)})
+
+
+def doctor_errors(entry: str, args: list[str]) -> list[str]:
+    """What `rlcore-plan --elsewhere` reports as errors for the script's overrides."""
     from rlcore.cli.overrides import ComposeError, compose_explained, schema_keys, set_existing_keys, split_argv
     from rlcore.cli.plan import composer
 
-    if entry not in ENTRIES:
-        return [f"verl's entry point {entry}"]
     # `--config-path=config` is verl's own config directory (next to its main_ppo), whose names rlcore's configs share;
     # another is an example's folder, copied under configs/ (tools/verl_corpus.py) and composed onto rlcore's configs
     from rlcore.config import external_config_dir
@@ -71,10 +76,9 @@ def verdict(entry: str, args: list[str]) -> list[str]:
     compose_fn, check = composer(config_name, config_dir)
     overrides = set_existing_keys(overrides, schema_keys(config_name))  # as rlcore-train and rlcore-plan do
     try:
-        errors = check(compose_explained(compose_fn, overrides), "elsewhere").errors
+        return check(compose_explained(compose_fn, overrides), "elsewhere").errors
     except ComposeError as err:
-        errors = err.problems + (check(err.partial, "elsewhere").errors if err.partial is not None else [])
-    return sorted({reason(e) for e in errors})
+        return err.problems + (check(err.partial, "elsewhere").errors if err.partial is not None else [])
 
 
 def script_verdict(path: Path) -> tuple[str, str]:
@@ -120,3 +124,37 @@ def test_each_script_is_accepted_or_refused_only_for_its_listed_reasons(capsys):
 ])
 def test_errors_count_under_their_feature(error, expected):
     assert reason(error) == expected
+
+
+# verl's scripts for the newer families, with the model directory present: the family is checked from its config.json
+# (the published shape's keys from rlcore's table, written as the checkpoint's own), as a user's machine would.
+# -> the family refusals each script still gets (the script's other verdicts are EXPECTED.txt's)
+STAND_INS = {
+    "ppo_trainer__run_gemma.args": ("gemma-2-2b", []),
+    "grpo_trainer__run_mistral13b_skyworkrm_hhrlhf.args": ("mistral-nemo-12b", []),
+    "grpo_trainer__run_seed_oss_36b.args": ("seed-oss-36b", []),
+    "grpo_trainer__run_gptoss_20b.args": ("gpt-oss-20b", []),
+    "grpo_trainer__run_moonlight16b_math_megatron.args": ("moonlight-16b-a3b", ["no MLA converter yet; use strategy=fsdp2"]),
+    "grpo_trainer__run_deepseek671b_math_megatron_96gb.args": ("deepseek-v3", ["no MLA converter yet; use strategy=fsdp2"]),
+}
+
+
+@pytest.mark.parametrize("script", list(STAND_INS))
+def test_the_newer_families_scripts_are_checked_against_their_models_config(script, tmp_path):
+    import json
+
+    from rlcore.plan.arch import BUILTIN, hf_config
+
+    entry_shape, refusals = STAND_INS[script]
+    model = tmp_path / entry_shape
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(hf_config(BUILTIN[entry_shape])))
+    _, entry, args = read(CORPUS / script)
+    keys = ("actor_rollout_ref.model.path=", "critic.model.path=")
+    args = [f"{a.split('=', 1)[0]}={model}" if a.startswith(keys) else a for a in args]
+    found = doctor_errors(entry, args)
+    errors = [e for e in found if str(model) in e]
+    assert len(errors) == len(refusals) and all(r in e for r, e in zip(refusals, errors)), errors
+    expected = dict(line.split("\t", 1) for line in EXPECTED.read_text().splitlines() if line)
+    others = sorted({reason(e) for e in found if str(model) not in e})
+    assert ("; ".join(others) or "accepted") == expected[read(CORPUS / script)[0]]

@@ -1,25 +1,50 @@
-"""The model families users start RL from, each a tiny random config, through a whole GRPO step of the hybrid
-worker: weight sync into the native rollout (tied heads included), sampling, old and reference log-probs, GRPO
-advantages, the actor update, and a second sync that moves the rollout with the training weights.
-
-After every sync the rollout's greedy tokens are the training model's own greedy continuation and their log-probs
-equal the training forward's (fp32, 1e-5): a head that missed the sync, a tie broken in training, a norm left out
-of a converter, or a RoPE scaling applied on one side only shows up here."""
+"""Every family rlcore has a module for (rlcore/families/), each a tiny random config:
+- the training forward's per-token log-probs and gradients equal HF's own eager forward of each sequence alone,
+  padded and packed (sliding windows, soft-capping, sinks, MLA's value dim and recurrent layers included);
+- a whole GRPO step of the hybrid worker: weight sync into the native rollout (tied heads included), sampling, old
+  and reference log-probs, GRPO advantages, the update, and a second sync that moves the rollout with the training
+  weights; after every sync the rollout's greedy tokens are the training model's own greedy continuation and their
+  log-probs equal the training forward's (fp32, 1e-5); then the HF export reloads and a resume decodes the same;
+- FSDP2 on 2 ranks equals 1, and Megatron TP2 for the families megatron-core builds.
+A head that missed the sync, a tie broken in training, a norm left out of a converter, a window or a cap applied on
+one side only, or recurrent state leaking between packed sequences shows up here."""
 
 import numpy as np
 import pytest
 import torch
-from dist_utils import close_gloo, free_port, init_gloo, spawn_ranks
+from dist_utils import close_gloo, free_port, init_gloo, make_rollout_batch, spawn_ranks
 from grpo_step import N, family_cfg, greedy_matches_training, grpo_batch, prompts_batch
 from transformers import AutoModelForCausalLM
 
 from rlcore.data.tokenizer import build_char_tokenizer
-from rlcore.plan.families import family_problems
-from rlcore.models.random_init import TINY_FAMILIES, TINY_MOE, build_config, build_model_dir
+from rlcore.engine.base import EngineSpec, TokenRequest
+from rlcore.families import FAMILIES, family_problems
+from rlcore.models.logits import gather_log_probs
+from rlcore.models.random_init import SHAPES, TINY_FAMILIES, build_config, build_model_dir
+from rlcore.protocol import DataProto
 from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 HF_MODEL = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
 pytestmark = pytest.mark.numerics  # compares floats across kernels: re-run under other CPU kernels (make test-numerics)
+ROWS, PROMPT, RESPONSE = 6, 7, 5  # prompt + response (up to 12 tokens) longer than the tiny families' 8-token windows
+
+
+def family(name: str):
+    return FAMILIES[SHAPES[name][0]]
+
+
+# The native engine's KV pool holds keys and values; a recurrent layer's state it cannot (rollout.name=vllm does).
+NATIVE = [name for name in TINY_FAMILIES if family(name).recurrent is None]
+MEGATRON = [name for name in TINY_FAMILIES if family(name).megatron is not None and not family_problems(
+    build_config(name, build_char_tokenizer()).to_dict(), "megatron")]
+
+
+# A resume is the same code for every family (DCP of every parameter): checked on a tied head, fused experts that
+# leave as per-expert tensors, and fused experts that stay fused on disk.
+RESUMED = ("tiny-qwen2.5-tied", "tiny-qwen3-moe", "tiny-gpt-oss")
+# One shape per kind of parameter FSDP2 shards: q/k/v biases, a tied head with Gemma's four norms, MLA's latent
+# projections with 3-D experts, sinks with biased experts, a linear-attention layer's conv kernel and decay.
+TWO_RANKS = ("tiny-qwen2", "tiny-gemma2", "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-qwen3-next")
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +54,63 @@ def family_dirs(tmp_path_factory):
     return {name: build_model_dir(str(root / name), name, tokenizer) for name in TINY_FAMILIES}
 
 
-def test_every_tiny_family_is_a_family_rlcore_accepts():
+def test_every_tiny_family_is_accepted_where_it_runs_and_refused_with_the_alternative_elsewhere():
     tokenizer = build_char_tokenizer()
     for name in TINY_FAMILIES:
-        assert family_problems(build_config(name, tokenizer).to_dict(), "fsdp2") == [], name
-        assert name in TINY_MOE or family_problems(build_config(name, tokenizer).to_dict(), "megatron") == [], name
+        config = build_config(name, tokenizer).to_dict()
+        vllm = family_problems(config, "fsdp2", rollout="vllm")
+        assert vllm == [] if not family(name).vllm_problem else "use actor_rollout_ref.rollout.name=native" in vllm[0], name
+        native = family_problems(config, "fsdp2", rollout="native")
+        assert native == [] if name in NATIVE else "use actor_rollout_ref.rollout.name=vllm" in native[0], name
+        megatron = family_problems(config, "megatron")
+        assert megatron == [] if name in MEGATRON else "use strategy=fsdp2" in megatron[0], name
+    assert {"tiny-qwen2", "tiny-qwen3", "tiny-llama3.1", "tiny-mistral-nemo", "tiny-seed-oss"} <= set(MEGATRON)
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
-def test_a_grpo_step_on_fsdp2_and_the_native_rollout(family, family_dirs, tiny_task_dir, tmp_path):
+def _reference(model_dir: str, batch: dict):
+    """HF's own eager forward of each row's sequence alone (no padding, no packing): response log-probs
+    `[rows, response]` and the gradients of their sum."""
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", local_files_only=True)
+    mask, lengths = batch["attention_mask"].bool(), batch["response_mask"].sum(-1).tolist()
+    log_probs = torch.zeros(ROWS, RESPONSE)
+    for row in range(ROWS):
+        ids = batch["input_ids"][row][mask[row]][None]
+        logits = hf(input_ids=ids, use_cache=False).logits[0].float()
+        first = ids.shape[1] - lengths[row]  # the state before the first response token is at first - 1
+        log_probs[row, : lengths[row]] = gather_log_probs(logits[first - 1 : -1], batch["responses"][row, : lengths[row]])
+    log_probs.sum().backward()
+    return log_probs.detach(), {n: p.grad for n, p in hf.named_parameters()}
+
+
+@pytest.mark.parametrize("name", TINY_FAMILIES)
+def test_training_log_probs_and_gradients_equal_hfs_own_forward_padded_and_packed(name, family_dirs):
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
     init_gloo(0, 1, free_port())
-    worker = ActorRolloutRefWorker(family_cfg(family_dirs[family], tiny_task_dir, tmp_path, HF_MODEL), 0, 1, "cpu")
+    hf_config = build_config(name, build_char_tokenizer())
+    batch = make_rollout_batch(ROWS, PROMPT, RESPONSE, hf_config.vocab_size)
+    expected, grads = _reference(family_dirs[name], batch)
+    data, valid = DataProto.from_dict(batch), batch["response_mask"].bool()
+    for packed in (False, True):
+        engine = FSDP2Engine(EngineSpec(model_path=family_dirs[name], use_remove_padding=packed), torch.device("cpu"))
+        assert engine.spec.use_remove_padding == packed  # every family packs: nothing fell back to padding
+        log_probs = engine.forward([data], lambda out, mb: {"lp": out["log_probs"]}, TokenRequest())[0]["lp"]
+        torch.testing.assert_close(log_probs[valid], expected[valid], atol=1e-5, rtol=1e-5, msg=f"{name} packed={packed}")
+        engine.forward_backward([data], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        for param_name, param in engine.model.named_parameters():
+            torch.testing.assert_close(param.grad.full_tensor(), grads[param_name], atol=2e-5, rtol=1e-4, msg=f"{name} {param_name}")
+    close_gloo()
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_a_grpo_step_on_fsdp2_and_the_native_rollout(name, family_dirs, tiny_task_dir, tmp_path):
+    init_gloo(0, 1, free_port())
+    worker = ActorRolloutRefWorker(family_cfg(family_dirs[name], tiny_task_dir, tmp_path, HF_MODEL), 0, 1, "cpu")
     worker.init_model(total_steps=2)
     tied = worker.actor.hf_config.tie_word_embeddings
     if tied:  # one parameter, two names: the tie survived sharding, and the sync streams it once
         assert worker.actor.model.get_output_embeddings().weight is worker.actor.model.get_input_embeddings().weight
-        assert "lm_head.weight" not in [name for name, _ in worker.actor.rollout_weights()]
+        assert "lm_head.weight" not in [n for n, _ in worker.actor.rollout_weights()]
     prompts = prompts_batch(worker.actor.hf_config.vocab_size)
     before = greedy_matches_training(worker, prompts)
 
@@ -56,7 +122,7 @@ def test_a_grpo_step_on_fsdp2_and_the_native_rollout(family, family_dirs, tiny_t
 
     after = greedy_matches_training(worker, prompts)  # the second sync carries the updated weights (tied head too)
     moved = (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max()
-    assert moved > 1e-3, f"{family}: the rollout did not follow the update"
+    assert moved > 1e-3, f"{name}: the rollout did not follow the update"
 
     # Checkpoint and HF export of the trained weights: HF loads them (re-tying the head), and a fresh worker that
     # resumes from the checkpoint decodes exactly what this one does.
@@ -64,21 +130,24 @@ def test_a_grpo_step_on_fsdp2_and_the_native_rollout(family, family_dirs, tiny_t
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
     assert (hf.get_output_embeddings().weight is hf.get_input_embeddings().weight) == tied
     trained = dict(worker.actor.rollout_weights())
-    for name, tensor in hf.state_dict().items():
-        torch.testing.assert_close(tensor, trained[name if name in trained else "model.embed_tokens.weight"], atol=0, rtol=0)
-    resumed = ActorRolloutRefWorker(family_cfg(family_dirs[family], tiny_task_dir, tmp_path / "resumed"), 0, 1, "cpu")
+    for param_name, tensor in hf.state_dict().items():
+        if param_name in trained or param_name == "lm_head.weight":
+            torch.testing.assert_close(tensor, trained[param_name if param_name in trained else "model.embed_tokens.weight"], atol=0, rtol=0)
+    if name not in RESUMED:
+        return
+    resumed = ActorRolloutRefWorker(family_cfg(family_dirs[name], tiny_task_dir, tmp_path / "resumed"), 0, 1, "cpu")
     resumed.init_model(total_steps=2)
     resumed.load_checkpoint(str(tmp_path / "ckpt"))
     again = greedy_matches_training(resumed, prompts)
     torch.testing.assert_close(again.batch["rollout_log_probs"], after.batch["rollout_log_probs"], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["tiny-qwen3", "tiny-llama3.2"])
-def test_lora_on_a_tied_model_syncs_merged_weights(family, family_dirs, tiny_task_dir, tmp_path):
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama3.2"])
+def test_lora_on_a_tied_model_syncs_merged_weights(name, family_dirs, tiny_task_dir, tmp_path):
     """LoRA on every linear of a tied model: the sync sends merged weights (the tied head once, frozen), and after
     an update the rollout follows the adapters."""
     init_gloo(0, 1, free_port())
-    cfg = family_cfg(family_dirs[family], tiny_task_dir, tmp_path, "actor_rollout_ref.model.lora_rank=8",
+    cfg = family_cfg(family_dirs[name], tiny_task_dir, tmp_path, "actor_rollout_ref.model.lora_rank=8",
                      "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=5e-2")
     worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
     worker.init_model(total_steps=2)
@@ -89,12 +158,45 @@ def test_lora_on_a_tied_model_syncs_merged_weights(family, family_dirs, tiny_tas
     assert (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max() > 1e-3
 
 
+def _two_rank_families(rank, port, dirs, out_path):
+    """Each family's packed engine on 2 ranks: half the batch per rank, the loss and every gradient in full."""
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
+    init_gloo(rank, 2, port)
+    results = {}
+    for name, model_dir in dirs.items():
+        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
+        data = DataProto.from_dict(make_rollout_batch(ROWS, PROMPT, RESPONSE, engine.hf_config.vocab_size)).chunk(2)[rank]
+        engine.forward_backward([data], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        # FSDP2 averages gradients over ranks; each rank summed its half: x 2 is the whole batch's sum
+        results[name] = {n: 2 * p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+    if rank == 0:
+        torch.save(results, out_path)
+    close_gloo()
+
+
+@pytest.mark.slow
+def test_fsdp2_on_two_ranks_equals_one_process_for_every_kind_of_parameter(family_dirs, tmp_path):
+    """Experts (3-D), sinks, latent projections, conv kernels and tied heads sharded over 2 ranks: each gradient is
+    the single process's (HF's own forward of the whole batch, per sequence)."""
+    names = TWO_RANKS
+    out = str(tmp_path / "grads.pt")
+    spawn_ranks(_two_rank_families, 2, lambda port: (port, {n: family_dirs[n] for n in names}, out))
+    results = torch.load(out)
+    for name in names:
+        batch = make_rollout_batch(ROWS, PROMPT, RESPONSE, build_config(name, build_char_tokenizer()).vocab_size)
+        _, grads = _reference(family_dirs[name], batch)
+        for param_name, grad in results[name].items():
+            torch.testing.assert_close(grad, grads[param_name], atol=2e-5, rtol=1e-4, msg=f"{name} {param_name}")
+        print(f"{name}: 2 ranks vs HF, largest gradient difference {max(float((g - grads[n]).abs().max()) for n, g in results[name].items()):.1e}")
+
+
 def _megatron_families(rank, port, dirs, task_dir, out_dir):
     from megatron.core import parallel_state as mpu
 
     init_gloo(rank, 2, port)
-    for family, model_dir in dirs.items():
-        cfg = family_cfg(model_dir, task_dir, f"{out_dir}/{family}", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    for name, model_dir in dirs.items():
+        cfg = family_cfg(model_dir, task_dir, f"{out_dir}/{name}", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                          config_name="ppo_megatron_trainer")
         worker = ActorRolloutRefWorker(cfg, rank, 2, "cpu")
         worker.init_model(total_steps=2)
@@ -103,17 +205,18 @@ def _megatron_families(rank, port, dirs, task_dir, out_dir):
         batch = [grpo_batch(before, worker)]
         torch.distributed.broadcast_object_list(batch, src=0)
         metrics = worker.update_actor(batch[0])
-        assert rank != 0 or np.isfinite(metrics["actor/pg_loss"]), family  # metrics come from the output rank
+        assert rank != 0 or np.isfinite(metrics["actor/pg_loss"]), name  # metrics come from the output rank
         after = greedy_matches_training(worker, prompts)
-        assert (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max() > 1e-3, family
+        assert (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max() > 1e-3, name
         mpu.destroy_model_parallel()
     close_gloo()
 
 
 @pytest.mark.slow
-def test_a_grpo_step_on_megatron_tp2_for_the_new_families(family_dirs, tiny_task_dir, tmp_path):
-    """Qwen3 (q/k layernorm), Llama 3.2 (tied + llama3 RoPE) and Llama 3.1 (untied + llama3 RoPE) through the
-    megatron converter at TP2; Qwen2 and the tied Llama are covered by tests/engine/test_megatron.py."""
+def test_a_grpo_step_on_megatron_tp2_for_the_families_megatron_builds(family_dirs, tiny_task_dir, tmp_path):
+    """Qwen3 (q/k layernorm), Llama 3.1 (llama3 RoPE), Mistral Nemo and Seed-OSS (q/k/v biases, an explicit
+    head_dim) through the megatron converter at TP2; Qwen2 and a tied Llama are covered by tests/engine/test_megatron.py,
+    the MoE families by tests/engine/test_megatron_moe.py."""
     pytest.importorskip("megatron.core")
-    dirs = {f: family_dirs[f] for f in ("tiny-qwen3", "tiny-llama3.2", "tiny-llama3.1")}
+    dirs = {n: family_dirs[n] for n in ("tiny-qwen3", "tiny-llama3.1", "tiny-mistral-nemo", "tiny-seed-oss")}
     spawn_ranks(_megatron_families, 2, lambda port: (port, dirs, tiny_task_dir, str(tmp_path)))
