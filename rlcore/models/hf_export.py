@@ -10,6 +10,7 @@ from typing import Iterable
 import torch
 from safetensors.torch import save_file
 
+from rlcore.families import family_of
 from rlcore.models.experts import to_checkpoint_names
 
 SHARD_BYTES = 4 * 2**30  # as transformers' save_pretrained default ("5GB" there; a round 4 GiB here)
@@ -60,8 +61,14 @@ def save_safetensors_stream(hf_dir: str, named_tensors: Iterable[tuple[str, torc
 def head_model_config(config, kind: str):
     """The config an engine exports with its weights: a causal LM's own; a scalar-head model names the HF class
     that loads it as trained, with one label (a critic: `*ForTokenClassification`, read at every token, what
-    `critic.model.path` loads; a reward model: `*ForSequenceClassification`, read at the last token)."""
+    `critic.model.path` loads; a reward model: `*ForSequenceClassification`, read at the last token). A causal LM
+    keeps the keys vLLM reads that transformers' own save leaves out (DeepSeek-V3's router: without them vLLM serves
+    the export with a softmax router and no bias)."""
     if kind == "causal_lm":
+        family = family_of(config.to_dict())
+        for key, value in (family.vllm_config if family is not None else {}).items():
+            if getattr(config, key, None) is None:
+                setattr(config, key, value)
         return config
     out = type(config).from_dict(config.to_dict())
     out.num_labels = 1

