@@ -5,6 +5,7 @@ after a weight sync. Prints one markdown row per family (docs/models.md holds a 
 
     python bench/model_families.py                       # every tiny family
     python bench/model_families.py tiny-gemma2 tiny-qwen3.5
+    python bench/model_families.py --generic             # model types rlcore has no module for (the generic path)
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ import tempfile
 import torch
 
 ROWS, PROMPT, RESPONSE = 6, 7, 5  # prompt + response longer than the tiny families' 8-token sliding windows
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+_WINDOWS = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+# Model types transformers ships that rlcore has no module for, each with what makes it differ from Llama's block.
+GENERIC = {"olmo2": {}, "phi3": {}, "granite": dict(logits_scaling=8.0), "gemma4_text": dict(head_dim=16, global_head_dim=16, **_WINDOWS),
+           "cohere2": dict(logit_scale=0.25, **_WINDOWS), "exaone4": _WINDOWS, "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+           "mixtral": dict(num_local_experts=4, num_experts_per_tok=2)}
 
 
 def batch(vocab: int) -> dict[str, torch.Tensor]:
@@ -86,9 +93,20 @@ def native_difference(model_dir: str, b: dict) -> str:
     return f"{float((train[valid] - out.response_log_probs[valid]).abs().max()):.1e}"
 
 
+def _generic_dir(path: str, model_type: str, tokenizer) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **_TINY, **GENERIC[model_type])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("families", nargs="*", help="tiny shapes (default: every one of rlcore.models.random_init.TINY_FAMILIES)")
+    parser.add_argument("--generic", action="store_true", help="model types without a module instead (GENERIC)")
     args = parser.parse_args(argv)
     import os
     import socket
@@ -107,9 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| family | padded: log-probs / grads | packed: log-probs / grads | native rollout after a sync |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
-        for name in args.families or TINY_FAMILIES:
-            model_dir = build_model_dir(f"{root}/{name}", name, tokenizer)
-            b = batch(build_config(name, tokenizer).vocab_size)
+        for name in (GENERIC if args.generic else args.families or TINY_FAMILIES):
+            model_dir = _generic_dir(f"{root}/{name}", name, tokenizer) if args.generic else build_model_dir(f"{root}/{name}", name, tokenizer)
+            b = batch(len(tokenizer) if args.generic else build_config(name, tokenizer).vocab_size)
             expected, grads = hf_reference(model_dir, b)
             cells = [engine_differences(model_dir, b, expected, grads, packed) for packed in (False, True)]
             print(f"| {name} | " + " | ".join(f"{lp:.1e} / {g:.1e}" for lp, g in cells) + f" | {native_difference(model_dir, b)} |", flush=True)

@@ -24,7 +24,7 @@ from rlcore.engine.activation_offload import offload_checkpointed_inputs
 from rlcore.engine.fsdp_units import chain_forward_prefetch, fsdp_mesh, fsdp_units
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
-from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files, value_head_init
+from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files, unreadable, value_head_init
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.families import family_of
@@ -114,6 +114,12 @@ class FSDP2Engine(TrainEngine):
             if files is not None and spec.kind != "causal_lm":
                 initial = value_head_init(self.model, files)
                 on_meta = initial is not None  # None: the checkpoint names its tensors otherwise: load whole
+            if on_meta and files is not None and unreadable(self.model, files, initial):
+                # transformers renames this family's checkpoint tensors on load (the generic path: Mixtral's experts,
+                # say); rlcore's shard reader does not know them, so every rank loads the whole model, then shards it
+                warnings.warn(f"{spec.model_path}: the checkpoint names {unreadable(self.model, files, initial)[0]} otherwise; every rank "
+                              "loads the whole model through transformers, then shards it")
+                on_meta = False
         if not on_meta:
             self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn,
                               trust_remote_code=spec.trust_remote_code, hf_config_path=spec.hf_config_path)
@@ -158,6 +164,8 @@ class FSDP2Engine(TrainEngine):
             self.__dict__["_resident"] = set()
         else:
             self.model.to(device)
+        if self.head is not None and not is_fake(torch.empty(0, device=device)):  # a rehearsal has no values to read
+            self.head.calibrate(self.model, device)
         self.optimizer = None
         self.scheduler = None
         if spec.trainable:

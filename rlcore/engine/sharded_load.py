@@ -139,6 +139,12 @@ def _reads(param: torch.Tensor, checkpoint_name: str, files: dict[str, str]) -> 
             for row in range(local.shape[0]) for piece, piece_row, rows in pieces[first + row]]
 
 
+def unreadable(model: nn.Module, files: dict[str, str], initial: dict | None = None) -> list[str]:
+    """The parameters the checkpoint has no tensor for, under their name or as per-expert pieces (a family whose
+    checkpoint names transformers converts on load, such as Mixtral's experts; [] for every family rlcore has a module for)."""
+    return [name for name, param in model.named_parameters() if name not in (initial or {}) and _reads(param, name, files) is None]
+
+
 @torch.no_grad()
 def load_shards(model: nn.Module, files: dict[str, str], initial: dict[str, torch.Tensor] | None = None,
                 rename: Callable[[str], str] = lambda name: name) -> None:

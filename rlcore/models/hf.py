@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, PretrainedConfig
 
+from torch._subclasses.fake_tensor import is_fake
+
 from rlcore.models.logits import stack_channels, token_log_probs
 from rlcore.models.varlen import padded_attention
 
@@ -166,6 +168,12 @@ class TokenHead:
 
     Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, channels]` (TOKEN_CHANNELS) of
     `tokens` `[batch, k]` at the positions selected by `logits_to_keep`; outside it the head is a plain linear.
+
+    Some families change the head's output in their forward: Gemma soft-caps it (`final_logit_softcapping`, switched
+    off while the head returns channels: the head caps the logits itself), Cohere, Granite and Falcon-H1 scale it
+    (`logit_scale`, `logits_scaling`, `lm_head_multiplier`: the head computes with the scale and returns its channels
+    divided by it, which the model's own multiply undoes). `calibrate` reads the scale off the model's forward; a
+    change it cannot reproduce is refused rather than trained on.
     """
 
     def __init__(self, model: torch.nn.Module, compiled: bool = False) -> None:
@@ -178,8 +186,36 @@ class TokenHead:
         # Gemma's final_logit_softcapping: HF caps whatever its head returns, so while the head returns log-prob
         # channels the model's cap is off and the head caps the logits itself.
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.scale = 1.0  # what the model's forward multiplies the head's output by (calibrate)
         self._pending = None
         self.linear.forward = self._forward
+
+    @torch.no_grad()
+    def calibrate(self, model: torch.nn.Module, device: torch.device) -> None:
+        """One forward of a few tokens (collective under FSDP2: every rank runs it): compares the model's logits with
+        what its output layer returned. Equal, or soft-capped as configured: nothing to do. A fixed multiple: that is
+        the scale, taken exactly from the config value it equals (the forward may run in bf16). Anything else raises."""
+        outputs = []
+        hook = self.linear.register_forward_hook(lambda module, args, out: outputs.append(out.float()))
+        try:
+            ids = (torch.arange(8, device=device) * 7 % self.vocab_size)[None]
+            logits = model(input_ids=ids, use_cache=False).logits.float()
+        finally:
+            hook.remove()
+        if is_fake(logits):  # the memory rehearsal: no values to compare
+            return
+        z = outputs[-1]
+        expected = torch.tanh(z / self.softcap) * self.softcap if self.softcap is not None else z
+        tolerance = 1e-2 * float(expected.abs().max()) + 1e-6  # a bf16 forward's rounding
+        if float((logits - expected).abs().max()) <= tolerance:
+            return
+        fitted = float((logits * z).sum() / (z * z).sum())
+        if self.softcap is None and float((logits - fitted * z).abs().max()) <= 1e-2 * float(logits.abs().max()) + 1e-6:
+            self.scale = _config_value_near(self.config, fitted)
+            return
+        raise ValueError(f"{self.config.model_type}: its forward changes the output layer's logits in a way rlcore's log-prob head "
+                         f"cannot reproduce (max difference {float((logits - expected).abs().max()):.3g}); rlcore would train on "
+                         "wrong log-probs. Please report the model type")
 
     @contextlib.contextmanager
     def computing(self, tokens: torch.Tensor, request):
@@ -200,5 +236,17 @@ class TokenHead:
         tokens, request = self._pending
         stats = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), request.temperature,
                                 request.entropy, vocab_size=self.vocab_size, compiled=self.compiled,
-                                with_sum_pi_squared=request.sum_pi_squared, softcap=self.softcap)
-        return stack_channels(stats, hidden.shape[:-1])
+                                with_sum_pi_squared=request.sum_pi_squared, softcap=self.softcap, scale=self.scale)
+        channels = stack_channels(stats, hidden.shape[:-1])
+        return channels if self.scale == 1.0 else channels / self.scale  # the model multiplies its head's output back
+
+
+def _config_value_near(config, fitted: float) -> float:
+    """The config value (or its reciprocal: Granite divides by `logits_scaling`) a fitted logit scale equals within
+    1%, so a bf16 probe does not leave its rounding in every log-prob; the fitted value when none does."""
+    for value in config.to_dict().values():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+            for candidate in (float(value), 1.0 / float(value)):
+                if abs(candidate - fitted) <= 1e-2 * abs(fitted):
+                    return candidate
+    return fitted

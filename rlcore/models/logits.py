@@ -101,8 +101,9 @@ class _VocabShard:
     rest is padding added to divide the vocabulary by the TP size, masked out of every softmax). `compiled`:
     use_torch_compile, honoured for a whole vocabulary (no tensor parallelism) of COMPILE_MIN_VOCAB columns or more."""
 
-    def __init__(self, start: int, local: int, vocab_size: int, group, compiled: bool = False, softcap: float | None = None) -> None:
-        self.start, self.local, self.group, self.softcap = start, local, group, softcap
+    def __init__(self, start: int, local: int, vocab_size: int, group, compiled: bool = False, softcap: float | None = None,
+                 scale: float = 1.0) -> None:
+        self.start, self.local, self.group, self.softcap, self.scale = start, local, group, softcap, scale
         self.num_padding = max(0, start + local - vocab_size)
         self.whole = group is None and self.num_padding == 0 and start == 0
         self.compiled = compiled and self.whole and local >= COMPILE_MIN_VOCAB
@@ -113,13 +114,17 @@ class _VocabShard:
         return tensor
 
     def scaled_logits(self, hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(`[chunk, local]` float32 logits, soft-capped then / temperature, with -inf padding columns; the cap's
-        derivative d capped / d logits = 1 - tanh^2, or None without a cap)."""
+        """(`[chunk, local]` float32 logits, scaled, soft-capped, then / temperature, with -inf padding columns; the
+        derivative of the scale and cap, d final / d logits = scale (1 - tanh^2), or None when both are identities)."""
         z = (hidden @ weight.t()).float()
         cap_grad = None
+        if self.scale != 1.0:  # Cohere's logit_scale, Granite's 1 / logits_scaling
+            z = z * self.scale
         if self.softcap is not None:  # Gemma's final_logit_softcapping: softcap * tanh(z / softcap)
             bent = torch.tanh(z / self.softcap)
             z, cap_grad = bent * self.softcap, 1.0 - bent * bent
+        if self.scale != 1.0:
+            cap_grad = self.scale if cap_grad is None else cap_grad * self.scale
         if temperature not in (0.0, 1.0):
             z = z / temperature
         if self.num_padding:
@@ -232,7 +237,7 @@ class TokenStats(NamedTuple):
 def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                     with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
                     group=None, reduce_hidden_grad: bool = True, compiled: bool = False,
-                    with_sum_pi_squared: bool = False, softcap: float | None = None) -> TokenStats:
+                    with_sum_pi_squared: bool = False, softcap: float | None = None, scale: float = 1.0) -> TokenStats:
     """log softmax(hidden @ weight.T / temperature)[token], (optionally) the entropy of that distribution and its
     sum of squared probabilities, and the log-prob of its most likely token (`log_probs >= top` marks tokens greedy
     decoding would pick).
@@ -242,9 +247,10 @@ def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Te
     `vocab_size` (TP padding) are excluded. Collective over `group` (every rank of the tensor-parallel group calls
     it with the same hidden and tokens). `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial
     sum. `compiled` (use_torch_compile): the per-chunk elementwise work runs torch.compile'd (see _VocabShard for when).
-    `softcap` (Gemma's final_logit_softcapping): the logits are softcap * tanh(logits / softcap) before the temperature.
+    `scale` then `softcap` (Gemma's final_logit_softcapping): the logits are softcap * tanh(scale * logits / softcap)
+    before the temperature.
     """
-    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group, compiled, softcap)
+    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size or vocab_start + weight.shape[0], group, compiled, softcap, scale)
     log_probs, entropy, top, sum_pi_squared = _TokenLogProbs.apply(hidden, weight, tokens, temperature, with_entropy,
                                                                    with_sum_pi_squared, shard, reduce_hidden_grad)
     return TokenStats(log_probs, entropy if with_entropy else None, top, sum_pi_squared if with_sum_pi_squared else None)

@@ -145,3 +145,32 @@ def test_external_lib_registers_an_architecture_before_loading(tiny_model_dir, t
     import_external_lib(None, "actor_rollout_ref.model.external_lib")  # unset: nothing to import
     with pytest.raises(ModelLoadError, match=r"critic.model.external_lib=no_such_module_xyz: the module does not import"):
         import_external_lib("no_such_module_xyz", "critic.model.external_lib")
+
+
+def test_the_log_prob_head_reads_the_models_logit_scale_and_refuses_what_it_cannot_reproduce(tiny_model_dir):
+    """A forward that scales its head's output (Cohere's logit_scale, Granite's 1 / logits_scaling) is calibrated to
+    that scale, exactly the config value; one that bends it otherwise (here: squared) is refused."""
+    from rlcore.models.hf import TokenHead
+
+    model = load_causal_lm(tiny_model_dir).eval()
+    forward = model.forward
+
+    def scaled(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = out.logits * 0.25
+        return out
+
+    head = TokenHead(model)
+    model.config.logit_scale = 0.25
+    model.forward = scaled
+    head.calibrate(model, torch.device("cpu"))
+    assert head.scale == 0.25
+
+    def squared(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = out.logits ** 2
+        return out
+
+    model.forward = squared
+    with pytest.raises(ValueError, match="in a way rlcore's log-prob head cannot reproduce"):
+        TokenHead(model).calibrate(model, torch.device("cpu"))

@@ -104,6 +104,42 @@ def test_training_log_probs_and_gradients_equal_hfs_own_forward_padded_and_packe
     close_gloo()
 
 
+# Models without a family module: OLMo 2 (q/k norm over the whole projection), Cohere 2 (a logit scale its forward
+# applies after the head, sliding layers), Mixtral (a MoE whose checkpoint names transformers converts on load).
+GENERIC = {"olmo2": {}, "cohere2": dict(logit_scale=0.25, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+           "mixtral": dict(num_local_experts=4, num_experts_per_tok=2)}
+
+
+@pytest.mark.parametrize("model_type", list(GENERIC))
+def test_the_generic_path_trains_a_model_without_a_family_module(model_type, tmp_path):
+    """Through HF's own modules, padded and packed: log-probs and gradients equal HF's eager forward (the head
+    reproduces Cohere's logit scale, read off its forward; Mixtral's checkpoint is loaded whole, then sharded)."""
+    from transformers import AutoConfig
+
+    from rlcore.engine.fsdp2 import FSDP2Engine
+    from rlcore.families import family_of
+
+    tokenizer = build_char_tokenizer()
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, hidden_size=64,
+                                  intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  **GENERIC[model_type])
+    assert family_of(config.to_dict()) is None and family_problems(config.to_dict(), "fsdp2", "native") == []
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    init_gloo(0, 1, free_port())
+    batch = make_rollout_batch(ROWS, PROMPT, RESPONSE, config.vocab_size)
+    expected, grads = _reference(str(tmp_path), batch)
+    data, valid = DataProto.from_dict(batch), batch["response_mask"].bool()
+    for packed in (False, True):
+        engine = FSDP2Engine(EngineSpec(model_path=str(tmp_path), use_remove_padding=packed), torch.device("cpu"))
+        log_probs = engine.forward([data], lambda out, mb: {"lp": out["log_probs"]}, TokenRequest())[0]["lp"]
+        torch.testing.assert_close(log_probs[valid], expected[valid], atol=1e-5, rtol=1e-5, msg=f"{model_type} packed={packed}")
+        engine.forward_backward([data], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        for param_name, param in engine.model.named_parameters():
+            torch.testing.assert_close(param.grad.full_tensor(), grads[param_name], atol=2e-5, rtol=1e-4, msg=f"{model_type} {param_name}")
+    close_gloo()
+
+
 @pytest.mark.parametrize("name", NATIVE)
 def test_a_grpo_step_on_fsdp2_and_the_native_rollout(name, family_dirs, tiny_task_dir, tmp_path):
     init_gloo(0, 1, free_port())
