@@ -24,7 +24,7 @@ from rlcore.engine.activation_offload import offload_checkpointed_inputs
 from rlcore.engine.fsdp_units import chain_forward_prefetch, fsdp_mesh, fsdp_units
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
-from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, safetensors_files, unreadable, value_head_init
+from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, renamed_checkpoint, safetensors_files, value_head_init
 from rlcore.engine.shm_exchange import SharedMemoryExchange
 from rlcore.engine.optim import warmup_schedule
 from rlcore.families import family_of
@@ -114,11 +114,11 @@ class FSDP2Engine(TrainEngine):
             if files is not None and spec.kind != "causal_lm":
                 initial = value_head_init(self.model, files)
                 on_meta = initial is not None  # None: the checkpoint names its tensors otherwise: load whole
-            if on_meta and files is not None and unreadable(self.model, files, initial):
+            if on_meta and files is not None and renamed_checkpoint(self.model, files, initial):
                 # transformers renames this family's checkpoint tensors on load (the generic path: Mixtral's experts,
                 # say); rlcore's shard reader does not know them, so every rank loads the whole model, then shards it
-                warnings.warn(f"{spec.model_path}: the checkpoint names {unreadable(self.model, files, initial)[0]} otherwise; every rank "
-                              "loads the whole model through transformers, then shards it")
+                warnings.warn(f"{spec.model_path}: the checkpoint names its tensors as transformers converts them on load; every "
+                              "rank loads the whole model through transformers, then shards it")
                 on_meta = False
         if not on_meta:
             self.model = load(spec.model_path, spec.override_config, dtype=dtype, attn_implementation=attn,
@@ -164,7 +164,9 @@ class FSDP2Engine(TrainEngine):
             self.__dict__["_resident"] = set()
         else:
             self.model.to(device)
-        if self.head is not None and not is_fake(torch.empty(0, device=device)):  # a rehearsal has no values to read
+        if self.head is not None and family is None and not is_fake(torch.empty(0, device=device)):
+            # the generic path: whether the forward scales the head's output is read off one forward (a family module
+            # states its head: plain or soft-capped); a rehearsal has no values to read
             self.head.calibrate(self.model, device)
         self.optimizer = None
         self.scheduler = None

@@ -139,10 +139,16 @@ def _reads(param: torch.Tensor, checkpoint_name: str, files: dict[str, str]) -> 
             for row in range(local.shape[0]) for piece, piece_row, rows in pieces[first + row]]
 
 
-def unreadable(model: nn.Module, files: dict[str, str], initial: dict | None = None) -> list[str]:
-    """The parameters the checkpoint has no tensor for, under their name or as per-expert pieces (a family whose
-    checkpoint names transformers converts on load, such as Mixtral's experts; [] for every family rlcore has a module for)."""
-    return [name for name, param in model.named_parameters() if name not in (initial or {}) and _reads(param, name, files) is None]
+def renamed_checkpoint(model: nn.Module, files: dict[str, str], initial: dict | None = None) -> bool:
+    """Whether the checkpoint names its tensors otherwise than the model (and its per-expert pieces) does, so that some
+    parameters find no tensor: a family whose checkpoint names transformers converts on load (Mixtral's experts). A
+    checkpoint that merely lacks a tensor is not renamed: load_shards names what is missing."""
+    known = set(model.state_dict())
+    for name, param in model.named_parameters():
+        if is_fused(name):
+            known |= {piece for expert in range(param.shape[0]) for piece, *_ in expert_pieces(name, expert, param.shape[1])}
+    lacking = any(name not in (initial or {}) and _reads(param, name, files) is None for name, param in model.named_parameters())
+    return lacking and any(name not in known for name in files)
 
 
 @torch.no_grad()

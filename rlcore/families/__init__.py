@@ -10,8 +10,6 @@ fail inside a worker, or run wrong, is named with the reason and the alternative
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from rlcore.families import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss, llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_5_text,
@@ -22,7 +20,7 @@ from rlcore.families.base import Family, Megatron, Router
 FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
     qwen2, qwen3, llama, qwen3_moe, qwen2_moe, mistral, gemma2, gemma3_text, deepseek_v3, glm4_moe, gpt_oss, seed_oss, qwen3_5_text,
     qwen3_next)}
-# model_type -> (family, the name of each tiny shape): every tiny shape the CPU suite builds
+# every tiny shape the CPU suite builds: its name -> (model_type, config kwargs)
 TINY_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {name: (f.model_type, kwargs) for f in FAMILIES.values() for name, kwargs in f.tiny.items()}
 # megatron-core's built-in Llama 3.1 RoPE scaling (GPTModel(rope_scaling=True)) has these fixed parameters.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -30,7 +28,7 @@ LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_po
 KV_LAYER_KINDS = ("full_attention", "sliding_attention")
 
 __all__ = ["FAMILIES", "TINY_SHAPES", "Arch", "Family", "Megatron", "Router", "arch_of", "family_of", "family_problems", "is_moe",
-           "num_experts", "rope_parameters", "megatron_rope", "check_model_dir"]
+           "num_experts", "rope_parameters", "megatron_rope"]
 
 
 def family_of(config: dict[str, Any]) -> Family | None:
@@ -94,7 +92,7 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
     model_type = config.get("model_type")
     if "vision_config" in config:
         return [f"model_type={model_type!r} is a vision-language model; rlcore trains text-only causal LMs so far: use a "
-                "text-only checkpoint (docs/backends.md lists the families that run)"]
+                "text-only checkpoint (docs/models.md lists the families that run)"]
     c = text_config(config)
     model_type = c.get("model_type")
     family = FAMILIES.get(model_type)
@@ -103,7 +101,7 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
         if not _transformers_causal_lm(model_type) and "AutoModelForCausalLM" not in (config.get("auto_map") or {}):
             return [f"model_type={model_type!r} is not a causal LM transformers ships (nor one its config.json's auto_map "
                     "names): rlcore trains decoder-only causal LMs through transformers' own modules; upgrade transformers "
-                    "or use a checkpoint of a family it has (docs/backends.md)"]
+                    "or use a checkpoint of a family it has (docs/models.md)"]
         if strategy == "megatron":
             problems.append(f"model_type={model_type!r} has no megatron-core build in rlcore (it runs on the generic path); "
                             "use actor_rollout_ref.actor.strategy=fsdp2")
@@ -127,12 +125,3 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
         problems += family.problems(config, strategy)
     return problems
 
-
-def check_model_dir(path: str, strategy: str, key: str, rollout: str | None = None) -> list[str]:
-    """family_problems of the config.json in `path`, each naming the config key that points at it."""
-    config_file = os.path.join(os.path.expanduser(path), "config.json")
-    if not os.path.isfile(config_file):
-        return []  # resolve_model_path reports a missing directory with its own fix
-    with open(config_file) as f:
-        config = json.load(f)
-    return [f"{key}={path}: {problem}" for problem in family_problems(config, strategy, rollout)]

@@ -1,15 +1,13 @@
 """What Qwen's two mixtures of experts share: every layer routes (HF's Qwen MoE allows dense layers among them,
 which no published Qwen MoE has), and the refusals that follow from it."""
 
-from rlcore.families.arch import attention_blocks, gqa_linears, moe_block, routed_experts, swiglu, text_config
+from rlcore.families.arch import arch, attention_blocks, gqa_linears, moe_block, routed_experts, swiglu, text_config
 from rlcore.families.base import Router
 
 ROUTER = Router(module="mlp.gate", scoring="softmax")
 
 
 def qwen_moe_arch(config, name, attention_other: int, shared_width: int):
-    from rlcore.families.arch import arch
-
     c = text_config(config)
     h = c["hidden_size"]
     shared = swiglu(h, shared_width) + ((h, 1),) if shared_width else ()  # Qwen2-MoE: a shared expert and its sigmoid gate

@@ -111,8 +111,13 @@ def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dty
     config = load_config(path, override_config, trust_remote_code, hf_config_path)
     attn_implementation = attn_implementation or padded_attention(config)
     if weights:
-        return AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
-                                                    attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+        model, info = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
+                                                           attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
+                                                           output_loading_info=True)
+        if info["missing_keys"]:  # transformers would train them from random values, with a warning at most
+            missing = sorted(info["missing_keys"])
+            raise KeyError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        return model
     return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
 
 

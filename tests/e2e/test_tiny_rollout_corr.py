@@ -53,6 +53,7 @@ def test_without_an_old_log_prob_pass_the_actor_measures_it(tiny_model_dir, tiny
     assert set(corr(on_policy)) == token_means and set(corr(bypass)) == token_means | {"rollout_rs_masked_fraction"}
     assert "timing_s/old_log_prob" not in on_policy and "timing_s/old_log_prob" not in bypass
     assert 0 < corr(bypass)["rollout_rs_masked_fraction"] < 1  # bypass rejection ran in the actor, against its own forward
-    # the same samples and weights as the controller-side test above: k3 2.8e-7 there
-    assert corr(on_policy)["k3_kl"] == pytest.approx(2.8e-7, rel=0.2)
+    # the same samples and weights as the controller-side test above, whose bf16 k3 is 2.8e-7 on one AVX-512 EPYC and
+    # 3.5e-7 on another (CPU bf16 matmul kernels differ by machine): the order of magnitude of a bf16 forward's rounding
+    assert 1e-7 < corr(on_policy)["k3_kl"] < 1e-6
     assert corr(bypass)["k3_kl"] > 1e-8
