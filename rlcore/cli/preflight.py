@@ -104,13 +104,14 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
             out.errors.append(f"{key}={value}: {what}{fix}; " + _fix_for(key, value))
 
     ar = cfg.actor_rollout_ref
-    models = [("actor_rollout_ref.model.path", ar.model.path, ar.actor.strategy, ar.rollout.name)]
+    tp = lambda role: role.megatron.tensor_model_parallel_size if role.strategy == "megatron" else 1  # noqa: E731
+    models = [("actor_rollout_ref.model.path", ar.model.path, ar.actor.strategy, ar.rollout.name, tp(ar.actor))]
     if uses_critic(cfg):
-        models.append(("critic.model.path", cfg.critic.model.path, cfg.critic.strategy, None))
+        models.append(("critic.model.path", cfg.critic.model.path, cfg.critic.strategy, None, tp(cfg.critic)))
     if cfg.reward_model.enable:
-        models.append(("reward_model.model.path", cfg.reward_model.model.path, cfg.reward_model.strategy, None))
-    for key, path, strategy, rollout in models:
-        _model_dir(key, path, strategy, rollout, missing, out)
+        models.append(("reward_model.model.path", cfg.reward_model.model.path, cfg.reward_model.strategy, None, 1))
+    for key, path, strategy, rollout, tensor_parallel in models:
+        _model_dir(key, path, strategy, rollout, tensor_parallel, missing, out)
     tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if ar.model.tokenizer_path else "actor_rollout_ref.model.path"
     tokenizer_dir = ar.model.tokenizer_path or ar.model.path
     full = os.path.expanduser(str(tokenizer_dir))
@@ -170,7 +171,7 @@ def _sampler(sampler, missing, out: Preflight) -> None:
         missing(key, path, "no such file")
 
 
-def _model_dir(key: str, path, strategy: str, rollout: str | None, missing, out: Preflight) -> None:
+def _model_dir(key: str, path, strategy: str, rollout: str | None, tensor_parallel: int, missing, out: Preflight) -> None:
     from rlcore.families import family_problems
 
     full = os.path.expanduser(str(path))
@@ -187,7 +188,7 @@ def _model_dir(key: str, path, strategy: str, rollout: str | None, missing, out:
     except (OSError, ValueError) as err:
         out.errors.append(f"{key}={path}: {config_file} is not readable JSON ({_one_line(err)}); fix or replace the file")
         return
-    out.errors += [f"{key}={path}: {problem}" for problem in family_problems(config, strategy, rollout)]
+    out.errors += [f"{key}={path}: {problem}" for problem in family_problems(config, strategy, rollout, tensor_parallel)]
     if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(full)):
         # a config-only copy is how a model is planned on a laptop (--elsewhere): a warning there
         missing(key, path, f"no weights in {os.path.abspath(full)} (no *.safetensors or *.bin: a download of the config alone?)")

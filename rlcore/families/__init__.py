@@ -71,10 +71,11 @@ def megatron_rope(config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """(theta, GPTModel RoPE-scaling kwargs); a scaling megatron-core cannot express raises ValueError."""
     params = rope_parameters(config)
     theta, kind = params["rope_theta"], params["rope_type"]
+    partial = {"rotary_percent": float(params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))}  # GLM-4.5: half a head
     if kind == "default":
-        return theta, {}
+        return theta, partial
     if kind == "llama3" and all(params.get(k) == v for k, v in LLAMA3_ROPE.items()):
-        return theta, {"rope_scaling": True, "rope_scaling_factor": params["factor"]}
+        return theta, {"rope_scaling": True, "rope_scaling_factor": params["factor"], **partial}
     raise ValueError(f"{config.get('model_type')} RoPE scaling {params} has no megatron-core equivalent; use strategy=fsdp2 for this model")
 
 
@@ -86,9 +87,10 @@ def _transformers_causal_lm(model_type: str) -> str | None:
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
 
 
-def family_problems(config: dict[str, Any], strategy: str, rollout: str | None = None) -> list[str]:
-    """Why rlcore cannot train this architecture with `strategy` (fsdp / fsdp2 / megatron) and roll it out with
-    `rollout` (native / vllm; None: not asked); empty when it can. Each problem ends with what to do instead."""
+def family_problems(config: dict[str, Any], strategy: str, rollout: str | None = None, tensor_parallel: int = 1) -> list[str]:
+    """Why rlcore cannot train this architecture with `strategy` (fsdp / fsdp2 / megatron; over `tensor_parallel`
+    megatron TP ranks) and roll it out with `rollout` (native / vllm; None: not asked); empty when it can. Each
+    problem ends with what to do instead."""
     model_type = config.get("model_type")
     if "vision_config" in config:
         return [f"model_type={model_type!r} is a vision-language model; rlcore trains text-only causal LMs so far: use a "
@@ -108,7 +110,14 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
     elif strategy == "megatron":
         if family.megatron is None:
             problems.append(f"model_type={model_type!r} on megatron: {family.megatron_missing}; use strategy=fsdp2 for this model")
-        else:
+        elif family.megatron.latent_attention and tensor_parallel > 1:
+            # Its shared RoPE key comes from the TP-split latent projection's gathered output and serves each rank's
+            # heads; megatron-core 0.16.1's local-module MLA sums that key's gradient over one rank's heads only
+            # (measured: the grad norm 2e-5 off HF's at TP2, log-probs exact). Its TE path splits otherwise, on CUDA.
+            problems.append(f"megatron.tensor_model_parallel_size={tensor_parallel}: {model_type}'s latent attention trains wrong "
+                            "over TP ranks in megatron-core's local modules; use tensor_model_parallel_size=1 with expert, "
+                            "pipeline or data parallelism, or strategy=fsdp2")
+        elif not family.megatron.latent_attention:  # MLA builds its own RoPE (rlcore.families.deepseek_v3)
             try:
                 megatron_rope(c)
             except ValueError as err:

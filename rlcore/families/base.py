@@ -40,6 +40,11 @@ class Megatron:
 
     qk_layernorm: bool = False  # Qwen3: an RMSNorm over each head's q and k before RoPE
     qkv_bias: bool = False      # biases on q, k and v (not on o)
+    latent_attention: bool = False  # DeepSeek's multi-head latent attention: megatron-core's MLASelfAttention
+    shared_experts: str = "mlp.shared_expert"  # the HF module of a MoE layer's shared expert(s)
+    # config.json -> the TransformerConfig fields the family sets beyond the Llama block's (MLA's dims, the router's
+    # scoring); names megatron-core's, values plain Python: the doctor reads families before any torch import
+    fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ a RoPE part shared by every head, a value head dim of its own; the cache holds t
 experts (within `topk_group` of `n_group` groups) without weighing them."""
 
 from rlcore.families.arch import Block, arch as make_arch, moe_block, swiglu, text_config
-from rlcore.families.base import Family, Router
+from rlcore.families.base import Family, Megatron, Router
 
 
 def mla(c) -> tuple[tuple, int, dict]:
@@ -39,7 +39,61 @@ def problems(config, strategy):
     c = text_config(config)
     if c.get("n_routed_experts") and c.get("topk_method", "noaux_tc") != "noaux_tc":
         return [f"deepseek_v3 with topk_method={c['topk_method']}: transformers' DeepSeek-V3 routes by noaux_tc only"]
-    return []
+    return megatron_problems(c) if strategy == "megatron" else []
+
+
+def megatron_problems(c) -> list[str]:
+    """What megatron-core 0.16's MLA cannot express of this config (each would train another model)."""
+    out, alternative = [], "; use actor_rollout_ref.actor.strategy=fsdp2"
+    rope = (c.get("rope_parameters") or c.get("rope_scaling") or {}).get("rope_type", "default")
+    if rope != "default":
+        out.append(f"deepseek_v3 with rope_type={rope}: rlcore's megatron-core MLA build takes plain RoPE only (its YaRN "
+                   f"is not checked against transformers' yet){alternative}")
+    if c.get("attention_bias"):
+        out.append(f"deepseek_v3 with attention_bias=true: megatron-core's MLA projections have no biases{alternative}")
+    return out + router_problems(c)
+
+
+def router_problems(c) -> list[str]:
+    """What megatron-core 0.16's router cannot express of a biased sigmoid router (DeepSeek-V3, GLM-4.5)."""
+    out, alternative, model_type = [], "; use actor_rollout_ref.actor.strategy=fsdp2", c.get("model_type")
+    if not c.get("n_routed_experts"):
+        return out
+    if not c.get("norm_topk_prob", True) and c["num_experts_per_tok"] > 1:
+        out.append(f"{model_type} with norm_topk_prob=false: megatron-core's sigmoid router always renormalises its top-k{alternative}")
+    groups, chosen = c.get("n_group") or 1, c.get("topk_group") or 1
+    if groups > 1 and c["num_experts_per_tok"] // chosen != 2:
+        # HF scores a group by its two best experts; megatron-core by its top-(k / topk_group)
+        out.append(f"{model_type} with num_experts_per_tok={c['num_experts_per_tok']}, topk_group={chosen}: megatron-core scores "
+                   f"an expert group by its top {c['num_experts_per_tok'] // chosen} experts where transformers uses 2{alternative}")
+    return out
+
+
+def router_fields(c) -> dict:
+    """The first-k-dense layout and the biased sigmoid router as megatron-core names them (DeepSeek-V3, GLM-4.5)."""
+    if not c.get("n_routed_experts"):
+        return {}
+    layers, dense = c["num_hidden_layers"], min(c.get("first_k_dense_replace") or 0, c["num_hidden_layers"])
+    grouped = (c.get("n_group") or 1) > 1
+    return dict(
+        moe_layer_freq=[0] * dense + [1] * (layers - dense),
+        moe_shared_expert_intermediate_size=c["moe_intermediate_size"] * c["n_shared_experts"] if c.get("n_shared_experts") else None,
+        moe_shared_expert_gate=False,
+        moe_router_score_function="sigmoid",
+        moe_router_topk_scaling_factor=c.get("routed_scaling_factor") or None,
+        moe_router_num_groups=c["n_group"] if grouped else None,
+        moe_router_group_topk=c["topk_group"] if grouped else None,
+        # the checkpoint's e_score_correction_bias chooses experts; HF never updates it, nor does rlcore's build
+        moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.0)
+
+
+def megatron_fields(config) -> dict:
+    """MLA's dims and the router (rlcore.engine.megatron.model reads them)."""
+    c = text_config(config)
+    theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 10000.0))
+    return dict(multi_latent_attention=True, q_lora_rank=c.get("q_lora_rank"), kv_lora_rank=c["kv_lora_rank"],
+                qk_head_dim=c["qk_nope_head_dim"], qk_pos_emb_head_dim=c["qk_rope_head_dim"], v_head_dim=c["v_head_dim"],
+                rope_type="rope", rotary_base=theta, rotary_scaling_factor=1.0, **router_fields(c))
 
 
 FAMILY = Family(
@@ -52,7 +106,7 @@ FAMILY = Family(
                                    topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
                                    max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})},
     router=Router(module="mlp.gate", scoring="sigmoid", aux_loss=False),
-    megatron_missing="rlcore's megatron-core build has no MLA converter yet",
+    megatron=Megatron(latent_attention=True, shared_experts="mlp.shared_experts", fields=megatron_fields),
     # transformers 5 leaves these out of a saved config.json; vLLM then builds a softmax router without the bias
     vllm_config={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
     problems=problems)

@@ -2,8 +2,8 @@
 partial RoPE; the first layer dense, then a shared expert and routed experts under DeepSeek-V3's biased sigmoid router."""
 
 from rlcore.families.arch import gqa_linears, head_dim, kv_head_count, text_config
-from rlcore.families.base import Family, Router
-from rlcore.families.deepseek_v3 import deepseek_moe_arch
+from rlcore.families.base import Family, Megatron, Router
+from rlcore.families.deepseek_v3 import deepseek_moe_arch, router_fields, router_problems
 
 
 def arch(config, name):
@@ -12,6 +12,17 @@ def arch(config, name):
     bias = (c["num_attention_heads"] + 2 * kv) * d if c.get("attention_bias") else 0
     other = bias + (2 * d if c.get("use_qk_norm") else 0)
     return deepseek_moe_arch(config, name, gqa_linears(c), other, dict(kv_heads=kv, kv_dims=2 * d), kv_heads=kv)
+
+
+def megatron_fields(config) -> dict:
+    """Llama's block with q/k/v biases (config.json's attention_bias) and q/k norms when use_qk_norm; DeepSeek's router.
+    The partial RoPE is GPTModel's rotary_percent (rlcore.families.megatron_rope)."""
+    c = text_config(config)
+    return dict(qk_layernorm=bool(c.get("use_qk_norm")), **router_fields(c))
+
+
+def problems(config, strategy):
+    return router_problems(text_config(config)) if strategy == "megatron" else []
 
 
 FAMILY = Family(
@@ -24,4 +35,4 @@ FAMILY = Family(
                                 routed_scaling_factor=2.0, norm_topk_prob=True, tie_word_embeddings=False,
                                 max_position_embeddings=64)},
     router=Router(module="mlp.gate", scoring="sigmoid", aux_loss=False),
-    megatron_missing="rlcore's megatron-core build has no converter for its biased sigmoid router and dense first layers yet")
+    megatron=Megatron(shared_experts="mlp.shared_experts", fields=megatron_fields), problems=problems)

@@ -1,5 +1,7 @@
 """Mixture-of-experts models (tiny Qwen3-MoE: normalised top-k; tiny Qwen2-MoE: unnormalised top-k + gated shared
-expert) on the Megatron engine, on 2 gloo ranks, against a single-process HF reference:
+expert; tiny DeepSeek-V3: multi-head latent attention, a dense first layer, then shared + routed experts under a
+grouped sigmoid router whose bias chooses; tiny GLM-4.5: that router over Llama's block, at TP2) on the Megatron
+engine, on 2 gloo ranks, against a single-process HF reference:
 
 - log-probs equal HF's own forward at EP1 (DP2), EP2 and TP2 (+ SP, which megatron-core's MoE layer needs with
   TP; alltoall and allgather dispatchers);
@@ -37,7 +39,8 @@ from rlcore.workers.actor import make_policy_loss_fn
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.numerics
 
-MODELS = ("tiny-qwen3-moe", "tiny-qwen2-moe")
+MODELS = ("tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-deepseek-v3")
+GLM = "tiny-glm4-moe"  # DeepSeek-V3's router over Llama's block: q/k/v biases, q/k norms, RoPE over half of each head
 FUSED = "tiny-qwen2-moe-fused"  # the same weights saved under HF's in-memory names (3-D gate_up_proj / down_proj)
 ACTOR = OmegaConf.create({
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
@@ -48,7 +51,7 @@ ROWS, PROMPT, RESPONSE, LR = 8, 6, 5, 1e-3
 LAYOUTS = {
     "ep1_dp2": ({}, MODELS, False),
     "ep2": ({"expert_model_parallel_size": 2}, MODELS + (FUSED,), False),
-    "tp2_sp_packed": ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, ("tiny-qwen3-moe",), True),
+    "tp2_sp_packed": ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, ("tiny-qwen3-moe", GLM), True),
     "tp2_sp_allgather": ({"tensor_model_parallel_size": 2, "sequence_parallel": True,
                           "override_transformer_config": {"moe_token_dispatcher_type": "allgather"}}, ("tiny-qwen2-moe",), False),
     # MoE parallel folding: attention over TP2, each expert whole on one of 2 EP ranks (expert TP 1), the same 2 ranks.
@@ -77,6 +80,7 @@ def _engine_case(rank, layout, model, model_dir, out_dir):
     from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
     from rlcore.engine.base import EngineSpec, TokenRequest
     from rlcore.engine.factory import build_engine
+    from rlcore.engine.megatron.moe import moe_columns
     from rlcore.models.router import ROUTES
 
     megatron = dict(LAYOUTS[layout][0], use_distributed_optimizer=True, seed=1)
@@ -91,7 +95,7 @@ def _engine_case(rank, layout, model, model_dir, out_dir):
                       mpu.get_expert_tensor_parallel_world_size()), "expert_shapes": experts}
     data = batch(engine.vocab_size)
     config = engine.config
-    data.batch[ROUTES] = forced_routes(data, config.num_layers, config.moe_router_topk, config.num_moe_experts)
+    data.batch[ROUTES] = forced_routes(data, len(moe_columns(config)), config.moe_router_topk, config.num_moe_experts)
     shard = data.chunk(engine.dp_size)[engine.dp_rank]
     parts, _ = make_micro_batches(shard, MicroBatchSpec(rows=2, packed=LAYOUTS[layout][2]))
     lp = engine.forward(parts, lambda o, mb: {"lp": o["log_probs"]})
@@ -120,6 +124,7 @@ def _replay_case(rank, model, model_dir, out_dir):
     from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
     from rlcore.engine.base import EngineSpec, TokenRequest
     from rlcore.engine.factory import build_engine
+    from rlcore.engine.megatron.moe import moe_columns
     from rlcore.models.router import ROUTES
 
     spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=dict(REPLAY_LAYOUT, use_distributed_optimizer=True, seed=1),
@@ -127,7 +132,7 @@ def _replay_case(rank, model, model_dir, out_dir):
     engine = build_engine("megatron", spec, torch.device("cpu"))
     data = batch(engine.vocab_size)
     config = engine.config
-    data.batch[ROUTES] = forced_routes(data, config.num_layers, config.moe_router_topk, config.num_moe_experts)
+    data.batch[ROUTES] = forced_routes(data, len(moe_columns(config)), config.moe_router_topk, config.num_moe_experts)
     parts, _ = make_micro_batches(data, MicroBatchSpec(rows=2))
     recorded = engine.forward(parts, lambda o, mb: {"routes": o[ROUTES]}, TokenRequest(routes="record"))  # each stage its layers
     replay = TokenRequest(routes="replay")
@@ -185,7 +190,7 @@ def moe_dirs(tmp_path_factory):
     from rlcore.models.random_init import build_model_dir
 
     root, tokenizer = tmp_path_factory.mktemp("moe_models"), build_char_tokenizer()
-    dirs = {name: build_model_dir(str(root / name), name, tokenizer) for name in MODELS}
+    dirs = {name: build_model_dir(str(root / name), name, tokenizer) for name in MODELS + (GLM,)}
     fused = root / FUSED
     shutil.copytree(dirs["tiny-qwen2-moe"], fused, ignore=shutil.ignore_patterns("*.safetensors*"))
     save_file({k: v.contiguous() for k, v in load_causal_lm(dirs["tiny-qwen2-moe"]).state_dict().items()}, str(fused / "model.safetensors"))
@@ -335,9 +340,13 @@ def test_ep2_equals_ep1_after_one_optimizer_step(run_dir, layout, model):
     base_ranks, base = _ranks(run_dir, "ep1_dp2", model)
     assert sum(o["pg_loss"] for o in outputs) == pytest.approx(sum(o["pg_loss"] for o in base), abs=1e-6)
     assert outputs[0]["grad_norm"] == pytest.approx(base[0]["grad_norm"], rel=1e-5)
-    torch.testing.assert_close(torch.cat([o["after_lp"] for o in outputs]), torch.cat([o["after_lp"] for o in base]), atol=1e-5, rtol=0)
+    # DeepSeek-V3, measured: its latent projection kv_a_proj_with_mqa moved 3.3e-5 apart (every other weight within 5e-7),
+    # the log-probs 2.3e-5: Adam's first step is lr * g / (|g| + eps), so an element whose gradient is near eps shows
+    # the two layouts' summation orders at a fraction of lr (1e-3), where the loss and grad norm agree to 1e-6.
+    atol = 1e-4 if model == "tiny-deepseek-v3" else 1e-5
+    torch.testing.assert_close(torch.cat([o["after_lp"] for o in outputs]), torch.cat([o["after_lp"] for o in base]), atol=atol, rtol=0)
     for key, value in base_ranks[0]["weights"].items():
-        torch.testing.assert_close(ranks[0]["weights"][key], value, atol=1e-5, rtol=0, msg=key)
+        torch.testing.assert_close(ranks[0]["weights"][key], value, atol=atol, rtol=0, msg=key)
 
 
 @pytest.mark.slow
@@ -382,7 +391,7 @@ def test_validation_refuses_moe_settings_rlcore_cannot_run(override, ep, why):
     assert any(e.startswith(f"{section}.override_transformer_config.{override.split('=')[0]}=") and why in e for e in errors), errors
 
 
-def test_the_engine_refuses_expert_parallelism_for_a_dense_model_and_moe_tp_without_sp(moe_dirs, tmp_path):
+def test_the_engine_refuses_what_megatron_cannot_run_and_sets_each_familys_fields(moe_dirs, tmp_path):
     from conftest import build_tiny_model_dir
 
     from rlcore.engine.megatron.model import Layout, transformer_config
@@ -401,3 +410,13 @@ def test_the_engine_refuses_expert_parallelism_for_a_dense_model_and_moe_tp_with
     assert not config.moe_router_pre_softmax and config.moe_router_load_balancing_type == "none"  # norm_topk_prob=true
     shared = transformer_config(load_config(moe_dirs["tiny-qwen2-moe"]), Layout(), torch.float32, torch.device("cpu"), False, {})
     assert shared.moe_router_pre_softmax and shared.moe_shared_expert_intermediate_size == 64 and shared.moe_shared_expert_gate
+    deepseek = load_config(moe_dirs["tiny-deepseek-v3"])
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2: deepseek_v3's latent attention trains wrong over TP ranks"):
+        transformer_config(deepseek, Layout(tp=2, sp=True), torch.float32, torch.device("cpu"), False, {})
+    mla = transformer_config(deepseek, Layout(ep=2), torch.float32, torch.device("cpu"), False, {})
+    assert mla.multi_latent_attention and (mla.q_lora_rank, mla.kv_lora_rank, mla.qk_head_dim, mla.qk_pos_emb_head_dim, mla.v_head_dim) == (32, 32, 16, 16, 16)
+    assert mla.moe_layer_freq == [0, 1] and mla.moe_shared_expert_intermediate_size == 32 and not mla.moe_shared_expert_gate
+    assert (mla.moe_router_score_function, mla.moe_router_topk_scaling_factor, mla.moe_router_num_groups, mla.moe_router_group_topk) == ("sigmoid", 2.5, 2, 1)
+    assert mla.moe_router_enable_expert_bias and mla.moe_router_bias_update_rate == 0.0  # the checkpoint's bias, never updated
+    glm = transformer_config(load_config(moe_dirs[GLM]), Layout(tp=2, sp=True), torch.float32, torch.device("cpu"), False, {})
+    assert glm.qk_layernorm and glm.add_qkv_bias and not glm.multi_latent_attention and glm.moe_router_score_function == "sigmoid"

@@ -33,7 +33,12 @@ def test_a_model_type_without_a_module_takes_the_generic_path_on_fsdp2_and_is_re
     ({"model_type": "qwen2_5_vl", "vision_config": {}, "text_config": {"model_type": "qwen2_5_vl_text"}}, "fsdp2", None,
      "is a vision-language model"),
     ({"model_type": "gemma2"}, "megatron", None, "no post-attention / post-MLP norms, no logit soft-capping"),
-    ({"model_type": "deepseek_v3"}, "megatron", None, "no MLA converter yet; use strategy=fsdp2"),
+    ({"model_type": "deepseek_v3", "rope_scaling": {"rope_type": "yarn", "factor": 40}}, "megatron", None,
+     "rope_type=yarn: rlcore's megatron-core MLA build takes plain RoPE only"),
+    ({"model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 6, "n_group": 2, "topk_group": 1}, "megatron", None,
+     "megatron-core scores an expert group by its top 6 experts where transformers uses 2"),
+    ({"model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": False}, "megatron", None,
+     "megatron-core's sigmoid router always renormalises its top-k"),
     ({"model_type": "qwen3_5_text", "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]}, "fsdp2", "native",
      "linear_attention layers, whose recurrent state the native engine's KV pool cannot hold; use actor_rollout_ref.rollout.name=vllm"),
     ({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768}, "megatron", None,
@@ -52,3 +57,6 @@ def test_what_runs_now_was_refused_before_and_is_not_anymore():
     assert family_problems({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096}, "fsdp2", "native") == []
     for model_type in ("gemma2", "gemma3_text", "mistral", "deepseek_v3", "gpt_oss", "glm4_moe", "seed_oss"):
         assert family_problems({"model_type": model_type}, "fsdp2", "native") == [], model_type
+    # DeepSeek-V3 on megatron-core's latent attention and biased sigmoid router: over experts, not over TP ranks
+    assert family_problems({"model_type": "deepseek_v3"}, "megatron", tensor_parallel=1) == []
+    assert "trains wrong over TP ranks" in family_problems({"model_type": "deepseek_v3"}, "megatron", tensor_parallel=2)[0]

@@ -19,14 +19,14 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
 from rlcore.engine.base import CHECKPOINT_STATE, STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
-from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.lora import apply_lora, disabled
-from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config
+from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config, without_transformer_engine
 from rlcore.engine.megatron.offload import grad_buffers, move_state, state_bytes
 from rlcore.engine.megatron.routes import RouteReplay, RouterLoad
-from rlcore.engine.megatron.weights import export_hf, export_manifest, load_hf
+from rlcore.engine.megatron.weights import export_hf, export_manifest, layer_map, load_hf
 from rlcore.engine.optim import lr_factor
+from rlcore.families import family_of
 from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
@@ -50,7 +50,7 @@ def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None
         from rlcore.engine.megatron.cpu_shim import apply_cpu_shim
 
         apply_cpu_shim()
-    moe.without_transformer_engine()
+    without_transformer_engine()
     mpu.initialize_model_parallel(layout.tp, layout.pp, layout.vpp, expert_model_parallel_size=layout.ep,
                                   expert_tensor_parallel_size=layout.etp,
                                   distributed_timeout_minutes=collective_timeout_minutes())  # nccl_timeout, not its 30 min
@@ -95,8 +95,9 @@ class MegatronEngine(TrainEngine):
         self.config = transformer_config(self.hf_config, self.layout, dtype, device, spec.gradient_checkpointing and spec.trainable,
                                          m.get("override_transformer_config") or {})
         self.modules = build_chunks(self.hf_config, self.config, spec.kind, device)
+        self.hf_layer = layer_map(family_of(self.hf_config.to_dict()).megatron)  # transformer_config refused a family without one
         load_hf(self.modules, spec.model_path, self.config, self.vocab_size, self.padded_vocab, spec.kind, self.tied,
-                getattr(self.hf_config, "initializer_range", 0.02))
+                getattr(self.hf_config, "initializer_range", 0.02), self.hf_layer)
         for chunk in self.modules:
             if chunk.post_process:
                 chunk.output_layer.forward = self._head(chunk)
@@ -285,7 +286,7 @@ class MegatronEngine(TrainEngine):
                         adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         # LoRA: every weight is sent, the adapted ones merged (the rollout has no adapters; adapted_only is FSDP's saving)
         if self._manifest is None:
-            self._manifest = export_manifest(self.modules, self.spec.kind, self.tied)
+            self._manifest = export_manifest(self.modules, self.spec.kind, self.tied, self.hf_layer)
         return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device, bucket_bytes)
 
     def disabled_adapters(self):

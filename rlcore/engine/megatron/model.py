@@ -1,6 +1,6 @@
-"""A megatron-core `GPTModel` for an HF Qwen2 / Qwen3 / Llama / Qwen3-MoE / Qwen2-MoE checkpoint: the TransformerConfig
-the HF config implies, the layer spec (megatron-core's local modules + SDPA core attention; MoE layers per moe.py),
-and one model chunk per virtual stage."""
+"""A megatron-core `GPTModel` for an HF checkpoint of a family megatron builds (rlcore.families: Family.megatron): the
+TransformerConfig the HF config implies, the layer spec (megatron-core's local modules + SDPA core attention, DeepSeek's
+latent attention; MoE layers per moe.py, dense ones where the family has them), and one model chunk per virtual stage."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from megatron.core import parallel_state as mpu
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from rlcore.config.validate_megatron import moe_override_problems
 from rlcore.engine.megatron import moe
@@ -56,7 +57,7 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
     (verl's meaning: recompute_granularity / recompute_method / recompute_num_layers apply as given; with
     model.enable_gradient_checkpointing and none of them given, every layer is recomputed)."""
     model_type = hf_config.model_type
-    problems = family_problems(hf_config.to_dict(), "megatron")  # the driver checked too; this is for direct callers
+    problems = family_problems(hf_config.to_dict(), "megatron", tensor_parallel=layout.tp)  # the driver checked too; for direct callers
     family = family_of(hf_config.to_dict())
     problems += moe_override_problems(overrides, layout.pp, layout.ep)
     mixture = moe.moe_fields(hf_config, layout.tp, layout.sp)
@@ -105,13 +106,16 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         # (megatron reads it only for that exchange; MoE's allgather dispatcher refuses it, hence not at PP=1).
         variable_seq_lengths=layout.pp > 1,
         moe_token_dispatcher_type="alltoall",  # megatron checks the dispatcher even without experts
-        **mixture,
         # Measured on gloo: interleaved 1F1B with batched p2p gave a wrong loss (6.3023 vs 6.2919) in one setup and
         # aborted a rank (SIGABRT) in the pp2_vpp2 parity test, which therefore catches it.
         batch_p2p_comm=device.type == "cuda",
     )
+    cfg.update(mixture)
+    if family.megatron.fields:  # the family's own (MLA's dims, DeepSeek's router) over the MoE defaults
+        cfg.update(family.megatron.fields(hf_config.to_dict()))
     extra = {k: v for k, v in overrides.items() if k not in _IGNORED_OVERRIDES and v is not None}
-    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    config_class = MLATransformerConfig if cfg.get("multi_latent_attention") else TransformerConfig
+    known = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(extra) - known)
     if unknown:
         raise ValueError(f"override_transformer_config: {unknown} are not megatron-core TransformerConfig fields")
@@ -121,7 +125,25 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype, device: to
         # model.enable_gradient_checkpointing without an explicit recompute_* choice: recompute every layer.
         cfg.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     cfg.update(extra)
-    return TransformerConfig(**cfg)
+    return config_class(**cfg)
+
+
+def without_transformer_engine() -> None:
+    """megatron-core 0.16.1 without TransformerEngine (CPU, or a CUDA install without it), two names fixed so its plain
+    torch paths run. Idempotent; any device.
+    - The router GEMM reads `moe_utils.te_general_gemm`, bound only when TE imports: the router raised NameError
+      instead of taking the plain matmul written beside it. None selects that matmul.
+    - MLA believes TE is there (megatron-core's TE wrapper module imports without TE, its classes stand-ins) and
+      raised TypeError on `isinstance(linear_proj, TELinear)`; it is told TE is absent."""
+    import importlib.util
+
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    if importlib.util.find_spec("transformer_engine") is None:
+        multi_latent_attention.HAVE_TE = False
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
@@ -139,20 +161,40 @@ class RMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = config.sequence_parallel
 
 
-def block_spec(config: TransformerConfig, vp_stage: int | None) -> TransformerBlockSubmodules:
+class LatentRMSNorm(RMSNorm):
+    """The norms of DeepSeek's query and key-value latents: HF builds them with its RMSNorm's default eps (1e-6),
+    whatever config.json's rms_norm_eps says."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **unused) -> None:
+        super().__init__(config, hidden_size, eps=1e-6)
+
+
+def layer_spec(config: TransformerConfig, experts: bool):
     """megatron-core's local layer (column/row-parallel linears, SwiGLU MLP) with SDPA core attention and the
-    RMSNorm above, for the layers of this pipeline (virtual) stage."""
-    # With experts, the MLP slot holds megatron-core's MoELayer: router, per-expert local MLPs (SequentialMLP),
-    # shared expert; its norms and linears need nothing of rlcore's.
-    layer = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
-                                     normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
+    RMSNorm above; its MLP slot holds megatron-core's MoELayer when `experts` (router, per-expert local MLPs
+    (SequentialMLP), shared expert: its norms and linears need nothing of rlcore's)."""
+    layer = get_gpt_layer_local_spec(num_experts=config.num_moe_experts if experts else None, moe_grouped_gemm=config.moe_grouped_gemm,
+                                     normalization="RMSNorm", qk_layernorm=config.qk_layernorm,
+                                     multi_latent_attention=config.multi_latent_attention)
     attention = layer.submodules.self_attention.submodules
     attention.core_attention = SDPACoreAttention
-    if config.qk_layernorm:  # over one head's channels; replicated on TP ranks, whose grads megatron-core sums by name
+    if config.multi_latent_attention:  # over a whole latent (replicated on TP ranks, like Qwen3's head norms)
+        attention.q_layernorm = attention.kv_layernorm = LatentRMSNorm
+    elif config.qk_layernorm:  # over one head's channels; replicated on TP ranks, whose grads megatron-core sums by name
         attention.q_layernorm = attention.k_layernorm = RMSNorm
     layer.submodules.input_layernorm = RMSNorm
     layer.submodules.pre_mlp_layernorm = RMSNorm
-    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage), layer_norm=RMSNorm)
+    return layer
+
+
+def block_spec(config: TransformerConfig, vp_stage: int | None) -> TransformerBlockSubmodules:
+    """The layers of this pipeline (virtual) stage: MoE layers where the model routes, dense ones elsewhere
+    (DeepSeek-V3's first layers)."""
+    first = get_transformer_layer_offset(config, vp_stage)
+    routing = moe.moe_columns(config)
+    specs = {experts: layer_spec(config, experts) for experts in (False, True)}
+    return TransformerBlockSubmodules(layer_specs=[specs[first + i in routing] for i in range(get_num_layers_to_build(config, vp_stage))],
+                                      layer_norm=RMSNorm)
 
 
 class ValueHead(torch.nn.Module):
@@ -169,7 +211,7 @@ class ValueHead(torch.nn.Module):
 
 def build_chunks(hf_config, config: TransformerConfig, kind: str, device: torch.device) -> list[GPTModel]:
     """One GPTModel per virtual pipeline stage of this rank (one without interleaving)."""
-    theta, scaling = rope(hf_config)
+    theta, scaling = rope(hf_config) if not config.multi_latent_attention else (0.0, {})  # MLA: its own RoPE (config)
     tied = kind == "causal_lm" and bool(getattr(hf_config, "tie_word_embeddings", False))
     chunks = []
     for vp_stage in range(config.virtual_pipeline_model_parallel_size or 1):
@@ -180,7 +222,7 @@ def build_chunks(hf_config, config: TransformerConfig, kind: str, device: torch.
             max_sequence_length=hf_config.max_position_embeddings,
             pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
             post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
-            share_embeddings_and_output_weights=tied, position_embedding_type="rope", rotary_percent=1.0,
+            share_embeddings_and_output_weights=tied, position_embedding_type="rope",
             rotary_base=theta, parallel_output=True, vp_stage=stage, **scaling,
         )
         if kind == "value" and model.post_process:

@@ -1,10 +1,10 @@
-"""Mixture-of-experts families (Qwen3-MoE, Qwen2-MoE) on megatron-core: the one place that maps an HF MoE block
+"""Mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, DeepSeek-V3) on megatron-core: the one place that maps an HF MoE block
 onto megatron-core's MoELayer, in three parts read by model.py and weights.py:
 
 1. `moe_fields`: the TransformerConfig fields an HF MoE config implies (experts, top-k, router normalisation,
    shared expert and its gate) and rlcore's RL defaults (no load-balancing loss, fp32 router, alltoall dispatch),
    (the expert-parallel sizes come from model.Layout).
-2. `LAYER_MAP`: HF names of the router and the shared expert inside a layer (merged into weights.py's map).
+2. `layer_map`: HF names of the router and the shared expert inside a layer (merged into weights.py's map).
 3. Routed experts: megatron-core holds one MLP per local expert (`mlp.experts.local_experts.<i>.linear_fc{1,2}`,
    EP rank j holding experts [j*E/EP, (j+1)*E/EP), each split over the expert-TP group like a dense MLP); HF holds
    the fused 3-D `mlp.experts.gate_up_proj [E, 2*I, H]` (each expert's gate rows, then its up rows) and
@@ -29,13 +29,30 @@ import torch
 
 from rlcore.families import is_moe, num_experts
 
-# megatron-core name inside a MoE layer -> (kind, HF names inside model.layers.{i}); kinds as in weights.py.
-LAYER_MAP = {
-    "mlp.router.weight": ("copy", ("mlp.gate.weight",)),
-    "mlp.shared_experts.linear_fc1.weight": ("gate_up", ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight")),
-    "mlp.shared_experts.linear_fc2.weight": ("split1", ("mlp.shared_expert.down_proj.weight",)),
-    "mlp.shared_experts.gate_weight": ("copy", ("mlp.shared_expert_gate.weight",)),
-}
+
+
+def layer_map(shared: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """megatron-core name inside a MoE layer -> (kind, HF names inside model.layers.{i}); kinds as in weights.py.
+    `shared`: the family's HF module of the shared expert(s) (rlcore.families: Megatron.shared_experts)."""
+    return {
+        "mlp.router.weight": ("copy", ("mlp.gate.weight",)),
+        # DeepSeek-V3's router bias (a buffer on both sides: it chooses experts, nothing trains it)
+        "mlp.router.expert_bias": ("copy", ("mlp.gate.e_score_correction_bias",)),
+        "mlp.shared_experts.linear_fc1.weight": ("gate_up", (f"{shared}.gate_proj.weight", f"{shared}.up_proj.weight")),
+        "mlp.shared_experts.linear_fc2.weight": ("split1", (f"{shared}.down_proj.weight",)),
+        "mlp.shared_experts.gate_weight": ("copy", ("mlp.shared_expert_gate.weight",)),  # Qwen2-MoE
+    }
+
+
+def moe_columns(config) -> dict[int, int]:
+    """Each MoE layer's column in the routes `[.., layers, top_k]` by its global layer index: HF's routers count only
+    the layers that route (DeepSeek-V3's first layers are dense)."""
+    freq, n = config.moe_layer_freq, config.num_layers
+    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(n)]
+    layers = [i for i in range(n) if pattern[i]] if config.num_moe_experts else []
+    return {layer: column for column, layer in enumerate(layers)}
+
+
 # A local expert's weight: (local index, 1 | 2).
 _EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.linear_fc([12])\.weight")
 # The fused HF parameter each projection of the routed experts belongs to.
@@ -75,16 +92,6 @@ def moe_fields(hf_config, tp: int, sequence_parallel: bool) -> dict[str, Any]:
         moe_enable_routing_replay=True,  # routes recorded / replayed on request (routes.py); free routing otherwise
         # The dispatcher stays model.py's alltoall unless override_transformer_config names allgather.
     )
-
-
-def without_transformer_engine() -> None:
-    """megatron-core 0.16.1's router GEMM reads `moe_utils.te_general_gemm`, a name bound only when TransformerEngine
-    imports: without TE (CPU, or a CUDA install without it) the router raised NameError instead of taking the plain
-    matmul written beside it. Binding the name to None selects that matmul. Idempotent; any device."""
-    from megatron.core.transformer.moe import moe_utils
-
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
 
 
 # ---------------------------------------------------------------------------------------------------- weights

@@ -8,8 +8,8 @@ dimension first (`[s, b]` flattened, s-major), rows left-aligned (rlcore.engine.
 route keeps the router's gradient: megatron-core gathers the live scores at the forced indices (and, for
 top-k-then-softmax routers, normalises over them), as HF's hook in rlcore.models.router does.
 
-Pipeline stages and recomputation: each stage replays its own layers' columns of the routes (every layer of a Qwen
-MoE routes, so a layer's column is its layer number). megatron-core's RouterReplay replays a forward from the routes
+Pipeline stages and recomputation: each stage replays its own layers' columns of the routes (a MoE layer's column
+counts only the layers that route: DeepSeek-V3's first layers are dense; moe.moe_columns). megatron-core's RouterReplay replays a forward from the routes
 set last and has a REPLAY_BACKWARD action that pops the oldest routes not yet recomputed, but nothing in megatron-core
 switches between the two; rlcore queues every micro-batch's routes per router and a layer recomputed inside
 autograd's backward pops its own (megatron-core's schedules run a stage's backwards in forward order). Recording
@@ -25,6 +25,7 @@ from megatron.core.transformer.moe.router_replay import RouterReplayAction
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
 from rlcore.engine.megatron.inputs import ModelInputs
+from rlcore.engine.megatron.moe import moe_columns
 from rlcore.models.router import ROUTE_DTYPE, ROUTES
 from rlcore.utils.dist import all_reduce
 
@@ -36,12 +37,12 @@ def layer_routers(chunks) -> list:
     return [layer.mlp.router for chunk in chunks for layer in chunk.decoder.layers if hasattr(layer.mlp, "router")]
 
 
-def check_mode(mode: str, routers: list, config) -> None:
+def check_mode(mode: str, config) -> None:
     if mode not in MODES:
         raise ValueError(f"routes={mode!r} is not one of {', '.join(MODES)}")
     if mode == "free":
         return
-    if not routers:
+    if not config.num_moe_experts:  # (a pipeline stage of only dense layers has no routers of its own: it passes)
         raise ValueError(f"router replay ({mode}) on a model without MoE routers: set actor_rollout_ref.actor.router_replay.mode=disabled")
 
 
@@ -105,8 +106,10 @@ class RouteReplay:
     def __init__(self, chunks, config) -> None:
         self.routers = layer_routers(chunks)
         # Per model chunk (virtual pipeline stage): its routers and their layers' columns in the routes.
-        self.chunk_routers = [[(layer.mlp.router, layer.layer_number - 1) for layer in chunk.decoder.layers if hasattr(layer.mlp, "router")]
-                              for chunk in chunks]
+        columns = moe_columns(config)
+        self.columns = len(columns)
+        self.chunk_routers = [[(layer.mlp.router, columns[layer.layer_number - 1]) for layer in chunk.decoder.layers
+                               if hasattr(layer.mlp, "router")] for chunk in chunks]
         self.config = config
         self.sp = config.sequence_parallel and config.tensor_model_parallel_size > 1
         self._stages: dict[int, torch.Tensor] = {}  # micro-batch -> its routes, this stage's columns (record, PP > 1)
@@ -114,7 +117,7 @@ class RouteReplay:
             queue_recomputed_routes(router.router_replay)
 
     def start(self, mode: str, forward_only: bool) -> None:
-        check_mode(mode, self.routers, self.config)
+        check_mode(mode, self.config)
         self._stages.clear()
         # Only a layer recomputed in backward reads the queue; elsewhere it would hold every micro-batch's routes.
         self._queue = not forward_only and self.config.recompute_granularity is not None
@@ -127,8 +130,8 @@ class RouteReplay:
         if mode != "replay":
             return
         routes = mb.batch[ROUTES]
-        if tuple(routes.shape[2:]) != (self.config.num_layers, self.config.moe_router_topk):
-            raise ValueError(f"{ROUTES} of shape {tuple(routes.shape)} for a model of {self.config.num_layers} MoE layers, "
+        if tuple(routes.shape[2:]) != (self.columns, self.config.moe_router_topk):
+            raise ValueError(f"{ROUTES} of shape {tuple(routes.shape)} for a model of {self.columns} MoE layers, "
                              f"top-{self.config.moe_router_topk}")
         device = inputs.input_ids.device
         tokens = _model_order(routes.to(device).long(), mb.batch["attention_mask"].to(device).bool(), inputs)
@@ -154,7 +157,7 @@ class RouteReplay:
             return
         mask = mb.batch["attention_mask"]
         # On the host, as the outputs will be: a pass's routes of every layer would crowd the device until the end.
-        full = self._stages.setdefault(index, torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk, dtype=ROUTE_DTYPE))
+        full = self._stages.setdefault(index, torch.zeros(*mask.shape, self.columns, self.config.moe_router_topk, dtype=ROUTE_DTYPE))
         full[:, :, [layer for _, layer in routers]] = self.recorded(mb, inputs, [r for r, _ in routers]).cpu()
 
     def stage_routes(self, micro_batches: list) -> list[torch.Tensor]:
@@ -166,7 +169,7 @@ class RouteReplay:
             mask = mb.batch["attention_mask"]
             full = self._stages.pop(index, None)
             if full is None:  # a stage without MoE layers
-                full = torch.zeros(*mask.shape, self.config.num_layers, self.config.moe_router_topk, dtype=ROUTE_DTYPE)
+                full = torch.zeros(*mask.shape, self.columns, self.config.moe_router_topk, dtype=ROUTE_DTYPE)
             out.append(all_reduce(full.int(), group=mpu.get_pipeline_model_parallel_group()).to(ROUTE_DTYPE))
         return out
 
@@ -186,7 +189,9 @@ class RouterLoad:
 
     def __init__(self, chunks, config) -> None:
         self.config = config
-        self.layers = [layer.layer_number - 1 for chunk in chunks for layer in chunk.decoder.layers if hasattr(layer.mlp, "router")]
+        columns = moe_columns(config)  # HF's numbering: the layers that route
+        self.columns = max(len(columns), 1)
+        self.layers = [columns[layer.layer_number - 1] for chunk in chunks for layer in chunk.decoder.layers if hasattr(layer.mlp, "router")]
         self.sp = config.sequence_parallel and config.tensor_model_parallel_size > 1
         self.valid: torch.Tensor | None = None  # this rank's routed tokens that count; None: not counting
         self._load = self._entropy = None
@@ -219,7 +224,7 @@ class RouterLoad:
         routing_map = output[1]  # [tokens, experts] bool
         weights = self.valid.to(routing_map.device, torch.float32)
         if self._load is None:
-            self._load = torch.zeros(self.config.num_layers, routing_map.shape[-1], dtype=torch.float64, device=routing_map.device)
+            self._load = torch.zeros(self.columns, routing_map.shape[-1], dtype=torch.float64, device=routing_map.device)
             self._entropy = torch.zeros(2, dtype=torch.float64, device=routing_map.device)
         self._load[layer] += (routing_map.float() * weights[:, None]).sum(0).double()
         logits = router.rlcore_logits.detach().float()
@@ -228,11 +233,11 @@ class RouterLoad:
         self._entropy += torch.stack([(entropy * weights).sum(), weights.sum()]).double()
 
     def metrics(self) -> dict[str, float]:
-        """Collective over the TP and PP groups (every rank of a replica calls it)."""
-        if not self.layers:
+        """Collective over the TP and PP groups (every rank of a replica calls it, a stage of dense layers too)."""
+        if not self.config.num_moe_experts:
             return {}
         device = self._load.device if self._load is not None else torch.device("cpu")
-        load = self._load if self._load is not None else torch.zeros(self.config.num_layers, self.config.num_moe_experts, dtype=torch.float64)
+        load = self._load if self._load is not None else torch.zeros(self.columns, self.config.num_moe_experts, dtype=torch.float64)
         entropy = self._entropy if self._entropy is not None else torch.zeros(2, dtype=torch.float64)
         self._load = self._entropy = None
         stacked = torch.cat([load.reshape(-1), entropy]).to(device)

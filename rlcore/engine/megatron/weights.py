@@ -1,5 +1,5 @@
-"""HF <-> megatron-core weights for Qwen2 / Qwen3 / Llama and the MoE families: load a checkpoint directory into this
-rank's TP/PP/EP pieces (reading only its slices), and stream full HF-named tensors back out (TP shards gathered, PP
+"""HF <-> megatron-core weights for the families megatron builds (rlcore.families: Family.megatron): load a
+checkpoint directory into this rank's TP/PP/EP pieces (reading only its slices), and stream full HF-named tensors back out (TP shards gathered, PP
 stages broadcast, a layer's routed experts gathered over expert-TP x EP into HF's fused tensors: moe.py).
 
 Layouts (megatron-core local spec, TP rank r of tp, ng query groups of qpg query heads each, head dim d):
@@ -8,6 +8,7 @@ Layouts (megatron-core local spec, TP rank r of tp, ng query groups of qpg query
 - linear_fc1.weight `[2 * ffn/tp, hidden]`: this rank's rows of gate_proj, then its rows of up_proj.
 - word embeddings / output layer: rows of the vocabulary padded to a multiple of tp (padding rows are zero).
 - linear_proj / linear_fc2: split on the input dimension; norms: whole on every rank.
+- multi-head latent attention (DeepSeek-V3): each of its projections split on the output dimension.
 - MoE layers (moe.py): router whole on every rank; shared expert as a dense MLP; each local routed expert as a
   dense MLP split over the expert-TP group instead of the TP group.
 """
@@ -30,18 +31,43 @@ from rlcore.engine.sharded_load import read_header, read_rows
 from rlcore.utils.dist import all_gather_flat, broadcast
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
-_LAYER_MAP = {  # megatron-core name inside a layer -> (kind, HF names inside model.layers.{i})
+_COMMON = {  # megatron-core name inside a layer -> (kind, HF names inside model.layers.{i})
     "input_layernorm.weight": ("copy", ("input_layernorm.weight",)),
-    "self_attention.linear_qkv.weight": ("qkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
-    "self_attention.linear_qkv.bias": ("qkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
     "self_attention.linear_proj.weight": ("split1", ("self_attn.o_proj.weight",)),
-    "self_attention.q_layernorm.weight": ("copy", ("self_attn.q_norm.weight",)),  # Qwen3
-    "self_attention.k_layernorm.weight": ("copy", ("self_attn.k_norm.weight",)),
     "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("gate_up", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("split1", ("mlp.down_proj.weight",)),
-    **moe.LAYER_MAP,
 }
+_ATTENTION = {
+    "self_attention.linear_qkv.weight": ("qkv", ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")),
+    "self_attention.linear_qkv.bias": ("qkv", ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")),
+    "self_attention.q_layernorm.weight": ("copy", ("self_attn.q_norm.weight",)),  # Qwen3
+    "self_attention.k_layernorm.weight": ("copy", ("self_attn.k_norm.weight",)),
+}
+# DeepSeek's multi-head latent attention: every projection column-parallel (the down projections too: megatron-core
+# gathers their outputs), the latents' norms whole.
+_LATENT_ATTENTION = {
+    "self_attention.linear_q_proj.weight": ("split0", ("self_attn.q_proj.weight",)),  # without a query latent
+    "self_attention.linear_q_down_proj.weight": ("split0", ("self_attn.q_a_proj.weight",)),
+    "self_attention.q_layernorm.weight": ("copy", ("self_attn.q_a_layernorm.weight",)),
+    "self_attention.linear_q_up_proj.weight": ("split0", ("self_attn.q_b_proj.weight",)),
+    "self_attention.linear_kv_down_proj.weight": ("split0", ("self_attn.kv_a_proj_with_mqa.weight",)),
+    "self_attention.kv_layernorm.weight": ("copy", ("self_attn.kv_a_layernorm.weight",)),
+    "self_attention.linear_kv_up_proj.weight": ("split0", ("self_attn.kv_b_proj.weight",)),
+}
+
+
+def layer_map(megatron) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The HF names of a layer's parameters for a family's megatron build (rlcore.families: Family.megatron)."""
+    return {**_COMMON, **(_LATENT_ATTENTION if megatron.latent_attention else _ATTENTION), **moe.layer_map(megatron.shared_experts)}
+
+
+def tensor(chunk: torch.nn.Module, name: str) -> torch.Tensor:
+    """A parameter, or a buffer the weights carry (the router's expert bias), by name."""
+    try:
+        return chunk.get_parameter(name)
+    except AttributeError:
+        return chunk.get_buffer(name)
 
 
 @dataclass(frozen=True)
@@ -50,18 +76,20 @@ class Entry:
 
     chunk: int            # index of the model chunk (virtual stage) on its pipeline rank
     name: str             # parameter name inside the chunk
-    kind: str             # copy | split1 | vocab | qkv | gate_up | expert_fc1 | expert_fc2
+    kind: str             # copy | split0 | split1 | vocab | qkv | gate_up | expert_fc1 | expert_fc2
     hf_names: tuple[str, ...]
     export: bool = True   # False: a copy of another entry's tensor (the last stage's tied output layer)
     expert: int | None = None  # a routed expert's global index (its HF name is the layer's fused tensor)
 
 
-def entries(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[Entry]:
-    """The HF mapping of every parameter of this rank's chunks, in the chunks' parameter order."""
+def entries(chunks: list[torch.nn.Module], kind: str, tied: bool, hf_layer: dict) -> list[Entry]:
+    """The HF mapping of every parameter of this rank's chunks (and the router biases), in the chunks' parameter
+    order; `hf_layer`: layer_map(family.megatron)."""
     out = []
     for c, chunk in enumerate(chunks):
         layers = chunk.decoder.layers
-        for name, _ in chunk.named_parameters():
+        biases = [name for name, _ in chunk.named_buffers() if name.endswith(".router.expert_bias")]
+        for name in [name for name, _ in chunk.named_parameters()] + biases:
             if ".adapter." in name:  # LoRA's A and B: exported merged into their layer's weight (_local)
                 continue
             m = _LAYER.fullmatch(name)
@@ -73,7 +101,7 @@ def entries(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[Entry]
                     first = layers[int(m.group(1))].mlp.local_expert_indices[0]
                     out.append(Entry(c, name, f"expert_fc{fc}", (f"model.layers.{layer}.{moe.FUSED[fc]}",), expert=first + local))
                     continue
-                how, hf = _LAYER_MAP[m.group(2)]
+                how, hf = hf_layer[m.group(2)]
                 out.append(Entry(c, name, how, tuple(f"model.layers.{layer}.{n}" for n in hf)))
             elif name == "embedding.word_embeddings.weight":
                 out.append(Entry(c, name, "vocab", ("model.embed_tokens.weight",)))
@@ -155,6 +183,9 @@ def local_piece(ckpt: HFCheckpoint, entry: Entry, config, vocab_size: int, padde
     tp, r = config.tensor_model_parallel_size, mpu.get_tensor_model_parallel_rank()
     if entry.kind == "copy":
         return ckpt.slice(entry.hf_names[0])
+    if entry.kind == "split0":
+        n = shape[0]
+        return ckpt.slice(entry.hf_names[0], rows=(r * n, (r + 1) * n))
     if entry.kind == "split1":
         n = shape[1]
         return ckpt.slice(entry.hf_names[0], cols=(r * n, (r + 1) * n))
@@ -181,12 +212,12 @@ def local_piece(ckpt: HFCheckpoint, entry: Entry, config, vocab_size: int, padde
 
 @torch.no_grad()
 def load_hf(chunks: list[torch.nn.Module], model_path: str, config, vocab_size: int, padded_vocab: int, kind: str, tied: bool,
-            value_head_std: float) -> None:
+            value_head_std: float, hf_layer: dict) -> None:
     """Fills every parameter of this rank's chunks from the HF checkpoint at `model_path`. A value model loaded
     from a causal LM (no `score.weight`) gets a fresh N(0, value_head_std) head, the same on every rank."""
     ckpt = HFCheckpoint(model_path)
-    for entry in entries(chunks, kind, tied):
-        param = chunks[entry.chunk].get_parameter(entry.name)
+    for entry in entries(chunks, kind, tied, hf_layer):
+        param = tensor(chunks[entry.chunk], entry.name)
         if entry.hf_names == ("score.weight",) and "score.weight" not in ckpt:
             generator = torch.Generator().manual_seed(0)
             param.copy_(torch.randn(param.shape, generator=generator) * value_head_std)
@@ -217,6 +248,8 @@ def full_tensors(entry, shards: list[torch.Tensor], config, vocab_size: int) -> 
                                                       config.expert_tensor_parallel_size))]
     if entry.kind == "copy":
         return [(entry.hf_names[0], shards[0])]
+    if entry.kind == "split0":
+        return [(entry.hf_names[0], torch.cat(shards))]
     if entry.kind == "split1":
         return [(entry.hf_names[0], torch.cat(shards, dim=1))]
     if entry.kind == "vocab":
@@ -250,7 +283,7 @@ def _local(chunks, entry) -> torch.Tensor:
     """This rank's piece of an exported entry (a routed-expert stack: its local experts' pieces, stacked)."""
     if isinstance(entry, moe.ExpertStack):
         return moe.local_stack(chunks[entry.chunk], entry)
-    weight = chunks[entry.chunk].get_parameter(entry.name).detach()
+    weight = tensor(chunks[entry.chunk], entry.name).detach()
     owner, _, leaf = entry.name.rpartition(".")
     adapter = getattr(chunks[entry.chunk].get_submodule(owner), "adapter", None) if leaf == "weight" else None
     return adapter.merged(weight).detach() if adapter is not None else weight  # LoRA: this rank's shard of W + s B A
@@ -266,14 +299,14 @@ class _Manifest:
     dtype: torch.dtype
 
 
-def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool) -> list[_Manifest]:
+def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool, hf_layer: dict) -> list[_Manifest]:
     """Every exported entry of every pipeline stage, in model order (stage by stage; with interleaving, by
     virtual stage): the same list on every rank of the pipeline group. A layer's routed experts are one entry per
     projection (moe.ExpertStack). Collective over the pipeline group."""
     mine = []
-    for e in moe.stack_experts(entries(chunks, kind, tied)):
+    for e in moe.stack_experts(entries(chunks, kind, tied, hf_layer)):
         if e.export:
-            local = _local(chunks, e) if isinstance(e, moe.ExpertStack) else chunks[e.chunk].get_parameter(e.name)
+            local = _local(chunks, e) if isinstance(e, moe.ExpertStack) else tensor(chunks[e.chunk], e.name)
             mine.append((e, tuple(local.shape), local.dtype))
     pp = mpu.get_pipeline_model_parallel_world_size()
     stages = [mine]
