@@ -45,10 +45,9 @@ def problems(config, strategy):
 def megatron_problems(c) -> list[str]:
     """What megatron-core 0.16's MLA cannot express of this config (each would train another model)."""
     out, alternative = [], "; use actor_rollout_ref.actor.strategy=fsdp2"
-    rope = (c.get("rope_parameters") or c.get("rope_scaling") or {}).get("rope_type", "default")
-    if rope != "default":
-        out.append(f"deepseek_v3 with rope_type={rope}: rlcore's megatron-core MLA build takes plain RoPE only (its YaRN "
-                   f"is not checked against transformers' yet){alternative}")
+    rope = _rope(c)
+    if rope["rope_type"] not in ("default", "yarn"):
+        out.append(f"deepseek_v3 with rope_type={rope['rope_type']}: megatron-core's MLA takes plain RoPE or YaRN{alternative}")
     if c.get("attention_bias"):
         out.append(f"deepseek_v3 with attention_bias=true: megatron-core's MLA projections have no biases{alternative}")
     return out + router_problems(c)
@@ -90,10 +89,24 @@ def router_fields(c) -> dict:
 def megatron_fields(config) -> dict:
     """MLA's dims and the router (rlcore.engine.megatron.model reads them)."""
     c = text_config(config)
-    theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 10000.0))
+    rope = _rope(c)
+    if rope["rope_type"] == "yarn":  # DeepSeek-V3 and Kimi-K2; the softmax scale follows from mscale_all_dim on both sides
+        positions = dict(rope_type="yarn", rotary_scaling_factor=rope["factor"], mscale=rope.get("mscale", 1.0),
+                         mscale_all_dim=rope.get("mscale_all_dim", 0.0), beta_fast=rope.get("beta_fast", 32.0),
+                         beta_slow=rope.get("beta_slow", 1.0), original_max_position_embeddings=rope["original_max_position_embeddings"])
+    else:
+        positions = dict(rope_type="rope", rotary_scaling_factor=1.0)
     return dict(multi_latent_attention=True, q_lora_rank=c.get("q_lora_rank"), kv_lora_rank=c["kv_lora_rank"],
                 qk_head_dim=c["qk_nope_head_dim"], qk_pos_emb_head_dim=c["qk_rope_head_dim"], v_head_dim=c["v_head_dim"],
-                rope_type="rope", rotary_base=theta, rotary_scaling_factor=1.0, **router_fields(c))
+                rotary_base=rope["rope_theta"], **positions, **router_fields(c))
+
+
+def _rope(c) -> dict:
+    """The RoPE parameters of a config.json (transformers 5's `rope_parameters`, or `rope_theta` + `rope_scaling`)."""
+    params = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
+    params.setdefault("rope_theta", c.get("rope_theta", 10000.0))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    return params
 
 
 FAMILY = Family(

@@ -41,6 +41,9 @@ pytestmark = pytest.mark.numerics
 
 MODELS = ("tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-deepseek-v3")
 GLM = "tiny-glm4-moe"  # DeepSeek-V3's router over Llama's block: q/k/v biases, q/k norms, RoPE over half of each head
+YARN = "tiny-deepseek-v3-yarn"  # DeepSeek-V3's own positions: YaRN, whose mscale_all_dim also scales the softmax
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+             "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
 FUSED = "tiny-qwen2-moe-fused"  # the same weights saved under HF's in-memory names (3-D gate_up_proj / down_proj)
 ACTOR = OmegaConf.create({
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
@@ -50,7 +53,7 @@ ROWS, PROMPT, RESPONSE, LR = 8, 6, 5, 1e-3
 # name: (megatron keys, models it runs, packed sequences)
 LAYOUTS = {
     "ep1_dp2": ({}, MODELS, False),
-    "ep2": ({"expert_model_parallel_size": 2}, MODELS + (FUSED,), False),
+    "ep2": ({"expert_model_parallel_size": 2}, MODELS + (FUSED, YARN), False),
     "tp2_sp_packed": ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, ("tiny-qwen3-moe", GLM), True),
     "tp2_sp_allgather": ({"tensor_model_parallel_size": 2, "sequence_parallel": True,
                           "override_transformer_config": {"moe_token_dispatcher_type": "allgather"}}, ("tiny-qwen2-moe",), False),
@@ -191,6 +194,7 @@ def moe_dirs(tmp_path_factory):
 
     root, tokenizer = tmp_path_factory.mktemp("moe_models"), build_char_tokenizer()
     dirs = {name: build_model_dir(str(root / name), name, tokenizer) for name in MODELS + (GLM,)}
+    dirs[YARN] = build_model_dir(str(root / YARN), "tiny-deepseek-v3", tokenizer, max_position_embeddings=64, rope_parameters=YARN_ROPE)
     fused = root / FUSED
     shutil.copytree(dirs["tiny-qwen2-moe"], fused, ignore=shutil.ignore_patterns("*.safetensors*"))
     save_file({k: v.contiguous() for k, v in load_causal_lm(dirs["tiny-qwen2-moe"]).state_dict().items()}, str(fused / "model.safetensors"))
