@@ -110,13 +110,10 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
     elif strategy == "megatron":
         if family.megatron is None:
             problems.append(f"model_type={model_type!r} on megatron: {family.megatron_missing}; use strategy=fsdp2 for this model")
-        elif family.megatron.latent_attention and tensor_parallel > 1:
-            # Its shared RoPE key comes from the TP-split latent projection's gathered output and serves each rank's
-            # heads; megatron-core 0.16.1's local-module MLA sums that key's gradient over one rank's heads only
-            # (measured: the grad norm 2e-5 off HF's at TP2, log-probs exact). Its TE path splits otherwise, on CUDA.
-            problems.append(f"megatron.tensor_model_parallel_size={tensor_parallel}: {model_type}'s latent attention trains wrong "
-                            "over TP ranks in megatron-core's local modules; use tensor_model_parallel_size=1 with expert, "
-                            "pipeline or data parallelism, or strategy=fsdp2")
+        elif family.megatron.latent_attention and tensor_parallel > 1 and c.get("num_attention_heads", 2 * tensor_parallel) < 2 * tensor_parallel:
+            # rlcore.engine.megatron.attention tells the shared RoPE key from the queries by its one head
+            problems.append(f"megatron.tensor_model_parallel_size={tensor_parallel}: {model_type}'s latent attention needs at least "
+                            f"two of its {c['num_attention_heads']} heads per TP rank; use a smaller tensor_model_parallel_size")
         elif not family.megatron.latent_attention:  # MLA builds its own RoPE (rlcore.families.deepseek_v3)
             try:
                 megatron_rope(c)

@@ -134,10 +134,8 @@ STAND_INS = {
     "grpo_trainer__run_mistral13b_skyworkrm_hhrlhf.args": ("mistral-nemo-12b", []),
     "grpo_trainer__run_seed_oss_36b.args": ("seed-oss-36b", []),
     "grpo_trainer__run_gptoss_20b.args": ("gpt-oss-20b", []),
-    # TP4 / TP8 over latent attention (rlcore.families: family_problems); recipes/moonlight_16b_a3b_grpo_megatron.yaml
-    # is the same run at TP1 x EP8
-    "grpo_trainer__run_moonlight16b_math_megatron.args": ("moonlight-16b-a3b", ["latent attention trains wrong over TP ranks"]),
-    "grpo_trainer__run_deepseek671b_math_megatron_96gb.args": ("deepseek-v3", ["latent attention trains wrong over TP ranks"]),
+    "grpo_trainer__run_moonlight16b_math_megatron.args": ("moonlight-16b-a3b", []),  # megatron-core's MLA at TP4 x PP3 x EP4
+    "grpo_trainer__run_deepseek671b_math_megatron_96gb.args": ("deepseek-v3", []),
 }
 
 

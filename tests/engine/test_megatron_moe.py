@@ -1,7 +1,7 @@
 """Mixture-of-experts models (tiny Qwen3-MoE: normalised top-k; tiny Qwen2-MoE: unnormalised top-k + gated shared
 expert; tiny DeepSeek-V3: multi-head latent attention, a dense first layer, then shared + routed experts under a
-grouped sigmoid router whose bias chooses; tiny GLM-4.5: that router over Llama's block, at TP2) on the Megatron
-engine, on 2 gloo ranks, against a single-process HF reference:
+grouped sigmoid router whose bias chooses, also with YaRN; tiny GLM-4.5: that router over Llama's block) on the
+Megatron engine, on 2 gloo ranks, against a single-process HF reference:
 
 - log-probs equal HF's own forward at EP1 (DP2), EP2 and TP2 (+ SP, which megatron-core's MoE layer needs with
   TP; alltoall and allgather dispatchers);
@@ -54,7 +54,7 @@ ROWS, PROMPT, RESPONSE, LR = 8, 6, 5, 1e-3
 LAYOUTS = {
     "ep1_dp2": ({}, MODELS, False),
     "ep2": ({"expert_model_parallel_size": 2}, MODELS + (FUSED, YARN), False),
-    "tp2_sp_packed": ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, ("tiny-qwen3-moe", GLM), True),
+    "tp2_sp_packed": ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, ("tiny-qwen3-moe", GLM, "tiny-deepseek-v3"), True),
     "tp2_sp_allgather": ({"tensor_model_parallel_size": 2, "sequence_parallel": True,
                           "override_transformer_config": {"moe_token_dispatcher_type": "allgather"}}, ("tiny-qwen2-moe",), False),
     # MoE parallel folding: attention over TP2, each expert whole on one of 2 EP ranks (expert TP 1), the same 2 ranks.
@@ -415,8 +415,8 @@ def test_the_engine_refuses_what_megatron_cannot_run_and_sets_each_familys_field
     shared = transformer_config(load_config(moe_dirs["tiny-qwen2-moe"]), Layout(), torch.float32, torch.device("cpu"), False, {})
     assert shared.moe_router_pre_softmax and shared.moe_shared_expert_intermediate_size == 64 and shared.moe_shared_expert_gate
     deepseek = load_config(moe_dirs["tiny-deepseek-v3"])
-    with pytest.raises(ValueError, match="tensor_model_parallel_size=2: deepseek_v3's latent attention trains wrong over TP ranks"):
-        transformer_config(deepseek, Layout(tp=2, sp=True), torch.float32, torch.device("cpu"), False, {})
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=4: deepseek_v3's latent attention needs at least two of its 4 heads"):
+        transformer_config(deepseek, Layout(tp=4, sp=True), torch.float32, torch.device("cpu"), False, {})
     mla = transformer_config(deepseek, Layout(ep=2), torch.float32, torch.device("cpu"), False, {})
     assert mla.multi_latent_attention and (mla.q_lora_rank, mla.kv_lora_rank, mla.qk_head_dim, mla.qk_pos_emb_head_dim, mla.v_head_dim) == (32, 32, 16, 16, 16)
     assert mla.moe_layer_freq == [0, 1] and mla.moe_shared_expert_intermediate_size == 32 and not mla.moe_shared_expert_gate

@@ -57,6 +57,7 @@ def test_what_runs_now_was_refused_before_and_is_not_anymore():
     assert family_problems({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096}, "fsdp2", "native") == []
     for model_type in ("gemma2", "gemma3_text", "mistral", "deepseek_v3", "gpt_oss", "glm4_moe", "seed_oss"):
         assert family_problems({"model_type": model_type}, "fsdp2", "native") == [], model_type
-    # DeepSeek-V3 on megatron-core's latent attention and biased sigmoid router: over experts, not over TP ranks
-    assert family_problems({"model_type": "deepseek_v3"}, "megatron", tensor_parallel=1) == []
-    assert "trains wrong over TP ranks" in family_problems({"model_type": "deepseek_v3"}, "megatron", tensor_parallel=2)[0]
+    # DeepSeek-V3 on megatron-core's latent attention and biased sigmoid router, over TP ranks too
+    assert family_problems({"model_type": "deepseek_v3", "num_attention_heads": 16}, "megatron", tensor_parallel=8) == []
+    assert "needs at least two of its 16 heads per TP rank" in family_problems({"model_type": "deepseek_v3", "num_attention_heads": 16},
+                                                                              "megatron", tensor_parallel=16)[0]

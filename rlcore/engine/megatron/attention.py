@@ -35,3 +35,27 @@ class SDPACoreAttention(MegatronModule):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, dropout_p=dropout,
                                              enable_gqa=q.shape[1] != k.shape[1])
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)
+
+
+def sum_latent_key_gradient_over_tp() -> None:
+    """megatron-core 0.16.1's multi-head latent attention on local modules (the only build rlcore makes) computes the
+    RoPE key all heads share from the TP-split latent projection's gathered output, so every TP rank holds all of it
+    and uses it for its own heads: the key's gradient on each rank is that rank's heads' share, and the gather's
+    backward keeps one rank's share of its columns (measured: the grad norm 2e-5 off HF's at TP2, log-probs exact).
+    Here the shared key passes through `copy_to_tensor_model_parallel_region` (identity forward, all-reduce over TP in
+    backward) before it is rotated, so its gradient is every head's. The key is the rotation input with one head
+    (`[.., 1, rope]`); family_problems keeps at least two heads per rank so a query never looks like it. Idempotent."""
+    from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
+    from megatron.core.transformer import multi_latent_attention
+
+    rotate = multi_latent_attention.apply_rotary_pos_emb
+    if getattr(rotate, "sums_latent_key", False):
+        return
+
+    def apply_rotary_pos_emb(t, freqs, config, *args, **kwargs):
+        if t.shape[-2] == 1 and config.tensor_model_parallel_size > 1 and t.requires_grad:
+            t = copy_to_tensor_model_parallel_region(t)
+        return rotate(t, freqs, config, *args, **kwargs)
+
+    apply_rotary_pos_emb.sums_latent_key = True
+    multi_latent_attention.apply_rotary_pos_emb = apply_rotary_pos_emb

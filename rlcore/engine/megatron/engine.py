@@ -19,6 +19,7 @@ from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
 from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
 from rlcore.engine.base import CHECKPOINT_STATE, STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
+from rlcore.engine.megatron.attention import sum_latent_key_gradient_over_tp
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.lora import apply_lora, disabled
 from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size, transformer_config, without_transformer_engine
@@ -51,6 +52,7 @@ def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None
 
         apply_cpu_shim()
     without_transformer_engine()
+    sum_latent_key_gradient_over_tp()
     mpu.initialize_model_parallel(layout.tp, layout.pp, layout.vpp, expert_model_parallel_size=layout.ep,
                                   expert_tensor_parallel_size=layout.etp,
                                   distributed_timeout_minutes=collective_timeout_minutes())  # nccl_timeout, not its 30 min
