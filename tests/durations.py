@@ -42,7 +42,7 @@ def baseline_of(run: dict) -> dict:
 def compare(last: dict, base: dict) -> list[str]:
     now, before = last["tests"], base["tests"]
     lines = [f"last run: {len(now)} tests, {last['wall_s'] / 60:.1f} min wall clock (pytest {' '.join(last['args'])})",
-             f"baseline: {len(before) + base['rest']['count']} tests, {base['wall_s'] / 60:.1f} min (pytest {' '.join(base['args'])})",
+             f"baseline: {len(before) + base.get('rest', {}).get('count', 0)} tests, {base['wall_s'] / 60:.1f} min (pytest {' '.join(base['args'])})",
              f"budget:   {BUDGET_S / 60:.0f} min for the main suite on the 2-core CI machine: "
              f"{'within' if last['wall_s'] <= BUDGET_S else 'OVER'} it here ({100 * last['wall_s'] / BUDGET_S:.0f}%)"]
     grew = sorted(((now[k] - before[k], k) for k in now.keys() & before.keys()
