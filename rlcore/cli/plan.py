@@ -80,6 +80,17 @@ class Diagnosis:
     def ok(self) -> bool:
         return not self.errors and self.memory.ok
 
+    def verdict(self, refused: int = 0) -> str:
+        """The report's last line: what a reader scanning for the outcome wants (the exit status says it too)."""
+        tight = [r.role for r in self.memory.roles if r.verdict == "tight"]
+        if self.ok and not refused:
+            return "rlcore-plan: OK, 0 errors, every phase fits" + (f" ({', '.join(tight)} tight)" if tight else "")
+        over = [r.role for r in self.memory.roles if r.verdict == "OOM"]
+        parts = [f"{refused} override(s) refused"] if refused else []
+        parts += [f"{len(self.errors)} config error(s)"] if self.errors else []  # the memory plan's own among them
+        parts += [f"over the device memory: {', '.join(over)}"] if over else []
+        return "rlcore-plan: FAIL, " + ", ".join(parts)
+
 
 def _report(cfg, errors: list[str], warnings: list[str], sections: list[str]) -> str:
     """Keys set to no effect first (the user expects theirs), then errors, warnings and the plans."""
@@ -136,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     except ComposeError as err:
         print(f"rlcore-plan: the config does not compose: {err}", file=sys.stderr)
         if err.partial is not None:
-            # All problems at once: the rest of the command line, checked as if the refused overrides were fixed
+            # All problems at once: the rest of the command line, checked and planned as if the refused overrides
+            # were fixed
             rest = check(err.partial, where)
             print(f"rlcore-plan: without the {len(err.problems)} override(s) above, the rest has "
-                  f"{len(rest.errors)} config error(s) of its own:", file=sys.stderr)
+                  f"{len(rest.errors)} config error(s) of its own{':' if rest.errors else ''}", file=sys.stderr)
             for error in rest.errors:
                 print(f"  - {error}", file=sys.stderr)
+            print(rest.report, flush=True)
+            print(rest.verdict(refused=len(err.problems)), flush=True)
         return 1
     result = check(cfg, where)
     print(result.report, flush=True)
@@ -150,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         if check is not doctor:
             print("rlcore-plan: --rehearse runs the RL trainer's phases; rm_* and sft_* configs have none to rehearse", file=sys.stderr)
             return 1
-        ok = rehearsal_report(cfg) and ok
+        rehearsed = rehearsal_report(cfg)
+        if not rehearsed:
+            print("rlcore-plan: FAIL, a phase of the rehearsal does not fit (or could not run: above)", flush=True)
+            return 1
+    print(result.verdict(), flush=True)
     return 0 if ok else 1
 
 

@@ -20,6 +20,7 @@ def test_recipe_report_has_every_section_and_passes(capsys):
     assert "memory plan: 80.0 GiB per device (trainer.device_memory_gb)" in out
     for role in ("rollout", "actor update", "reference log-probs"):
         assert any(line.startswith(f"memory plan: {role} ") and line.rstrip().endswith("fits") for line in out.splitlines())
+    assert out.splitlines()[-1] == "rlcore-plan: OK, 0 errors, every phase fits"  # the verdict, last
 
 
 def test_every_violation_at_once_and_failing_status(capsys):
@@ -31,6 +32,7 @@ def test_every_violation_at_once_and_failing_status(capsys):
     assert "rollout.tensor_model_parallel_size=3 must divide trainer.n_gpus_per_node=8" in out
     assert "rollout.tensor_model_parallel_size=3 does not split actor_rollout_ref.model.path's 28 attention heads" in out
     assert "OOM; largest lever:" in out  # the memory plan still runs on the 24 GB variant
+    assert out.splitlines()[-1] == "rlcore-plan: FAIL, 4 config error(s), over the device memory: rollout, actor update"
 
 
 def test_megatron_tree_and_options():
@@ -67,5 +69,11 @@ def test_reward_model_and_sft_configs_are_planned_as_their_one_training_role():
 
 def test_bad_key_is_a_clear_message_not_a_traceback(capsys):
     assert main(["actor_rollout_ref.actor.ppo_mini_batchsize=4"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("rlcore-plan: the config does not compose:") and "ppo_mini_batchsize" in err
+    captured = capsys.readouterr()
+    assert captured.err.startswith("rlcore-plan: the config does not compose:") and "ppo_mini_batchsize" in captured.err
+    # the rest of the command line is still checked and planned, and the sentence about it ends
+    assert main(["--elsewhere", "recipe=qwen2_7b_grpo", "actor_rollout_ref.actor.ppo_mini_batchsize=4"]) == 1
+    captured = capsys.readouterr()
+    assert "the rest has 0 config error(s) of its own\n" in captured.err
+    assert "memory plan: actor update " in captured.out
+    assert captured.out.splitlines()[-1] == "rlcore-plan: FAIL, 1 override(s) refused"
