@@ -59,7 +59,7 @@ def compose_run(args, model_dir: str, data_dir: str, out_dir: str, engine: str, 
         f"trainer.device={args.device}", f"trainer.n_gpus_per_node={gpus}", "trainer.logger=[console,jsonl]",
         f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=False", "trainer.test_freq=-1",
         "trainer.save_freq=-1", f"trainer.default_local_dir={out_dir}/ckpt", "trainer.max_worker_restarts=0",
-        *overrides,
+        *overrides, *args.override,
     ], config_name=config_name)
 
 
@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None, help="where models, data and runs go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write every run's figures to this JSON file")
     p.add_argument("--skip-hf", action="store_true", help="no HF generate baseline (its tokens/s column is nan)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override added to every run (repeatable), e.g. to time a change against verl's defaults")
+    p.add_argument("--tag", default="", help="appended to each run's name (which overrides it ran with)")
     args = p.parse_args(argv)
 
     from rlcore.data.synthetic import write_task
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         for engine in args.engines.split(","):
             for mode in args.modes.split(","):
                 for rollout in args.rollouts.split(","):
-                    name = f"{model} {engine} {mode} {rollout}"
+                    name = f"{model} {engine} {mode} {rollout}" + (f" {args.tag}" if args.tag else "")
                     r = run_one(args, model_dir, data_dir, os.path.join(out, "runs", name.replace(" ", "_")), engine, mode == "packed", rollout)
                     if measured and nominal:
                         r["mfu_update_measured"] = r["mfu_update"] * nominal / measured
@@ -197,7 +200,8 @@ def report(args, device_name: str, measured: float | None, results: list) -> Non
     for model in args.models.split(","):  # the packed-vs-padded target: packed update no slower than padded
         for engine in args.engines.split(","):
             for rollout in args.rollouts.split(","):
-                by_mode = {mode: r for name, r, _ in results for mode in ("padded", "packed") if name == f"{model} {engine} {mode} {rollout}"}
+                tag = f" {args.tag}" if args.tag else ""
+                by_mode = {mode: r for name, r, _ in results for mode in ("padded", "packed") if name == f"{model} {engine} {mode} {rollout}{tag}"}
                 if len(by_mode) == 2:
                     ratio = by_mode["packed"]["update_actor"] / by_mode["padded"]["update_actor"]
                     print(f"{model} {engine} {rollout}: packed/padded update time {ratio:.2f}x")

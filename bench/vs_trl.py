@@ -82,12 +82,15 @@ def run_rlcore(spec: dict, assets: str, steps: int, beta: float, ranks: int) -> 
     return result
 
 
-def run_trl(python: str, spec_path: str, assets: str, steps: int, beta: float) -> dict:
+def run_trl(python: str, spec_path: str, assets: str, steps: int, beta: float) -> dict | None:
+    """TRL's result, or None after printing why it failed: rlcore's figures of the same invocation still report
+    (on the GPU machine a failed TRL run must not cost the minutes rlcore's runs already took)."""
     cmd = [python, os.path.join(REPO, "bench", "vs_trl", "trl_side.py"), "--assets", assets, "--steps", str(steps), "--beta", str(beta),
            "--spec", spec_path]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
-        sys.exit(f"TRL failed:\n{proc.stderr[-3000:]}")
+        print(f"TRL failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
+        return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -143,8 +146,11 @@ def main(argv: list[str] | None = None) -> None:
             results: dict[str, list[dict]] = {"rlcore": [], "trl": []}
             for _ in range(args.runs):  # alternate: a noisy neighbour slows both
                 results["rlcore"].append(run_rlcore(spec, assets, args.steps, beta, args.ranks))
-                if use_trl:
-                    results["trl"].append(run_trl(args.trl_python, args.spec, assets, args.steps, beta))
+                print(f"rlcore run: {json.dumps(results['rlcore'][-1])}", flush=True)
+                trl = run_trl(args.trl_python, args.spec, assets, args.steps, beta) if use_trl else None
+                if trl is not None:
+                    results["trl"].append(trl)
+                    print(f"TRL run: {json.dumps(trl)}", flush=True)
             report(beta, results, step_gflop(spec, beta), peak, spec["grpo"]["completions_per_step"])
 
 
