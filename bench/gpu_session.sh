@@ -13,7 +13,7 @@
 #   vllm_tests tests/rollout/test_vllm.py on CUDA (the adapter's parity tests; only with the vLLM kit)
 #   moe        bench/moe_rollout.py: a Qwen3-30B-A3B layer shape (8 layers) in bf16 through the native engine, greedy
 #              parity with HF generate and the training forward, tokens/s against HF generate, with R3 recording
-#   gpu_tests  the GPU regression tests (tests/gpu)
+#   gpu_tests  the GPU regression tests (tests/gpu), the memory ledger's last
 #
 # The call carries .gpu (`bash ../shared/gpu/build_bundle.sh`: rlcore's packages for CPython 3.12) and .whl (TRL
 # 1.16.0, datasets 5.2.0, dill, multiprocess wheels: docs/benchmarks.md has the download command), then runs
@@ -30,6 +30,7 @@ mkdir -p "$LOGS"
 SUMMARY=$LOGS/summary.txt
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 DRY=${GPU_SESSION_DRY:-0}
+STEP_OUT=/tmp/gpu_step; [ "$DRY" = 1 ] && STEP_OUT=$LOGS/gpu_step_runs
 
 stage() {  # stage NAME NEEDS_SECONDS CAP_SECONDS COMMAND...: runs COMMAND if NEEDS_SECONDS are left, for at most CAP
   local name=$1 need=$2 cap=$3 left=$((END - SECONDS)) start=$SECONDS rc
@@ -55,7 +56,7 @@ if [ "$DRY" = 1 ]; then
   TRL=("$PY" bench/vs_trl.py --spec bench/vs_trl/grpo_arith_cpu_v1.json --betas 0.001 --steps 2 --runs 1 "${TRL_ARGS[@]}")
   SHAPE=(--device cpu --dtype float32 --models tiny-qwen3 --steps 2 --prompts 4 --n 2 --response-length 8)
   MOE=("$PY" bench/moe_rollout.py --prompts 2 --n 2 --max_tokens 4 --reps 1)
-  GPU_TESTS=("$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu)   # all skip without CUDA: the command holds
+  GPU_TESTS=("$PY" -m pytest -q -p no:cacheprovider -m gpu)   # all skip without CUDA: the command holds
   echo "dry run on $(nproc) CPU cores" >> "$SUMMARY"
 else
   {
@@ -79,11 +80,11 @@ else
        --betas 0.001 --steps 4 --runs 1 --trl-python python3)
   SHAPE=(--models qwen2.5-0.5b --steps 3)
   MOE=($RLCORE python3 bench/moe_rollout.py --reps 3)
-  GPU_TESTS=($RLCORE python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" tests/gpu)
+  GPU_TESTS=($RLCORE python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m "gpu and not slow")
 fi
 cat "$SUMMARY"
 ROLLOUTS=native; [ $VLLM_READY = 1 ] && ROLLOUTS=vllm,native
-STEP=($VLLM $RLCORE $PY bench/gpu_step.py "${SHAPE[@]}" --engines fsdp2 --modes packed --out /tmp/gpu_step)
+STEP=($VLLM $RLCORE $PY bench/gpu_step.py "${SHAPE[@]}" --engines fsdp2 --modes packed --out "$STEP_OUT")
 # What the update's MFU evidence points at (docs/benchmarks.md): a 0.5B model's activations fit the GPU without
 # recomputation, and one micro-batch per mini-batch (128 samples x <= 272 tokens) launches 3x fewer, larger kernels.
 FAST=(--override actor_rollout_ref.model.enable_gradient_checkpointing=False
@@ -99,5 +100,8 @@ else
   echo "== vllm_tests: skipped, no vLLM kit on this machine" | tee -a "$SUMMARY"
 fi
 stage moe 60 120 "${MOE[@]}"
-stage gpu_tests 45 120 "${GPU_TESTS[@]}"
+# The regression and graph tests first (seconds each); the memory ledger's runs train the 0.5B shape (the H200 at
+# 2f86cfb spent over 120 s in its first case), so they go last.
+stage gpu_tests 45 150 "${GPU_TESTS[@]}" tests/gpu/test_gpu_regressions.py tests/gpu/test_rollout_graphs.py
+stage gpu_tests 90 300 "${GPU_TESTS[@]}" tests/gpu/test_gpu_memory.py
 echo "== done: $((SECONDS)) s" | tee -a "$SUMMARY"

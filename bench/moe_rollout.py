@@ -51,7 +51,8 @@ def parity(model, engine: NativeRollout, ids: torch.Tensor, mask: torch.Tensor, 
     with torch.no_grad():
         hf = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False, pad_token_id=0,
                             eos_token_id=None)[:, ids.shape[1]:]
-        seq = assemble_sequences(ids, mask, out)
+        # The engine hands its output back on the host (as to the workers); the prompts here live on the model's device.
+        seq = {k: v.to(ids.device) for k, v in assemble_sequences(ids.cpu(), mask.cpu(), out).items()}
         logits = model(input_ids=seq["input_ids"], attention_mask=seq["attention_mask"], position_ids=seq["position_ids"]).logits
     trained = gather_log_probs(response_logits(logits.float(), max_tokens), out.responses.to(logits.device)).cpu()
     same = (out.responses == hf.cpu()).int()

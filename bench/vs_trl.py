@@ -74,8 +74,14 @@ def run_rlcore(spec: dict, assets: str, steps: int, beta: float, ranks: int) -> 
     with tempfile.TemporaryDirectory() as out:
         rows = [r for r in train(rlcore_overrides(spec, assets, steps, beta, ranks, out), out) if "timing_s/step" in r]
     timed = rows[1:]  # step 1 warms up allocators and caches, as TRL's is skipped
+    samples = spec["grpo"]["completions_per_step"]
+    # Completion tokens/s as TRL's side counts them (up to and including <eos>): from a random init the two samplers'
+    # lengths differ run to run, so samples/s alone would credit whichever drew shorter completions.
+    tokens = sum(r["response_length/mean"] * samples for r in timed)
     result = {"median_step_s": statistics.median(r["timing_s/step"] for r in timed),
-              "mean_reward_last": rows[-1]["critic/score/mean"]}
+              "mean_reward_last": rows[-1]["critic/score/mean"],
+              "completion_tokens_per_s": round(tokens / sum(r["timing_s/step"] for r in timed), 1),
+              "mean_length": round(tokens / samples / len(timed), 1)}
     for phase in PHASES:
         if f"timing_s/{phase}" in timed[0]:
             result[phase] = statistics.median(r[f"timing_s/{phase}"] for r in timed)
@@ -165,6 +171,10 @@ def report(beta: float, results: dict[str, list[dict]], parts: dict[str, float],
         trl = statistics.median(r["median_step_s"] for r in results["trl"])
         print(f"  TRL     {trl:.3f} s/step (median of {len(results['trl'])} runs)")
         print(f"  samples/s: rlcore {samples / rl:.1f}, TRL {samples / trl:.1f}")
+        tok = {side: statistics.median(r["completion_tokens_per_s"] for r in results[side] if r.get("completion_tokens_per_s"))
+               for side in ("rlcore", "trl") if any(r.get("completion_tokens_per_s") for r in results[side])}
+        if len(tok) == 2:
+            print(f"  completion tokens/s: rlcore {tok['rlcore']:.0f}, TRL {tok['trl']:.0f} ({tok['rlcore'] / tok['trl']:.2f}x)")
         print(f"  rlcore throughput = {trl / rl:.2f}x TRL's; rlcore at {gflop / peak / rl:.0%} of the FLOP bound, TRL at {gflop / peak / trl:.0%}")
 
 
