@@ -9,7 +9,7 @@
 #   step       bench/gpu_step.py: GRPO steps on a Qwen2.5-0.5B shape, FSDP2 packed, native rollout (and vLLM when its
 #              kit is installed): phases, MFU against a measured bf16 peak, memory, generated tokens/s against HF
 #              generate; then the same with what the update's MFU evidence points at (no gradient checkpointing, one
-#              micro-batch per mini-batch) against verl's defaults
+#              micro-batch per mini-batch) against verl's defaults, and that with all 512 samples decoding at once
 #   vllm_tests tests/rollout/test_vllm.py on CUDA (the adapter's parity tests; only with the vLLM kit)
 #   moe        bench/moe_rollout.py: a Qwen3-30B-A3B layer shape (8 layers) in bf16 through the native engine, greedy
 #              parity with HF generate and the training forward, tokens/s against HF generate, with R3 recording
@@ -93,6 +93,9 @@ FAST=(--override actor_rollout_ref.model.enable_gradient_checkpointing=False
 stage trl 120 240 "${TRL[@]}"
 stage step 90 170 "${STEP[@]}" --rollouts $ROLLOUTS --json "$LOGS/step.json"
 stage step 70 120 "${STEP[@]}" --rollouts native "${FAST[@]}" --json "$LOGS/step_fast.json"
+# The lever the H200 run's report named for generation (71% of the step): all 512 samples decoding at once.
+stage step 70 120 "${STEP[@]}" --rollouts native "${FAST[@]/no-ckpt-40k/no-ckpt-40k-512seqs}" \
+  --override actor_rollout_ref.rollout.max_num_seqs=512 --json "$LOGS/step_512seqs.json"
 if [ $VLLM_READY = 1 ]; then
   # -x -rf: the first failure and its traceback are printed at once (a run stopped at its limit printed only "F")
   stage vllm_tests 60 150 $VLLM $RLCORE python3 -m pytest -x -rf --tb=short -p no:cacheprovider -m vllm tests/rollout/test_vllm.py

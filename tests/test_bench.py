@@ -133,7 +133,7 @@ def test_the_gpu_session_runs_every_stage_dry_on_cpu(tmp_path, ray_cluster):
                    stdout=subprocess.DEVNULL)
     summary = (tmp_path / "summary.txt").read_text()
     assert re.findall(r"^== (\w+): exit (\d+)", summary, re.MULTILINE) == [
-        ("trl", "0"), ("step", "0"), ("step", "0"), ("moe", "0"), ("gpu_tests", "0"), ("gpu_tests", "0")], summary
+        ("trl", "0"), ("step", "0"), ("step", "0"), ("step", "0"), ("moe", "0"), ("gpu_tests", "0"), ("gpu_tests", "0")], summary
     assert "== vllm_tests: skipped, no vLLM kit" in summary, summary
     # vs_trl.py: the FLOP bound of the CPU spec (~64 GFLOP of forward + backward) and rlcore's step with its phases.
     trl = (tmp_path / "trl.log").read_text()
@@ -144,9 +144,10 @@ def test_the_gpu_session_runs_every_stage_dry_on_cpu(tmp_path, ray_cluster):
     assert json.loads(re.search(r"^rlcore run: (.*)$", trl, re.MULTILINE).group(1))["mean_length"] > 0, trl
     # gpu_step.py: verl's GPU defaults, then the same with the variant's overrides, each a row with the step's seconds.
     runs = {}
-    for name in ("step.json", "step_fast.json"):
+    for name in ("step.json", "step_fast.json", "step_512seqs.json"):
         runs.update(json.loads((tmp_path / name).read_text())["runs"])
-    assert sorted(runs) == ["tiny-qwen3 fsdp2 packed native", "tiny-qwen3 fsdp2 packed native no-ckpt-40k"], runs
+    assert sorted(runs) == ["tiny-qwen3 fsdp2 packed native", "tiny-qwen3 fsdp2 packed native no-ckpt-40k",
+                            "tiny-qwen3 fsdp2 packed native no-ckpt-40k-512seqs"], runs
     assert all(r["step"] > 0 and r["update_actor"] > 0 and r["gen_tokens_per_s"] > 0 for r in runs.values()), runs
     # moe_rollout.py: greedy rows equal HF's and log-probs the training forward's (fp32: exact), with and without R3.
     moe = (tmp_path / "moe.log").read_text()

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 # Group methods that do model FLOPs, as multiples of one forward pass over the batch's valid tokens. Generation
 # runs each token through the model once (the KV cache holds the rest), like a log-prob pass.
 FORWARD_PASSES = {"gen": 1, "old_log_prob": 1, "ref": 1, "values": 1, "reward_model": 1}
-TRAIN_PHASES = ("update_actor", "update_critic")  # forward + backward = 3 forward passes per epoch (+1 recomputed)
+TRAIN_PHASES = ("update_actor", "update_critic")  # forward + backward = 3 forward passes per epoch
 
 
 @contextmanager
@@ -219,8 +219,8 @@ def start_step_perf(cfg, groups: dict, run_dir: str | None) -> StepPerf:
     if run_dir:
         with open(os.path.join(run_dir, "perf.json"), "w") as f:
             json.dump(run_facts(cfg, actor.world_size, peak, shapes), f, indent=1)
-    passes = {}
-    for phase, section, model in (("update_actor", cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model),
-                                  ("update_critic", cfg.critic, cfg.critic.model)):
-        passes[phase] = (3 + model.enable_gradient_checkpointing) * section.ppo_epochs  # fwd + bwd (2x) + recompute
+    # Forward + backward (2x) per epoch. MFU counts the model's FLOPs only (PaLM's definition): the forward that
+    # gradient checkpointing recomputes is the price of its memory, so it lowers MFU rather than adding to it (an H200
+    # run counting it showed checkpointing 6% "faster per FLOP" while it took 26% longer, docs/benchmarks.md).
+    passes = {"update_actor": 3 * cfg.actor_rollout_ref.actor.ppo_epochs, "update_critic": 3 * cfg.critic.ppo_epochs}
     return StepPerf(groups, run_dir, shapes, peak[0], passes)
