@@ -70,6 +70,8 @@ $(VLLM_STAMP): setup.cfg pyproject.toml $(VLLM_LOCK) Makefile
 # Builds the tiny task, tokenizer and model, warm-starts it with rlcore-sft (cached), then runs GRPO on it.
 train: $(STAMP)
 	$(PY) -m rlcore.cli.prepare_tiny --out_dir $(TINY_DIR)
+	@echo "make train: GRPO, 800 steps of 32 prompts x 8 samples on 2 CPU ranks (3-10 min). What to expect (docs/getting-started.md):"
+	@echo "  held-out accuracy from ~0.25 to ~0.60-0.70 (+35 to +45 points); about +12 points in the first 50 steps."
 	$(PY) -m rlcore.train recipe=tiny_cpu $(ARGS)
 
 # The tiny demo on split pools: one rank trains while the other generates (verl's fully-async keys).

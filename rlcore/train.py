@@ -38,7 +38,8 @@ def check_config(cfg: DictConfig) -> str:
     if errors:
         raise ConfigError(errors)
     report = [f"WARNING rlcore: {line}" for line in ineffective_settings(cfg)]
-    report += [format_plan(plan), format_memory(memory)] + [f"WARNING rlcore: {w}" for w in checked.warnings]
+    # Parts under 10 MiB share a line here (a tiny model's were most of them); `rlcore-plan` lists each.
+    report += [format_plan(plan), format_memory(memory, fold_below=0.01)] + [f"WARNING rlcore: {w}" for w in checked.warnings]
     for role in memory.roles:
         if role.verdict == "OOM":
             lever = f"; the largest lever: {role.levers[0][0]}" if role.levers else ""
@@ -81,7 +82,11 @@ def absolute_paths(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     """Trains with a composed config; returns the final step's metrics. Cleans up Ray and workers on any exit."""
-    print(check_config(cfg), flush=True)
+    report = check_config(cfg)
+    if cfg.trainer.verbosity == "short":  # the plans stay with rlcore-plan; what may go wrong is still said
+        report = "\n".join(line for line in report.splitlines() if line.startswith("WARNING"))
+    if report:
+        print(report, flush=True)
     absolute_paths(cfg)
     from rlcore.trainer.lifecycle import run_session
     from rlcore.trainer.ppo import PPOTrainer
@@ -151,7 +156,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
             for group in groups.values():
                 group.init_model(total_steps)
             metrics = trainer.fit()
-            trainer.report_validation()
+            trainer.report_end()
             return metrics
         except StopNow:
             crashed = True  # a second SIGTERM: the ranks may be mid-collective, kill them
@@ -197,7 +202,8 @@ def hydra_main(cfg: DictConfig) -> float:
         # A user mistake: print every problem with its fix, no traceback.
         raise SystemExit(f"rlcore: invalid configuration\n{err}") from None
     steps = cfg.trainer.total_training_steps or 0
-    return write_job_summary(output_dir, final, steps, time.perf_counter() - start)["final_reward"]
+    write_job_summary(output_dir, steps, time.perf_counter() - start)
+    return final.get("critic/score/mean", float("nan"))
 
 
 def main() -> None:

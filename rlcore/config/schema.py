@@ -487,6 +487,9 @@ class TrainerConfig:
     # trackers: console|file|jsonl|tensorboard|wandb|mlflow; a list, or one name as a string (verl accepts both)
     logger: Any = field(default_factory=lambda: ["console", "wandb"])
     log_val_generations: int = 0  # validation samples printed/logged per validation
+    # What a run prints. full: the doctor's plans, the rank map, a line per step, the utilisation report. short: its
+    # warnings and one line at the end (held-out score last and best, reward, speed), for sweeps of many jobs.
+    verbosity: str = "full"
     rollout_data_dir: Optional[str] = None  # dump training generations here as JSONL
     validation_data_dir: Optional[str] = None  # dump validation generations here as JSONL
     nnodes: int = 1  # machines

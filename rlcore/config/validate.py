@@ -169,6 +169,7 @@ def _check_choices(c: _Checker) -> None:
     c.choice("algorithm.kl_penalty", KL_TYPES)
     c.choice("algorithm.kl_ctrl.type", KL_CTRL_TYPES)
     c.choice("trainer.device", DEVICES, _UNSUPPORTED_DEVICE)
+    c.choice("trainer.verbosity", ("full", "short"))
     c.choice("trainer.resume_mode", RESUME_MODES)
     for role in ("actor", "ref"):
         c.choice(f"{ARR}.{role}.fsdp_config.dtype", DTYPES)

@@ -580,7 +580,8 @@ def supervised_memory_plan(cfg: DictConfig, pairs: bool) -> MemoryPlan:
     return MemoryPlan(capacity, source, notes, [memory], errors)
 
 
-def format_memory(mem: MemoryPlan) -> str:
+def format_memory(mem: MemoryPlan, fold_below: float = 0.0) -> str:
+    """A line per role and per part; parts under `fold_below` GiB share one (a tiny model's were ~25 lines of 0.00)."""
     lines = [f"memory plan: {mem.capacity:.1f} GiB per device ({mem.capacity_source})"]
     lines += [f"memory plan: {note}" for note in mem.arch_notes]
     width = max((len(r.role) for r in mem.roles), default=4)
@@ -589,8 +590,10 @@ def format_memory(mem: MemoryPlan) -> str:
         pull = f"; largest lever: {lever[0]} (-{lever[1]:.1f} GiB)" if lever else ""
         lines.append(f"memory plan: {r.role:<{width}}  {r.peak:7.1f} GiB = {100 * r.peak / r.capacity:3.0f}%  "
                      f"{r.verdict.upper() if r.verdict == 'OOM' else r.verdict}{pull}")
-        for what, gib in r.items:
-            lines.append(f"memory plan:   {'':<{width}}{gib:7.2f}  {what}")
+        small = [what for what, gib in r.items if gib < fold_below]
+        lines += [f"memory plan:   {'':<{width}}{gib:7.2f}  {what}" for what, gib in r.items if gib >= fold_below]
+        if small:
+            lines.append(f"memory plan:   {'':<{width}}{sum(g for _, g in r.items if g < fold_below):7.2f}  {len(small)} parts of under {fold_below} GiB each (rlcore-plan lists them)")
         if r.note:
             lines.append(f"memory plan:   {'':<{width}}  {r.note}")
     return "\n".join(lines)

@@ -127,7 +127,11 @@ class Tracker:
             self._close_backends()  # e.g. wandb started its service, then mlflow failed: stop the service too
             raise
         self.jsonl_path = self.backends[0].path  # the JsonlBackend: always first
-        self.progress = tqdm(total=total_steps, initial=start_step, desc="training", disable="console" not in loggers, dynamic_ncols=True)
+        # Drawn at the first step, not now: what prints while the workers start (Ray's notices, the rank map) would
+        # otherwise land inside the bar's line.
+        self._bar = dict(total=total_steps, initial=start_step, desc="training", disable="console" not in loggers, dynamic_ncols=True)
+        self.progress: tqdm | None = None
+        self.closing: list[str] = []  # lines for the end of the run, after its report (where the checkpoint went, ...)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for backend in self.backends:
@@ -139,10 +143,13 @@ class Tracker:
             backend.log_generations(samples, step)
 
     def advance(self) -> None:
+        if self.progress is None:
+            self.progress = tqdm(**self._bar)
         self.progress.update(1)
 
     def close(self) -> None:
-        self.progress.close()
+        if self.progress is not None:
+            self.progress.close()
         self._close_backends()
 
     def _close_backends(self) -> None:

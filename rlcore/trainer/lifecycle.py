@@ -59,7 +59,8 @@ def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where
             groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=t.hang_timeout_s,
                                           collective_timeout_s=collective_timeout_s(config), config=config,
                                           nsight=nsight_runtime_env(config, role))
-        print(placement_map(groups), flush=True)
+        if getattr(t, "verbosity", "full") == "full":
+            print(placement_map(groups), flush=True)
         if check_dir:
             check_shared_dir(groups, t.default_local_dir)
     except BaseException:
@@ -102,7 +103,10 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     # mines hard negatives with the model it just trained) would otherwise run on one thread.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    tracker = Tracker(logger_names(cfg.trainer.logger), run_dir, total_steps, project_name=cfg.trainer.project_name,
+    # trainer.verbosity=short (sweeps): no line per step and no bar; the report is kept in report.txt, one line printed.
+    verbosity = OmegaConf.select(cfg, "trainer.verbosity", default="full")
+    loggers = [name for name in logger_names(cfg.trainer.logger) if verbosity == "full" or name != "console"]
+    tracker = Tracker(loggers, run_dir, total_steps, project_name=cfg.trainer.project_name,
                       experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True), **tracker_kwargs)
     try:
         with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
@@ -114,4 +118,6 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     finally:
         tracker.close()
         torch.set_num_threads(threads)
-    finish_run(run_dir)
+    finish_run(run_dir, verbosity)
+    if verbosity == "full" and tracker.closing:
+        print("\n".join(tracker.closing), flush=True)

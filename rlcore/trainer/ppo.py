@@ -361,11 +361,16 @@ class PPOTrainer:
         self.val_history.append((self.global_step, float(np.mean([v["reward"][f"mean@{n}"] for v in by_source.values()]))))
         return sectioned_metrics(by_source)
 
-    def report_validation(self) -> None:
-        """The two figures a run is judged by: held-out score before the first RL step and after the last."""
+    def report_end(self) -> None:
+        """The run's last lines, printed after its report: the two figures a run is judged by (held-out score before
+        the first RL step and after the last) and where its last checkpoint and HF model went."""
+        lines = []
         if len(self.val_history) >= 2 and self.val_history[0][0] == 0:
-            print(f"val accuracy before RL: {self.val_history[0][1]:.4f}")
-            print(f"val accuracy after RL: {self.val_history[-1][1]:.4f}", flush=True)
+            lines += [f"val accuracy before RL: {self.val_history[0][1]:.4f}", f"val accuracy after RL: {self.val_history[-1][1]:.4f}"]
+        if self.last_checkpoint:
+            lines.append(f"checkpoint: {self.last_checkpoint} (the HF model: {os.path.join(self.last_checkpoint, 'actor', 'huggingface')}); "
+                         f"{resume_hint(self.cfg.trainer, self.last_checkpoint)}")
+        self.tracker.closing.extend(lines)
 
     # ------------------------------------------------------------------------------------------------ checkpoint
     def save_checkpoint(self) -> str:

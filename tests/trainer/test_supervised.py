@@ -210,7 +210,7 @@ def test_a_run_takes_its_steps_tracker_names_ray_cpus_and_placement_timeout_from
 
     monkeypatch.setattr(ray_session, "ray_cluster", cluster)
     monkeypatch.setattr(tracking, "Tracker", RecordingTracker)
-    monkeypatch.setattr(run_end, "finish_run", lambda run_dir: None)
+    monkeypatch.setattr(run_end, "finish_run", lambda run_dir, verbosity: None)
     monkeypatch.setattr(lifecycle, "cpus_per_rank", lambda device, ranks: 1)
     monkeypatch.setattr(placement, "ResourcePool", Pool)
     monkeypatch.setattr(placement, "placement_map", lambda groups: "")
