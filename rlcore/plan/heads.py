@@ -50,6 +50,9 @@ def head_errors(cfg: DictConfig, arch: Arch, model_key: str) -> list[str]:
     if OmegaConf.select(cfg, f"{ARR}.actor.strategy") == "megatron":
         for section in (f"{ARR}.actor.megatron", f"{ARR}.ref.megatron"):
             key = f"{section}.tensor_model_parallel_size"
+            node = OmegaConf.select(cfg, section)
+            if section.startswith(f"{ARR}.ref") and node is not None and OmegaConf.is_interpolation(node, "tensor_model_parallel_size"):
+                continue  # the reference follows the actor's TP unless set: one report, against the key the user wrote
             tp = OmegaConf.select(cfg, key)
             if tp and tp >= 1 and (arch.heads % tp or arch.kv_heads % tp):
                 ok = [v for v in _divisors_up_to(per_node, per_node) if arch.heads % v == 0 and arch.kv_heads % v == 0]
