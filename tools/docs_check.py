@@ -5,7 +5,8 @@ What a build cannot see and this does: a page whose Markdown renders to somethin
 (an unclosed code fence swallows the rest of the page), an image that does not load, a theme asset that is missing.
 Pages are served over HTTP from site/ (as a reader's browser gets them: Material's search and navigation fetch
 files, which file:// URLs refuse) and loaded in Chromium's headless mode; each page's rendered DOM must hold its
-title as the first heading and every image must have loaded with a width. Screenshots of SCREENSHOT_PAGES go to
+title as the first heading, every image must have loaded with a width, and no code block may be wider than the
+page column (a reader sees it cut off). Screenshots of SCREENSHOT_PAGES go to
 site/_screenshots/ for a person to look at (a test cannot say whether a diagram reads well).
 """
 
@@ -19,12 +20,14 @@ import shutil
 import subprocess
 import sys
 import threading
+from html import unescape as html_unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOT_PAGES = ["", "getting-started/", "architecture/", "observability/", "reference/config/"]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+WIDTH = 1280  # a laptop's browser window: the page column is what Material's layout leaves of it
 
 # Run in the page after it loaded: the first heading and each image's state, printed into the DOM dump's title.
 PROBE = """
@@ -32,7 +35,10 @@ PROBE = """
 window.addEventListener('load', () => {
   const h1 = document.querySelector('article h1');
   const broken = [...document.querySelectorAll('article img')].filter(i => !i.complete || i.naturalWidth === 0);
-  document.title = 'PROBE|' + (h1 ? h1.textContent.trim() : '') + '|' + broken.map(i => i.src).join(',');
+  // A code block wider than the page column: the reader sees it cut off on the right (Material scrolls it).
+  const wide = [...document.querySelectorAll('article pre > code')].filter(c => c.scrollWidth > c.clientWidth + 2)
+    .map(c => c.textContent.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '').trim().slice(0, 60));
+  document.title = 'PROBE|' + (h1 ? h1.textContent.trim() : '') + '|' + broken.map(i => i.src).join(',') + '|' + wide.join('\u241e');
 });
 </script>
 """
@@ -77,7 +83,9 @@ def serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 
 
 def chromium(exe: str, *args: str) -> str:
-    run = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000", *args]
+    # --no-sandbox: CI and this project's machines run as root, where Chromium's sandbox refuses to start.
+    run = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000",
+           f"--window-size={WIDTH},900", *args]
     return subprocess.run(run, capture_output=True, text=True, timeout=120).stdout
 
 
@@ -92,12 +100,14 @@ def check_page(exe: str, site: Path, base: str, html: Path) -> list[str]:
         dom = chromium(exe, "--dump-dom", base + probe.relative_to(site).as_posix())
     finally:
         probe.unlink()
-    found = re.search(r"<title>PROBE\|(.*?)\|(.*?)</title>", dom, re.S)
+    found = re.search(r"<title>PROBE\|(.*?)\|(.*?)\|(.*?)</title>", dom, re.S)
     name = html.relative_to(site).as_posix()
     if not found:
         return [f"{name}: the page did not finish loading in Chromium"]
-    heading, broken = found.group(1).replace("¶", "").strip(), found.group(2)
+    heading, broken, wide = found.group(1).replace("¶", "").strip(), found.group(2), found.group(3)
     problems = [f"{name}: first heading rendered as {heading!r}, built as {expected!r}"] if heading != expected else []
+    problems += [f"{name}: a code block is wider than the page column (cut off on the right at {WIDTH}px): {html_unescape(line)!r}..."
+                 for line in wide.split("\u241e") if line]
     return problems + [f"{name}: image did not load: {src}" for src in broken.split(",") if src]
 
 
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         shots.mkdir(exist_ok=True)
         for page in SCREENSHOT_PAGES:
             out = shots / ((page.strip("/").replace("/", "_") or "index") + ".png")
-            chromium(exe, f"--screenshot={out}", "--window-size=1280,900", base + page)
+            chromium(exe, f"--screenshot={out}", base + page)
             if not out.is_file() or out.stat().st_size < 10_000:
                 problems.append(f"{page or 'index'}: no screenshot (or a blank one) at {out}")
     finally:
