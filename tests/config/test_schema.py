@@ -28,7 +28,7 @@ RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native",  # verl: ??? (man
 RLCORE_ADDITIONS = {
     "reward_model.model.fsdp_config.dtype", "reward_model.model.fsdp_config.offload_policy", "critic.model.lora_adapter_path",
     "actor_rollout_ref.rollout.engine_kwargs.native",
-    "trainer.seed", "trainer.max_worker_restarts", "ray_kwargs.ray_init.address",
+    "trainer.seed", "trainer.max_worker_restarts", "trainer.verbosity", "ray_kwargs.ray_init.address",
     "critic.enable_resource_pool", "critic.nnodes", "critic.n_gpus_per_node", "custom_algorithms.path",
     "reward_model.reward_kwargs",  # not in verl's tree: its DAPO scripts add it with `+`, which needs the dict here
     "trainer.device_memory_gb", "data.skip_bad_rows", "reward_model.score_workers", "reward_model.score_timeout_s",
