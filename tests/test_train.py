@@ -29,6 +29,9 @@ def test_valid_recipe_yields_the_batch_and_memory_plan(tiny_model_dir, tiny_task
     assert any(line.split()[2:4] == ["mini_batches_per_step", "1"] for line in report)
     assert any(line.startswith("memory plan: actor update") and line.endswith("fits") for line in report)
     assert not any(line.startswith("WARNING") for line in report)
+    # A tiny model's parts under 10 MiB share one line per phase (they were ~25 lines of 0.00); rlcore-plan lists them.
+    assert not any(line.split()[2:3] == ["0.00"] and "parts of under" not in line for line in report), report
+    assert sum("parts of under 0.01 GiB each (rlcore-plan lists them)" in line for line in report) == 3, report
 
 
 def test_an_oom_estimate_warns_before_ray_starts(tiny_model_dir, tiny_task_dir):

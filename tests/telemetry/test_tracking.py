@@ -212,3 +212,18 @@ def test_the_preflight_check_reports_logger_problems_before_ray_starts():
         "trainer.logger=['console', 'tensorboard', 'swanlab']: unknown logger(s) ['swanlab']; valid: console, file, jsonl, "
         "tensorboard, wandb, mlflow (metrics always go to metrics.jsonl in the run directory)"]
     assert not [e for e in preflight(compose(["recipe=tiny_cpu", "trainer.logger=[console,wandb]"]), "train").errors if "logger" in e]
+
+
+def test_the_progress_bar_is_drawn_at_the_first_step_after_what_the_start_prints(tmp_path, capsys):
+    """What prints while the workers start (Ray's token notice, the rank map) landed inside the bar's line when it
+    was drawn with the tracker: it now appears with the first step."""
+    tracker = Tracker(["console"], str(tmp_path), 3)
+    try:
+        assert tracker.progress is None
+        print("Token authentication is enabled for this Ray cluster.")
+        tracker.advance()
+        assert tracker.progress is not None and tracker.progress.n == 1
+    finally:
+        tracker.close()
+    err = capsys.readouterr().err
+    assert "training:" in err and tracker.closing == []

@@ -250,3 +250,21 @@ def test_use_rollout_log_probs_makes_stale_split_pool_steps_bypass_the_old_log_p
     assert not own.bypass and not own.on_policy  # the old log-probs come from the trainer's pass
     assert own.correct_rollout(step_batch())["rollout_corr/log_ratio_mean"] == pytest.approx(0.5)
     assert split_trainer("async_training.use_rollout_log_probs=True", "async_training.compute_prox_log_prob=True").bypass is False
+
+
+def test_a_run_ends_with_its_held_out_scores_and_where_its_checkpoint_and_hf_model_went():
+    """A newcomer's run never said where the checkpoint went: its last lines (printed after the report) do now, with
+    the command that resumes from it."""
+    from types import SimpleNamespace
+
+    t = trainer("trainer.resume_mode=auto")
+    t.tracker = SimpleNamespace(closing=[])
+    t.val_history, t.last_checkpoint = [(0, 0.276), (800, 0.702)], "/ckpt/run/global_step_800"
+    t.report_end()
+    assert t.tracker.closing == [
+        "val accuracy before RL: 0.2760", "val accuracy after RL: 0.7020",
+        "checkpoint: /ckpt/run/global_step_800 (the HF model: /ckpt/run/global_step_800/actor/huggingface); "
+        "to resume, rerun the command with trainer.default_local_dir=/ckpt/run"]
+    t.tracker.closing, t.val_history, t.last_checkpoint = [], [(3, 0.5)], None  # no validation before RL, no save
+    t.report_end()
+    assert t.tracker.closing == []
