@@ -19,7 +19,7 @@ from rlcore.cli.overrides import (ComposeError, compose_explained, config_dir_of
                                   set_existing_keys, split_argv)
 from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
-from rlcore.config.validate import diagnose, uses_critic
+from rlcore.config.validate import diagnose, uses_critic, uses_reference
 from rlcore.config.key_status import ineffective_settings
 from rlcore.config.validate_async import async_warnings
 from rlcore.plan import format_memory, memory_plan
@@ -56,8 +56,7 @@ def cpu_dtype_warnings(cfg: DictConfig) -> list[str]:
 
     if cfg.trainer.device != "cpu" or native_bf16_matmul():
         return []
-    use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    keys = half_precision_keys(cfg, use_ref, uses_critic(cfg))
+    keys = half_precision_keys(cfg, uses_reference(cfg), uses_critic(cfg))
     if not keys:
         return []
     fix = " ".join(f"{k.split('=')[0]}=float32" for k in keys)

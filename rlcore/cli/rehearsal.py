@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.validate import uses_reference
 from rlcore.plan.arch import Arch, hf_config, resolve_arch
 from rlcore.plan.memory import ARR, GIB, Estimator, MemoryPlan, device_capacity, runtime_gib
 
@@ -195,7 +196,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
     max_len, resp = est.max_len, est.resp
     actor_role = est.training_role("actor update", arch, "actor", world)
     ref_role = est.training_role("reference log-probs", arch, "ref", world)
-    use_ref = (plan.use_reference_policy if plan else bool(arr.actor.use_kl_loss)) and not actor_role.lora_rank
+    use_ref = uses_reference(cfg) and not actor_role.lora_rank
     rows = {name: max(1, role.tokens // max_len) for name, role in (("actor", actor_role), ("ref", ref_role))}
     notes = [f"rank 0 of a fake world of {world}; {arch.name if where.startswith('built-in') else where}; "
              f"micro-batches of full-length rows ({max_len} tokens): update {rows['actor']} rows, log-probs {rows['ref']} rows; "

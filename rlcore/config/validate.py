@@ -471,7 +471,7 @@ def _check_log_prob_sizes(c: _Checker, dp: int, per_rank_step: Optional[int]):
     actor, rollout, ref = f"{ARR}.actor", f"{ARR}.rollout", f"{ARR}.ref"
     log_prob_micro = _micro_per_rank(c, rollout, "log_prob_micro_batch_size", f"{rollout}.log_prob_use_dynamic_bsz",
                                      dp, per_rank_step, default_cap=32)
-    use_ref = bool(c.get(f"{actor}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
+    use_ref = uses_reference(c.cfg)
     ref_micro = None
     if use_ref:
         ref_micro = _micro_per_rank(c, ref, "log_prob_micro_batch_size", f"{ref}.log_prob_use_dynamic_bsz",
@@ -488,6 +488,14 @@ def _check_log_prob_sizes(c: _Checker, dp: int, per_rank_step: Optional[int]):
         c.error(f"{rollout}.max_model_len={max_len} is smaller than data.max_prompt_length + data.max_response_length "
                 f"= {need}; use {rollout}.max_model_len={need} or null")
     return log_prob_micro, ref_micro, use_ref
+
+
+def uses_reference(cfg: DictConfig) -> bool:
+    """Whether the run computes reference log-probs: for the KL loss (actor.use_kl_loss) or the KL penalty in the
+    reward (algorithm.use_kl_in_reward). The one answer the controller, the workers, the memory plan and the rehearsal
+    read (two of their own copies had dropped use_kl_in_reward). With LoRA the reference is the actor's base with the
+    adapters off: the caller decides whether that needs weights of its own."""
+    return bool(OmegaConf.select(cfg, "actor_rollout_ref.actor.use_kl_loss") or OmegaConf.select(cfg, "algorithm.use_kl_in_reward"))
 
 
 def uses_critic(cfg: DictConfig) -> bool:

@@ -457,7 +457,7 @@ def offload_levers(est: Estimator, role: _Role) -> list[tuple[str, float]]:
 
 def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     """Estimates every role's per-device peak for a composed config (the BatchPlan may be None)."""
-    from rlcore.config.validate import uses_critic
+    from rlcore.config.validate import uses_critic, uses_reference
 
     c, t = _Cfg(cfg), cfg.trainer
     world, errors, notes = t.nnodes * t.n_gpus_per_node, [], []
@@ -508,8 +508,7 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     roles, phases = [], []  # phases: (name, role, pool)
     if archs["policy"] is not None:
         phases.append(("actor update", est.training_role("actor update", archs["policy"], "actor", world), 0))
-        use_ref = plan.use_reference_policy if plan else bool(c(f"{ARR}.actor.use_kl_loss"))
-        if use_ref and not adapter_rank(c, f"{ARR}.model", f"{ARR}.actor.strategy"):  # with LoRA the reference is the base, adapters off
+        if uses_reference(cfg) and not adapter_rank(c, f"{ARR}.model", f"{ARR}.actor.strategy"):  # with LoRA the reference is the base, adapters off
             phases.append(("reference log-probs", est.training_role("reference log-probs", archs["policy"], "ref", world), 0))
     pool_world = {0: world, 1: (c("critic.nnodes") or 0) * (c("critic.n_gpus_per_node") or 0),
                   2: c("reward_model.nnodes") * c("reward_model.n_gpus_per_node")}

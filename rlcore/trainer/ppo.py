@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
 from rlcore.algos.pf_ppo import pf_ppo_rows
 from rlcore.config.tool_config import tools_enabled
+from rlcore.config.validate import uses_reference
 from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
@@ -63,7 +64,7 @@ class PPOTrainer:
         self.tracker = tracker
         self.total_steps = total_steps
         actor = cfg.actor_rollout_ref.actor
-        self.use_ref = actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.use_ref = uses_reference(cfg)
         # Exactly on-policy: the rollout sampled with the weights the actor is about to update, and they are updated
         # once, on the whole batch. An old-log-prob pass would only recompute the update's own log-probs (ratio 1),
         # so it is skipped and the loss uses them detached (verl's actor does the same on-policy, after running the

@@ -8,6 +8,7 @@ import time
 import torch
 
 from rlcore.algos.custom import load_custom_algorithms
+from rlcore.config.validate import uses_reference
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import CHECKPOINT_STATE
@@ -47,7 +48,7 @@ class ActorRolloutRefWorker(RoleWorker):
         self.layouts["actor"] = layout_of(self.actor)  # the reference shares the actor's layout (verl: ref follows actor)
         self.ref = None
         # With LoRA the reference is the actor's own base with the adapters off: no second copy of the weights.
-        if (cfg.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward) and self.actor.spec.lora is None:
+        if uses_reference(self.config) and self.actor.spec.lora is None:
             ref_spec = engine_spec(cfg.ref.strategy, cfg.model, cfg.ref, None, 0.0, total_steps)
             ref_spec.ulysses_sp = actor_spec.ulysses_sp  # the actor's batches, sliced the actor's way
             with named_load("actor_rollout_ref.model.path", cfg.model.path, "the reference model"):

@@ -266,3 +266,15 @@ def test_megatron_expert_parallelism_splits_the_experts_over_ep_and_their_optimi
     assert items[f"fp32 master + AdamW / {split} x DP16"] == pytest.approx((dense / 16 + routed / 8 / 2) * 12 / GIB)
     one_node = dict(_role(_plan("trainer.nnodes=1", recipe="qwen3_30b_a3b_grpo_megatron"), "actor update").items)
     assert one_node[f"fp32 master + AdamW / {split} x DP8"] == pytest.approx((dense / 8 + routed / 8) * 12 / GIB)
+
+
+@pytest.mark.parametrize("use_kl_loss, use_kl_in_reward, expected", [(True, False, True), (False, True, True), (False, False, False)])
+def test_the_reference_is_planned_whenever_the_run_computes_it(use_kl_loss, use_kl_in_reward, expected):
+    """One answer to "does this run use a reference policy" (rlcore.config.validate.uses_reference): the memory
+    plan without a batch plan fell back to actor.use_kl_loss alone and left out the reference that a KL penalty in
+    the reward (algorithm.use_kl_in_reward) computes."""
+    cfg = compose(["recipe=qwen2_7b_grpo", f"actor_rollout_ref.actor.use_kl_loss={use_kl_loss}",
+                   f"algorithm.use_kl_in_reward={use_kl_in_reward}"])
+    for plan in (diagnose(cfg)[0], None):
+        roles = [r.role for r in memory_plan(cfg, plan).roles]
+        assert ("reference log-probs" in roles) == expected, (plan is None, roles)
