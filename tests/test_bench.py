@@ -43,6 +43,13 @@ def test_prefix_grouper_benchmark_prints_both_passes_and_equal_log_probs(capsys)
     assert len(re.findall(r"speed-up [\d.]+x", out)) == 2, out
 
 
+def test_moe_rollout_benchmark_prints_parity_and_both_engines_against_hf(capsys):
+    out = bench(capsys, "moe_rollout", "--prompts", "2", "--n", "2", "--max_tokens", "4", "--reps", "1")
+    parity = re.findall(r"greedy rows equal to HF generate ([\d.]+), .* max \|log-prob - training forward\| ([\d.e+-]+)", out)
+    assert len(parity) == 2 and all(float(rows) == 1.0 and float(diff) < 1e-4 for rows, diff in parity), out  # fp32: exact
+    assert len(re.findall(r"^(skewed|uniform)\s+[\d.]+\s+\d+\s+\d+\s+\d+\s+[\d.]+x$", out, re.MULTILINE)) == 2, out
+
+
 @pytest.mark.slow
 def test_megatron_layouts_benchmark_prints_every_layout_against_fsdp2(capsys):
     pytest.importorskip("megatron.core")
@@ -63,11 +70,33 @@ def test_weight_sync_benchmark_prints_each_mode_against_memcpy(capsys):
 
 
 @pytest.mark.slow
+def test_vs_trl_benchmark_times_rlcore_on_the_spec_and_prints_the_flop_bound(capsys, ray_cluster):
+    out = bench(capsys, "vs_trl", "--no-trl", "--steps", "3", "--runs", "1", "--betas", "0.04")
+    bound = re.search(r"beta 0.04: FLOP-bound minimum \(update ([\d.]+) \+ sampling ([\d.]+) \+ reference ([\d.]+)\)", out)
+    assert bound and float(bound.group(1)) == pytest.approx(3 * float(bound.group(2)), abs=0.2), out  # ~64 GFLOP of fwd+bwd
+    assert 60 < float(bound.group(1)) < 70, out
+    step = re.search(r"rlcore\s+([\d.]+) s/step .*gen [\d.]+.*ref [\d.]+.*update_actor [\d.]+", out)
+    assert step and float(step.group(1)) > 0, out
+
+
+@pytest.mark.slow
 def test_rollout_benchmark_prints_both_length_cases_against_hf_generate(capsys):
     out = bench(capsys, "rollout", "--prompts", "4", "--max_tokens", "16", "--reps", "1")
     rows = re.findall(r"^(skewed|uniform)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+([\d.]+)x$", out, re.MULTILINE)
     assert [r[0] for r in rows] == ["skewed", "uniform"] and float(rows[1][1]) == 16.0, out  # uniform: every row to the limit
     assert float(rows[0][1]) < 16.0, out  # skewed: most rows stop early
+
+
+@pytest.mark.slow
+def test_gpu_step_benchmark_runs_a_family_through_every_mode_on_cpu(tmp_path, capsys, ray_cluster):
+    """bench/gpu_step.py is for GPUs; on CPU with a tiny Qwen3 it must still compose verl's GPU defaults, train, and
+    print a row per run plus the packed/padded update ratio (its figures are not asserted)."""
+    args = ["--device", "cpu", "--dtype", "float32", "--models", "tiny-qwen3", "--engines", "fsdp2", "--modes", "padded,packed",
+            "--steps", "2", "--prompts", "4", "--n", "2", "--response-length", "8", "--out", str(tmp_path)]
+    out = bench(capsys, "gpu_step", *args)
+    rows = re.findall(r"^tiny-qwen3 fsdp2 (padded|packed) native\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["padded", "packed"] and all(float(r[6]) > 0 for r in rows), out  # the step's seconds
+    assert re.search(r"^tiny-qwen3 fsdp2 native: packed/padded update time [\d.]+x$", out, re.MULTILINE), out
 
 
 def test_ulysses_memory_benchmark_prints_both_sizes_and_sp2_holds_less(capsys):
@@ -119,12 +148,13 @@ def test_model_families_benchmark_prints_each_familys_differences_to_hf(capsys):
     assert row and all(float(x) < 1e-4 for x in row.groups()), out
 
 
-@pytest.mark.slow
+@pytest.mark.demo
 def test_the_gpu_session_runs_every_stage_dry_on_cpu(tmp_path, ray_cluster):
     """bench/gpu_session.sh, the one script a GPU loan runs, with GPU_SESSION_DRY=1: each stage's command on this CPU
-    with tiny shapes (gpu_step.py's baseline and its no-checkpointing variant, vs_trl.py without TRL, the MoE decode,
-    the GPU tests' command lines), so the 15 minutes of a loan are never spent on a broken stage. Its runs join the
-    pytest run's Ray cluster."""
+    with tiny shapes (gpu_step.py's baseline and its variants, vs_trl.py without TRL, the MoE decode, the GPU tests'
+    command lines), so the 15 minutes of a loan are never spent on a broken stage. Its runs join the pytest run's Ray
+    cluster. In the demo lane (`make test-demos`, ~2.5 min on 2 cores: a process per stage): run it before a loan;
+    `make test` runs each script in this process above."""
     import ray
 
     env = {**os.environ, "GPU_SESSION_DRY": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,

@@ -10,7 +10,11 @@ import pytest
 from rlcore.config import compose
 from rlcore.train import run
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
+# The pytest run's Ray cluster (tests/conftest.py). A learning demo (its SFT warm-start alone is ~100 s of the suite's
+# budget): `make test-demos`. `make test` keeps the multi-turn path's checks: the agent loop's forced tool calls, their
+# log-probs against the training forward and the KV kept across turns (tests/rollout/test_agent_loop.py), and the
+# worker's wiring of it (tests/workers/test_rollout_parts.py).
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.demo]
 
 STEPS = 20
 
