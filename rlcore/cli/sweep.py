@@ -2,8 +2,9 @@
 
 Each job writes `summary.json` (held-out score last and best, training reward, steps/s, wall seconds) into its own
 output directory; this callback, registered under `hydra.callbacks` in config/ppo_trainer.yaml, reads them back as
-jobs finish and prints the table at the end (with `trainer.verbosity=short` each job prints one line, not its report). Jobs that failed are listed with their error instead of numbers. It works with any
-sweeper (basic, Optuna) and with launchers that run jobs elsewhere, since it only reads the job directories.
+jobs finish and prints the table at the end (with `trainer.verbosity=short` each job prints one line, not its
+report). Jobs that failed are listed with their error instead of numbers. It works with any sweeper (basic, Optuna)
+and with launchers that run jobs elsewhere, since it only reads the job directories.
 """
 
 from __future__ import annotations

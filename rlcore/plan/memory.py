@@ -592,7 +592,8 @@ def format_memory(mem: MemoryPlan, fold_below: float = 0.0) -> str:
         small = [what for what, gib in r.items if gib < fold_below]
         lines += [f"memory plan:   {'':<{width}}{gib:7.2f}  {what}" for what, gib in r.items if gib >= fold_below]
         if small:
-            lines.append(f"memory plan:   {'':<{width}}{sum(g for _, g in r.items if g < fold_below):7.2f}  {len(small)} parts of under {fold_below} GiB each (rlcore-plan lists them)")
+            folded = sum(g for _, g in r.items if g < fold_below)
+            lines.append(f"memory plan:   {'':<{width}}{folded:7.2f}  {len(small)} parts of under {fold_below} GiB each (rlcore-plan lists them)")
         if r.note:
             lines.append(f"memory plan:   {'':<{width}}  {r.note}")
     return "\n".join(lines)
