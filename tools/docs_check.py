@@ -86,7 +86,7 @@ def chromium(exe: str, *args: str) -> str:
     # --no-sandbox: CI and this project's machines run as root, where Chromium's sandbox refuses to start.
     run = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000",
            f"--window-size={WIDTH},900", *args]
-    return subprocess.run(run, capture_output=True, text=True, timeout=120).stdout
+    return subprocess.run(run, capture_output=True, text=True, timeout=30).stdout  # a page takes ~3 s
 
 
 def check_page(exe: str, site: Path, base: str, html: Path) -> list[str]:
