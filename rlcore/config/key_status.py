@@ -64,8 +64,6 @@ NO_EFFECT: dict[str, str] = {
                                                              "(rlcore/models/logits.py)",
     "*entropy_checkpointing": "rlcore's backward always recomputes each chunk's logits instead of "
                                                  "keeping them (rlcore/models/logits.py); the reference has no backward",
-    "actor_rollout_ref.model.lora.merge": "rlcore's rollout always receives the LoRA adapters merged into the base "
-                                          "weights (each TP rank merges its own shard before the gather)",
     "actor_rollout_ref.model.lora.dtype": "rlcore's Megatron adapters are stored in the model's params dtype and trained "
                                           "through megatron-core's fp32 main copy",
     "actor_rollout_ref.model.lora.a2a_experimental": "rlcore's adapters use megatron-core's TP collectives (no "

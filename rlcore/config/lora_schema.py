@@ -1,6 +1,7 @@
 """LoRA under Megatron (`actor_rollout_ref.model.lora.*`, verl's ppo_megatron_trainer tree; rlcore/engine/megatron/
 lora.py). FSDP2's LoRA keeps verl's flat keys (`model.lora_rank`, `lora_alpha`, `target_modules`, `exclude_modules`);
-rlcore/config/validate_lora.py refuses each set with the other backend, naming the keys to use."""
+rlcore/config/validate_lora.py refuses each set with the other backend, naming the keys to use. `merge` is the one
+key of this section both backends read."""
 
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -9,7 +10,9 @@ from typing import Any, List, Optional
 @dataclass
 class MegatronLoraConfig:
     type: str = "lora"  # lora (verl also names vlm_lora, canonical_lora, dora: refused)
-    merge: bool = False  # verl: sync merged weights (True) or adapters (False); rlcore's rollout always gets merged ones
+    # the rollout gets merged weights every sync (True) or the base once, then the adapters alone (False); rlcore
+    # reads it with FSDP's flat LoRA keys too (split pools always send merged weights)
+    merge: bool = False
     rank: int = 0  # LoRA rank; 0 = full fine-tuning
     alpha: float = 32  # scaling numerator (scaling = alpha / rank)
     dropout: float = 0.0  # dropout on the adapter's input; rlcore: 0 only

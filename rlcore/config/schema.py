@@ -93,7 +93,7 @@ class ModelConfig:
     target_modules: Any = "all-linear"  # LoRA target modules: "all-linear" or a list of names
     exclude_modules: Any = None  # modules LoRA leaves alone: a regex or a list of names (peft's exclude_modules)
     lora_adapter_path: Optional[str] = None  # start from this saved peft adapter (its rank/alpha/targets win)
-    lora: MegatronLoraConfig = field(default_factory=MegatronLoraConfig)  # LoRA with strategy=megatron
+    lora: MegatronLoraConfig = field(default_factory=MegatronLoraConfig)  # LoRA with strategy=megatron (merge: both)
     use_fused_kernels: bool = False  # fused log-prob/entropy kernels
     use_liger: bool = False  # Liger kernels (verl: patches the model with them)
     fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)  # with use_fused_kernels

@@ -15,6 +15,23 @@ def adapter_rank(get, model: str, strategy: str) -> int:
     return int(get(f"{model}.lora_rank") or 0)
 
 
+# vLLM accepts these max_lora_rank values only (vllm.config.lora.MaxLoRARanks, 0.32)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int | None:
+    """The smallest max_lora_rank vLLM accepts that holds adapters of `rank` (None: above vLLM's largest)."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), None)
+
+
+def unmerged_lora_rank(get) -> int:
+    """The policy's LoRA rank when its adapters reach the rollout unmerged (`actor_rollout_ref.model.lora.merge=False`,
+    verl's default, read with either backend's LoRA keys), else 0: no LoRA, merge=True, or split pools (their
+    cross-pool broadcast sends merged weights). The one reading for the worker, the rollout's build and the plan."""
+    rank = adapter_rank(get, "actor_rollout_ref.model", "actor_rollout_ref.actor.strategy")
+    return rank if rank and not get("actor_rollout_ref.model.lora.merge") and get("actor_rollout_ref.hybrid_engine") else 0
+
+
 def check_lora(c, model: str, strategy: str) -> None:
     """`model`: the section holding lora_rank (actor_rollout_ref.model or critic.model); `strategy`: its role's backend."""
     rank = c.get(f"{model}.lora_rank")
@@ -25,6 +42,10 @@ def check_lora(c, model: str, strategy: str) -> None:
         c.error(f"{model}.lora_rank={rank} must be >= 0 (0 = full fine-tuning)")
     if rank <= 0:
         return
+    if model == "actor_rollout_ref.model" and c.get("actor_rollout_ref.rollout.name") == "vllm" and unmerged_lora_rank(c.get) \
+            and vllm_max_lora_rank(rank) is None:
+        c.error(f"{model}.lora_rank={rank}: vLLM applies adapters of rank <= {VLLM_LORA_RANKS[-1]} only; set {model}.lora.merge=True "
+                "(the rollout then gets merged weights) or a smaller rank")
     if megatron:
         # verl's Megatron LoRA has its own section; lora_rank is its FSDP key
         c.error(f"{model}.lora_rank={rank} is the FSDP LoRA key; with {strategy}=megatron set {model}.lora.rank={rank} and "

@@ -10,7 +10,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
-from rlcore.models.lora import LoraSpec
+from rlcore.models.lora import Adapters, LoraSpec
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import WEIGHT_BUCKET_BYTES
 from rlcore.utils.checkpoint_contents import STATE
@@ -151,13 +151,18 @@ class TrainEngine(ABC):
 
     @abstractmethod
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) weights under HF names, one tensor at a time, gathered in buckets of about
         `bucket_bytes` (one collective per bucket). Collective: every rank iterates. `transient=True`: the caller
         is done with each tensor before it draws the next (the weight sync copies it into the rollout), so the
         engine may hand out views of a buffer it reuses (FSDP2 on CPU: one shared-memory segment per host).
         With LoRA each adapted weight comes merged (W + scaling * B @ A); `adapted_only`: only those (the frozen
-        rest has not changed since the last full stream)."""
+        rest has not changed since the last full stream); `unmerged`: the frozen base alone, adapters left out
+        (they follow as `rollout_adapters()`)."""
+
+    def rollout_adapters(self) -> Adapters:
+        """LoRA: the trained adapters, full, under HF module names (`model.lora.merge=False`'s sync). Collective."""
+        raise NotImplementedError(f"{type(self).__name__} cannot send LoRA adapters unmerged; set actor_rollout_ref.model.lora.merge=True")
 
     def disabled_adapters(self) -> ContextManager:
         """Within it the model computes as its base (LoRA adapters off): the reference policy of a LoRA run."""

@@ -320,7 +320,7 @@ class FSDP2Engine(TrainEngine):
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         # state_dict() of an FSDP2 module holds sharded DTensors, gathered a bucket at a time: peak extra memory
         # is one bucket of unsharded parameters, not a second copy of the model.
         exchange = None
@@ -333,9 +333,16 @@ class FSDP2Engine(TrainEngine):
         named = [(n, t) for n, t in self.model.state_dict().items() if n not in tied]
         if self.spec.lora is None:
             return gather_full_tensors(named, bucket_bytes, self.device, exchange)
+        if unmerged:  # the adapters are left out before gathering
+            named = [(n, t) for n, t in named if not lora.is_factor(n)]
+            return lora.base_weights(gather_full_tensors(named, bucket_bytes, self.device, exchange))
         # Filtered before gathering (the same names on every rank), so unchanged tensors cost no collective.
         named = [(n, t) for n, t in named if lora.is_adapted(n) or not adapted_only]
         return lora.merged_weights(gather_full_tensors(named, bucket_bytes, self.device, exchange), self._scalings, transient)
+
+    def rollout_adapters(self) -> lora.Adapters:
+        named = [(n, t) for n, t in self.model.state_dict().items() if lora.is_factor(n)]
+        return lora.adapters_of(gather_full_tensors(named, WEIGHT_BUCKET_BYTES, self.device), self._scalings, self.spec.lora.rank)
 
     def disabled_adapters(self):
         return self.model.disable_adapter() if self.spec.lora else super().disabled_adapters()

@@ -5,7 +5,9 @@ peft renames what it wraps: `model.layers.0.self_attn.q_proj.weight` becomes
 `...lora_B.default.weight`; a module kept whole and trained (`modules_to_save`, the critic's value head) keeps a
 frozen `original_module` beside the trained `modules_to_save.default` copy. The rollout engine knows only HF names,
 so `merged_weights` turns that stream back into HF names with each adapted weight merged, W + scaling * B @ A,
-computed tensor by tensor as the stream passes (the training model itself is never merged).
+computed tensor by tensor as the stream passes (the training model itself is never merged). Without merging
+(`model.lora.merge=False`, verl's default) the rollout gets the frozen base once (`base_weights`) and then, every
+sync, the adapters alone as an `Adapters` (megabytes where the merged model is gigabytes).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def scalings(model: torch.nn.Module) -> dict[str, float]:
 
 def is_adapted(name: str) -> bool:
     """True for the tensors a merged adapted weight is made of (its base weight and the two adapter factors)."""
-    return name.endswith(".base_layer.weight") or f".lora_A.{ADAPTER}." in name or f".lora_B.{ADAPTER}." in name
+    return name.endswith(".base_layer.weight") or is_factor(name)
 
 
 def hf_name(name: str) -> str | None:
@@ -117,6 +119,67 @@ def merged_weights(named: Iterable[tuple[str, torch.Tensor]], scaling: dict[str,
             yield hf_name(module) + ".weight", torch.addmm(w, b, a, alpha=scaling[module])
     if held:
         raise RuntimeError(f"LoRA weight stream ended with incomplete modules: {sorted(held)}")
+
+
+def is_factor(name: str) -> bool:
+    """True for an adapter factor (A or B) of the adapter rlcore trains."""
+    return f".lora_A.{ADAPTER}." in name or f".lora_B.{ADAPTER}." in name
+
+
+def base_weights(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The frozen base of a peft model's stream under HF names, adapters left out and nothing merged: what a rollout
+    that applies the adapters itself holds."""
+    for name, tensor in named:
+        out = None if is_factor(name) else hf_name(name)
+        if out is not None:
+            yield out, tensor
+
+
+@dataclass
+class Adapters:
+    """One LoRA adapter as a rollout engine takes it: `tensors` under peft's saved names without its prefix,
+    `<HF module>.lora_A.weight` `[r, in]` and `<HF module>.lora_B.weight` `[out, r]`, full (unsharded), for every
+    adapted linear; each computes x W^T + (alpha / rank) (x A^T) B^T. `name` tells adapters held side by side apart
+    (multi-LoRA); the policy's is "default"."""
+
+    tensors: dict[str, torch.Tensor]
+    rank: int
+    alpha: float
+    name: str = ADAPTER
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    @property
+    def modules(self) -> list[str]:
+        """The adapted linears' HF module names, in the order their tensors came."""
+        return list(dict.fromkeys(n.rsplit(".lora_", 1)[0] for n in self.tensors))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def pair(self, module: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tensors[f"{module}.lora_A.weight"], self.tensors[f"{module}.lora_B.weight"]
+
+    def peft_config(self) -> dict:
+        """peft's adapter_config.json for these tensors (what vLLM's LoRA loader reads)."""
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha, "lora_dropout": 0.0,
+                "bias": "none", "target_modules": sorted({m.rsplit(".", 1)[-1] for m in self.modules})}
+
+
+def adapters_of(named: Iterable[tuple[str, torch.Tensor]], scaling: dict[str, float], rank: int) -> Adapters:
+    """An `Adapters` from a peft model's (name, full tensor) stream of its adapter factors. One scaling for every
+    module (peft's alpha / r): a per-module rank or alpha (rank_pattern, rsLoRA) is refused with the fix."""
+    if len(set(scaling.values())) > 1:
+        raise ValueError(f"LoRA adapters with different scalings per module ({sorted(set(scaling.values()))}) cannot be sent "
+                         "unmerged; set actor_rollout_ref.model.lora.merge=True")
+    tensors = {}
+    for name, tensor in named:
+        module, part = _split(name)
+        tensors[f"{module.removeprefix(PREFIX)}.lora_{part}.weight"] = tensor.detach().clone()
+    return Adapters(tensors, rank, next(iter(scaling.values())) * rank)
 
 
 def _split(name: str) -> tuple[str, str]:

@@ -11,11 +11,14 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 import torch
 
 from rlcore.protocol import position_ids_from_mask
+
+if TYPE_CHECKING:
+    from rlcore.models.lora import Adapters
 
 
 WEIGHT_BUCKET_BYTES = 2048 * 2**20  # verl: rollout.checkpoint_engine.update_weights_bucket_megabytes=2048
@@ -24,10 +27,13 @@ WEIGHT_BUCKET_BYTES = 2048 * 2**20  # verl: rollout.checkpoint_engine.update_wei
 class WeightSource(Protocol):
     """What the hybrid engine reads the training weights from (every TrainEngine is one): full tensors under HF
     names, gathered `bucket_bytes` at a time; `transient`: a tensor may be overwritten once the next is yielded;
-    `adapted_only`: with LoRA, only the weights the adapters change (merged)."""
+    `adapted_only`: with LoRA, only the weights the adapters change (merged); `unmerged`: the frozen base alone,
+    the adapters then coming as `rollout_adapters()` (LoRA without merging)."""
 
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]: ...
+                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def rollout_adapters(self) -> Adapters: ...
 
 
 @dataclass
@@ -39,6 +45,7 @@ class SamplingParams:
     do_sample: bool = True              # False: greedy
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    adapter: str | None = None          # LoRA without merging: the held adapter to generate with (None: the policy's)
 
     @property
     def greedy(self) -> bool:
@@ -132,6 +139,13 @@ class RolloutEngine(ABC):
     @abstractmethod
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
         """Samples one response per (left-padded) prompt row. `input_ids`, `attention_mask`: `[batch, prompt_len]`."""
+
+    def load_adapters(self, adapters: Adapters) -> None:
+        """LoRA without merging (`model.lora.merge=False`): holds `adapters` over the base weights the first sync
+        loaded (replacing one held under the same name); generation applies the one `SamplingParams.adapter` names,
+        by default the policy's ("default")."""
+        raise NotImplementedError(f"{type(self).__name__} cannot apply LoRA adapters; set actor_rollout_ref.model.lora.merge=True "
+                                  "(the rollout then gets merged weights)")
 
     @abstractmethod
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

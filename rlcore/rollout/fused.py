@@ -64,6 +64,10 @@ class FusedDecoder:
         self.splits = [c.num_attention_heads * self.head_dim, c.num_key_value_heads * self.head_dim, c.num_key_value_heads * self.head_dim]
         self.layers = [(layer, *_fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
                         *_fuse(layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in model.model.layers]
+        # LoRA without merging (rlcore.rollout.adapters): the stacked GEMMs' parts by HF module name, per layer
+        self.adapters = None
+        self.parts = [(tuple(f"model.layers.{i}.self_attn.{p}_proj" for p in "qkv"), (f"model.layers.{i}.mlp.gate_proj", f"model.layers.{i}.mlp.up_proj"))
+                      for i in range(len(self.layers))]
 
     def __call__(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: SlotCache) -> torch.Tensor:
         inner = self.model.model
@@ -72,7 +76,8 @@ class FusedDecoder:
         cos, sin = inner.rotary_emb(h, position_ids)
         for i, (layer, qkv_w, qkv_b, gate_up_w, gate_up_b) in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = (t.view(rows, length, -1, self.head_dim) for t in F.linear(layer.input_layernorm(h), qkv_w, qkv_b).split(self.splits, dim=-1))
+            x = layer.input_layernorm(h)
+            q, k, v = (t.view(rows, length, -1, self.head_dim) for t in self._linear(x, qkv_w, qkv_b, self.parts[i][0]).split(self.splits, dim=-1))
             if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's dims, before the rotary embedding
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -80,6 +85,11 @@ class FusedDecoder:
             k, v = cache.update(k, v, i)
             out, _ = pool_attention(attn, q, k, v, mask, scaling=attn.scaling)
             h = h + attn.o_proj(out.reshape(rows, length, -1))
-            gate, up = F.linear(layer.post_attention_layernorm(h), gate_up_w, gate_up_b).chunk(2, dim=-1)
+            gate, up = self._linear(layer.post_attention_layernorm(h), gate_up_w, gate_up_b, self.parts[i][1]).chunk(2, dim=-1)
             h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         return self.model.lm_head(inner.norm(h[:, -1]))
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: tuple[str, ...]) -> torch.Tensor:
+        out = F.linear(x, weight, bias)
+        delta = self.adapters.stacked_delta(parts, x) if self.adapters is not None else None
+        return out if delta is None else out + delta

@@ -12,6 +12,8 @@ import torch
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.models.router import ROUTE_DTYPE, Routing, to_routes
 from rlcore.protocol import position_ids_from_mask
+from rlcore.models.lora import Adapters
+from rlcore.rollout.adapters import HeldAdapters
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
 from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
@@ -116,6 +118,7 @@ class NativeRollout(RolloutEngine):
             # Its own copy: the projections can be re-laid out for decoding (a model passed in keeps its layout).
             self.decoder = FusedDecoder(model) if fusable(model) else None
         self.model = model
+        self.adapters: HeldAdapters | None = None  # LoRA without merging: applied over this base (load_adapters)
         self.routing = Routing(model) if record_routes else None
         self._routes: torch.Tensor | None = None  # [batch, prompt_len + max_tokens + 1 spare, layers, top_k] during a call
         self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values", by transformers release
@@ -158,6 +161,18 @@ class NativeRollout(RolloutEngine):
             self._unfilled.pop(id(self._params[name]), None)
 
     @torch.no_grad()
+    def load_adapters(self, adapters: Adapters) -> None:
+        if self.adapters is None:
+            if not self._owns_model:
+                raise ValueError("native rollout over a model passed in (no copy of its own): it applies no LoRA adapters")
+            self.adapters = HeldAdapters(self.model, self.device, next(self.model.parameters()).dtype)
+            if self.decoder is not None:
+                self.decoder.adapters = self.adapters
+        self.adapters.load(adapters)
+        if self.graphs is not None:  # captured over the previous factors' stacked copies: captured again at the next decode
+            self.graphs.release()
+
+    @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams, keep_kv: bool = False,
                  prefix_of: list[int] | None = None) -> RolloutOutput:
         """`keep_kv`: keep each row's KV (prompt and response but the last token) after the call, for the next one.
@@ -172,6 +187,10 @@ class NativeRollout(RolloutEngine):
             raise RuntimeError(f"native rollout: generate() after sleep(level=2) freed the weights, and the sync since filled all but "
                                f"{len(names)} of them ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): sync every weight "
                                f"after wake_up(['weights']), or sleep(level=1) to keep them (LoRA's adapted-only syncs)")
+        if self.adapters is not None and self.adapters.use(sampling.adapter) and self.graphs is not None:
+            self.graphs.release()  # another adapter's tensors: captured again
+        elif self.adapters is None and sampling.adapter is not None:
+            raise KeyError(f"native rollout: SamplingParams.adapter={sampling.adapter!r}, but no LoRA adapter is loaded")
         was_training, attention = self.model.training, self.model.config._attn_implementation
         self.model.eval()
         if self.decoder is None:  # HF modules read the pool through the registered attention function
@@ -485,4 +504,5 @@ class NativeRollout(RolloutEngine):
 
     def memory_bytes(self) -> dict[str, int]:
         # A model passed in is the training model itself (no copy of its own): the ledger counts it as params.
-        return {"rollout_weights": sum(p.untyped_storage().nbytes() for p in self._storages), "kv_cache": self.pool.nbytes}
+        adapters = self.adapters.nbytes if self.adapters is not None else 0
+        return {"rollout_weights": sum(p.untyped_storage().nbytes() for p in self._storages) + adapters, "kv_cache": self.pool.nbytes}

@@ -20,12 +20,10 @@ Mixtures of experts (Qwen3-MoE, Qwen2-MoE): the stream goes in under per-expert 
 reload the experts' kernel layout is rebuilt (see `repack_moe_experts`); `expert_parallel_size` > 1 spreads each
 layer's experts over the engine's TP ranks instead of slicing every expert (vLLM's `enable_expert_parallel`).
 
-LoRA runs sync merged weights (W + scaling * B @ A, computed by the trainer tensor by tensor), not adapters. vLLM's
-public LoRA path (`enable_lora=True`, `generate(..., lora_request=LoRARequest(name, id, path))`) loads an adapter
-from a directory on disk, so an adapter-only sync would write and re-read the adapter every step, runs the punica
-LoRA kernels on every token of generation, and level-2 sleep (needed to free the weights for training) is known to
-crash with LoRA enabled (vLLM #48337). Merged weights keep generation at base-model speed and the sync on the
-same in-place reload as full fine-tuning; what LoRA saves is training memory, not sync volume, on vLLM.
+LoRA: with `model.lora.merge=False` (verl's default) the engine is built with vLLM's LoRA support and holds the base
+once; each sync hands it the adapter tensors from memory (rlcore.rollout.vllm_lora), and generation runs vLLM's
+LoRA kernels over the base. With merge=True every sync reloads every weight, the adapted ones merged by the trainer
+(W + scaling * B @ A): base-model speed, the full model's bytes per sync.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ from rlcore.families import num_experts as experts_per_layer
 from rlcore.models.hf import to_torch_dtype
 from rlcore.models.router import ROUTE_DTYPE
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from rlcore.rollout.vllm_lora import VLLMAdapters, lora_engine_args
 from rlcore.rollout.vllm_routes import install as install_route_recorder
 
 INSTALL_HINT = (
@@ -211,9 +210,11 @@ class VLLMRollout(RolloutEngine):
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  enable_prefix_caching: bool = True, enforce_eager: bool = False, load_format: str = "dummy", engine_kwargs: dict | None = None,
                  expert_parallel_size: int = 1, hf_config_path: str | None = None, trust_remote_code: bool = False,
-                 disable_log_stats: bool = True, record_routes: bool = False) -> None:
+                 disable_log_stats: bool = True, record_routes: bool = False, lora_rank: int = 0) -> None:
         """`record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in
-        RolloutOutput.routed_experts; the engine then runs eager and without prefix caching (rlcore.rollout.vllm_routes)."""
+        RolloutOutput.routed_experts; the engine then runs eager and without prefix caching (rlcore.rollout.vllm_routes).
+        `lora_rank` > 0: adapters of that rank arrive by `load_adapters` (LoRA without merging; engine_kwargs'
+        max_loras: how many one batch may mix)."""
         vllm = import_vllm()
         self.pad_token_id = pad_token_id
         self.device = device
@@ -249,6 +250,8 @@ class VLLMRollout(RolloutEngine):
         args.update(self._family_args(hf_config, override_config))
         args.update(self._expert_parallel_args(hf_config, expert_parallel_size))
         args.update(self._memory_args(hf_config, dtype, gpu_memory_utilization, max_model_len, max_num_seqs, kv_bytes))
+        if lora_rank:
+            args.update(lora_engine_args(lora_rank))
         args.update(engine_kwargs)  # the user's engine arguments win
         self._hf, self._dtype = hf_config, to_torch_dtype(dtype)
         self._weight_bytes = 0  # this rank's share of the last sync, in the rollout dtype (the ledger's rollout_weights)
@@ -263,6 +266,7 @@ class VLLMRollout(RolloutEngine):
         if self.device.type == "cpu":
             self._check_cpu_moe_reloadable(hf_config)
         self.route_recorder = self.llm.collective_rpc(install_route_recorder)[0] if record_routes else None
+        self.lora = VLLMAdapters(self.llm) if lora_rank else None
         self.sleep()  # dummy weights are worthless; the first sync loads real ones
         self._sampling_cls = vllm.SamplingParams
         self.stats: dict[str, int] = {}
@@ -390,6 +394,11 @@ class VLLMRollout(RolloutEngine):
         # TP splits the matrices (norms are replicated, a rounding error here); a tied head is counted twice as sent.
         self._weight_bytes = numel * self._dtype.itemsize // self.tp
 
+    def load_adapters(self, adapters) -> None:
+        if self.lora is None:
+            raise ValueError("this vLLM engine was built without LoRA support (lora_rank=0): build it with the adapters' rank")
+        self.lora.load(adapters)
+
     @staticmethod
     def _with_tied_head(weights: Iterable[tuple[str, torch.Tensor]], head_layer: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """A tied model's lm_head must reach vLLM even when the trainer leaves it out (it is the embedding), where vLLM
@@ -483,7 +492,10 @@ class VLLMRollout(RolloutEngine):
         ]
         if self.route_recorder is not None:
             self.route_recorder.clear()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False)[mine]
+        if sampling.adapter is not None and self.lora is None:
+            raise KeyError(f"vLLM rollout: SamplingParams.adapter={sampling.adapter!r}, but the engine holds no LoRA adapter")
+        adapter = self.lora.request(sampling.adapter) if self.lora is not None else None
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False, lora_request=adapter)[mine]
         batch, width = len(prompts), sampling.max_tokens
         responses = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros(batch, width)

@@ -43,6 +43,37 @@ def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int
     return sent
 
 
+def sync_adapters(engine: WeightSource, rollout: RolloutEngine, with_base: bool, bucket_bytes: int = WEIGHT_BUCKET_BYTES,
+                  release: Callable[[], None] = lambda: None, stats: dict | None = None) -> int:
+    """LoRA without merging (`model.lora.merge=False`): the frozen base once (`with_base`, the first sync: the
+    rollout keeps it from then on, asleep at level 1), then at every sync the adapters alone, which the rollout
+    applies over it. Returns the number of tensors sent; `stats` as sync_weights's, plus `adapter_bytes`.
+    Collective, and in sync_weights's order (weights in, release the training side, then the KV cache)."""
+    stats = {} if stats is None else stats
+    stats.update(bytes=0, largest=0)
+    sent = 0
+    rollout.wake_up(["weights"])
+    if with_base:
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal sent
+            for name, tensor in engine.rollout_weights(bucket_bytes, transient=True, unmerged=True):
+                sent += 1
+                stats["bytes"] += tensor.numel() * tensor.element_size()
+                stats["largest"] = max(stats["largest"], tensor.numel() * tensor.element_size())
+                yield name, tensor
+
+        rollout.update_weights(counted())
+    adapters = engine.rollout_adapters()
+    rollout.load_adapters(adapters)
+    sent += len(adapters.tensors)
+    stats["adapter_bytes"] = adapters.nbytes
+    stats["bytes"] += adapters.nbytes
+    stats["largest"] = max([stats["largest"], *(t.numel() * t.element_size() for t in adapters.tensors.values())])
+    release()
+    rollout.wake_up(["kv_cache"])
+    return sent
+
+
 # ----------------------------------------------------------------------------------------- between pools
 # With split pools (actor_rollout_ref.hybrid_engine=False) the rollout's weights live in other processes, on other
 # devices. The training ranks gather full tensors as for the hybrid engine (a collective of their own group), and

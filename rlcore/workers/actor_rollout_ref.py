@@ -6,9 +6,11 @@ import os
 import time
 
 import torch
+from omegaconf import OmegaConf
 
 from rlcore.algos.custom import load_custom_algorithms
 from rlcore.config.validate import uses_reference
+from rlcore.config.validate_lora import unmerged_lora_rank
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import CHECKPOINT_STATE
@@ -16,7 +18,7 @@ from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
 from rlcore.protocol import DataProto
 from rlcore.models.hf_export import head_model_config
-from rlcore.rollout.weight_sync import send_weights, sync_weights
+from rlcore.rollout.weight_sync import send_weights, sync_adapters, sync_weights
 from rlcore.utils import checkpoint
 from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
@@ -62,6 +64,8 @@ class ActorRolloutRefWorker(RoleWorker):
         if cfg.hybrid_engine:  # split pools: the rollout is another group's (rlcore.workers.rollout)
             self.rollout, self.agent_loop = build_rollout_parts(self.config, self.tokenizer, self.device, self.rank)
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
+        # LoRA without merging (model.lora.merge=False): later syncs send the adapters alone, which the rollout applies
+        self._unmerged_lora = unmerged_lora_rank(lambda key: OmegaConf.select(self.config, key)) > 0
         self.weight_group = None  # split pools: the group spanning training rank 0 and every rollout rank
 
     def shutdown(self) -> None:
@@ -80,16 +84,19 @@ class ActorRolloutRefWorker(RoleWorker):
         phases.enter(self.actor, "sync")
         # The actor's parameters leave the device (if param_offload) between the stream and the KV cache's wake-up.
         streamed = {}
-        timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_bytes, adapted_only,
-                                                        release=lambda: phases.leave(self.actor), stats=streamed)
+        release = lambda: phases.leave(self.actor)  # noqa: E731
+        if self._unmerged_lora:
+            timing["rollout/weights_synced"] = sync_adapters(self.actor, self.rollout, not self._rollout_has_base, bucket_bytes, release, streamed)
+        else:
+            timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_bytes, adapted_only, release, streamed)
         self._rollout_has_base = self.actor.spec.lora is not None
         timing["timing_s/update_weights"] = time.perf_counter() - start
         out, stats = generate(self.rollout, self.agent_loop, prompts, sampling_params(self.config, self.tokenizer, prompts.meta_info))
         timing.update(stats)
         memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]), device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
-            # Level 2 frees the rollout's weights too, unless the next sync sends only LoRA's adapted ones.
-            self.rollout.sleep(level=1 if self._rollout_has_base and self.rollout.keeps_weights else 2)
+            # Level 2 frees the rollout's weights too, unless the next sync sends only LoRA's adapted ones or adapters.
+            self.rollout.sleep(level=1 if self._rollout_has_base and (self.rollout.keeps_weights or self._unmerged_lora) else 2)
         timing["rollout/weights_synced_gib"] = streamed["bytes"] / 2**30
         if self.device.type == "cuda":  # the device after the rollout let go, against before the engine was built
             memory["perf/memory/rollout_asleep/device_used_gib"] = phases.device_used_bytes(self.device) / 2**30

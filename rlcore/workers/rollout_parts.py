@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 
+from rlcore.config.validate_lora import unmerged_lora_rank
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
@@ -40,6 +41,7 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
             enforce_eager=rollout.enforce_eager, load_format=rollout.load_format, expert_parallel_size=rollout.expert_parallel_size,
             disable_log_stats=rollout.disable_log_stats, engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
             record_routes=rollout.enable_rollout_routing_replay,
+            lora_rank=unmerged_lora_rank(lambda key: OmegaConf.select(config, key)),  # vLLM's LoRA support, for the adapters
         )
         kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
     return kwargs

@@ -30,13 +30,17 @@ def test_grpo_with_vllm_rollouts_raises_held_out_accuracy(demo_assets, tmp_path)
     assert np.mean(scores[-10:]) > np.mean(scores[:10])
 
 
-def test_lora_with_vllm_rollouts_syncs_merged_weights_and_learns(demo_assets, tmp_path):
-    """LoRA: vLLM gets the merged weights (W + scaling * B @ A), all of them every step (keeps_weights=False)."""
+def test_lora_with_vllm_rollouts_syncs_the_adapters_alone_and_learns(demo_assets, tmp_path):
+    """LoRA without merging (verl's default model.lora.merge=False): vLLM gets the base at the first sync, then the
+    adapters alone every step, from memory, and applies them with its LoRA kernels."""
     val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu_lora", 30, "actor_rollout_ref.rollout.name=vllm",
                            "actor_rollout_ref.rollout.enforce_eager=true")
     print(f"LoRA + vLLM: val accuracy {val[0]:.3f} -> {val[-1]:.3f}")
-    assert len({r["rollout/weights_synced"] for r in rows}) == 1  # every sync sends every weight
-    # The merged weights are the actor's: vLLM's log-probs are the update's own (measured ~7e-7).
+    # The base went with the validation before step 1; each step's sync is A and B of the 7 linears of both blocks:
+    # the recipe's 94,208 trainable parameters in fp32
+    assert {r["rollout/weights_synced"] for r in rows} == {2 * 7 * 2}
+    assert {r["rollout/weights_synced_gib"] * 2**30 for r in rows} == {94_208 * 4}
+    # vLLM applying the adapters computes the actor's log-probs (measured ~7e-7 with merged weights)
     assert max(r["rollout/log_prob_abs_diff"] for r in rows) < 1e-4
     # Measured after 30 steps (lr 1e-3): 0.276 -> 0.396 on one machine; 0.248 -> 0.296 on a 2-core AMD EPYC whose
     # kernels gave another SFT warm-start (2026-11-28, the same at c6c7701, before the model-family work). 500

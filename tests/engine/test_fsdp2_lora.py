@@ -1,5 +1,6 @@
 """LoRA on the FSDP2 engine: only adapters train, the reference is the base with adapters off, the rollout gets
-merged weights (all of them once, then only the adapted ones), and checkpoints are peft adapters + exact resume."""
+merged weights (all of them once, then only the adapted ones) or, without merging, the base once and then the
+adapters alone, and checkpoints are peft adapters + exact resume."""
 
 import os
 
@@ -12,8 +13,9 @@ from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.models.hf import load_causal_lm, load_value_model
 from rlcore.models.lora import LoraSpec, trainable_share
 from rlcore.protocol import DataProto
+from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.native import NativeRollout
-from rlcore.rollout.weight_sync import sync_weights
+from rlcore.rollout.weight_sync import sync_adapters, sync_weights
 
 pytestmark = pytest.mark.numerics  # compares floats across processes and kernels
 
@@ -96,6 +98,29 @@ def test_rollout_gets_merged_weights_then_only_adapted_ones(pg, tiny_model_dir, 
     train_steps(engine, data, 1)
     assert sync_weights(engine, rollout, adapted_only=True) == 2 * 7  # the 7 adapted linears of each block
     torch.testing.assert_close(rollout_log_probs(rollout, data), log_probs(engine, data), atol=1e-5, rtol=0)
+
+
+def test_without_merging_the_rollout_gets_the_base_once_then_the_adapters_alone(pg, tiny_model_dir, data):
+    """model.lora.merge=False: the first sync streams the frozen base unmerged plus the adapters (A and B of the 7
+    linears of each block, under HF module names), later ones the adapters alone; the native rollout applies them
+    (its fused q/k/v and gate/up GEMMs too) and computes what training computes."""
+    engine = lora_engine(tiny_model_dir, model_dtype="bf16")
+    rollout = NativeRollout(tiny_model_dir, pad_token_id=0, device=CPU)
+    train_steps(engine, data, 1)
+    stats = {}
+    assert sync_adapters(engine, rollout, with_base=True, stats=stats) == len(dict(load_causal_lm(tiny_model_dir).named_parameters())) + 2 * 2 * 7
+    torch.testing.assert_close(rollout_log_probs(rollout, data), log_probs(engine, data), atol=1e-5, rtol=0)
+    train_steps(engine, data, 1)
+    assert sync_adapters(engine, rollout, with_base=False, stats=stats) == 2 * 2 * 7
+    per_block = 4 * ((64 + 64) * 2 + (64 + 32) * 2 + (64 + 128) * 2 + (128 + 64))  # r x (in + out) per linear, fp32
+    assert stats["bytes"] == stats["adapter_bytes"] == 2 * per_block * 4
+    torch.testing.assert_close(rollout_log_probs(rollout, data), log_probs(engine, data), atol=1e-5, rtol=0)
+    assert rollout.decoder is not None and rollout.decoder.adapters is rollout.adapters  # the fused path applies them too
+    ids, mask = data.batch["input_ids"][:2, :6], data.batch["attention_mask"][:2, :6]
+    out = rollout.generate(ids, mask, SamplingParams(max_tokens=4, do_sample=False))
+    seq = {k: v for k, v in assemble_sequences(ids, mask, out).items() if k in ("input_ids", "attention_mask", "position_ids")}
+    generated = DataProto.from_dict({**seq, "responses": out.responses, "response_mask": out.response_mask})
+    torch.testing.assert_close(out.response_log_probs, log_probs(engine, generated) * out.response_mask, atol=1e-5, rtol=0)
 
 
 def test_checkpoint_is_a_peft_adapter_and_resumes_exactly(pg, tiny_model_dir, data, tmp_path):

@@ -28,7 +28,7 @@ def _one_layout(layout, model_dir, out_dir):
     import test_megatron
     from rlcore.engine.factory import build_engine
     from rlcore.rollout.native import NativeRollout
-    from rlcore.rollout.weight_sync import sync_weights
+    from rlcore.rollout.weight_sync import sync_adapters, sync_weights
     from rlcore.workers.common import run_forward
     from rlcore.data.micro_batches import MicroBatchSpec
     from rlcore.engine.base import TokenRequest
@@ -56,16 +56,25 @@ def _one_layout(layout, model_dir, out_dir):
     with engine.disabled_adapters():
         base_after = lp()
     merged = {k: v.clone() for k, v in engine.rollout_weights()}
-    rollout = NativeRollout(model_dir, pad_token_id=0, device=cpu)
-    sync_weights(engine, rollout)
     b = data.batch
-    with torch.no_grad():
-        logits = rollout.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-    rollout_lp = torch.log_softmax(logits[:, -b["responses"].shape[1] - 1 : -1].float(), -1).gather(-1, b["responses"][..., None])[..., 0]
+
+    def rollout_log_probs(sync):
+        rollout = NativeRollout(model_dir, pad_token_id=0, device=cpu)
+        sync(rollout)
+        with torch.no_grad():
+            logits = rollout.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+        return torch.log_softmax(logits[:, -b["responses"].shape[1] - 1 : -1].float(), -1).gather(-1, b["responses"][..., None])[..., 0]
+
+    rollout_lp = rollout_log_probs(lambda r: sync_weights(engine, r))
+    # model.lora.merge=False: the base unmerged, then the adapters gathered into peft's names, applied by the rollout
+    unmerged_lp = rollout_log_probs(lambda r: sync_adapters(engine, r, with_base=True))
+    unmerged = {k: v.clone() for k, v in engine.rollout_weights(unmerged=True)}
+    adapters = engine.rollout_adapters()
     trainable = sorted(n for chunk in engine.modules for n, p in chunk.named_parameters() if p.requires_grad)
     if engine.is_output_rank and engine.dp_rank == 0:
         torch.save({"before": before, "after": after, "base_after": base_after, "base": base_weights, "merged": merged,
-                    "grad_norm": step["grad_norm"], "rollout_lp": rollout_lp, "trainable": trainable,
+                    "grad_norm": step["grad_norm"], "rollout_lp": rollout_lp, "trainable": trainable, "unmerged_lp": unmerged_lp,
+                    "unmerged": unmerged, "adapters": adapters,
                     "mask": b["response_mask"].bool()}, os.path.join(out_dir, f"{layout}.pt"))
     dist.barrier()
     mpu.destroy_model_parallel()
@@ -158,3 +167,20 @@ def test_each_backends_lora_keys_are_refused_with_the_other_naming_its_own():
     messages = "\n".join(refused.value.messages)
     assert f"{ARR}.model.lora.exclude_modules adapts every dense linear except those, so {ARR}.model.lora.target_modules must be empty" in messages
     assert f"{ARR}.model.lora.lora_A_init_method=orthogonal" in messages
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_without_merging_the_rollout_gets_the_base_and_the_adapters_in_peft_names(results, layout):
+    """model.lora.merge=False: the base streams unmerged (equal to the weights before any step), the adapters come
+    gathered from their TP / PP layout, one A per q/k/v and gate/up part; base + s B A is the merged weight, and the
+    rollout applying them gives the engine's log-probs."""
+    r = results[layout]
+    adapters = r["adapters"]
+    for name, weight in r["unmerged"].items():
+        torch.testing.assert_close(weight, r["base"][name], atol=0, rtol=0, msg=name)
+    assert len(adapters.modules) == 7 * 2  # q, k, v, o, gate, up, down in each of the tiny model's layers
+    for module in adapters.modules:
+        a, b = adapters.pair(module)
+        merged = r["unmerged"][f"{module}.weight"] + adapters.scaling * b @ a
+        torch.testing.assert_close(merged, r["merged"][f"{module}.weight"], atol=1e-6, rtol=1e-5, msg=module)
+    torch.testing.assert_close(r["unmerged_lp"][r["mask"]], r["after"][r["mask"]], atol=1e-5, rtol=1e-5)

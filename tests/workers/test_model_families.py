@@ -183,9 +183,10 @@ def test_a_grpo_step_on_fsdp2_and_the_native_rollout(name, family_dirs, tiny_tas
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama3.2", "tiny-gemma2"])
-def test_lora_on_a_tied_model_syncs_merged_weights(name, family_dirs, tiny_task_dir, tmp_path):
-    """LoRA on every linear of a tied model (Gemma 2: soft-capped, sliding windows): the sync sends merged weights
-    (the tied head once, frozen), and after an update the rollout follows the adapters."""
+def test_lora_on_a_tied_model_syncs_the_adapters_alone(name, family_dirs, tiny_task_dir, tmp_path):
+    """LoRA on every linear of a tied model (Gemma 2: soft-capped, sliding windows) without merging (verl's default
+    model.lora.merge=False): the first sync sends the base (the tied head once, frozen), later ones the adapters
+    alone, and after an update the rollout, applying them, follows the training model greedy token for token."""
     init_gloo(0, 1, free_port())
     cfg = family_cfg(family_dirs[name], tiny_task_dir, tmp_path, "actor_rollout_ref.model.lora_rank=8",
                      "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=5e-2")
@@ -196,6 +197,24 @@ def test_lora_on_a_tied_model_syncs_merged_weights(name, family_dirs, tiny_task_
     worker.update_actor(grpo_batch(worker.generate_sequences(prompts), worker))
     after = greedy_matches_training(worker, prompts)
     assert (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max() > 1e-3
+    adapters = worker.actor.rollout_adapters()
+    assert after.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30 == adapters.nbytes
+    assert after.meta_info["timing"]["rollout/weights_synced"] == len(adapters.tensors)
+
+
+def test_lora_with_merge_syncs_merged_weights(family_dirs, tiny_task_dir, tmp_path):
+    """model.lora.merge=True: every weight once, then the adapted ones merged (W + s B A), and no adapter in the rollout."""
+    init_gloo(0, 1, free_port())
+    cfg = family_cfg(family_dirs["tiny-qwen3"], tiny_task_dir, tmp_path, "actor_rollout_ref.model.lora_rank=8",
+                     "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.model.lora.merge=True")
+    worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
+    worker.init_model(total_steps=2)
+    prompts = prompts_batch(worker.actor.hf_config.vocab_size)
+    greedy_matches_training(worker, prompts)
+    again = greedy_matches_training(worker, prompts)
+    adapted = dict(worker.actor.rollout_weights(adapted_only=True))
+    assert again.meta_info["timing"]["rollout/weights_synced"] == len(adapted) and worker.rollout.adapters is None
+    assert again.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30 == sum(t.numel() * t.element_size() for t in adapted.values())
 
 
 def _two_rank_families(rank, port, dirs, out_path):

@@ -191,7 +191,7 @@ def test_bucket_megabytes_sizes_the_sync_and_free_cache_engine_sleeps_the_rollou
         worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
         worker.config = compose(["recipe=tiny_cpu", *overrides])
         worker.actor, worker.ref, worker.rollout, worker.agent_loop = BucketedActor(), None, SleepingRollout([]), None
-        worker.tokenizer, worker.device_type, worker._rollout_has_base = None, "cpu", False
+        worker.tokenizer, worker.device_type, worker._rollout_has_base, worker._unmerged_lora = None, "cpu", False, False
         worker.generate_sequences(DataProto.from_dict({"input_ids": torch.zeros(1, 1)}))
         return worker.actor.buckets, worker.rollout.calls
 

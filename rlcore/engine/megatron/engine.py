@@ -29,6 +29,7 @@ from rlcore.engine.megatron.weights import export_hf, export_manifest, layer_map
 from rlcore.engine.optim import lr_factor
 from rlcore.families import family_of
 from rlcore.models.hf import load_config, to_torch_dtype
+from rlcore.models.lora import Adapters
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
 from rlcore.models.router import ROUTES
@@ -122,6 +123,7 @@ class MegatronEngine(TrainEngine):
         self.dp_group = mpu.get_data_parallel_group()
         self.is_output_rank = mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0
         self._manifest = None
+        self._adapter_manifest = None  # LoRA's factors, exported unmerged (rollout_adapters)
         self._inputs: ModelInputs | None = None  # the micro-batch the running forward step is on
         self._request = TokenRequest()
 
@@ -285,11 +287,26 @@ class MegatronEngine(TrainEngine):
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        # LoRA: every weight is sent, the adapted ones merged (the rollout has no adapters; adapted_only is FSDP's saving)
+                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        # LoRA: every weight is sent, the adapted ones merged (adapted_only is FSDP's saving), or, `unmerged`, the base
         if self._manifest is None:
             self._manifest = export_manifest(self.modules, self.spec.kind, self.tied, self.hf_layer)
+        if unmerged and self.spec.lora is not None:
+            return self._base_weights(bucket_bytes)
         return export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device, bucket_bytes)
+
+    def _base_weights(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        with disabled(self.modules):  # the export merges only enabled adapters
+            yield from export_hf(self.modules, self._manifest, self.config, self.vocab_size, self.device, bucket_bytes)
+
+    def rollout_adapters(self) -> Adapters:
+        """The adapters gathered from their TP layout (and PP stages) into peft's names over HF modules."""
+        if self.spec.lora is None:
+            return super().rollout_adapters()
+        if self._adapter_manifest is None:
+            self._adapter_manifest = export_manifest(self.modules, self.spec.kind, self.tied, self.hf_layer, adapters=True)
+        named = export_hf(self.modules, self._adapter_manifest, self.config, self.vocab_size, self.device, WEIGHT_BUCKET_BYTES)
+        return Adapters({name: t.clone() for name, t in named}, self.spec.lora.rank, self.spec.lora.alpha)
 
     def disabled_adapters(self):
         return disabled(self.modules) if self.spec.lora is not None else super().disabled_adapters()

@@ -117,6 +117,27 @@ def entries(chunks: list[torch.nn.Module], kind: str, tied: bool, hf_layer: dict
     return out
 
 
+def adapter_entries(chunks: list[torch.nn.Module], hf_layer: dict) -> list[Entry]:
+    """LoRA's factors (rlcore.engine.megatron.lora) as entries exported under peft's names over HF modules: a
+    column-parallel linear's B is split like its weight (q/k/v or gate/up rows) and its A, whole, is every part's
+    A (a fused linear's parts share it exactly); a row-parallel linear's A is split like its weight, its B whole."""
+    out = []
+    for c, chunk in enumerate(chunks):
+        layers = chunk.decoder.layers
+        for name, _ in chunk.named_parameters():
+            m = _LAYER.fullmatch(name)
+            if ".adapter.lora_" not in name or not m:
+                continue
+            linear, factor = m.group(2).split(".adapter.")
+            how, hf = hf_layer[f"{linear}.weight"]
+            layer = layers[int(m.group(1))].layer_number - 1
+            modules = [f"model.layers.{layer}.{n.removesuffix('.weight')}" for n in hf]
+            row = how == "split1"
+            kind = ("split1" if row else "copy_all") if factor == "lora_A" else ("copy" if row else how)
+            out.append(Entry(c, name, kind, tuple(f"{mod}.{factor}.weight" for mod in modules)))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- reading HF
 class HFCheckpoint:
     """The safetensors of an HF directory (one file or an index of shards), read tensor slice by tensor slice."""
@@ -248,6 +269,8 @@ def full_tensors(entry, shards: list[torch.Tensor], config, vocab_size: int) -> 
                                                       config.expert_tensor_parallel_size))]
     if entry.kind == "copy":
         return [(entry.hf_names[0], shards[0])]
+    if entry.kind == "copy_all":  # one tensor under several names (a fused linear's shared LoRA A)
+        return [(name, shards[0]) for name in entry.hf_names]
     if entry.kind == "split0":
         return [(entry.hf_names[0], torch.cat(shards))]
     if entry.kind == "split1":
@@ -286,7 +309,8 @@ def _local(chunks, entry) -> torch.Tensor:
     weight = tensor(chunks[entry.chunk], entry.name).detach()
     owner, _, leaf = entry.name.rpartition(".")
     adapter = getattr(chunks[entry.chunk].get_submodule(owner), "adapter", None) if leaf == "weight" else None
-    return adapter.merged(weight).detach() if adapter is not None else weight  # LoRA: this rank's shard of W + s B A
+    # LoRA: this rank's shard of W + s B A, unless the adapters are off (the base alone: their unmerged sync)
+    return adapter.merged(weight).detach() if adapter is not None and adapter.enabled else weight
 
 
 @dataclass(frozen=True)
@@ -299,12 +323,12 @@ class _Manifest:
     dtype: torch.dtype
 
 
-def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool, hf_layer: dict) -> list[_Manifest]:
+def export_manifest(chunks: list[torch.nn.Module], kind: str, tied: bool, hf_layer: dict, adapters: bool = False) -> list[_Manifest]:
     """Every exported entry of every pipeline stage, in model order (stage by stage; with interleaving, by
     virtual stage): the same list on every rank of the pipeline group. A layer's routed experts are one entry per
-    projection (moe.ExpertStack). Collective over the pipeline group."""
+    projection (moe.ExpertStack). `adapters`: LoRA's factors instead of the weights. Collective over the pipeline group."""
     mine = []
-    for e in moe.stack_experts(entries(chunks, kind, tied, hf_layer)):
+    for e in adapter_entries(chunks, hf_layer) if adapters else moe.stack_experts(entries(chunks, kind, tied, hf_layer)):
         if e.export:
             local = _local(chunks, e) if isinstance(e, moe.ExpertStack) else tensor(chunks[e.chunk], e.name)
             mine.append((e, tuple(local.shape), local.dtype))
