@@ -18,8 +18,7 @@ the device. The terms, per device (N = FSDP shard group size, P = parameters, T 
 - rollout (vLLM): exactly gpu_memory_utilization x device memory; inside it weights / TP, a profiling and CUDA
   graph reserve, and the KV cache, which gives the number of full-length sequences decoded at once. The native
   engine holds its own weight copy and a KV cache for all of a rank's samples.
-- runtime per process: CUDA context + NCCL + allocator slack (1 GiB), or the Python/torch/Ray worker on CPU
-  (0.4 GiB, measured).
+- runtime per process: CUDA context + NCCL + allocator slack (1 GiB), or the Python/torch/Ray worker on CPU (0.4 GiB).
 
 Verdicts: fits (<= 90% of the device), tight (the last 10%: fragmentation can tip it over), OOM (> 100%).
 Each role names the largest lever with its estimated saving. Imports neither torch nor ray.
@@ -36,8 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.fsdp_schema import compute_dtype
 from rlcore.plan.arch import Arch, resolve_arch
-from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.plan.constants import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 from rlcore.config.validate_lora import adapter_rank
+from rlcore.plan.rollout_memory import rollout_memory
 from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config.validate_ulysses import role_sp
 from rlcore.plan.heads import head_errors
@@ -46,7 +46,7 @@ GIB = 2 ** 30
 ARR = "actor_rollout_ref"
 RUNTIME_GIB = {"cuda": 1.0, "cpu": 0.4}
 FIT, TIGHT = 0.90, 1.00
-_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
+_BYTES = DTYPE_BYTES
 
 
 def runtime_gib(device: str) -> float:
@@ -407,39 +407,8 @@ class Estimator:
                 and (micro is None or (p.samples_per_mini_batch // dp) % micro == 0))
 
     def rollout(self, arch: Arch, world: int) -> tuple[list, str, list, float]:
-        """(items, note, levers, resident GiB while asleep) of the rollout engine on one device."""
-        c, r = self.c, self.c(f"{ARR}.rollout")
-        rb, tp, max_len = _BYTES[r.dtype], r.tensor_model_parallel_size, r.max_model_len or self.max_len
-        if r.name != "vllm":  # the native engine: its own weight copy, a KV cache for all of the rank's samples
-            samples = self.plan.samples_per_rank_per_step if self.plan else 1
-            weights = arch.params() * rb / GIB
-            kv = samples * arch.kv_bytes(max_len, rb, windowed=False) / GIB  # its pool keeps every position of every layer
-            prefill = samples * c("data.max_prompt_length") * arch.vocab * (rb + 4) / GIB
-            items = [("native engine weight copy", weights), (f"KV cache, {samples} samples x {max_len} tokens", kv),
-                     ("prefill logits", prefill)]
-            if c("trainer.device") == "cuda" and not r.enforce_eager:  # the graphs' static logits buffer and their private pool's copy of the logits
-                items.append(("decode CUDA graphs' logits", 2 * min(samples, r.max_num_seqs) * arch.vocab * rb / GIB))
-            return items, f"decodes the rank's {samples} samples at once", [], weights
-        budget = r.gpu_memory_utilization * self.capacity
-        weights = arch.params() * rb / tp / GIB
-        reserve = ((r.max_num_batched_tokens * (4 * arch.hidden + 2 * arch.mlp_width) * rb
-                    + r.max_num_seqs * arch.vocab * 4) / GIB + (0.0 if r.enforce_eager else 0.5))
-        kv = budget - weights - reserve
-        seqs = int(kv * GIB // arch.kv_bytes(max_len, rb, tp)) if kv > 0 else 0
-        per_replica = self.plan.samples_per_step * tp // world if self.plan else 0
-        note = (f"weights {weights:.1f} + reserve {reserve:.1f} + KV cache {max(kv, 0):.1f} GiB: {seqs} sequences of "
-                f"{max_len} tokens at once per TP{tp} replica" + (f" (of {per_replica} per step)" if per_replica else ""))
-        levers = []
-        self.vllm_floor = (weights + reserve + arch.kv_bytes(max_len, rb, tp) / GIB) / self.capacity
-        if seqs < 1:
-            note = f"OOM: vLLM needs weights {weights:.1f} + reserve {reserve:.1f} GiB but gets {budget:.1f} GiB; " + note
-            need = math.ceil(self.vllm_floor * 100) / 100
-            # vLLM takes its fraction whatever TP is: more TP leaves more of it for the KV cache, not less peak
-            if c("trainer.n_gpus_per_node") % (tp * 2) == 0:
-                levers.append((f"{ARR}.rollout.tensor_model_parallel_size={tp * 2} (halves each device's weights)", weights / 2))
-            if need < 1:
-                levers.append((f"{ARR}.rollout.gpu_memory_utilization={need:.2f} (room for one full-length sequence)", 0.0))
-        return [(f"vLLM: gpu_memory_utilization {r.gpu_memory_utilization} x {self.capacity:.0f} GiB", budget)], note, levers, 0.0
+        """(items, note, levers, resident GiB while asleep) of the rollout engine on one device (rlcore.plan.rollout_memory)."""
+        return rollout_memory(self, arch, world)
 
 
 def offload_levers(est: Estimator, role: _Role) -> list[tuple[str, float]]:

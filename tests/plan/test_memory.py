@@ -178,6 +178,19 @@ def test_qwen2_7b_grpo_lora_saves_the_reference_and_the_optimizer_state():
     assert _role(full, "rollout").peak - _role(lora, "rollout").peak == pytest.approx(8.6, abs=0.05)
 
 
+def test_lora_without_merging_plans_the_adapters_in_the_rollout_and_their_sync():
+    """model.lora.merge=False (verl's default): vLLM's LoRA slots are part of its budget and each sync sends the
+    161M fp32 adapter parameters of a rank-64 7B (615 MiB); merged, every weight goes every sync. The native engine
+    holds the adapters beside its base copy (kept while asleep) and, merged, is sent the adapted weights alone."""
+    trainable = BUILTIN["qwen2.5-7b"].lora_params(64)
+    unmerged, merged = (_role(_plan(f"actor_rollout_ref.model.lora.merge={m}", recipe="qwen2_7b_grpo_lora"), "rollout") for m in (False, True))
+    assert f"LoRA slots {trainable * 2 / 2 / GIB:.2f} GiB of it (1 x max_lora_rank 64)" in unmerged.note  # bf16, over TP2
+    assert f"each sync sends the adapters alone, {trainable * 4 / 2**20:.1f} MiB (lora.merge=False)" in unmerged.note
+    assert "each sync sends every weight merged" in merged.note and unmerged.peak == merged.peak
+    native = _role(_plan("actor_rollout_ref.rollout.name=native", recipe="qwen2_7b_grpo_lora"), "rollout")
+    assert dict(native.items)["LoRA adapters over the base (rank 64)"] == pytest.approx(trainable * 2 / GIB)
+
+
 def test_a_bf16_reference_halves_its_weights():
     fp32 = dict(_role(_plan(recipe="qwen2_7b_grpo"), "reference log-probs").items)
     bf16 = dict(_role(_plan(f"{ARR}.ref.fsdp_config.model_dtype=bf16", recipe="qwen2_7b_grpo"), "reference log-probs").items)
