@@ -37,6 +37,13 @@ def load_lora_tensors(worker, adapter_id: int, tensors: dict, config: dict) -> l
 
     manager = worker.model_runner.lora_manager
     models = manager._adapter_manager  # vLLM keeps no public handle for adding a LoRAModel built in memory
+    # vLLM's own loader refuses an adapter on a module it has no LoRA layer for; a LoRAModel built from tensors
+    # would drop it silently, and the rollout would sample from another model than the one trained
+    expected = {part for module in models.supported_lora_modules for part in models.packed_modules_mapping.get(module, [module])}
+    unexpected = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in tensors} - expected)
+    if unexpected:
+        raise ValueError(f"vLLM has no LoRA layer for {unexpected} of this model (it adapts {sorted(expected)}); leave them out of "
+                         "actor_rollout_ref.model.target_modules, or set actor_rollout_ref.model.lora.merge=True")
     helper = PEFTHelper.from_dict(config)
     helper.validate_legal(manager.lora_config)
     # Renames only, as vLLM's own loader does (stacking happens when the manager adds the adapter)

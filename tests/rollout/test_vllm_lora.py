@@ -49,3 +49,13 @@ def test_vllm_holds_two_named_adapters_over_one_base(setup):
     rollout.wake_up(["kv_cache"])
     check_against(other, rollout, adapter="other")
     check_against(policy, rollout)
+
+
+def test_vllm_refuses_an_adapter_on_a_module_it_has_no_lora_layer_for(setup):
+    """vLLM's LoRAModel built from tensors would drop such a module silently: the rollout would not be the policy."""
+    model_dir, rollout = setup
+    adapters = adapters_of(peft_model(model_dir, seed=0))
+    a, b = adapters.pair("model.layers.0.mlp.down_proj")
+    adapters.tensors.update({"model.layers.0.mlp.act_proj.lora_A.weight": a, "model.layers.0.mlp.act_proj.lora_B.weight": b})
+    with pytest.raises(ValueError, match=r"vLLM has no LoRA layer for \['act_proj'\]"):
+        rollout.load_adapters(adapters)
