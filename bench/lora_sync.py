@@ -5,8 +5,9 @@ zero) and two rollouts (native, or vLLM: one built with its LoRA support). Timed
 - merged, every weight (the first sync; vLLM's every sync, its sleep having dropped the weights),
 - merged, the adapted weights only (the native engine's later syncs; vLLM reloads whole layers),
 - unmerged: the base (the first sync) and the adapters alone (every later sync),
+- (native) the adapters alone, merged into its weights by the rollout itself (`merge_adapters`),
 with the bytes each sends; then the rollout's greedy decode tokens/s over the same prompts with the adapters
-applied (unmerged) and with merged weights: the cost of not merging.
+applied (unmerged), merged in by the rollout, and with merged weights: the cost of not merging.
 
     .venv/bin/python bench/lora_sync.py                 # a tiny Qwen2 and Qwen2.5-0.5B's shape
     .venv/bin/python bench/lora_sync.py --models tiny-qwen2   # ~10 s
@@ -86,6 +87,7 @@ def one_model(name: str, args, root: str) -> dict:
     engine.forward_backward([batch], lambda out, mb: (-out["log_probs"].mean(), {}))
     engine.optimizer_step()  # B moves off zero: the adapters change what the rollout computes
     merged, unmerged = (_rollout(args.rollout, model_dir, lora_rank) for lora_rank in (0, rank))
+    merging = NativeRollout(model_dir, 0, torch.device("cpu"), merge_adapters=True) if args.rollout == "native" else None
     result = {"model": name, "rollout": args.rollout, "rank": rank, "params": sum(p.numel() for p in engine.model.parameters() if not p.requires_grad)}
     syncs = {
         "merged, every weight": lambda s: sync_weights(engine, merged, stats=s),
@@ -95,6 +97,9 @@ def one_model(name: str, args, root: str) -> dict:
     }
     if args.rollout == "vllm":  # its reload takes whole layers only (rlcore.rollout.vllm: keeps_weights)
         del syncs["merged, adapted weights"]
+    else:  # the native engine merging the adapters it is sent into its own weights (merge_adapters)
+        sync_adapters(engine, merging, with_base=True)
+        syncs["unmerged, adapters alone, merged in by the rollout"] = lambda s: sync_adapters(engine, merging, with_base=False, stats=s)
     for label, fn in syncs.items():
         stats = {}
         seconds = _median(lambda: fn(stats), args.reps)
@@ -102,6 +107,8 @@ def one_model(name: str, args, root: str) -> dict:
     vocab = engine.hf_config.vocab_size
     result["decode tok/s, merged"] = round(_decode_tokens_per_s(merged, vocab, args.rows, args.tokens), 1)
     result["decode tok/s, adapters applied"] = round(_decode_tokens_per_s(unmerged, vocab, args.rows, args.tokens), 1)
+    if merging is not None:
+        result["decode tok/s, adapters merged in by the rollout"] = round(_decode_tokens_per_s(merging, vocab, args.rows, args.tokens), 1)
     return result
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib.util
 
 ROLLOUT = "actor_rollout_ref.rollout"
-NATIVE_KWARGS = {"kv_cache_memory_bytes": "KV pool budget in bytes (default: gpu_memory_utilization on CUDA, none on CPU)"}
+NATIVE_KWARGS = {"kv_cache_memory_bytes": "KV pool budget in bytes (default: gpu_memory_utilization on CUDA, none on CPU)",
+                 "merge_adapters": "LoRA without merging: merge the adapters each sync sends into the engine's weights (from a "
+                                   "kept copy of the adapted base) instead of applying them in every forward (default false)"}
 
 
 def check_native_rollout(c) -> None:

@@ -83,8 +83,12 @@ def with_adapters(get, arch: Arch, items: list, note: str, asleep: float, rollou
             note += f"; LoRA slots {held:.2f} GiB of it ({slots} x max_lora_rank {max_rank})"
         else:
             held = arch.lora_params(rank) * rollout_bytes / GIB
+            # merge_adapters: merged into the weights from a kept copy of the adapted base weights
+            merge_in = bool((get(f"{ARR}.rollout.engine_kwargs.native") or {}).get("merge_adapters"))
+            copy = adapted_params(arch) * rollout_bytes / GIB if merge_in else 0.0
             items = items + [(f"LoRA adapters over the base (rank {rank})", held)]
-            asleep += held
+            items += [("adapted base weights' copy (merge_adapters)", copy)] if merge_in else []
+            asleep += held + copy
         return items, note + f"; each sync sends the adapters alone, {adapters * 1024:.1f} MiB (lora.merge=False)", asleep
     adapted = adapted_params(arch)  # merged in fp32; vLLM gets the rest too, every sync
     merged = (adapted * 4 + (arch.params() - adapted) * rollout_bytes * vllm) / GIB

@@ -2,7 +2,9 @@
 computes x W^T + s (x A^T) B^T, so a sync replaces megabytes of A and B instead of the merged weights.
 
 Several named adapters can be held over the one base (multi-LoRA); a generate() call uses one of them
-(`SamplingParams.adapter`, default: the policy's). The HF modules get the delta through a forward hook; the fused
+(`SamplingParams.adapter`, default: the policy's). With `merge` (the engine's `merge_adapters`) the adapter in use
+is merged into the weights instead, from a kept copy of the adapted base weights: decode at merged speed for the
+memory of that copy and a merge per sync or switch of adapter. The HF modules get the delta through a forward hook; the fused
 decoder, whose q/k/v and gate/up projections are single stacked GEMMs, asks for the stacked delta: one GEMM against
 the parts' A stacked (`[parts x r, in]`), then each part's B on its slice.
 
@@ -24,8 +26,11 @@ from rlcore.models.lora import ADAPTER, Adapters
 class HeldAdapters:
     """The named adapters an engine's model holds (factors in the engine's device and dtype) and which one is in use."""
 
-    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, merge: bool = False) -> None:
         self.device, self.dtype = device, dtype
+        # merge: the adapter in use is merged into the weights (merged decode speed) from a copy of the adapted base
+        # weights, kept to merge the next factors from exactly
+        self.merge, self.base, self.merged = merge, {}, None
         self.linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
         self.held: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}  # adapter -> module -> (A, B)
         self.scaling: dict[str, float] = {}
@@ -59,6 +64,8 @@ class HeldAdapters:
                                        for parts in _fused_parts(held) if any(m in held for m in parts)}
         if self.active is None:
             self.active = ADAPTER if ADAPTER in self.held else adapters.name
+        if self.merge and adapters.name == self.active:
+            self._merge_active()
 
     def remove(self, name: str) -> None:
         self.held.pop(name, None)
@@ -72,15 +79,38 @@ class HeldAdapters:
         if name not in self.held:
             raise KeyError(f"the rollout holds no LoRA adapter named {name!r} (it holds {sorted(self.held)})")
         changed, self.active = self.active != name, name
+        if changed and self.merge:
+            self._merge_active()
         return changed
+
+    def forget_base(self) -> None:
+        """The weights were overwritten (a sync of the base): they hold no adapter now, and no copy of them is kept."""
+        self.base, self.merged = {}, None
+
+    @torch.no_grad()
+    def _merge_active(self) -> None:
+        """Weights := base + s B A for the adapter in use (in fp32, cast to the weights' dtype); the base back where
+        the previously merged adapter touched a module this one does not."""
+        held = self.held.get(self.active, {})
+        for module in set(self.base) | set(held):
+            weight = self.linears[module].weight
+            if module not in self.base:
+                self.base[module] = weight.detach().clone()
+            if module in held:
+                a, b = held[module]
+                weight.copy_(torch.addmm(self.base[module].float(), b.float(), a.float(), alpha=self.scaling[self.active]))
+            else:
+                weight.copy_(self.base[module])
+        self.merged = self.active
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for held in self.held.values() for pair in held.values() for t in pair)
+        factors = sum(t.numel() * t.element_size() for held in self.held.values() for pair in held.values() for t in pair)
+        return factors + sum(t.numel() * t.element_size() for t in self.base.values())
 
     def delta(self, module: str, x: torch.Tensor) -> torch.Tensor | None:
         """s (x A^T) B^T of the adapter in use at `module`, or None where it does not adapt it."""
-        pair = self.held.get(self.active, {}).get(module) if self.active else None
+        pair = self.held.get(self.active, {}).get(module) if self.active and not self.merge else None
         if pair is None:
             return None
         return F.linear(F.linear(x, pair[0]), pair[1]) * self.scaling[self.active]
@@ -89,7 +119,7 @@ class HeldAdapters:
         """The deltas of `modules` (a fused GEMM's parts, in its output order) side by side: x against their A's
         stacked in one GEMM, then each part's B on its slice. None where the adapter adapts none of them; a part it
         does not adapt gets zeros of that linear's width."""
-        held = self.held.get(self.active, {}) if self.active else {}
+        held = self.held.get(self.active, {}) if self.active and not self.merge else {}
         if not any(m in held for m in modules):
             return None
         hidden = F.linear(x, self.stacked[self.active][modules])

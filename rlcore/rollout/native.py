@@ -100,10 +100,11 @@ class NativeRollout(RolloutEngine):
                  seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None,
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None, record_routes: bool = False,
-                 hf_config_path: str | None = None, trust_remote_code: bool = False) -> None:
+                 hf_config_path: str | None = None, trust_remote_code: bool = False, merge_adapters: bool = False) -> None:
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy).
         `record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in
-        RolloutOutput.routed_experts."""
+        RolloutOutput.routed_experts. `merge_adapters` (LoRA without merging: `rollout.engine_kwargs.native`): merge
+        the adapters the syncs send into this copy's weights rather than apply them in every forward."""
         self.device = device
         self.pad_token_id = pad_token_id
         self.decoder: FusedDecoder | None = None
@@ -119,6 +120,7 @@ class NativeRollout(RolloutEngine):
             self.decoder = FusedDecoder(model) if fusable(model) else None
         self.model = model
         self.adapters: HeldAdapters | None = None  # LoRA without merging: applied over this base (load_adapters)
+        self.merge_adapters = merge_adapters
         self.routing = Routing(model) if record_routes else None
         self._routes: torch.Tensor | None = None  # [batch, prompt_len + max_tokens + 1 spare, layers, top_k] during a call
         self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values", by transformers release
@@ -154,6 +156,8 @@ class NativeRollout(RolloutEngine):
         if self._weights_freed():
             raise RuntimeError("update_weights() while the native rollout's weights sleep (sleep(level=2)): call wake_up(['weights']) "
                                "first (rlcore.rollout.weight_sync.sync_weights does)")
+        if self.adapters is not None:
+            self.adapters.forget_base()  # a sync of the base overwrites any merged adapter
         for name, tensor in weights:
             if name not in self._params:
                 raise KeyError(f"rollout model has no weight {name!r}; the training and rollout architectures differ")
@@ -165,7 +169,7 @@ class NativeRollout(RolloutEngine):
         if self.adapters is None:
             if not self._owns_model:
                 raise ValueError("native rollout over a model passed in (no copy of its own): it applies no LoRA adapters")
-            self.adapters = HeldAdapters(self.model, self.device, next(self.model.parameters()).dtype)
+            self.adapters = HeldAdapters(self.model, self.device, next(self.model.parameters()).dtype, self.merge_adapters)
             if self.decoder is not None:
                 self.decoder.adapters = self.adapters
         self.adapters.load(adapters)

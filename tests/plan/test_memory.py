@@ -12,6 +12,7 @@ from rlcore.families import arch_of
 from rlcore.plan.arch import BUILTIN
 from rlcore.plan.constants import LOGITS_CHUNK_BYTES
 from rlcore.plan.memory import GIB, _activations, _training_state
+from rlcore.plan.rollout_memory import adapted_params
 
 ARR = "actor_rollout_ref"
 RECIPES = sorted((Path(CONFIG_DIR).parent / "recipes").glob("*.yaml"))
@@ -189,6 +190,10 @@ def test_lora_without_merging_plans_the_adapters_in_the_rollout_and_their_sync()
     assert "each sync sends every weight merged" in merged.note and unmerged.peak == merged.peak
     native = _role(_plan("actor_rollout_ref.rollout.name=native", recipe="qwen2_7b_grpo_lora"), "rollout")
     assert dict(native.items)["LoRA adapters over the base (rank 64)"] == pytest.approx(trainable * 2 / GIB)
+    merging = _role(_plan("actor_rollout_ref.rollout.name=native", "+actor_rollout_ref.rollout.engine_kwargs.native.merge_adapters=true",
+                          recipe="qwen2_7b_grpo_lora"), "rollout")  # merged into its weights from a copy of the adapted base
+    copy = dict(merging.items)["adapted base weights' copy (merge_adapters)"]
+    assert copy == pytest.approx(adapted_params(BUILTIN["qwen2.5-7b"]) * 2 / GIB) and merging.peak == pytest.approx(native.peak + copy)
 
 
 def test_a_bf16_reference_halves_its_weights():

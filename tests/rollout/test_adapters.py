@@ -1,6 +1,7 @@
 """LoRA adapters applied by the native engine over its base (rlcore/rollout/adapters.py, model.lora.merge=False):
 greedy tokens and log-probs equal HF + peft's forward with the same adapter, on the fused decoder and on HF's own
-modules, after in-place reloads of changed adapters, and with two named adapters held over one base (multi-LoRA)."""
+modules or merged into the weights, after in-place reloads of changed adapters, and with two named adapters held over
+one base (multi-LoRA), switched per call."""
 
 import pytest
 import torch
@@ -60,11 +61,13 @@ def model_dir(tmp_path_factory):
     return build_tiny_llama_dir(str(tmp_path_factory.mktemp("llama")), layers=2, hidden=128, heads=4)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_the_rollout_applies_the_adapters_and_follows_reloads(model_dir, fused):
+@pytest.mark.parametrize("how", ["fused", "hf_modules", "merged_in"])
+def test_the_rollout_applies_the_adapters_and_follows_reloads(model_dir, how):
+    """fused: the fused decoder's stacked deltas; hf_modules: forward hooks; merged_in (merge_adapters): merged into
+    the weights from a kept copy of the base, so a reload merges the new factors into the base, not the last merge."""
     model = peft_model(model_dir, seed=0)
-    rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"))
-    if not fused:
+    rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"), merge_adapters=how == "merged_in")
+    if how == "hf_modules":
         rollout.decoder = None  # HF's modules, the adapters through forward hooks
     rollout.update_weights(lora.base_weights(model.state_dict().items()))
     rollout.load_adapters(adapters_of(model))
@@ -76,10 +79,12 @@ def test_the_rollout_applies_the_adapters_and_follows_reloads(model_dir, fused):
     check_against(model, rollout)
 
 
-def test_two_named_adapters_over_one_base(model_dir):
-    """Multi-LoRA, per call: each generate() names the adapter it uses; the policy's ("default") when none is named."""
+@pytest.mark.parametrize("merge", [False, True])
+def test_two_named_adapters_over_one_base(model_dir, merge):
+    """Multi-LoRA, per call: each generate() names the adapter it uses; the policy's ("default") when none is named
+    (merged in: switching re-merges from the base)."""
     policy, other = peft_model(model_dir, seed=0), peft_model(model_dir, seed=5)
-    rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"))
+    rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"), merge_adapters=merge)
     rollout.update_weights(lora.base_weights(policy.state_dict().items()))
     rollout.load_adapters(adapters_of(policy))
     rollout.load_adapters(adapters_of(other, "other"))
