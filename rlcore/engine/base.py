@@ -43,6 +43,12 @@ class TokenRequest:
     routes: str = "free"
     # Also sum_v p(v)^2 per token (the optimal token baseline's score norm, actor.calculate_sum_pi_squared).
     sum_pi_squared: bool = False
+    # On-policy distillation. topk > 0: also each position's k likeliest tokens, "topk_ids" and "topk_log_probs"
+    # `[batch, response_len, k]` (no gradient; a teacher's scoring, the student's overlap metric). gather: the name
+    # of a batch column `[batch, response_len, k]` of token ids whose log-probs, with gradient, come back as
+    # "gathered_log_probs" (the student's at the teacher's top-k).
+    topk: int = 0
+    gather: str | None = None
 
 
 @dataclass

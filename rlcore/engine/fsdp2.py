@@ -31,7 +31,7 @@ from rlcore.families import family_of
 from rlcore.models import lora
 from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
-from rlcore.models.logits import TOKEN_CHANNELS, channel_names
+from rlcore.models.logits import unstack_channels
 from rlcore.models.experts import splits_experts
 from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
@@ -244,7 +244,9 @@ class FSDP2Engine(TrainEngine):
         (rlcore.models.logits.token_log_probs): no `[tokens, vocab]` logits for the micro-batch."""
         inputs = {k: mb.batch[k].to(self.device) for k in MODEL_INPUTS}
         responses = mb.batch["responses"].to(self.device)
-        response_len = responses.shape[-1]
+        response_len = responses.shape[1]
+        if request.gather:  # the log-probs of these ids too: `[batch, response_len, 1 + k]`, the sampled token first
+            responses = torch.cat([responses[..., None], mb.batch[request.gather].to(self.device)], -1)
         packing = self.spec.use_remove_padding or self.grouped
         if packing:
             pack = (lambda *a: pack_prefix_groups(*a)[0]) if self.grouped else pack_sequences
@@ -266,16 +268,16 @@ class FSDP2Engine(TrainEngine):
             kwargs["output_router_logits"] = False
         if self.head is None:  # a scalar per position, cheap to compute everywhere
             out = self.model(**kwargs).logits[:, index]
-            channels = {"scores" if self.spec.kind == "reward" else "values": 0}
         else:
             with self.head.computing(tokens, request):
                 out = self.model(**kwargs, logits_to_keep=index).logits
-            channels = {name: TOKEN_CHANNELS.index(name) for name in channel_names(request)}
         if shard is not None:
             out = self.ulysses.gather(shard, out[0])[None]
         if packing:
             out = unpack_responses(out[0], packed.response_valid)
-        return {name: out[..., i].float() for name, i in channels.items()}
+        if self.head is None:
+            return {"scores" if self.spec.kind == "reward" else "values": out[..., 0].float()}
+        return unstack_channels(out, request)
 
     def forward(self, micro_batches: list[DataProto], fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
         self.model.eval()

@@ -171,8 +171,9 @@ class TokenHead:
     """Makes an HF causal LM's `lm_head` compute per-token log-probs (and entropy) of given tokens instead of
     logits, inside the model's own forward (so FSDP2 has the head's weight gathered exactly when it is used).
 
-    Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, channels]` (TOKEN_CHANNELS) of
-    `tokens` `[batch, k]` at the positions selected by `logits_to_keep`; outside it the head is a plain linear.
+    Within `head.computing(tokens, request)`, the model's `.logits` are `[batch, k, channels]`
+    (rlcore.models.logits.stack_channels; unstack_channels names them) of `tokens` `[batch, k]`, or `[batch, k, C]`
+    (C ids per position), at the positions selected by `logits_to_keep`; outside it the head is a plain linear.
 
     Some families change the head's output in their forward: Gemma soft-caps it (`final_logit_softcapping`, switched
     off while the head returns channels: the head caps the logits itself), Cohere, Granite and Falcon-H1 scale it
@@ -192,6 +193,7 @@ class TokenHead:
         # channels the model's cap is off and the head caps the logits itself.
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.scale = 1.0  # what the model's forward multiplies the head's output by (calibrate)
+        self.scale_exact = True  # that scale is a config value the forward multiplies by, not a fit (calibrate)
         self._pending = None
         self.linear.forward = self._forward
 
@@ -216,7 +218,8 @@ class TokenHead:
             return
         fitted = float((logits * z).sum() / (z * z).sum())
         if self.softcap is None and float((logits - fitted * z).abs().max()) <= 1e-2 * float(logits.abs().max()) + 1e-6:
-            self.scale = _config_value_near(self.config, fitted)
+            near = _config_value_near(self.config, fitted)
+            self.scale, self.scale_exact = (fitted, False) if near is None else (near, True)
             return
         raise ValueError(f"{self.config.model_type}: its forward changes the output layer's logits in a way rlcore's log-prob head "
                          f"cannot reproduce (max difference {float((logits - expected).abs().max()):.3g}); rlcore would train on "
@@ -239,19 +242,35 @@ class TokenHead:
         if self._pending is None:
             return torch.nn.functional.linear(hidden, self.linear.weight)
         tokens, request = self._pending
-        stats = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, tokens.reshape(-1), request.temperature,
+        topk = getattr(request, "topk", 0)
+        if topk and self.scale != 1.0:
+            self._check_ids_survive_the_scale()
+        flat = tokens.reshape(-1) if tokens.shape == hidden.shape[:-1] else tokens.reshape(-1, tokens.shape[-1])
+        stats = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, flat, request.temperature,
                                 request.entropy, vocab_size=self.vocab_size, compiled=self.compiled,
-                                with_sum_pi_squared=request.sum_pi_squared, softcap=self.softcap, scale=self.scale)
+                                with_sum_pi_squared=request.sum_pi_squared, softcap=self.softcap, scale=self.scale, topk=topk)
         channels = stack_channels(stats, hidden.shape[:-1])
-        return channels if self.scale == 1.0 else channels / self.scale  # the model multiplies its head's output back
+        # The model multiplies its head's output back, the top-k id channels too: they return within a few float32
+        # roundings of the id (unstack_channels rounds them), see _check_ids_survive_the_scale.
+        return channels if self.scale == 1.0 else channels / self.scale
+
+    def _check_ids_survive_the_scale(self) -> None:
+        """Top-k ids divided by the scale here and multiplied back by the model are off by at most ~4 float32
+        roundings, id * 4 * 2**-24: under 0.5, so rounding restores them, for ids below 2**21. A fitted scale (no
+        config value matched) differs from the model's by up to the fit's error, which no rounding undoes."""
+        if not self.scale_exact or self.vocab_size > 2 ** 21:
+            raise ValueError(f"{self.config.model_type}: top-k log-probs (topk > 0) are not supported for a model whose forward "
+                             f"scales the output layer's logits (scale {self.scale:.6g}, "
+                             f"{'from the config' if self.scale_exact else 'fitted, no config value matched'}; vocab_size "
+                             f"{self.vocab_size}): the token ids would not survive the scale exactly. Set topk=0 for this model")
 
 
-def _config_value_near(config, fitted: float) -> float:
+def _config_value_near(config, fitted: float) -> float | None:
     """The config value (or its reciprocal: Granite divides by `logits_scaling`) a fitted logit scale equals within
-    1%, so a bf16 probe does not leave its rounding in every log-prob; the fitted value when none does."""
+    1%, so a bf16 probe does not leave its rounding in every log-prob; None when none does."""
     for value in config.to_dict().values():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
             for candidate in (float(value), 1.0 / float(value)):
                 if abs(candidate - fitted) <= 1e-2 * abs(fitted):
                     return candidate
-    return fitted
+    return None
