@@ -124,13 +124,17 @@ NO_EFFECT: dict[str, str] = {
                                    "made; a tokenizer of its own is never loaded",
     "trainer.max_critic_ckpt_to_keep": "rlcore keeps the actor and the critic in one global_step_N folder, pruned by "
                                        "trainer.max_actor_ckpt_to_keep",
+    "distillation.distillation_loss.clip_ratio": "the policy-gradient form clips with clip_ratio_low and clip_ratio_high "
+                                                 "(distillation.distillation_loss.*), as verl's vanilla policy loss reads them",
 }
 
 # pattern -> (a value other than the default that validation refuses with the reason, the overrides it is refused
 # under): the schema test composes each
 MEGATRON = ("actor_rollout_ref.actor.strategy=megatron",)
 MEGATRON_LORA = (*MEGATRON, "actor_rollout_ref.model.lora.rank=8")
+DISTILLATION = ("distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/teacher")
 REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "distillation.distillation_loss.policy_loss_mode": ("gspo", DISTILLATION),
     "actor_rollout_ref.model.lora.type": ("dora", MEGATRON_LORA),
     "actor_rollout_ref.model.lora.dropout": (0.1, MEGATRON_LORA),
     "actor_rollout_ref.model.lora.lora_B_init_method": ("kaiming", MEGATRON_LORA),

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II, MISSING
 
 from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
+from rlcore.config.distill_schema import DistillationConfig
 from rlcore.config.fsdp_schema import FSDPConfig, RewardModelFSDPConfig
 from rlcore.config.lora_schema import MegatronLoraConfig
 from rlcore.config.moe_schema import RouterReplayConfig
@@ -553,3 +554,4 @@ class PPOConfig:
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)  # with actor_rollout_ref.hybrid_engine=False
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # with hybrid_engine=False
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)  # what is profiled, where
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)  # on-policy distillation from teachers

@@ -22,6 +22,7 @@ from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
 from rlcore.config.validate_async import check_async, derive_async_sizes, split_pools
 from rlcore.config.validate_engine import ppo_engine_errors
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
+from rlcore.config.validate_distill import check_distillation
 from rlcore.config.validate_lora import check_lora
 from rlcore.config.validate_profiler import check_profiler
 from rlcore.config.validate_megatron import _megatron_model_parallel, check_megatron, check_same_layout
@@ -183,6 +184,7 @@ def _check_choices(c: _Checker) -> None:
     check_dynamic_sampling(c)
     check_pf_ppo(c)
     check_otb(c)
+    check_distillation(c)
     check_prefix_grouper(c)
     check_rollout_correction(c)
     check_router_replay(c)
