@@ -74,6 +74,9 @@ def absolute_paths(cfg: DictConfig) -> None:
     cfg.reward_model.model.path = full(cfg.reward_model.model.path)
     if cfg.reward_model.model.input_tokenizer:
         cfg.reward_model.model.input_tokenizer = full(cfg.reward_model.model.input_tokenizer)
+    for teacher in cfg.distillation.teacher_models.values():
+        if teacher and teacher.get("model_path"):
+            teacher.model_path = full(teacher.model_path)
     cfg.trainer.default_local_dir = full(cfg.trainer.default_local_dir)
     if cfg.custom_algorithms.path:
         cfg.custom_algorithms.path = full(cfg.custom_algorithms.path)
@@ -105,7 +108,8 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
 def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:
     """The device pools `[(nnodes, n_gpus_per_node)]` and the pool of each worker group. The critic shares the
     actor's devices unless critic.enable_resource_pool; the reward model shares the critic's (OpenRLHF's
-    --colocate_critic_reward; the actor's when there is no critic) unless reward_model.enable_resource_pool. With
+    --colocate_critic_reward; the actor's when there is no critic) unless reward_model.enable_resource_pool; the
+    distillation teachers the actor's unless distillation.n_gpus_per_node gives them a pool. With
     actor_rollout_ref.hybrid_engine=False the rollout has a pool of its own (rollout.nnodes x rollout.n_gpus_per_node)."""
     pools, where = [(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node)], {"actor_rollout": 0}
     if not cfg.actor_rollout_ref.hybrid_engine:  # split pools: the rollout on devices of its own (rollout.*)
@@ -119,6 +123,11 @@ def placement(cfg: DictConfig) -> tuple[list[tuple[int, int]], dict[str, int]]:
             where[role] = len(pools) - 1
         else:
             where[role] = where.get(follows, 0)
+    d = cfg.distillation
+    if d.enabled:  # the teachers: a pool of their own when given one, else the actor's devices (as the reference)
+        if d.n_gpus_per_node:
+            pools.append((d.nnodes, d.n_gpus_per_node))
+        where["teacher"] = len(pools) - 1 if d.n_gpus_per_node else 0
     return pools, where
 
 
@@ -130,9 +139,11 @@ def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     from rlcore.workers.critic import CriticWorker
     from rlcore.workers.reward_model import RewardModelWorker
     from rlcore.workers.rollout import RolloutWorker
+    from rlcore.workers.teacher import TeacherWorker
 
     shapes, where = placement(cfg)
-    classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker, "rollout": RolloutWorker}
+    classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker, "rollout": RolloutWorker,
+               "teacher": TeacherWorker}
     check_dir = cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode != "disable"
     return build_groups(cfg.trainer, OmegaConf.to_container(cfg, resolve=True), shapes, where, classes, check_dir)
 

@@ -73,12 +73,23 @@ def _split_protos(world_size: int, args: tuple, kwargs: dict) -> tuple[list[tupl
 
 def mean_metrics(per_rank: list[dict[str, float]], collect: list[bool] | None = None) -> dict[str, float]:
     """Averages each metric over the collecting ranks that reported it (one per replica, each holding an equal
-    share of the batch); `perf/max_*` peaks take the largest value over every rank."""
+    share of the batch); `perf/max_*` peaks take the largest value over every rank, extremes their own
+    (metric_reduction)."""
     collect = collect or [True] * len(per_rank)
     keys = sorted({k for m in per_rank for k in m})
     values = lambda k: [m[k] for m, c in zip(per_rank, collect) if k in m and (c or k.startswith("perf/max_"))]  # noqa: E731
-    reduce = lambda k: np.max if k.startswith("perf/max_") else np.mean  # noqa: E731
-    return {k: float(reduce(k)(values(k))) for k in keys if values(k)}
+    return {k: float(metric_reduction(k)(values(k))) for k in keys if values(k)}
+
+
+def metric_reduction(key: str):
+    """How values of a metric from several ranks, micro- or mini-batches combine: the largest for memory peaks
+    (`perf/max_*`) and for extremes (`*_max` of `actor/distillation/`), the smallest for `*_min` there; the mean
+    of everything else (the shares a loss function's metrics are)."""
+    if key.startswith("perf/max_") or key.startswith("actor/distillation/") and key.endswith("_max"):
+        return np.max
+    if key.startswith("actor/distillation/") and key.endswith("_min"):
+        return np.min
+    return np.mean
 
 
 def dispatch_and_collect(mode: Dispatch, layouts: list[DataLayout], call: Callable[[list[tuple], list[dict]], list[Any]], args: tuple,

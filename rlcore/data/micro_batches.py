@@ -94,8 +94,10 @@ def make_micro_batches(data: DataProto, spec: MicroBatchSpec) -> tuple[list[Data
 
 
 def pad_responses(t: torch.Tensor, response_len: int) -> torch.Tensor:
-    """Right-pads a `[batch, r]` per-token output of a trimmed micro-batch back to `[batch, response_len]`."""
-    return torch.nn.functional.pad(t, (0, response_len - t.shape[-1])) if t.shape[-1] < response_len else t
+    """Right-pads a `[batch, r, ...]` per-token output of a trimmed micro-batch back to `[batch, response_len, ...]`
+    (a teacher's top-k tokens carry a trailing k)."""
+    missing = response_len - t.shape[1]
+    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, missing)) if missing > 0 else t
 
 
 def restore_order(outputs: dict[str, torch.Tensor], order: Optional[np.ndarray]) -> dict[str, torch.Tensor]:

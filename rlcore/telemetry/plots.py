@@ -13,7 +13,7 @@ import warnings
 Series = tuple[list[int], list[float]]  # (steps, values), steps ascending
 
 # Phases PPOTrainer times inside timing_s/step, in the order a step runs them (unknown phases follow, sorted).
-STEP_PHASES = ("weight_sync", "gen_max", "gen", "reward_model", "reward", "old_log_prob", "ref", "values", "adv",
+STEP_PHASES = ("weight_sync", "gen_max", "gen", "reward_model", "reward", "old_log_prob", "teacher", "ref", "values", "adv",
                "update_critic", "update_actor")
 # Timed after timing_s/step has closed (fit() wraps them, not train_step()), so they stack on top of the step.
 AFTER_STEP_PHASES = ("testing", "save_checkpoint")

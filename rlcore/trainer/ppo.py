@@ -20,6 +20,8 @@ from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import TURN_COUNTERS
+from rlcore.trainer.distillation import TeacherScoring
+from rlcore.workers.teacher import TEACHER_COLUMNS
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
@@ -59,6 +61,8 @@ class PPOTrainer:
         self.actor_rollout = groups["actor_rollout"]
         self.critic = groups.get("critic")
         self.reward_model = groups.get("reward_model")
+        # On-policy distillation: the teacher group scores each step's samples (rlcore.trainer.distillation)
+        self.teacher = TeacherScoring(cfg, groups["teacher"]) if "teacher" in groups else None
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.train_loader, self.val_loader = train_loader, val_loader
         self.tracker = tracker
@@ -184,6 +188,9 @@ class PPOTrainer:
                     entropy = old.pop(["entropys"]).batch["entropys"]
                     metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
                     batch.union(old)
+            if self.teacher is not None:
+                with self.perf.phase("teacher", metrics):
+                    self.teacher(batch, metrics)
             if self.use_ref:
                 with self.perf.phase("ref", metrics):
                     ref = self.actor_rollout.compute_ref_log_prob(batch.select(actor_keys(batch, FORWARD_KEYS)))
@@ -300,7 +307,7 @@ class PPOTrainer:
         """The columns the actor update reads; the rejection mask, if any, as its response mask."""
         present = batch.batch.keys()
         keys = actor_keys(batch, UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else []))
-        keys += [k for k in ("old_log_probs", "rollout_is_weights") if k in present]
+        keys += [k for k in ("old_log_probs", "rollout_is_weights", *TEACHER_COLUMNS) if k in present]
         if "rollout_log_probs" in present and (self.bypass or "old_log_probs" not in present):
             keys.append("rollout_log_probs")  # the actor measures the mismatch (see correct_rollout)
         data = batch.select(keys)

@@ -15,11 +15,13 @@ from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
 from rlcore.data.sampler import build_sampler
 from rlcore.data.row_checks import rule_score_problem
-from rlcore.models.hf import ModelLoadError, import_external_lib, policy_tokenizer
+from rlcore.config.validate_distill import teacher_entries
+from rlcore.models.hf import ModelLoadError, import_external_lib, load_tokenizer, policy_tokenizer
 from rlcore.reward.custom import load_custom_reward_fn
 from rlcore.reward.isolation import IsolatedScorer
 from rlcore.reward.manager import RewardManager, ScoreGuard, build_reward_manager
 from rlcore.reward.scorers import default_compute_score, registered_data_sources
+from rlcore.trainer.distillation import tokenizer_mismatch
 
 
 @contextmanager
@@ -53,6 +55,7 @@ def build_data(cfg: DictConfig):
     rule = [] if cfg.custom_reward_function.path else [partial(rule_score_problem, source_key=data.reward_fn_key,
                                                                 scored_sources=registered_data_sources())]
 
+    check_teacher_tokenizers(cfg, tokenizer)
     tools = tool_schemas(cfg)  # rendered into the prompt by the chat template, as verl's dataset does
 
     def dataset(files, max_samples, checks, key):
@@ -78,6 +81,22 @@ def build_data(cfg: DictConfig):
         # data.validation_shuffle: a seeded order, drawn afresh for each validation pass (PromptLoader's epochs).
         val = PromptLoader(val_set, data.val_batch_size or len(val_set), shuffle=data.validation_shuffle, seed=seed, drop_last=False)
     return tokenizer, train, val
+
+
+def check_teacher_tokenizers(cfg: DictConfig, tokenizer) -> None:
+    """Before Ray starts: every distillation teacher must read the student's token ids as the student does."""
+    if not cfg.distillation.enabled:
+        return
+    problems = []
+    for name, teacher in teacher_entries(cfg).items():
+        key = f"distillation.teacher_models.{name}.model_path"
+        with loading(key, teacher.model_path, "the teacher's tokenizer"):
+            mismatch = tokenizer_mismatch(tokenizer, load_tokenizer(teacher.model_path, teacher.trust_remote_code))
+        if mismatch:
+            problems.append(f"{key}={teacher.model_path}: {mismatch}; a teacher scores the student's own token ids, so it "
+                            "must share the student's tokenizer (pick a teacher of the same family)")
+    if problems:
+        raise ConfigError(problems)
 
 
 def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardManager]:

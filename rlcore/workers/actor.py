@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
+from rlcore.algos.distill import ESTIMATORS, combined_loss, distillation_loss, token_losses
 from rlcore.algos.rollout_corr import bypass_mode_loss, mismatch_token_terms
 from rlcore.config.schema import RolloutCorrectionConfig
 from rlcore.data.micro_batches import MicroBatchSpec
@@ -44,7 +47,7 @@ def policy_loss_params(actor_cfg) -> dict[str, float]:
 
 
 def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on_policy: bool = False,
-                        rollout_corr: RolloutCorrectionConfig | None = None) -> LossFn:
+                        rollout_corr: RolloutCorrectionConfig | None = None, distill=None) -> LossFn:
     """The per-micro-batch loss: policy loss - entropy_coeff * entropy (+ kl_loss_coef * KL to the reference).
 
     `counts` = (valid tokens, sequences) of the whole mini-batch over all ranks: the normalisers that make the
@@ -56,6 +59,9 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
     the rollout's and the loss is rlcore.algos.rollout_corr.bypass_mode_loss; `rollout_log_probs` in the batch (no
     old-log-prob pass ran: on-policy or bypass_mode) ask for the token-mean `rollout_corr/*` mismatch metrics
     against this forward's log-probs.
+    `distill` (distillation.distillation_loss when distillation is on): the distillation term against the batch's
+    teacher columns joins the policy loss as verl combines them (rlcore.algos.distill); entropy, KL and a MoE's
+    auxiliary loss stay as configured.
     """
     rc = rollout_corr or RolloutCorrectionConfig()
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
@@ -84,6 +90,9 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
         # Metrics stay on the device (detached): run_ppo_updates reads a mini-batch's in one transfer, not one
         # host sync per metric per micro-batch.
         metrics = {"actor/pg_loss": pg_loss.detach()}
+        if distill is not None:
+            loss, distill_metrics = _distillation_term(distill, outputs, b, mask, log_prob, old_log_prob, agg, pg_loss)
+            metrics.update(distill_metrics)
         if actor_cfg.entropy_coeff != 0:
             entropy = agg(outputs["entropy"])
             loss = loss - actor_cfg.entropy_coeff * entropy
@@ -114,8 +123,31 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
     return loss_fn
 
 
+def _distillation_term(distill, outputs: dict, b: dict, mask: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor,
+                       agg: Callable, pg_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """The policy loss combined with the distillation term, and `actor/distillation/*` metrics (verl's names): the
+    loss, its per-token extremes over this micro-batch (reduced by min / max, rlcore.controller.decorator), and the
+    loss's own statistics as token means."""
+    per_token, stats = token_losses(distill, outputs, b)
+    valid = per_token.detach()[mask.bool()]
+    term, pg_stats = distillation_loss(distill, per_token, mask, log_prob, old_log_prob, agg)
+    metrics = {"actor/distillation/loss": term.detach(),
+               "actor/distillation/loss_min": valid.min() if valid.numel() else 0.0,
+               "actor/distillation/loss_max": valid.max() if valid.numel() else 0.0}
+    metrics.update({f"actor/distillation/{k}": agg(v).detach() for k, v in {**stats, **pg_stats}.items()})
+    return combined_loss(distill, pg_loss, term), metrics
+
+
+def distillation_request(distill) -> dict:
+    """What the student's forward adds for the distillation loss (rlcore.engine.base.TokenRequest): for the top-k
+    losses its log-probs at the teacher's top-k ids (with gradient) and its own top-k ids (the overlap metric)."""
+    if distill is None or distill.loss_mode in ESTIMATORS:
+        return {}
+    return {"gather": "teacher_topk_ids", "topk": distill.topk}
+
+
 def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float,
-                  rollout_corr: RolloutCorrectionConfig | None = None) -> dict[str, float]:
+                  rollout_corr: RolloutCorrectionConfig | None = None, distill=None) -> dict[str, float]:
     """ppo_epochs x mini-batches x micro-batches of the configured loss, one optimizer step per mini-batch. A mixture
     of experts replays the batch's `routed_experts` (router replay R2/R3) and reports its routers' load.
 
@@ -133,9 +165,10 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroB
                          "only a single on-policy step may use its own log-probs as the old ones")
     # Entropy only where it is used: in the loss, or as the metric the skipped old-log-prob pass would have logged.
     replay = actor_cfg.router_replay.mode != "disabled" and ROUTES in data.batch.keys()
-    request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy, routes="replay" if replay else "free")
+    request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy, routes="replay" if replay else "free",
+                           **distillation_request(distill))
     metrics = run_ppo_updates(
         engine, data, actor_cfg.ppo_epochs, mini_batch_rows, micro,
-        lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy, rollout_corr), "actor", request,
+        lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy, rollout_corr, distill), "actor", request,
     )
     return metrics | {f"actor/{k}": v for k, v in engine.moe_metrics().items()}

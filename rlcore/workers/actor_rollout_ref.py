@@ -151,8 +151,9 @@ class ActorRolloutRefWorker(RoleWorker):
         start = time.perf_counter()
         phases.reset_peak(self.device)
         with phases.running(self.actor, "update_actor"):
+            distill = self.config.distillation.distillation_loss if self.config.distillation.enabled else None
             metrics = update_policy(self.actor, data, cfg.actor, self._micro_batches("actor"), cfg.rollout.n, cfg.rollout.temperature,
-                                    self.config.algorithm.rollout_correction)
+                                    self.config.algorithm.rollout_correction, distill)
             metrics.update(phases.ledger("update_actor", self._engines(), self.rollout, device=self.device))
         # On-rank seconds; the controller's timing_s/update_actor minus this is dispatch + transfer overhead.
         metrics["timing_s/update_actor_on_rank"] = time.perf_counter() - start

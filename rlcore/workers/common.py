@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from omegaconf import OmegaConf
 
-from rlcore.controller.decorator import DataLayout, Dispatch, register
+from rlcore.controller.decorator import DataLayout, Dispatch, metric_reduction, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
 from rlcore.engine.base import CHECKPOINT_STATE, ForwardFn, LossFn, TokenRequest, TrainEngine
@@ -103,11 +103,11 @@ def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: 
 
 
 def _full_width(t: torch.Tensor, mb: DataProto, width: int, response_len: int) -> torch.Tensor:
-    """A trimmed micro-batch's output at the batch's width: `[rows, r]` per response token right-padded to
+    """A trimmed micro-batch's output at the batch's width: `[rows, r, ...]` per response token right-padded to
     response_len; `[rows, seq, ...]` per input token (a MoE's routes) padded on both sides, as trim_padding cut it."""
-    if t.dim() == 2:
-        return pad_responses(t, response_len)
     mb_width, mb_response = mb.batch["input_ids"].shape[-1], mb.batch["responses"].shape[-1]
+    if t.dim() == 2 or t.shape[1] == mb_response:  # per response token (a teacher's top-k: `[rows, r, k]`)
+        return pad_responses(t, response_len)
     left = (width - response_len) - (mb_width - mb_response)
     return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (left, response_len - mb_response))
 
@@ -144,12 +144,13 @@ def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batc
             # Each micro-batch metric is its (dp-scaled) share of the mini-batch value: summing over micro-batches
             # gives this rank's contribution, and the controller's mean over ranks completes the exact value.
             for key in (per_micro[0] if per_micro else ()):
-                history[key].append(sum(m[key] for m in per_micro))
+                reduce = metric_reduction(key)
+                history[key].append(sum(m[key] for m in per_micro) if reduce is np.mean else reduce([m[key] for m in per_micro]))
             step = engine.optimizer_step(skip=empty)
             history[f"{prefix}/grad_norm"].append(step["grad_norm"])
             history[f"{prefix}/lr"].append(step["lr"])
             history[f"{prefix}/skipped_steps"].append(step["skipped_step"])
-    return {k: float(np.mean(v)) for k, v in history.items()}
+    return {k: float(metric_reduction(k)(v)) for k, v in history.items()}
 
 
 def rng_state_path(path: str, rank: int) -> str:

@@ -1,0 +1,105 @@
+"""The distillation teacher role (`distillation.enabled`): one or more frozen models scoring the student's finished
+samples token by token, written once over TrainEngine (native: an FSDP2 forward through the same log-prob head the
+actor uses) or over a vLLM engine per rank (rlcore.rollout.vllm_teacher).
+
+Every rank of the group holds every teacher: a native teacher sharded over the group (FSDP2), a vLLM one whole on
+each rank. The controller sends each teacher the rows routed to it (`compute_teacher_log_prob(rows, teacher=name)`),
+split over the ranks like any batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rlcore.config.validate_distill import teacher_entries, uses_topk
+from rlcore.controller.decorator import DataLayout, Dispatch, register
+from rlcore.engine.base import TokenRequest
+from rlcore.engine.factory import build_engine, engine_spec
+from rlcore.models.hf import named_load
+from rlcore.protocol import DataProto
+from rlcore.workers import phases
+from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, run_forward
+
+# The columns a teacher adds: the sampled tokens' log-probs, and for the top-k losses its top-k tokens.
+TEACHER_COLUMNS = ("teacher_log_probs", "teacher_topk_log_probs", "teacher_topk_ids")
+
+
+def teacher_spec(cfg: DictConfig, teacher: DictConfig, total_steps: int):
+    """The EngineSpec of a native teacher: the reference's FSDP2 settings (a frozen model, as the reference is) over the
+    teacher's own model directory, in the teacher's dtype; packed like the student when the student packs."""
+    model = copy.deepcopy(cfg.actor_rollout_ref.model)
+    with open_dict(model):
+        model.path, model.tokenizer_path, model.hf_config_path = teacher.model_path, None, None
+        model.override_config, model.trust_remote_code = {}, teacher.trust_remote_code
+    role = copy.deepcopy(cfg.actor_rollout_ref.ref)
+    with open_dict(role):
+        role.fsdp_config.param_offload = teacher.inference.param_offload
+        role.fsdp_config.dtype = teacher.inference.dtype
+        role.fsdp_config.model_dtype = teacher.inference.dtype
+        role.fsdp_config.mixed_precision.param_dtype = None
+        role.ulysses_sequence_parallel_size, role.fsdp_config.ulysses_sequence_parallel_size = 1, 1
+        role.use_torch_compile = False
+    return engine_spec("fsdp2", model, role, None, 0.0, total_steps)
+
+
+class TeacherWorker(RoleWorker):
+    """One process per device holding every teacher (a shard of each native one; a whole vLLM engine each)."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_steps: int) -> None:
+        self.teachers = teacher_entries(self.config)
+        loss = self.config.distillation.distillation_loss
+        self.topk = loss.topk if uses_topk(lambda key: OmegaConf.select(self.config, key)) else 0
+        self.engines, self.vllm = {}, {}
+        for name, teacher in self.teachers.items():
+            key = f"distillation.teacher_models.{name}.model_path"
+            with named_load(key, teacher.model_path, f"teacher {name}"):
+                if teacher.inference.name == "vllm":
+                    from rlcore.rollout.vllm_teacher import VLLMTeacher
+
+                    i = teacher.inference
+                    engine_kwargs = OmegaConf.to_container(i.engine_kwargs, resolve=True).get("vllm") or {}
+                    self.vllm[name] = VLLMTeacher(teacher.model_path, device=self.device, name=name, dtype=i.dtype,
+                                                  max_model_len=i.max_model_len, topk=self.topk, seed=self.config.trainer.seed,
+                                                  gpu_memory_utilization=i.gpu_memory_utilization, max_num_seqs=i.max_num_seqs,
+                                                  max_num_batched_tokens=i.max_num_batched_tokens, enforce_eager=i.enforce_eager,
+                                                  engine_kwargs=engine_kwargs, trust_remote_code=teacher.trust_remote_code)
+                else:
+                    self.engines[name] = build_engine("fsdp2", teacher_spec(self.config, teacher, total_steps), self.device,
+                                                      key=f"distillation.teacher_models.{name}.inference.name")
+                    phases.leave(self.engines[name])
+        # Native teachers are sharded over the whole group (one data-parallel layout); vLLM ones are whole per rank.
+        first = next(iter(self.engines.values()), None)
+        self.layouts["teacher"] = layout_of(first) if first is not None else DataLayout(self.rank, self.world_size)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="teacher")
+    def compute_teacher_log_prob(self, data: DataProto, teacher: str) -> DataProto:
+        """Teacher `teacher`'s scores of these samples (input_ids spanning prompt + response, attention_mask,
+        position_ids, responses): `teacher_log_probs` `[batch, response_len]` of the sampled tokens, and with the
+        top-k losses `teacher_topk_log_probs` / `teacher_topk_ids` `[batch, response_len, topk]`, of softmax(logits /
+        the teacher's temperature)."""
+        start = time.perf_counter()
+        t = self.teachers[teacher]
+        if teacher in self.vllm:
+            mask = data.batch["attention_mask"]
+            scored = self.vllm[teacher].score(data.batch["input_ids"], mask, data.batch["responses"].shape[1], self.topk,
+                                              t.inference.temperature)
+        else:
+            engine = self.engines[teacher]
+            micro = micro_batch_spec(t.inference, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
+                                     engine)
+            request = TokenRequest(t.inference.temperature, topk=self.topk)
+            with phases.running(engine, "ref"):
+                scored = run_forward(engine, data, micro, lambda outputs, mb: {k: outputs[k] for k in outputs if k in
+                                                                               ("log_probs", "topk_log_probs", "topk_ids")}, request)
+            if not len(scored):
+                return scored
+            scored = {k: scored.batch[k] for k in scored.batch.keys()}
+        out = {"teacher_log_probs": scored["log_probs"]}
+        if self.topk:
+            out.update(teacher_topk_log_probs=scored["topk_log_probs"], teacher_topk_ids=scored["topk_ids"])
+        meta = {"timing": {f"timing_s/teacher_on_rank/{teacher}": time.perf_counter() - start}}
+        return DataProto.from_dict(out, meta_info=meta)
