@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.validate import uses_reference
 from rlcore.plan.arch import Arch, hf_config, resolve_arch
-from rlcore.plan.memory import ARR, GIB, Estimator, MemoryPlan, device_capacity, runtime_gib
+from rlcore.plan.memory import ARR, GIB, Estimator, MemoryPlan, _Role, device_capacity, runtime_gib
 
 # Measured with megatron-core 0.16.1 under a fake world of 8: it creates gloo groups beside the default group (the
 # fake backend cannot back them; switchable), its optimizer exchanges parameter-group keys with all_gather_object
@@ -80,7 +80,7 @@ class Rehearsal:
     def compare(self, mem: MemoryPlan) -> list[tuple[str, float, float | None]]:
         """(phase, rehearsed GiB, planned GiB or None) for every phase."""
         planned = {r.role: r.peak for r in mem.roles}
-        return [(p.phase, p.peak, planned.get(PLAN_ROLE.get(p.phase, ""))) for p in self.phases]
+        return [(p.phase, p.peak, planned.get(PLAN_ROLE.get(p.phase, f"{p.phase} scores"))) for p in self.phases]
 
 
 def _model_dir(arch: Arch, path: str, workdir: str) -> str:
@@ -234,6 +234,9 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
             if use_ref:
                 engines["ref"] = build("ref", None)
                 phases.leave(engines["ref"])
+            for name, spec in teacher_specs(cfg, workdir).items():  # the teacher group's, colocated or not
+                engines[f"teacher {name}"] = build_engine("fsdp2", spec, device)
+                phases.leave(engines[f"teacher {name}"])
 
         out.append(_measure("load", [], load))
         out[-1].added = [runtime]
@@ -261,12 +264,45 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
                  ("old_log_prob", "actor", lambda: actor.forward([log_prob_mb], lambda o, mb: o, request), [])]
         if use_ref:
             steps.append(("ref", "ref", lambda: engines["ref"].forward([log_prob_mb], lambda o, mb: o, request), []))
+        for role in (r for r in engines if r.startswith("teacher ")):
+            steps.append((role, role, teacher_pass(engines[role], est, cfg, role.split(" ", 1)[1], arch.vocab), []))
         steps.append(("update_actor", "actor", update, []))
         for phase, role, work, added in steps:
-            with phases.running(engines[role], phase) if role else ExitStack():
-                out.append(_measure(phase, _held(engines, phase), work))
+            # a teacher's pass needs what the reference's does (its parameters; rlcore.workers.teacher runs it so)
+            with phases.running(engines[role], "ref" if phase.startswith("teacher ") else phase) if role else ExitStack():
+                out.append(_measure(phase, _held(engines, "ref" if phase.startswith("teacher ") else phase), work))
             out[-1].added = added + [runtime]
     return Rehearsal(world, capacity, out, notes)
+
+
+def teacher_specs(cfg: DictConfig, workdir: str) -> dict:
+    """The native distillation teachers' EngineSpecs (rlcore.workers.teacher), over config-only model directories."""
+    from rlcore.config.validate_distill import teacher_entries
+    from rlcore.workers.teacher import teacher_spec
+
+    if not cfg.distillation.enabled:
+        return {}
+    specs = {}
+    for name, teacher in teacher_entries(cfg).items():
+        arch, where = resolve_arch(teacher.model_path)
+        if arch is None or teacher.inference.name != "native":
+            continue  # the plan says why (not estimated; a vLLM teacher allocates for itself)
+        teacher.model_path = _model_dir(arch, teacher.model_path, tempfile.mkdtemp(dir=workdir))
+        specs[name] = teacher_spec(cfg, teacher, 1)
+        specs[name].load_weights, specs[name].use_remove_padding = False, False
+    return specs
+
+
+def teacher_pass(engine, est, cfg: DictConfig, name: str, vocab: int) -> Callable[[], None]:
+    """One micro-batch of the teacher's scoring at its planned token budget, with the top-k it returns."""
+    from rlcore.config.validate_distill import uses_topk
+    from rlcore.engine.base import TokenRequest
+    from rlcore.plan.teacher_memory import teacher_phases
+
+    role = next(r for n, r, _ in teacher_phases(est, cfg, _Role, 0, 1, 0)[1] if n == f"teacher {name} scores")
+    topk = cfg.distillation.distillation_loss.topk if uses_topk(lambda key: OmegaConf.select(cfg, key)) else 0
+    mb = _micro_batch(max(1, role.tokens // est.max_len), est.max_len, est.resp, vocab)
+    return lambda: engine.forward([mb], lambda o, m: o, TokenRequest(topk=topk or 0))
 
 
 def format_rehearsal(rehearsal: Rehearsal, mem: MemoryPlan) -> tuple[str, bool]:

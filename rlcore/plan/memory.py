@@ -38,6 +38,7 @@ from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 from rlcore.config.validate_lora import adapter_rank
 from rlcore.plan.rollout_memory import rollout_memory
+from rlcore.plan.teacher_memory import TEACHER_POOL, teacher_phases, teacher_pool, teacher_pool_world
 from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config.validate_ulysses import role_sp
 from rlcore.plan.heads import head_errors
@@ -419,6 +420,8 @@ def offload_levers(est: Estimator, role: _Role) -> list[tuple[str, float]]:
     flags = (["param_offload", "grad_offload", "optimizer_offload"] if role.megatron else
              ["param_offload"] + (["optimizer_offload"] if role.trainable else []))
     where = ("critic.megatron" if role.section == "critic.model" else f"{role.section}.megatron") if role.megatron else f"{role.section}.fsdp_config"
+    if role.section.endswith(".inference"):  # a distillation teacher's own offload key
+        where = role.section
     off = role.megatron["cfg"] if role.megatron else role.fsdp
     todo = [f"{where}.{flag}=True" for flag in flags if hasattr(off, flag) and not getattr(off, flag)]
     return [(" ".join(todo) + " (between phases, slower)", kept)] if todo else []
@@ -438,6 +441,8 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         pool_of["critic"] = 1 if c("critic.enable_resource_pool") else 0
     if reward:
         pool_of["reward"] = 2 if c("reward_model.enable_resource_pool") else pool_of.get("critic", 0)
+    if teacher_pool(c) is not None:  # distillation's teachers: the actor's devices, or a pool of their own
+        pool_of["teacher"] = teacher_pool(c)
     procs = {pool: sum(p == pool for p in pool_of.values()) for pool in set(pool_of.values())}  # processes per device
     # Split pools (hybrid_engine=False): the rollout has devices of its own (pool 3), holding nothing of training's.
     split = c(f"{ARR}.hybrid_engine") is False
@@ -480,14 +485,19 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         if uses_reference(cfg) and not adapter_rank(c, f"{ARR}.model", f"{ARR}.actor.strategy"):  # with LoRA the reference is the base, adapters off
             phases.append(("reference log-probs", est.training_role("reference log-probs", archs["policy"], "ref", world), 0))
     pool_world = {0: world, 1: (c("critic.nnodes") or 0) * (c("critic.n_gpus_per_node") or 0),
-                  2: c("reward_model.nnodes") * c("reward_model.n_gpus_per_node")}
+                  2: c("reward_model.nnodes") * c("reward_model.n_gpus_per_node"), TEACHER_POOL: teacher_pool_world(c)}
     if critic and archs["critic"] is not None:
         pool = pool_of["critic"]
         phases.append(("critic update", est.training_role("critic update", archs["critic"], "critic", pool_world[pool]), pool))
     if reward and archs["reward model"] is not None:
         pool = pool_of["reward"]
         phases.append(("reward model scores", est.reward_role("reward model scores", archs["reward model"], pool_world[pool]), pool))
-    resident = {name: (est.resident(role), pool) for name, role, pool in phases}
+    teachers = ([], [], {})
+    if "teacher" in pool_of:
+        teachers = teacher_phases(est, cfg, _Role, pool_of["teacher"], pool_world[pool_of["teacher"]], capacity)
+    notes += teachers[0]
+    phases += teachers[1]
+    resident = {name: (est.resident(role), pool) for name, role, pool in phases} | teachers[2]
     rollout_items, rollout_note, rollout_levers, rollout_asleep = ([], "", [], 0.0)
     if archs["policy"] is not None:
         rollout_items, rollout_note, rollout_levers, rollout_asleep = est.rollout(archs["policy"], rollout_world)
