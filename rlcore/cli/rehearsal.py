@@ -80,7 +80,7 @@ class Rehearsal:
     def compare(self, mem: MemoryPlan) -> list[tuple[str, float, float | None]]:
         """(phase, rehearsed GiB, planned GiB or None) for every phase."""
         planned = {r.role: r.peak for r in mem.roles}
-        return [(p.phase, p.peak, planned.get(PLAN_ROLE.get(p.phase, f"{p.phase} scores"))) for p in self.phases]
+        return [(p.phase, p.peak, planned.get(PLAN_ROLE.get(p.phase, f"teacher {p.phase[len('teacher_'):]} scores"))) for p in self.phases]
 
 
 def _model_dir(arch: Arch, path: str, workdir: str) -> str:
@@ -235,8 +235,8 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
                 engines["ref"] = build("ref", None)
                 phases.leave(engines["ref"])
             for name, spec in teacher_specs(cfg, workdir).items():  # the teacher group's, colocated or not
-                engines[f"teacher {name}"] = build_engine("fsdp2", spec, device)
-                phases.leave(engines[f"teacher {name}"])
+                engines[f"teacher_{name}"] = build_engine("fsdp2", spec, device)
+                phases.leave(engines[f"teacher_{name}"])
 
         out.append(_measure("load", [], load))
         out[-1].added = [runtime]
@@ -264,13 +264,13 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
                  ("old_log_prob", "actor", lambda: actor.forward([log_prob_mb], lambda o, mb: o, request), [])]
         if use_ref:
             steps.append(("ref", "ref", lambda: engines["ref"].forward([log_prob_mb], lambda o, mb: o, request), []))
-        for role in (r for r in engines if r.startswith("teacher ")):
-            steps.append((role, role, teacher_pass(engines[role], est, cfg, role.split(" ", 1)[1], arch.vocab), []))
+        for role in (r for r in engines if r.startswith("teacher_")):
+            steps.append((role, role, teacher_pass(engines[role], est, cfg, role[len("teacher_"):], arch.vocab), []))
         steps.append(("update_actor", "actor", update, []))
         for phase, role, work, added in steps:
             # a teacher's pass needs what the reference's does (its parameters; rlcore.workers.teacher runs it so)
-            with phases.running(engines[role], "ref" if phase.startswith("teacher ") else phase) if role else ExitStack():
-                out.append(_measure(phase, _held(engines, "ref" if phase.startswith("teacher ") else phase), work))
+            with phases.running(engines[role], "ref" if phase.startswith("teacher_") else phase) if role else ExitStack():
+                out.append(_measure(phase, _held(engines, "ref" if phase.startswith("teacher_") else phase), work))
             out[-1].added = added + [runtime]
     return Rehearsal(world, capacity, out, notes)
 

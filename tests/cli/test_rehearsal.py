@@ -68,6 +68,19 @@ def test_a_7b_shaped_recipe_is_rehearsed_phase_by_phase_within_15_percent_of_the
     assert 1.9 * params <= load <= 2.1 * params  # actor + fp32 reference shards
 
 
+def test_a_distillation_teachers_pass_is_rehearsed_beside_its_plan(tmp_path, capsys, monkeypatch):
+    """A native teacher (here the same 4-block 7B shape, bf16, offloaded between its passes) is built as its worker
+    builds it and runs one micro-batch of its token budget with the top-k it returns."""
+    teacher = ["distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={tmp_path / 'qwen2.5-7b-4layers'}",
+               "distillation.teacher_models.teacher_model.inference.name=native", "distillation.distillation_loss.loss_mode=forward_kl_topk",
+               "distillation.distillation_loss.use_policy_gradient=False", "distillation.teacher_models.teacher_model.inference.param_offload=True"]
+    proc, rows = rehearse(tmp_path, capsys, monkeypatch, *teacher)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(rows) == ["load", "sync", "generate", "old_log_prob", "ref", "teacher_teacher_model", "update_actor"]
+    rehearsed, planned, verdict = rows["teacher_teacher_model"]
+    assert abs(rehearsed - planned) <= 0.15 * planned and verdict == "fits", (rehearsed, planned)
+
+
 def test_a_phase_that_does_not_fit_fails_the_rehearsal(tmp_path, capsys, monkeypatch):
     proc, rows = rehearse(tmp_path, capsys, monkeypatch, "trainer.device_memory_gb=30")
     assert proc.returncode == 1

@@ -296,3 +296,22 @@ def test_the_reference_is_planned_whenever_the_run_computes_it(use_kl_loss, use_
     for plan in (diagnose(cfg)[0], None):
         roles = [r.role for r in memory_plan(cfg, plan).roles]
         assert ("reference log-probs" in roles) == expected, (plan is None, roles)
+
+
+def test_a_teacher_is_planned_on_the_actor_devices_or_a_pool_of_its_own():
+    """The recipe's Qwen3-32B teacher: bf16 weights sharded over the 8 GPUs it shares with the actor, offloaded
+    between its passes (so vLLM's row does not carry them); kept resident, they join every other phase's row; on a
+    pool of its own, its row holds nothing of the actor's. A vLLM teacher keeps its share of the device the whole run."""
+    teacher = BUILTIN["qwen3-32b"].params(False)
+    mem = _plan(recipe="qwen3_8b_opd_qwen3_32b")
+    assert mem.ok and [r.role for r in mem.roles] == ["rollout", "actor update", "teacher teacher_model scores"]
+    scores = dict(_role(mem, "teacher teacher_model scores").items)
+    assert scores["bfloat16 weights (frozen) / 8"] == pytest.approx(teacher * 2 / 8 / GIB)
+    assert "actor state kept between phases" in scores and "teacher state kept between phases" not in dict(_role(mem, "rollout").items)
+    resident = _plan("distillation.teacher_models.teacher_model.inference.param_offload=False", recipe="qwen3_8b_opd_qwen3_32b")
+    assert dict(_role(resident, "rollout").items)["teacher state kept between phases"] == pytest.approx(teacher * 2 / 8 / GIB)
+    own = _plan("distillation.n_gpus_per_node=8", "distillation.nnodes=1", recipe="qwen3_8b_opd_qwen3_32b")
+    assert "actor state kept between phases" not in dict(_role(own, "teacher teacher_model scores").items)
+    vllm = _plan("distillation.teacher_models.teacher_model.inference.name=vllm", recipe="qwen3_8b_opd_qwen3_32b")
+    assert [r.role for r in vllm.roles] == ["rollout", "actor update"]
+    assert dict(_role(vllm, "actor update").items)["teacher state kept between phases"] == pytest.approx(0.5 * 80)

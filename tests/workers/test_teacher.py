@@ -120,3 +120,56 @@ def test_updates_pull_the_student_towards_another_teacher(workers):
     # Two random tiny models are both near uniform: a small KL to begin with (measured 0.0052), cut ~14x in 4 updates
     assert losses[0] > 1e-3 and all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < 0.3 * losses[0], losses
+
+
+def first_update_loss(models, tiny_task_dir, out_dir, *overrides, config_name="ppo_trainer") -> tuple[float, float]:
+    """(the distillation loss of a first update from teacher `other`, of the last of three): a fresh student in
+    its own process group, with the config's overrides."""
+    init_gloo(0, 1, free_port())
+    try:
+        cfg = family_cfg(models[0], tiny_task_dir, out_dir, f"{D}.enabled=True", f"{D}.teacher_models.teacher_model.model_path={models[1]}",
+                         f"{D}.distillation_loss.topk={K}", "actor_rollout_ref.actor.use_kl_loss=False", *overrides, config_name=config_name)
+        student, teacher = ActorRolloutRefWorker(cfg, 0, 1, "cpu"), TeacherWorker(cfg, 0, 1, "cpu")
+        student.init_model(total_steps=4)
+        teacher.init_model(total_steps=4)
+        sampled = student.generate_sequences(prompts_batch(student.actor.hf_config.vocab_size))
+        batch = scored_batch(student, teacher, sampled, "teacher_model")
+        keys = [k for k in batch.batch.keys() if k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                                                       "advantages", "old_log_probs") or k.startswith("teacher_")]
+        losses = [student.update_actor(batch.select(keys))["actor/distillation/loss"] for _ in range(3)]
+        return losses[0], losses[-1]
+    finally:
+        close_gloo()
+
+
+TOPK_DIRECT = (f"{D}.distillation_loss.loss_mode=forward_kl_topk", f"{D}.distillation_loss.use_policy_gradient=False",
+               f"{D}.distillation_loss.use_task_rewards=False")
+
+
+def test_packed_token_budget_micro_batches_give_the_padded_loss(models, tiny_task_dir, tmp_path):
+    """The teacher's `[batch, response, k]` columns travel with trimmed, reordered, packed micro-batches."""
+    padded = first_update_loss(models, tiny_task_dir, tmp_path / "padded", *TOPK_DIRECT)
+    packed = first_update_loss(models, tiny_task_dir, tmp_path / "packed", *TOPK_DIRECT, "actor_rollout_ref.model.use_remove_padding=True",
+                               "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30")
+    assert packed[0] == pytest.approx(padded[0], rel=1e-4)
+
+
+def test_a_lora_student_distils(models, tiny_task_dir, tmp_path):
+    first, last = first_update_loss(models, tiny_task_dir, tmp_path, *TOPK_DIRECT, "actor_rollout_ref.model.lora_rank=8",
+                                    "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=5e-2")
+    assert 0 < last < 0.8 * first
+
+
+def test_a_megatron_student_distils_with_an_estimator(models, tiny_task_dir, tmp_path):
+    """Megatron's head gives the sampled tokens' log-probs: k3 backpropagated directly (GKD with a single-sample
+    estimator) moves the student towards the teacher."""
+    pytest.importorskip("megatron.core")
+    from megatron.core import parallel_state as mpu
+
+    try:
+        first, last = first_update_loss(models, tiny_task_dir, tmp_path, f"{D}.distillation_loss.loss_mode=k3",
+                                        f"{D}.distillation_loss.use_policy_gradient=False", f"{D}.distillation_loss.use_task_rewards=False",
+                                        config_name="ppo_megatron_trainer")
+    finally:
+        mpu.destroy_model_parallel()
+    assert 0 < last < 0.8 * first
