@@ -120,7 +120,8 @@ class PPOTrainer:
             self.split.start()
         start = time.perf_counter()
         # split.close() stops the rollouter thread however the loop ends
-        with deferred_stop() as stop, closing(self.split) if self.split is not None else nullcontext():
+        with (deferred_stop() as stop, closing(self.split) if self.split is not None else nullcontext(),
+              closing(self.teacher) if self.teacher is not None else nullcontext()):
             while self.global_step < self.total_steps:
                 self.global_step += 1
                 with self.profiling.step(self.global_step):
@@ -177,6 +178,8 @@ class PPOTrainer:
             if self.cfg.trainer.balance_batch:
                 batch = self.balance_batch(batch, metrics)
             updates_actor = self.global_step > self.cfg.trainer.critic_warmup
+            # On a pool of its own the teachers score while the actor computes old and reference log-probs.
+            teaching = self.teacher.start(batch) if self.teacher is not None else None
             if self.bypass and "rollout_log_probs" in batch.batch.keys():
                 # verl's bypass mode: the rollout's own log-probs are the old policy, so the PPO ratio is taken
                 # against the policy that really sampled (no old-log-prob pass; the mismatch is measured by the actor).
@@ -188,9 +191,6 @@ class PPOTrainer:
                     entropy = old.pop(["entropys"]).batch["entropys"]
                     metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
                     batch.union(old)
-            if self.teacher is not None:
-                with self.perf.phase("teacher", metrics):
-                    self.teacher(batch, metrics)
             if self.use_ref:
                 with self.perf.phase("ref", metrics):
                     ref = self.actor_rollout.compute_ref_log_prob(batch.select(actor_keys(batch, FORWARD_KEYS)))
@@ -199,6 +199,9 @@ class PPOTrainer:
             if self.critic is not None:
                 with self.perf.phase("values", metrics):
                     batch.union(self.critic.compute_values(batch.select(FORWARD_KEYS + ["response_mask"])))
+            if self.teacher is not None:  # the time the step waits for the teachers (all of it when they share devices)
+                with self.perf.phase("teacher", metrics):
+                    self.teacher.finish(batch, metrics, teaching)
             with self.perf.phase("adv", metrics):
                 metrics.update(self.correct_rollout(batch))  # its IS weights scale OTB's path weights
                 metrics.update(self.compute_advantage(batch))

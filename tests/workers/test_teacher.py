@@ -79,18 +79,21 @@ def test_a_teachers_scores_are_hfs_forward_of_each_sample(models, workers):
 
 
 def test_rows_go_to_their_teacher_and_the_students_own_weights_score_like_its_rollout(workers):
+    """A two-source batch: data_source a goes to `same`, b to `other` (verl's default teacher_key); then the same
+    rows routed by another column (distillation.teacher_key=domain)."""
     cfg, _, teacher, sampled = workers
     cfg = OmegaConf.create(cfg)
-    cfg.distillation.teacher_key = "domain"  # the column that routes rows (verl's default: data_source)
-    batch = DataProto(sampled.batch.clone(), {"domain": np.array(["a", "b"] * (len(sampled) // 2), dtype=object),
-                                              "data_source": np.array(["b"] * len(sampled), dtype=object)})
-    metrics = {}
-    TeacherScoring(cfg, teacher)(batch, metrics)
-    rows_a, mask = np.arange(0, len(batch), 2), batch.batch["response_mask"].bool()
-    same = batch.batch["teacher_log_probs"][rows_a][mask[rows_a]]
-    torch.testing.assert_close(same, batch.batch["rollout_log_probs"][rows_a][mask[rows_a]], atol=1e-5, rtol=1e-5)
-    assert metrics["distillation/same/sample_share"] == metrics["distillation/other/sample_share"] == 0.5
-    assert metrics["distillation/same/rollout_reverse_kl"] < 1e-5 < 1e-2 < metrics["distillation/other/rollout_reverse_kl"]
+    alternating = np.array(["a", "b"] * (len(sampled) // 2), dtype=object)
+    for key, columns in (("data_source", {"data_source": alternating}),
+                         ("domain", {"domain": alternating, "data_source": np.array(["b"] * len(sampled), dtype=object)})):
+        cfg.distillation.teacher_key = key
+        batch, metrics = DataProto(sampled.batch.clone(), dict(columns)), {}
+        TeacherScoring(cfg, teacher)(batch, metrics)
+        rows_a, mask = np.arange(0, len(batch), 2), batch.batch["response_mask"].bool()
+        same = batch.batch["teacher_log_probs"][rows_a][mask[rows_a]]
+        torch.testing.assert_close(same, batch.batch["rollout_log_probs"][rows_a][mask[rows_a]], atol=1e-5, rtol=1e-5)
+        assert metrics["distillation/same/sample_share"] == metrics["distillation/other/sample_share"] == 0.5
+        assert metrics["distillation/same/rollout_reverse_kl"] < 1e-5 < 1e-2 < metrics["distillation/other/rollout_reverse_kl"]
 
 
 def scored_batch(student, teacher, sampled, name: str) -> DataProto:
