@@ -35,10 +35,10 @@ class TeacherInferenceConfig:
     max_num_batched_tokens: int = 8192  # vLLM: tokens per scheduler step
     enforce_eager: bool = True  # vLLM: no CUDA graphs (scoring is one prefill per sample)
     engine_kwargs: Dict[str, Any] = field(default_factory=dict)  # vLLM: extra engine arguments, under `vllm` (verl's layout)
-    # rlcore additions (native): the forward's micro-batching, as the reference's log_prob_* keys
-    log_prob_micro_batch_size_per_gpu: Optional[int] = 8  # samples per forward per rank
-    log_prob_use_dynamic_bsz: bool = False  # token-budget micro-batches instead
-    log_prob_max_token_len_per_gpu: int = 16384  # the budget per micro-batch per rank
+    # rlcore additions (native): the forward's micro-batching; None = the reference's (actor_rollout_ref.ref.log_prob_*)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # samples per forward per rank
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # token-budget micro-batches instead
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # the budget per micro-batch per rank
     param_offload: bool = False  # native: the teacher's shards leave the device between its passes
 
 

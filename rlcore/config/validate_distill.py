@@ -32,8 +32,9 @@ def uses_topk(get: Callable[[str], Any]) -> bool:
 
 
 def teacher_entries(cfg: DictConfig) -> dict[str, DictConfig]:
-    """Every `distillation.teacher_models.<name>` with a model_path, read over TeacherModelConfig's defaults and
-    with the rollout's engine, dtype and temperature where its inference leaves them None (verl's defaults).
+    """Every `distillation.teacher_models.<name>` with a model_path, read over TeacherModelConfig's defaults, with the
+    rollout's engine, dtype and temperature (verl's defaults) and the reference's micro-batching where its inference
+    leaves them None.
     Raises KeyError naming a key a teacher entry does not have."""
     out = {}
     for name, entry in (OmegaConf.select(cfg, f"{D}.teacher_models") or {}).items():
@@ -43,10 +44,13 @@ def teacher_entries(cfg: DictConfig) -> dict[str, DictConfig]:
         if not entry.get("model_path"):
             continue
         teacher = OmegaConf.merge(OmegaConf.structured(TeacherModelConfig), entry)
-        rollout = cfg.actor_rollout_ref.rollout
+        rollout, ref = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref
         for key in ("name", "dtype", "temperature"):
             if teacher.inference[key] is None:
                 teacher.inference[key] = rollout[key]
+        for key in ("log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"):
+            if teacher.inference[key] is None:  # a forward of the same samples as the reference's: its micro-batches
+                teacher.inference[key] = ref[key]
         out[str(name)] = teacher
     return out
 

@@ -138,12 +138,13 @@ def _distillation_term(distill, outputs: dict, b: dict, mask: torch.Tensor, log_
     return combined_loss(distill, pg_loss, term), metrics
 
 
-def distillation_request(distill) -> dict:
+def distillation_request(distill, vocab_size: int) -> dict:
     """What the student's forward adds for the distillation loss (rlcore.engine.base.TokenRequest): for the top-k
-    losses its log-probs at the teacher's top-k ids (with gradient) and its own top-k ids (the overlap metric)."""
+    losses its log-probs at the teacher's top-k ids (with gradient) and its own top-k ids (the overlap metric; a
+    topk beyond the vocabulary is the whole vocabulary, as the teacher's)."""
     if distill is None or distill.loss_mode in ESTIMATORS:
         return {}
-    return {"gather": "teacher_topk_ids", "topk": distill.topk}
+    return {"gather": "teacher_topk_ids", "topk": min(distill.topk, vocab_size)}
 
 
 def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroBatchSpec, rollout_n: int, temperature: float,
@@ -166,7 +167,7 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroB
     # Entropy only where it is used: in the loss, or as the metric the skipped old-log-prob pass would have logged.
     replay = actor_cfg.router_replay.mode != "disabled" and ROUTES in data.batch.keys()
     request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy, routes="replay" if replay else "free",
-                           **distillation_request(distill))
+                           **distillation_request(distill, engine.hf_config.vocab_size))
     metrics = run_ppo_updates(
         engine, data, actor_cfg.ppo_epochs, mini_batch_rows, micro,
         lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy, rollout_corr, distill), "actor", request,

@@ -71,6 +71,9 @@ class TeacherWorker(RoleWorker):
                     self.engines[name] = build_engine("fsdp2", teacher_spec(self.config, teacher, total_steps), self.device,
                                                       key=f"distillation.teacher_models.{name}.inference.name")
                     phases.leave(self.engines[name])
+        # A topk beyond a teacher's vocabulary is its whole vocabulary (the student's forward does the same).
+        vocab = [engine.hf_config.vocab_size for engine in self.engines.values()] + [t._hf.vocab_size for t in self.vllm.values()]
+        self.topk = min([self.topk, *vocab])
         # Native teachers are sharded over the whole group (one data-parallel layout); vLLM ones are whole per rank.
         first = next(iter(self.engines.values()), None)
         self.layouts["teacher"] = layout_of(first) if first is not None else DataLayout(self.rank, self.world_size)
@@ -89,7 +92,9 @@ class TeacherWorker(RoleWorker):
                                               t.inference.temperature)
         else:
             engine = self.engines[teacher]
-            micro = micro_batch_spec(t.inference, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
+            # verl's deprecated global size, when the reference is given that way, is the reference's too
+            section = {**t.inference, "log_prob_micro_batch_size": self.config.actor_rollout_ref.ref.log_prob_micro_batch_size}
+            micro = micro_batch_spec(section, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
                                      engine)
             request = TokenRequest(t.inference.temperature, topk=self.topk)
             with phases.running(engine, "ref"):
