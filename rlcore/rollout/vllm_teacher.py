@@ -123,6 +123,7 @@ class VLLMTeacher:
             raise ValueError(f"{key} (a vLLM teacher, built as the vLLM rollout is: read actor_rollout_ref.rollout.* below as "
                              f"{key}.inference.*): {err}") from err
         self.max_model_len = self.engine.llm.llm_engine.vllm_config.model_config.max_model_len
+        self.vocab_size = self.engine._hf.vocab_size  # the teacher's top-k never asks for more ids than this
 
     def wake_up(self) -> None:
         self.engine.wake_up()

@@ -72,7 +72,7 @@ class TeacherWorker(RoleWorker):
                                                       key=f"distillation.teacher_models.{name}.inference.name")
                     phases.leave(self.engines[name])
         # A topk beyond a teacher's vocabulary is its whole vocabulary (the student's forward does the same).
-        vocab = [engine.hf_config.vocab_size for engine in self.engines.values()] + [t._hf.vocab_size for t in self.vllm.values()]
+        vocab = [engine.hf_config.vocab_size for engine in self.engines.values()] + [t.vocab_size for t in self.vllm.values()]
         self.topk = min([self.topk, *vocab])
         # Native teachers are sharded over the whole group (one data-parallel layout); vLLM ones are whole per rank.
         first = next(iter(self.engines.values()), None)
