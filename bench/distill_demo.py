@@ -1,8 +1,9 @@
 """On-policy distillation against GRPO on the tiny task, from the same weak student (docs/distillation.md).
 
 1. The teacher: the demo's SFT warm-start (`make train`'s, 0.55M params) after --teacher-steps of GRPO.
-2. The student: the SFT warm-start of a smaller model (hidden 64 instead of 128: 4x fewer parameters per layer),
-   built by the same recipe (rlcore.cli.prepare_tiny, stopped at 25% greedy accuracy on training problems).
+2. The student (--student): `sft`, that same SFT warm-start (the teacher's own starting point: a weak student the
+   teacher's function fits), or `small`, the SFT warm-start of a narrower model (hidden 64 instead of 128, 0.14M
+   params), built by the same recipe (rlcore.cli.prepare_tiny, stopped at 25% greedy accuracy on training problems).
 3. From that student, --steps of GRPO (the tiny_cpu recipe) and --steps of on-policy distillation from the teacher
    (the same recipe and samples per step; loss_mode k1 as a policy-gradient reward, no task reward: Thinking
    Machines' form), each validated greedily on the 500 held-out problems every --eval-every steps.
@@ -10,6 +11,7 @@
 Prints both curves and writes them with the run's facts to --out (JSON). Minutes on 2 cores:
 
     .venv/bin/python bench/distill_demo.py                     # teacher 800 steps, students 150 each
+    .venv/bin/python bench/distill_demo.py --student small
 """
 
 from __future__ import annotations
@@ -64,24 +66,25 @@ def main() -> None:
     p.add_argument("--teacher-steps", type=int, default=800)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--student", choices=("sft", "small"), default="sft")
     p.add_argument("--work", default=os.path.join(REPO, ".cache", "distill_demo"))
-    p.add_argument("--out", default=os.path.join(REPO, "bench", "distill_demo.json"))
+    p.add_argument("--out", default=None, help="default: bench/distill_demo_<student>.json")
     args = p.parse_args()
     start = time.perf_counter()
     assets = prepare(os.path.join(REPO, ".cache", "tiny_cpu"))
     assets = os.path.dirname(assets)
     teacher, teacher_val = build_teacher(assets, args.work, args.teacher_steps)
-    student_assets = os.path.dirname(prepare(os.path.join(REPO, ".cache", "tiny_cpu_small"), SMALL))
+    student_assets = assets if args.student == "sft" else os.path.dirname(prepare(os.path.join(REPO, ".cache", "tiny_cpu_small"), SMALL))
     student = f"{student_assets}/sft_model"
-    grpo, grpo_rows = train(student_assets, student, os.path.join(args.work, "grpo"), args.steps, args.eval_every)
-    opd, opd_rows = train(student_assets, student, os.path.join(args.work, "opd"), args.steps, args.eval_every,
+    grpo, grpo_rows = train(student_assets, student, os.path.join(args.work, f"grpo_{args.student}"), args.steps, args.eval_every)
+    opd, opd_rows = train(student_assets, student, os.path.join(args.work, f"opd_{args.student}"), args.steps, args.eval_every,
                           "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={teacher}",
                           "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=True",
                           "distillation.distillation_loss.use_task_rewards=False")
     target = grpo[-1][1]
     share = [r["timing_s/teacher"] / r["timing_s/step"] for r in opd_rows]
     result = {
-        "teacher": {"steps": args.teacher_steps, "val": teacher_val},
+        "teacher": {"steps": args.teacher_steps, "val": teacher_val}, "student": args.student,
         "grpo": grpo, "opd": opd, "grpo_final": target,
         "opd_steps_to_grpo_final": first_step_reaching(opd, target),
         "teacher_phase_share_of_step": sum(share) / len(share),
@@ -89,7 +92,7 @@ def main() -> None:
                    "opd": sum(r["timing_s/step"] for r in opd_rows) / len(opd_rows)},
         "seconds": time.perf_counter() - start,
     }
-    json.dump(result, open(args.out, "w"), indent=1)
+    json.dump(result, open(args.out or os.path.join(REPO, "bench", f"distill_demo_{args.student}.json"), "w"), indent=1)
     print(f"teacher: {args.teacher_steps} GRPO steps from the demo's SFT model, held-out accuracy {teacher_val:.3f}")
     print("step  GRPO   OPD")
     for (step, g), (_, o) in zip(grpo, opd):

@@ -3,6 +3,7 @@ teacher group colocated on the same devices (a wider model), the teacher's phase
 loss the teacher's per-token reverse KL as a policy-gradient reward (Thinking Machines' form, verl's k1)."""
 
 import math
+from pathlib import Path
 
 import pytest
 from conftest import build_tiny_model_dir
@@ -33,3 +34,20 @@ def test_a_run_distils_from_a_colocated_teacher_with_verls_keys(tiny_model_dir, 
     assert final["actor/distillation/loss_min"] < 0 < final["actor/distillation/loss_max"]
     assert final["actor/distillation/abs_loss"] > 0.1
     assert all(r["timing_s/teacher"] < r["timing_s/step"] for r in rows)
+
+
+@pytest.mark.demo
+@pytest.mark.own_ray_cluster  # bench/distill_demo.py's runs start their own clusters, as a user's do
+def test_distillation_from_a_grpo_teacher_reaches_grpos_accuracy_in_fewer_steps(tmp_path):
+    """bench/distill_demo.py: a weak small student, GRPO alone against on-policy distillation from the demo's model
+    after GRPO (docs/distillation.md has both curves of one run)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "demo.json"
+    subprocess.run([sys.executable, "bench/distill_demo.py", "--out", str(out)], check=True, cwd=Path(__file__).resolve().parents[2])
+    result = json.loads(out.read_text())
+    steps = [step for step, _ in result["grpo"]]
+    assert result["opd_steps_to_grpo_final"] is not None and result["opd_steps_to_grpo_final"] < steps[-1]
+    assert result["opd"][-1][1] > result["grpo"][-1][1]
