@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.files import file_list
 from rlcore.config.tool_config import tool_config_key_of, tools_enabled
 from rlcore.config.validate import uses_critic
+from rlcore.config.validate_distill import distillation_warnings
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -43,6 +44,8 @@ def preflight(cfg: DictConfig, where: str, known: list[str] = ()) -> Preflight:
     from rlcore.telemetry.tracking import logger_errors, logger_names
 
     out.errors += logger_errors(logger_names(cfg.trainer.logger))
+    if "distillation" in cfg:  # the PPO trainer's (the SFT and reward-model trainers have none)
+        out.warnings += distillation_warnings(lambda key: OmegaConf.select(cfg, key))
     if where == "train" and cfg.trainer.device == "cuda":
         import torch
 

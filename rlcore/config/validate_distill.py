@@ -83,6 +83,16 @@ def replica_world_size(teacher: DictConfig) -> int:
     return i.tensor_model_parallel_size * i.data_parallel_size * i.pipeline_model_parallel_size
 
 
+def distillation_warnings(get: Callable[[str], Any]) -> list[str]:
+    """verl's warning: a top-k loss as a policy-gradient reward uses only the sampled token's gradient."""
+    loss = f"{D}.distillation_loss"
+    if uses_topk(get) and get(f"{loss}.use_policy_gradient"):
+        return [f"{loss}.loss_mode={get(f'{loss}.loss_mode')} with {loss}.use_policy_gradient=True: the update moves only the "
+                "sampled token's log-prob, so the teacher's top-k (how the other logits should move) is mostly unused; "
+                f"{loss}.use_policy_gradient=False backpropagates it (verl's advice)"]
+    return []
+
+
 def check_distillation(c) -> None:
     """`c`: validate's checker (get / error / choice / cfg)."""
     get = c.get

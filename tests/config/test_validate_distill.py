@@ -1,6 +1,8 @@
 """distillation.*: verl's keys compose (teachers added with `+`, as its examples do), the teachers are read over their
 defaults, and bad settings are refused with the key and a fix, all at once."""
 
+from pathlib import Path
+
 import pytest
 
 from rlcore.config import ConfigError, compose, validate_config
@@ -70,3 +72,14 @@ def test_teachers_share_the_actors_pool_unless_given_their_own():
     assert placement(compose(ON))[1]["teacher"] == 0
     pools, where = placement(compose(ON + [f"{D}.n_gpus_per_node=1", f"{D}.nnodes=1"]))
     assert pools[where["teacher"]] == (1, 1) and where["teacher"] != where["actor_rollout"]
+
+
+def test_a_top_k_loss_as_a_policy_gradient_reward_is_warned_as_verl_does(capsys, monkeypatch):
+    from rlcore.cli.plan import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert main(["--elsewhere", *ON, f"{D}.distillation_loss.loss_mode=forward_kl_topk"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: distillation.distillation_loss.loss_mode=forward_kl_topk with distillation.distillation_loss.use_policy_gradient=True" in out
+    assert main(["--elsewhere", *ON, f"{D}.distillation_loss.loss_mode=forward_kl_topk", f"{D}.distillation_loss.use_policy_gradient=False"]) == 0
+    assert "use_policy_gradient=True: the update" not in capsys.readouterr().out
