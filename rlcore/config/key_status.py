@@ -100,8 +100,9 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "rlcore's tool agent never re-tokenizes a "
                                                                            "conversation (token ids in, token ids out), "
                                                                            "so there is no tokenization to check",
-    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "it counts simulated-user interaction rollouts, and "
-                                                                "interaction_config_path is not supported",
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "verl's SGLang-era key for repeating interaction "
+                                                                "rollouts; rlcore repeats every prompt rollout.n times, "
+                                                                "interactions or not",
     "reward_model.rollout.*": "they configure the inference engine verl's reward loop serves the reward model with; "
                               "rlcore runs the same forward (the last token's score, as vLLM's classify endpoint "
                               "returns it) in its reward-model worker group, batched by reward_model."
@@ -147,7 +148,6 @@ REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "*.router_replay.replay_file": ("routes.pt", ()),
     "*.megatron.use_dist_checkpointing": (True, MEGATRON),
     "*.megatron.context_parallel_size": (2, MEGATRON),
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": ("interaction.yaml", ()),
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": ("agents.yaml", ()),
     "actor_rollout_ref.rollout.agent.custom_async_server.path": ("server.py", ()),
 }

@@ -9,8 +9,8 @@ from typing import Optional
 @dataclass
 class MultiTurnConfig:
     """Multi-turn rollouts with tools (`actor_rollout_ref.rollout.multi_turn.*`): the model's hermes tool calls are run
-    by rlcore.tools.runner and their results appended as tool turns (agent.default_agent_loop=tool_agent).
-    Simulated users (interaction_config_path) are not supported yet."""
+    by rlcore.tools.runner and their results appended as tool turns (agent.default_agent_loop=tool_agent); an
+    interaction (a simulated user, rlcore.tools.interaction) answers each turn that calls no tool."""
 
     enable: bool = False  # multi-turn generation with tool calls (same as agent.default_agent_loop=tool_agent)
     max_assistant_turns: Optional[int] = None  # cap on assistant turns per sample; None = until response_length
@@ -19,7 +19,7 @@ class MultiTurnConfig:
     max_parallel_calls: int = 1  # tool calls of one turn that are executed; later ones are dropped
     max_tool_response_length: int = 256  # CHARACTERS of a tool's response text kept (verl truncates the text)
     tool_response_truncate_side: str = "middle"  # which part of a long tool response is cut: left | middle | right
-    interaction_config_path: Optional[str] = None  # YAML of the simulated user; not supported yet
+    interaction_config_path: Optional[str] = None  # verl's interaction YAML (name, class_name, config); rows pick one by extra_info.interaction_kwargs.name
     use_inference_chat_template: bool = False  # apply the model's chat template as at inference
     tokenization_sanity_check_mode: str = "strict"  # strict | ignore_strippable | disable
     format: str = "hermes"  # tool-call format: hermes (<tool_call>{json}</tool_call>, Qwen2.5 / Qwen3)

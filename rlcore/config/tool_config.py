@@ -42,17 +42,7 @@ class ToolSpec:
 def load_tool_config(path: str) -> list[ToolSpec]:
     """The tools of a verl tool-config YAML. Raises ValueError listing every problem, each with the file, the entry
     (e.g. `tools[1].tool_schema.function.name`) and the fix."""
-    if not os.path.isfile(path):
-        raise ValueError(f"tool config {path} does not exist; set tool_config_path to a YAML file such as tool_configs/gsm8k_calculator.yaml")
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f)
-    except yaml.YAMLError as err:
-        raise ValueError(f"tool config {path} is not valid YAML ({' '.join(str(err).split())}); fix the syntax") from None
-    tools = doc.get("tools") if isinstance(doc, dict) else None
-    if not isinstance(tools, list) or not tools:
-        raise ValueError(f"tool config {path} needs a non-empty list under `tools:`, each entry with class_name, config and "
-                         f"tool_schema (see tool_configs/tiny_add.yaml)")
+    tools = yaml_entries(path, "tools", "tool config", "class_name, config and tool_schema", "tool_configs/tiny_add.yaml")
     errors: list[str] = []
     specs = [_spec(entry, f"tools[{i}]", errors) for i, entry in enumerate(tools)]
     seen: dict[str, int] = {}
@@ -67,6 +57,22 @@ def load_tool_config(path: str) -> list[ToolSpec]:
     return specs  # type: ignore[return-value]  # no None left without an error
 
 
+def yaml_entries(path: str, key: str, what: str, fields: str, example: str) -> list:
+    """The non-empty list under `key:` in the YAML file `path` (a verl tool or interaction config); ValueError
+    naming the file and the fix when it is missing, not YAML, or has no such list."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{what} {path} does not exist; point the key at a YAML file such as {example}")
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{what} {path} is not valid YAML ({' '.join(str(err).split())}); fix the syntax") from None
+    entries = doc.get(key) if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{what} {path} needs a non-empty list under `{key}:`, each entry with {fields} (see {example})")
+    return entries
+
+
 def _spec(entry: Any, where: str, errors: list[str]) -> ToolSpec | None:
     """entry's ToolSpec, or None with its problems appended to `errors`."""
     if not isinstance(entry, dict):
@@ -74,10 +80,7 @@ def _spec(entry: Any, where: str, errors: list[str]) -> ToolSpec | None:
         return None
     before = len(errors)
     class_name = entry.get("class_name")
-    if not isinstance(class_name, str) or "." not in class_name:
-        errors.append(f"{where}.class_name={class_name!r} must be 'package.module.ClassName', e.g. rlcore.tools.builtin.AddTool")
-    else:
-        _check_class(class_name, f"{where}.class_name", errors)
+    check_class(class_name, f"{where}.class_name", errors, _METHODS, "rlcore.tools.base.BaseTool", "rlcore.tools.builtin.AddTool")
     config = entry.get("config")
     if config is None:
         config = {}  # verl's tools without options leave it out
@@ -91,7 +94,13 @@ def _spec(entry: Any, where: str, errors: list[str]) -> ToolSpec | None:
     return ToolSpec(class_name, config, schema) if len(errors) == before else None
 
 
-def _check_class(class_name: str, where: str, errors: list[str]) -> None:
+def check_class(class_name: Any, where: str, errors: list[str], methods: tuple[str, ...], base: str, example: str) -> None:
+    """Appends to `errors` why `class_name` cannot serve: not a 'package.module.ClassName' string (`example` is one),
+    its module does not import, it is not a class there, or it lacks one of `methods` (checked by duck typing;
+    `base` is the class to subclass, named in the fix)."""
+    if not isinstance(class_name, str) or "." not in class_name:
+        errors.append(f"{where}={class_name!r} must be 'package.module.ClassName', e.g. {example}")
+        return
     module_name, _, attr = class_name.rpartition(".")
     try:
         module = importlib.import_module(module_name)
@@ -103,9 +112,9 @@ def _check_class(class_name: str, where: str, errors: list[str]) -> None:
     if not isinstance(cls, type):
         errors.append(f"{where}={class_name}: {module_name} has no class {attr}; fix the name")
         return
-    missing = [m for m in _METHODS if not callable(getattr(cls, m, None))]
+    missing = [m for m in methods if not callable(getattr(cls, m, None))]
     if missing:
-        errors.append(f"{where}={class_name} lacks {', '.join(missing)}; subclass rlcore.tools.base.BaseTool")
+        errors.append(f"{where}={class_name} lacks {', '.join(missing)}; subclass {base}")
 
 
 def _check_schema(schema: dict, where: str, errors: list[str]) -> None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 
+from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.tool_config import AGENT, MT, load_tool_config, tool_config_key_of, tools_enabled
 
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")
 TRUNCATE_SIDES = ("left", "middle", "right")
 FORMATS = ("hermes", "qwen")  # rlcore.rollout.agent_loop.PARSERS' (qwen: SGLang's name for hermes' format)
 # Keys of verl features rlcore does not have yet: what each would need.
-_UNSUPPORTED = {f"{MT}.interaction_config_path": "simulated-user interactions",
-                f"{AGENT}.agent_loop_config_path": "custom agent loops",
+_UNSUPPORTED = {f"{AGENT}.agent_loop_config_path": "custom agent loops",
                 f"{AGENT}.custom_async_server.path": "custom rollout servers"}
 
 
@@ -23,15 +23,25 @@ def check_multi_turn(c) -> None:
         if c.get(key):
             c.error(f"{key}={c.get(key)} ({feature}) is not supported yet by rlcore; unset it ({key}=null)")
     key = tool_config_key_of(c.cfg)
+    interactions = c.get(f"{MT}.interaction_config_path")
     if not tools_enabled(c.cfg):
         if key:
             c.error(f"{key}={c.get(key)} gives tools, but multi-turn rollouts are off; set {MT}.enable=True to let the model "
                     f"call them, or drop {key}")
+        if interactions:
+            c.error(f"{MT}.interaction_config_path={interactions} gives an interaction, but multi-turn rollouts are off; set "
+                    f"{MT}.enable=True (interactions answer the tool agent's turns, as in verl)")
         return
-    if key is None:
-        c.error(f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools; set "
-                f"{MT}.tool_config_path to a tool config such as tool_configs/gsm8k_calculator.yaml")
-    elif os.path.isfile(os.path.expanduser(str(c.get(key)))):
+    if interactions and os.path.isfile(os.path.expanduser(str(interactions))):  # a missing file: as the tool config's
+        try:
+            load_interaction_config(os.path.expanduser(str(interactions)))
+        except ValueError as err:
+            c.error(f"{MT}.interaction_config_path={interactions}: {err}")
+    if key is None and not interactions:
+        c.error(f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools or an "
+                f"interaction; set {MT}.tool_config_path to a tool config such as tool_configs/gsm8k_calculator.yaml, or "
+                f"{MT}.interaction_config_path to an interaction config such as interactions/tiny_add.yaml")
+    elif key is not None and os.path.isfile(os.path.expanduser(str(c.get(key)))):
         # A file that is not there is a path on the machine that runs the job: rlcore.cli.preflight reports it,
         # a warning when the doctor plans for another machine (--elsewhere), an error before a run starts.
         try:

@@ -96,18 +96,23 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str) -> str:
 
 
 def write_task(
-    out_dir: str, num_train: int, num_test: int, min_digits: int, max_digits: int, seed: int
+    out_dir: str, num_train: int, num_test: int, min_digits: int, max_digits: int, seed: int, interaction: str | None = None
 ) -> dict[str, str]:
     """Writes train.parquet, test.parquet and sft.parquet under out_dir; returns {"train"|"test"|"sft": path}.
 
     The test set is drawn first and excluded from train, so no (a, b) pair appears in both. sft.parquet holds
-    the train rows plus a `response` column (the answer string; the SFT trainer appends eos itself).
+    the train rows plus a `response` column (the answer string; the SFT trainer appends eos itself). `interaction`:
+    each row names that interaction in extra_info.interaction_kwargs (verl's gsm8k_multiturn_w_interaction rows).
     """
     out_dir = os.path.expanduser(out_dir)
     test_rows = make_addition_rows(num_test, min_digits, max_digits, seed, split="test")
     test_pairs = {row_operands(row) for row in test_rows}
     # seed + 1 so train is not just a continuation of the test stream.
     train_rows = make_addition_rows(num_train, min_digits, max_digits, seed + 1, exclude=test_pairs, split="train")
+    if interaction:
+        for row in (*test_rows, *train_rows):
+            row["extra_info"]["interaction_kwargs"] = {"name": interaction, "query": row["prompt"][-1]["content"],
+                                                       "ground_truth": row["reward_model"]["ground_truth"]}
     sft_rows = [{**row, "response": row["extra_info"]["answer"]} for row in train_rows]
     return {
         "train": write_parquet(train_rows, os.path.join(out_dir, "train.parquet")),
@@ -146,8 +151,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, str]:
     parser.add_argument("--min_digits", type=int, default=1)
     parser.add_argument("--max_digits", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--interaction", default=None, help="name an interaction in each row (interactions/tiny_add.yaml: tiny_add)")
     args = parser.parse_args(argv)
-    paths = write_task(args.out_dir, args.num_train, args.num_test, args.min_digits, args.max_digits, args.seed)
+    paths = write_task(args.out_dir, args.num_train, args.num_test, args.min_digits, args.max_digits, args.seed, args.interaction)
     for name, path in paths.items():
         print(f"{name}: {path}")
     return paths

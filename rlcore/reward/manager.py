@@ -82,6 +82,8 @@ class RewardManager:
         extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
         if "tool_rewards" in data.batch.keys():  # multi-turn: the tools' step rewards, for a scorer that adds them
             extra_info = [dict(info or {}, tool_rewards=float(r)) for info, r in zip(extra_info, data.batch["tool_rewards"].tolist())]
+        if "turn_scores" in data.non_tensor_batch:  # an interaction's score of each of its turns, in order (verl's)
+            extra_info = [dict(info or {}, turn_scores=list(s)) for info, s in zip(extra_info, data.non_tensor_batch["turn_scores"])]
         truths = [row["ground_truth"] for row in data.non_tensor_batch["reward_model"]]
         requests = [dict(data_source=sources[i], solution_str=text, ground_truth=truths[i], extra_info=extra_info[i]) for i, text in enumerate(texts)]
         # The step's tolerance goes to the scorer so that it stops at the failure that passes it: a hung scorer then

@@ -19,7 +19,7 @@ from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
 from rlcore.protocol import DataProto
-from rlcore.rollout.agent_loop import TURN_COUNTERS
+from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
 from rlcore.trainer.distillation import TeacherScoring
 from rlcore.workers.teacher import TEACHER_COLUMNS
 from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
@@ -94,6 +94,7 @@ class PPOTrainer:
                 self.bypass = self.bypass or (a.use_rollout_log_probs and not a.compute_prox_log_prob)
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.multi_turn = tools_enabled(cfg)  # rollouts run the agent loop: rows carry their tools_kwargs
+        self.interactions = bool(cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path)
         self.global_step = 0
         self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
         self.restart, self.restart_from = restart, restart_from
@@ -266,9 +267,8 @@ class PPOTrainer:
         """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""
         prompts = batch.pop(PROMPT_KEYS)
         prompts.meta_info.update(validate=validate, greedy=greedy)
-        if self.multi_turn and "extra_info" in batch.non_tensor_batch:  # verl's per-row tool arguments: extra_info.tools_kwargs
-            prompts.non_tensor_batch["tools_kwargs"] = np.array([(e or {}).get("tools_kwargs") or {} for e in batch.non_tensor_batch["extra_info"]],
-                                                                dtype=object)
+        if self.multi_turn:
+            prompts.non_tensor_batch.update(agent_columns(batch.non_tensor_batch, self.interactions))
         out = (self.rollout_group or self.actor_rollout).generate_sequences(prompts)
         if metrics is not None:
             metrics.update(out.meta_info["timing"])  # rank 0's weight-sync and generation seconds, KV slots, prefills

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from functools import partial
 
@@ -9,7 +10,8 @@ import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.files import file_list
-from rlcore.config.tool_config import tool_schemas
+from rlcore.config.interaction_config import interaction_name_problem, load_interaction_config
+from rlcore.config.tool_config import tool_schemas, tools_enabled
 from rlcore.config.validate import ConfigError
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
@@ -56,6 +58,12 @@ def build_data(cfg: DictConfig):
                                                                 scored_sources=registered_data_sources())]
 
     check_teacher_tokenizers(cfg, tokenizer)
+    interactions = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
+    if interactions and tools_enabled(cfg):  # every row names an interaction the config has (verl fails mid-run)
+        names = {spec.name for spec in load_interaction_config(os.path.expanduser(str(interactions)))}
+        agents = [partial(interaction_name_problem, names=names)]
+    else:
+        agents = []
     tools = tool_schemas(cfg)  # rendered into the prompt by the chat template, as verl's dataset does
 
     def dataset(files, max_samples, checks, key):
@@ -70,14 +78,14 @@ def build_data(cfg: DictConfig):
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed
     # Prompts are drawn a generation batch at a time (= train_batch_size unless DAPO's dynamic sampling is on).
-    train_set = dataset(data.train_files, data.train_max_samples, [] if cfg.reward_model.enable else rule, "data.train_files")
+    train_set = dataset(data.train_files, data.train_max_samples, [*agents, *([] if cfg.reward_model.enable else rule)], "data.train_files")
     with loading("data.sampler.class_path", data.sampler.class_path, "the data sampler", catch=(OSError, ValueError, ImportError, TypeError)):
         sampler = build_sampler(data, train_set)
     train = PromptLoader(train_set, data.gen_batch_size, shuffle=data.shuffle, seed=seed, sampler=sampler,
                          batch_key="data.gen_batch_size" if cfg.algorithm.filter_groups.enable else "data.train_batch_size")
     val = None
     if data.val_files:
-        val_set = dataset(data.val_files, data.val_max_samples, rule, "data.val_files")
+        val_set = dataset(data.val_files, data.val_max_samples, [*agents, *rule], "data.val_files")
         # data.validation_shuffle: a seeded order, drawn afresh for each validation pass (PromptLoader's epochs).
         val = PromptLoader(val_set, data.val_batch_size or len(val_set), shuffle=data.validation_shuffle, seed=seed, drop_last=False)
     return tokenizer, train, val

@@ -102,7 +102,8 @@ class ActorRolloutRefWorker(RoleWorker):
             memory["perf/memory/rollout_asleep/device_used_gib"] = phases.device_used_bytes(self.device) / 2**30
             memory["perf/memory/before_rollout/device_used_gib"] = self._used_before_rollout / 2**30
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start - timing["timing_s/update_weights"]
-        return DataProto.from_dict(out, meta_info={"timing": timing, "memory": memory})
+        out.meta_info.update(timing=timing, memory=memory)
+        return out
 
     def _engines(self) -> dict:
         """The training engines sharing this worker's device (the memory ledger sums them)."""

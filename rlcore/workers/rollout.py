@@ -62,7 +62,8 @@ class RolloutWorker(RoleWorker):
         out, timing = generate(self.rollout, self.agent_loop, prompts, sampling_params(self.config, self.tokenizer, prompts.meta_info))
         timing["timing_s/generate_on_rank"] = time.perf_counter() - start
         memory = phases.ledger("generate", {}, self.rollout, device=self.device)
-        return DataProto.from_dict(out, meta_info={"timing": timing, "memory": memory})
+        out.meta_info.update(timing=timing, memory=memory)
+        return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

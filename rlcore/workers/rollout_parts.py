@@ -7,12 +7,14 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 
-from rlcore.config.validate_lora import unmerged_lora_rank
+from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
+from rlcore.config.validate_lora import unmerged_lora_rank
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
 from rlcore.rollout.base import RolloutEngine, SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
+from rlcore.tools.interaction import build_interactions
 from rlcore.tools.runner import ToolRunner
 
 
@@ -54,15 +56,18 @@ def build_rollout_parts(config, tokenizer, device, rank: int) -> tuple[RolloutEn
 
 
 def agent_loop(config, rollout: RolloutEngine, tokenizer) -> AgentLoop:
-    """Multi-turn rollouts with tools: the tool processes start once and serve every rollout of this worker."""
+    """Multi-turn rollouts with tools and/or interactions: the tool processes (started at a trajectory's first call)
+    and the interactions serve every rollout of this worker."""
     settings = config.actor_rollout_ref.rollout
     mt = settings.multi_turn
-    specs = load_tool_config(OmegaConf.select(config, tool_config_key_of(config)))
+    key = tool_config_key_of(config)
+    specs = load_tool_config(OmegaConf.select(config, key)) if key else []  # an interaction alone needs no tools
+    interactions = build_interactions(load_interaction_config(mt.interaction_config_path)) if mt.interaction_config_path else None
     turns = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
                               max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
                               tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
     return AgentLoop(rollout, tokenizer, ToolRunner(specs, settings.agent.num_workers, mt.tool_timeout_s), turns,
-                     OmegaConf.to_container(config.data.apply_chat_template_kwargs, resolve=True))
+                     OmegaConf.to_container(config.data.apply_chat_template_kwargs, resolve=True), interactions)
 
 
 def sampling_params(config, tokenizer, meta: dict) -> SamplingParams:
@@ -76,16 +81,21 @@ def sampling_params(config, tokenizer, meta: dict) -> SamplingParams:
     )
 
 
-def generate(rollout: RolloutEngine, loop: AgentLoop | None, prompts: DataProto, sampling: SamplingParams) -> tuple[dict, dict]:
-    """One generation call: the assembled sequences (+ multi-turn counters) and the engine's stats as metrics."""
+def generate(rollout: RolloutEngine, loop: AgentLoop | None, prompts: DataProto, sampling: SamplingParams) -> tuple[DataProto, dict]:
+    """One generation call: the assembled sequences (+ multi-turn counters; the interactions' turn scores as a
+    non-tensor column) and the engine's stats as metrics."""
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     before = rollout.gate.version
     if loop is None:
         out, counters = rollout.generate(ids, mask, sampling), {}
         stats = {f"rollout/{k}": v for k, v in getattr(rollout, "stats", {}).items()}  # KV slots, prefills
     else:
-        out, counters = loop.run(ids, mask, sampling, list(prompts.non_tensor_batch.get("tools_kwargs", [])) or None)
+        rows = prompts.non_tensor_batch
+        column = lambda key: list(rows[key]) if key in rows else None  # noqa: E731
+        out, counters = loop.run(ids, mask, sampling, column("tools_kwargs"), column("interaction_kwargs"), column("raw_prompt"))
         stats = dict(loop.stats)  # engine calls, prefill tokens computed and reused across turns
     if out.versions is None and before is not None:  # an engine that does not say: the versions around the call
         out.versions = torch.tensor([[before, rollout.gate.version]]).expand(len(ids), 2).clone()
-    return {**assemble_sequences(ids, mask, out), **counters}, stats
+    tensors = {k: v for k, v in counters.items() if isinstance(v, torch.Tensor)}
+    return DataProto.from_dict({**assemble_sequences(ids, mask, out), **tensors},
+                               {k: v for k, v in counters.items() if k not in tensors}), stats

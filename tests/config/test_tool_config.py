@@ -36,7 +36,7 @@ def test_a_missing_config_is_an_empty_dict(tmp_path):
 
 
 def test_file_level_problems(tmp_path):
-    with pytest.raises(ValueError, match=r"tool config nowhere.yaml does not exist; set tool_config_path"):
+    with pytest.raises(ValueError, match=r"tool config nowhere.yaml does not exist; point the key at a YAML file such as tool_configs"):
         load_tool_config("nowhere.yaml")
     with pytest.raises(ValueError, match=r"tools.yaml is not valid YAML .*; fix the syntax"):
         load_tool_config(write(tmp_path, "tools: [\n"))

@@ -42,11 +42,20 @@ def test_a_tool_setup_validates():
 
 
 ON = {"enable": True, "tool_config_path": TOOLS}
+USER = "interactions/tiny_add.yaml"
+
+
+def test_an_interaction_setup_validates_with_or_without_tools(tmp_path):
+    assert errors(enable=True, interaction_config_path=USER) == [] and errors(**ON, interaction_config_path=USER) == []
+    broken = tmp_path / "user.yaml"
+    broken.write_text("interaction:\n  - name: u\n    class_name: no.such.Interaction\n")
+    assert any(f"{MT}.interaction_config_path={broken}: interaction config {broken} has 1 problem(s)" in m and "no.such" in m
+               for m in errors(enable=True, interaction_config_path=str(broken)))
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"enable": True}, f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools; set "
-                       f"{MT}.tool_config_path to a tool config such as tool_configs/gsm8k_calculator.yaml"),
+    ({"enable": True}, f"multi-turn rollouts ({MT}.enable=True or {AGENT}.default_agent_loop=tool_agent) need tools or an "
+                       f"interaction; set {MT}.tool_config_path to a tool config such as tool_configs/gsm8k_calculator.yaml"),
     ({f"${AGENT}.default_agent_loop": "tool_agent"}, "need tools"),
     ({"tool_config_path": TOOLS}, f"{MT}.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off; set {MT}.enable=True"),
     ({"$data.tool_config_path": TOOLS}, f"data.tool_config_path={TOOLS} gives tools, but multi-turn rollouts are off"),
@@ -57,8 +66,8 @@ ON = {"enable": True, "tool_config_path": TOOLS}
     ({**ON, "tool_timeout_s": 0}, f"{MT}.tool_timeout_s=0 must be > 0 (seconds a tool call may run); use {MT}.tool_timeout_s=30"),
     ({**ON, f"${AGENT}.num_workers": 0}, f"{AGENT}.num_workers=0 must be >= 1; use {AGENT}.num_workers=8"),
     ({f"${AGENT}.default_agent_loop": "react_agent"}, f"{AGENT}.default_agent_loop=react_agent is not one of single_turn_agent, tool_agent"),
-    ({**ON, "interaction_config_path": "user.yaml"}, f"{MT}.interaction_config_path=user.yaml (simulated-user interactions) is not "
-                                                     f"supported yet by rlcore; unset it ({MT}.interaction_config_path=null)"),
+    ({"interaction_config_path": USER}, f"{MT}.interaction_config_path={USER} gives an interaction, but multi-turn rollouts are "
+                                        f"off; set {MT}.enable=True"),
     ({f"${AGENT}.agent_loop_config_path": "loops.yaml"}, f"{AGENT}.agent_loop_config_path=loops.yaml (custom agent loops) is not supported yet"),
     ({f"${AGENT}.custom_async_server.path": "server.py"}, f"{AGENT}.custom_async_server.path=server.py (custom rollout servers) is not supported"),
     ({**ON, "max_assistant_turns": 0}, f"{MT}.max_assistant_turns=0 must be >= 1"),

@@ -103,3 +103,8 @@ def test_a_multi_turn_trajectory_is_scored_whole_with_its_tools_step_rewards():
     data.batch["tool_rewards"] = torch.tensor([0.0, 0.25])
     scores, _ = manager(data)
     assert scores[0, 1] == 2.0 and scores[1, 4] == 5.25 and scores.sum() == 7.25  # on each trajectory's last token
+    # An interaction's turn scores reach the scorer in order as extra_info["turn_scores"] (verl's), here the last one.
+    data.non_tensor_batch["turn_scores"] = np.array([[0.0, 1.0], [0.5]] + [None], dtype=object)[:2]
+    last_turn = build_reward_manager("naive", build_char_tokenizer(), lambda extra_info=None, **_: extra_info["turn_scores"][-1],
+                                     "data_source", {})
+    assert last_turn(data)[0].sum(-1).tolist() == [1.0, 0.5]

@@ -65,7 +65,7 @@ def test_tool_response_truncation_keys_reach_the_agent_loop(monkeypatch):
     monkeypatch.setattr(rollout_parts, "tool_config_key_of", lambda cfg: f"{ROLLOUT}.multi_turn.tool_config_path")
     monkeypatch.setattr(rollout_parts, "load_tool_config", lambda path: [])  # no tools run here
     monkeypatch.setattr(rollout_parts, "ToolRunner", lambda *args: None)
-    monkeypatch.setattr(rollout_parts, "AgentLoop", lambda engine, tokenizer, tools, settings, kwargs: settings)
+    monkeypatch.setattr(rollout_parts, "AgentLoop", lambda engine, tokenizer, tools, settings, kwargs, interactions: settings)
     mt = f"{ROLLOUT}.multi_turn"
     cfg = compose(["recipe=tiny_cpu", f"{mt}.max_tool_response_length=6", f"{mt}.tool_response_truncate_side=left"])
     settings = rollout_parts.agent_loop(cfg, None, _Tokenizer())
@@ -88,3 +88,14 @@ def test_default_agent_loop_tool_agent_wraps_the_rollout_in_the_agent_loop(monke
     assert parts("tool_agent") == ("engine", ("agent loop around", "engine"))  # multi-turn with tools, as multi_turn.enable=True
     assert parts("single_turn_agent") == ("engine", None)  # one generation per prompt
     assert parts("single_turn_agent", multi_turn=True) == ("engine", ("agent loop around", "engine"))
+
+
+def test_interaction_config_path_gives_the_agent_loop_its_interactions_without_tools():
+    cfg = compose(["recipe=tiny_cpu", f"{ROLLOUT}.multi_turn.enable=True",
+                   f"{ROLLOUT}.multi_turn.interaction_config_path=interactions/tiny_add.yaml"])
+    from rlcore.data.tokenizer import build_char_tokenizer
+
+    loop = rollout_parts.agent_loop(cfg, None, build_char_tokenizer())
+    # verl's gsm8k interaction, scoring by the tiny task's scorer (what it does: tests/tools/test_interaction.py)
+    assert type(loop.interactions["tiny_add"]).__name__ == "Gsm8kInteraction" and loop.interactions["tiny_add"].data_source == "tiny_add"
+    assert loop.tools.specs == {}  # no tool config: an interaction alone
