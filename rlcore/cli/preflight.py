@@ -137,9 +137,10 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
     tools_file = OmegaConf.select(cfg, tools_key) if tools_key else None
     if tools_file and not os.path.isfile(os.path.expanduser(str(tools_file))):
         missing(tools_key, tools_file, "no such file")
-    interactions = ar.rollout.multi_turn.interaction_config_path
-    if interactions and not os.path.isfile(os.path.expanduser(str(interactions))):
-        missing("actor_rollout_ref.rollout.multi_turn.interaction_config_path", interactions, "no such file")
+    for key in ("multi_turn.interaction_config_path", "agent.agent_loop_config_path"):
+        value = OmegaConf.select(ar.rollout, key)
+        if value and not os.path.isfile(os.path.expanduser(str(value))):
+            missing(f"actor_rollout_ref.rollout.{key}", value, "no such file")
     _sampler(cfg.data.sampler, missing, out)
     reward_file = cfg.custom_reward_function.path
     if reward_file:
@@ -235,6 +236,8 @@ def _fix_for(key: str, value) -> str:
         return f"point {key} at a tool config such as tool_configs/gsm8k_calculator.yaml"
     if key.endswith("interaction_config_path"):
         return f"point {key} at an interaction config such as interactions/tiny_add.yaml"
+    if key.endswith("agent_loop_config_path"):
+        return f"point {key} at an agent-loop config such as agent_loops/retry.yaml"
     if key.endswith("model.path") or key.endswith("tokenizer_path"):
         return f"point {key} at a local HF model directory (e.g. `hf download Qwen/Qwen2.5-7B-Instruct --local-dir ...`)"
     return f"set {key} to an existing file or null"

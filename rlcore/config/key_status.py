@@ -148,7 +148,6 @@ REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "*.router_replay.replay_file": ("routes.pt", ()),
     "*.megatron.use_dist_checkpointing": (True, MEGATRON),
     "*.megatron.context_parallel_size": (2, MEGATRON),
-    "actor_rollout_ref.rollout.agent.agent_loop_config_path": ("agents.yaml", ()),
     "actor_rollout_ref.rollout.agent.custom_async_server.path": ("server.py", ()),
 }
 

@@ -40,6 +40,6 @@ class AgentConfig:
     """The agent loop that drives each rollout sample (`actor_rollout_ref.rollout.agent.*`)."""
 
     num_workers: int = 8  # rlcore: tool processes per rollout worker (verl: agent-loop workers)
-    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (multi-turn with tools)
-    agent_loop_config_path: Optional[str] = None  # YAML of custom agent loops; not supported yet
+    default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (multi-turn with tools) | a custom loop's name
+    agent_loop_config_path: Optional[str] = None  # verl's YAML list of custom agent loops ({name, _target_, kwargs}); rows pick by agent_name
     custom_async_server: CustomAsyncServerConfig = field(default_factory=CustomAsyncServerConfig)  # not supported yet

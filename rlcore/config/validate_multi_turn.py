@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import os
 
+from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, load_agent_loop_config
 from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.tool_config import AGENT, MT, load_tool_config, tool_config_key_of, tools_enabled
+from rlcore.config.validate_async import split_pools
 
-AGENT_LOOPS = ("single_turn_agent", "tool_agent")
 TRUNCATE_SIDES = ("left", "middle", "right")
 FORMATS = ("hermes", "qwen")  # rlcore.rollout.agent_loop.PARSERS' (qwen: SGLang's name for hermes' format)
 # Keys of verl features rlcore does not have yet: what each would need.
-_UNSUPPORTED = {f"{AGENT}.agent_loop_config_path": "custom agent loops",
-                f"{AGENT}.custom_async_server.path": "custom rollout servers"}
+_UNSUPPORTED = {f"{AGENT}.custom_async_server.path": "custom rollout servers"}
 
 
 def check_multi_turn(c) -> None:
-    c.choice(f"{AGENT}.default_agent_loop", AGENT_LOOPS)
+    custom = custom_loop_names(c)
+    if custom is not None:  # None: the loops' file is not on this machine, so their names are unknown
+        c.choice(f"{AGENT}.default_agent_loop", (*BUILTIN_AGENT_LOOPS, *custom))
     for key, feature in _UNSUPPORTED.items():
         if c.get(key):
             c.error(f"{key}={c.get(key)} ({feature}) is not supported yet by rlcore; unset it ({key}=null)")
@@ -59,3 +61,24 @@ def check_multi_turn(c) -> None:
     for turns in ("max_assistant_turns", "max_user_turns"):
         if c.get(f"{MT}.{turns}") is not None:
             c.at_least(f"{MT}.{turns}", 1, fix=5)
+
+
+def custom_loop_names(c) -> list[str] | None:
+    """The loops of agent.agent_loop_config_path (checked here: its problems are errors), and the combinations with
+    them that are not built yet, refused with why."""
+    path = c.get(f"{AGENT}.agent_loop_config_path")
+    if not path:
+        return []
+    if c.get("actor_rollout_ref.rollout.enable_rollout_routing_replay"):
+        c.error(f"{AGENT}.agent_loop_config_path with actor_rollout_ref.rollout.enable_rollout_routing_replay=True: custom loops "
+                "do not return the routes of their calls yet (the tool agent does); drop one of them")
+    if split_pools(c.get):
+        c.error(f"{AGENT}.agent_loop_config_path with actor_rollout_ref.hybrid_engine=False: a custom loop's row does not record "
+                "the weight versions of its calls yet, which async training's staleness accounting reads; use the hybrid engine")
+    if not os.path.isfile(os.path.expanduser(str(path))):
+        return None  # rlcore.cli.preflight names a missing file (a warning when planning for another machine)
+    try:
+        return [spec.name for spec in load_agent_loop_config(os.path.expanduser(str(path)))]
+    except ValueError as err:
+        c.error(f"{AGENT}.agent_loop_config_path={path}: {err}")
+        return []

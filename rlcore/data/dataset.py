@@ -163,6 +163,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         }
         if self.return_raw_chat:
             item["raw_prompt"] = row[self.prompt_key]
+        if "agent_name" in row:  # verl's per-row agent loop (rlcore.rollout.agent_runner)
+            item["agent_name"] = row["agent_name"]
         if self.full_prompts is not None:
             item["full_prompts"] = self.full_prompts[i]
         return item

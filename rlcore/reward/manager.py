@@ -85,10 +85,15 @@ class RewardManager:
         if "turn_scores" in data.non_tensor_batch:  # an interaction's score of each of its turns, in order (verl's)
             extra_info = [dict(info or {}, turn_scores=list(s)) for info, s in zip(extra_info, data.non_tensor_batch["turn_scores"])]
         truths = [row["ground_truth"] for row in data.non_tensor_batch["reward_model"]]
-        requests = [dict(data_source=sources[i], solution_str=text, ground_truth=truths[i], extra_info=extra_info[i]) for i, text in enumerate(texts)]
+        # An agent loop that scored its own trajectory (verl's AgentLoopOutput.reward_score): that score, unscored here.
+        given = data.batch["agent_reward"].tolist() if "agent_reward" in data.batch.keys() else [math.nan] * len(texts)
+        todo = [i for i, g in enumerate(given) if math.isnan(g)]
+        requests = [dict(data_source=sources[i], solution_str=texts[i], ground_truth=truths[i], extra_info=extra_info[i]) for i in todo]
         # The step's tolerance goes to the scorer so that it stops at the failure that passes it: a hung scorer then
         # costs at most max_failures + 1 timeouts, not one per sample queued behind score_workers processes.
-        results = self.check_failures(self.scorer.score_all(requests, self.max_failures(len(requests))))
+        results: list[Any] = list(given)
+        for i, result in zip(todo, self.check_failures(self.scorer.score_all(requests, self.max_failures(len(requests))))):
+            results[i] = result
         per_sample: list[dict[str, Any]] = []
         for i, result in enumerate(results):
             sample_extras = {}

@@ -132,6 +132,10 @@ class AgentLoop:
         self.interactions = interactions or {}  # name -> instance (rlcore.tools.interaction.build_interactions)
         self.events = asyncio.new_event_loop() if self.interactions else None  # where the interactions' coroutines run
 
+    def close(self) -> None:
+        """Stops the tool processes."""
+        self.tools.close()
+
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams,
             tools_kwargs: list[dict] | None = None, interaction_kwargs: list[dict] | None = None,
             raw_prompts: list[list[dict]] | None = None) -> tuple[RolloutOutput, dict[str, Any]]:

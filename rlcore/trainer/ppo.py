@@ -95,6 +95,7 @@ class PPOTrainer:
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.multi_turn = tools_enabled(cfg)  # rollouts run the agent loop: rows carry their tools_kwargs
         self.interactions = bool(cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path)
+        self.custom_loops = bool(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)  # rows carry every column
         self.global_step = 0
         self.val_history: list[tuple[int, float]] = list(val_history or [])  # (step, mean validation score)
         self.restart, self.restart_from = restart, restart_from
@@ -267,7 +268,9 @@ class PPOTrainer:
         """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""
         prompts = batch.pop(PROMPT_KEYS)
         prompts.meta_info.update(validate=validate, greedy=greedy)
-        if self.multi_turn:
+        if self.custom_loops:  # verl hands a loop every column of its row (raw_prompt, extra_info, agent_name, ...)
+            prompts.non_tensor_batch.update(batch.non_tensor_batch)
+        if self.multi_turn or self.custom_loops:
             prompts.non_tensor_batch.update(agent_columns(batch.non_tensor_batch, self.interactions))
         out = (self.rollout_group or self.actor_rollout).generate_sequences(prompts)
         if metrics is not None:

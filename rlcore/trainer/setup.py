@@ -10,6 +10,7 @@ import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.files import file_list
+from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, agent_name_problem, load_agent_loop_config
 from rlcore.config.interaction_config import interaction_name_problem, load_interaction_config
 from rlcore.config.tool_config import tool_schemas, tools_enabled
 from rlcore.config.validate import ConfigError
@@ -64,6 +65,10 @@ def build_data(cfg: DictConfig):
         agents = [partial(interaction_name_problem, names=names)]
     else:
         agents = []
+    loops = cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path
+    if loops:  # every row's agent_name is a loop there is (verl asserts it mid-run)
+        names = {*BUILTIN_AGENT_LOOPS, *(spec.name for spec in load_agent_loop_config(os.path.expanduser(str(loops))))}
+        agents.append(partial(agent_name_problem, names=names))
     tools = tool_schemas(cfg)  # rendered into the prompt by the chat template, as verl's dataset does
 
     def dataset(files, max_samples, checks, key):

@@ -70,7 +70,7 @@ class ActorRolloutRefWorker(RoleWorker):
 
     def shutdown(self) -> None:
         if getattr(self, "agent_loop", None) is not None:
-            self.agent_loop.tools.close()
+            self.agent_loop.close()
         super().shutdown()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

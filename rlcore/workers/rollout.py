@@ -37,7 +37,7 @@ class RolloutWorker(RoleWorker):
 
     def shutdown(self) -> None:
         if getattr(self, "agent_loop", None) is not None:
-            self.agent_loop.tools.close()
+            self.agent_loop.close()
         super().shutdown()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import torch
 from omegaconf import OmegaConf
 
+from rlcore.config.agent_loop_config import load_agent_loop_config
 from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
 from rlcore.config.validate_lora import unmerged_lora_rank
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
+from rlcore.rollout.agent_runner import AgentRunner
 from rlcore.rollout.base import RolloutEngine, SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
 from rlcore.tools.interaction import build_interactions
@@ -49,10 +51,16 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
     return kwargs
 
 
-def build_rollout_parts(config, tokenizer, device, rank: int) -> tuple[RolloutEngine, AgentLoop | None]:
-    """The rollout engine and, with tools configured, the agent loop around it."""
+def build_rollout_parts(config, tokenizer, device, rank: int) -> tuple[RolloutEngine, AgentLoop | AgentRunner | None]:
+    """The rollout engine and, with tools configured, the agent loop around it; with custom agent loops, the runner
+    that routes each row to its loop by name (the tool agent among them)."""
     rollout = build_rollout(config.actor_rollout_ref.rollout.name, **rollout_kwargs(config, tokenizer.pad_token_id, device, rank))
-    return rollout, (agent_loop(config, rollout, tokenizer) if tools_enabled(config) else None)
+    tools = agent_loop(config, rollout, tokenizer) if tools_enabled(config) else None
+    agent = config.actor_rollout_ref.rollout.agent
+    if not agent.agent_loop_config_path:
+        return rollout, tools
+    return rollout, AgentRunner(rollout, tokenizer, config, load_agent_loop_config(agent.agent_loop_config_path), agent.default_agent_loop,
+                                tools, config.data.max_prompt_length)
 
 
 def agent_loop(config, rollout: RolloutEngine, tokenizer) -> AgentLoop:
@@ -81,7 +89,8 @@ def sampling_params(config, tokenizer, meta: dict) -> SamplingParams:
     )
 
 
-def generate(rollout: RolloutEngine, loop: AgentLoop | None, prompts: DataProto, sampling: SamplingParams) -> tuple[DataProto, dict]:
+def generate(rollout: RolloutEngine, loop: AgentLoop | AgentRunner | None, prompts: DataProto, sampling: SamplingParams
+             ) -> tuple[DataProto, dict]:
     """One generation call: the assembled sequences (+ multi-turn counters; the interactions' turn scores as a
     non-tensor column) and the engine's stats as metrics."""
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
@@ -89,6 +98,9 @@ def generate(rollout: RolloutEngine, loop: AgentLoop | None, prompts: DataProto,
     if loop is None:
         out, counters = rollout.generate(ids, mask, sampling), {}
         stats = {f"rollout/{k}": v for k, v in getattr(rollout, "stats", {}).items()}  # KV slots, prefills
+    elif isinstance(loop, AgentRunner):
+        ids, mask, out, counters = loop.generate_batch(ids, mask, sampling, prompts.non_tensor_batch)
+        stats = dict(loop.stats)  # engine calls and requests of the custom loops, the tool agent's counts
     else:
         rows = prompts.non_tensor_batch
         column = lambda key: list(rows[key]) if key in rows else None  # noqa: E731

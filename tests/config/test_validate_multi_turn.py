@@ -1,6 +1,8 @@
 """Multi-turn rollouts with tools: verl's keys compose, a good tool setup validates, and each bad setting is refused
 before Ray starts with the key and the fix."""
 
+from pathlib import Path
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -10,6 +12,12 @@ MT = "actor_rollout_ref.rollout.multi_turn"
 AGENT = "actor_rollout_ref.rollout.agent"
 TOOLS = "tool_configs/gsm8k_calculator.yaml"  # tests run from the repository root
 BASE = compose(["recipe=tiny_cpu"])
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _repository_root_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO))  # agent_loops/ imports from the repository root, as a run started there does
 
 
 def errors(**values) -> list[str]:
@@ -43,6 +51,15 @@ def test_a_tool_setup_validates():
 
 ON = {"enable": True, "tool_config_path": TOOLS}
 USER = "interactions/tiny_add.yaml"
+LOOPS = "agent_loops/retry.yaml"
+
+
+def test_custom_agent_loops_validate_and_a_broken_file_is_reported(tmp_path):
+    assert errors(**{f"${AGENT}.agent_loop_config_path": LOOPS, f"${AGENT}.default_agent_loop": "retry_agent"}) == []
+    broken = tmp_path / "loops.yaml"
+    broken.write_text("- name: x\n  _target_: no.such.Loop\n")
+    assert any(f"{AGENT}.agent_loop_config_path={broken}: agent loop config {broken} has 1 problem(s)" in m
+               for m in errors(**{f"${AGENT}.agent_loop_config_path": str(broken)}))
 
 
 def test_an_interaction_setup_validates_with_or_without_tools(tmp_path):
@@ -68,7 +85,12 @@ def test_an_interaction_setup_validates_with_or_without_tools(tmp_path):
     ({f"${AGENT}.default_agent_loop": "react_agent"}, f"{AGENT}.default_agent_loop=react_agent is not one of single_turn_agent, tool_agent"),
     ({"interaction_config_path": USER}, f"{MT}.interaction_config_path={USER} gives an interaction, but multi-turn rollouts are "
                                         f"off; set {MT}.enable=True"),
-    ({f"${AGENT}.agent_loop_config_path": "loops.yaml"}, f"{AGENT}.agent_loop_config_path=loops.yaml (custom agent loops) is not supported yet"),
+    ({f"${AGENT}.agent_loop_config_path": LOOPS, f"${AGENT}.default_agent_loop": "retyr_agent"},
+     f"{AGENT}.default_agent_loop=retyr_agent is not one of single_turn_agent, tool_agent, retry_agent"),
+    ({f"${AGENT}.agent_loop_config_path": LOOPS, "$actor_rollout_ref.rollout.enable_rollout_routing_replay": True},
+     "custom loops do not return the routes of their calls yet"),
+    ({f"${AGENT}.agent_loop_config_path": LOOPS, "$actor_rollout_ref.hybrid_engine": False},
+     f"{AGENT}.agent_loop_config_path with actor_rollout_ref.hybrid_engine=False: a custom loop's row does not record"),
     ({f"${AGENT}.custom_async_server.path": "server.py"}, f"{AGENT}.custom_async_server.path=server.py (custom rollout servers) is not supported"),
     ({**ON, "max_assistant_turns": 0}, f"{MT}.max_assistant_turns=0 must be >= 1"),
     ({**ON, "max_user_turns": -1}, f"{MT}.max_user_turns=-1 must be >= 1"),

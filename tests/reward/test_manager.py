@@ -108,3 +108,6 @@ def test_a_multi_turn_trajectory_is_scored_whole_with_its_tools_step_rewards():
     last_turn = build_reward_manager("naive", build_char_tokenizer(), lambda extra_info=None, **_: extra_info["turn_scores"][-1],
                                      "data_source", {})
     assert last_turn(data)[0].sum(-1).tolist() == [1.0, 0.5]
+    # A row an agent loop scored itself (verl's AgentLoopOutput.reward_score) keeps that score, unscored here.
+    data.batch["agent_reward"] = torch.tensor([float("nan"), -2.0])
+    assert last_turn(data)[0].sum(-1).tolist() == [1.0, -2.0]

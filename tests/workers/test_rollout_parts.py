@@ -99,3 +99,14 @@ def test_interaction_config_path_gives_the_agent_loop_its_interactions_without_t
     # verl's gsm8k interaction, scoring by the tiny task's scorer (what it does: tests/tools/test_interaction.py)
     assert type(loop.interactions["tiny_add"]).__name__ == "Gsm8kInteraction" and loop.interactions["tiny_add"].data_source == "tiny_add"
     assert loop.tools.specs == {}  # no tool config: an interaction alone
+
+
+def test_agent_loop_config_path_routes_rows_to_their_loops(monkeypatch):
+    monkeypatch.setattr(rollout_parts, "build_rollout", lambda name, **kwargs: "engine")
+    cfg = compose(["recipe=tiny_cpu", f"{ROLLOUT}.agent.agent_loop_config_path=agent_loops/retry.yaml",
+                   f"{ROLLOUT}.agent.default_agent_loop=retry_agent"])
+    monkeypatch.syspath_prepend(".")  # agent_loops/ imports from the repository root (where tests run)
+    engine, runner = rollout_parts.build_rollout_parts(cfg, _Tokenizer(), torch.device("cpu"), 0)
+    # The runner routes rows by agent_name (what it does with them: tests/rollout/test_agent_runner.py)
+    assert engine == "engine" and runner.default == "retry_agent" and runner.tool_loop is None
+    assert runner.loops["retry_agent"] == {"_target_": "agent_loops.retry_agent.RetryAgentLoop", "name": "retry_agent", "retries": 1}
