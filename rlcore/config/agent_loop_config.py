@@ -66,6 +66,9 @@ def load_agent_loop_config(path: str) -> list[AgentLoopSpec]:
         if len(errors) == before and not inspect.iscoroutinefunction(_class(target).run):
             errors.append(f"{where}._target_={target}.run is not `async def`; an agent loop awaits the server "
                           "(`await self.server_manager.generate(...)`), as verl's do")
+        check = getattr(_class(target), "check_config", None) if len(errors) == before else None
+        if check is not None:  # a loop that can check its own keyword arguments (the agent-program loop does)
+            errors += [f"{where}: {problem}" for problem in check({k: v for k, v in entry.items() if k not in ("_target_", "name")})]
         if len(errors) == before:
             seen[name] = i
             specs.append(AgentLoopSpec(name, target, {k: v for k, v in entry.items() if k != "_target_"}))

@@ -83,7 +83,12 @@ class ToolResponseIds:
     def __call__(self, texts: list[str], stop_text: str, role: str = "tool") -> list[int]:
         """`texts`: the turn's tool responses (or an interaction's user message: role "user"), in order; `stop_text`:
         the text of the token that ended the turn."""
-        messages = [*self.BASE, *({"role": role, "content": t} for t in texts)]
+        return self.continuation([{"role": role, "content": t} for t in texts], stop_text)
+
+    def continuation(self, new: list[dict], stop_text: str) -> list[int]:
+        """The ids after an assistant turn ended by `stop_text` for the messages `new` (tool results, user turns,
+        each as the chat template renders it) and the next generation prompt."""
+        messages = [*self.BASE, *new]
         full = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **self.kwargs)
         if not full.startswith(self.base):
             raise ValueError("the chat template renders the conversation before a tool message differently once one follows, so "

@@ -145,6 +145,11 @@ class AgentRunner:
             server.close()
         for k, v in server.stats.items():
             self.stats[k] = self.stats.get(k, 0.0) + v
+        # The loops' own numeric metrics (verl's timings; an agent program's errors and timeouts), averaged over rows.
+        numeric = [{k: float(v) for k, v in (o.metrics or {}).items() if isinstance(v, (int, float))}
+                   for o in outputs if isinstance(o.metrics, dict)]
+        for k in {k for m in numeric for k in m}:
+            self.stats[f"agent/metrics/{k}"] = sum(m.get(k, 0.0) for m in numeric) / len(numeric)
         return {r: self._row(o, sampling.max_tokens, names[r]) for r, o in zip(which, outputs)}
 
     def _row(self, o: AgentLoopOutput, budget: int, name: str) -> _Row:

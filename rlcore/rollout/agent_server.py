@@ -42,7 +42,7 @@ class BatchingServer:
     loops running (the runner keeps it), which lets a batch go the moment all of them wait."""
 
     def __init__(self, engine: RolloutEngine, sampling: SamplingParams, pad_token_id: int, max_model_len: int,
-                 settle_s: float = 0.005) -> None:
+                 settle_s: float = 0.05) -> None:
         self.engine, self.base, self.pad, self.max_model_len, self.settle_s = engine, sampling, pad_token_id, max_model_len, settle_s
         self.pending: list[_Request] = []
         self.live = 0

@@ -1,0 +1,132 @@
+"""Agent programs as agent loops: a function written against the `openai` client, trained through the recording
+endpoint (rlcore.rollout.openai_endpoint). In agent_loop_config_path:
+
+    - name: calculator
+      _target_: rlcore.rollout.agent_program.AgentProgramLoop
+      program: agent_loops/calculator_program.py:run   # "path/to/file.py:function" or "package.module:function"
+      timeout_s: 60                                    # a run past it is abandoned, counted and scored failure_score
+      failure_score: 0.0
+
+The function is called once per row as `function(base_url, api_key, **row)` (row: the batch's columns for the row,
+`raw_prompt` among them) in a thread of its own, or awaited if it is `async def`. It builds `OpenAI(base_url=...,
+api_key=...)` and runs its own loop. It returns a float (the trajectory's reward) or None (then compute_score scores
+the decoded trajectory, as for any row). A program that raises or runs past `timeout_s` is counted
+(`agent/metrics/program_error`, `.../program_timeout`), its row keeps what it sampled so far and scores
+`failure_score`, and the step goes on (its own time: the wall time less the time its calls waited for the
+engine). An abandoned thread cannot be killed: its later calls are refused (the key
+is closed), so it ends at its next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable
+
+from rlcore.rollout.agent_api import AgentLoopBase, AgentLoopOutput
+from rlcore.rollout.agent_loop import PARSERS, ToolResponseIds
+from rlcore.rollout.openai_endpoint import Session, endpoint
+
+_THREADS = ThreadPoolExecutor(max_workers=512, thread_name_prefix="rlcore-agent-program")  # programs block on HTTP
+
+
+def load_program(spec: str) -> Callable[..., Any]:
+    """"file.py:function" or "module:function" -> the function."""
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"program={spec!r} must be 'path/to/file.py:function' or 'package.module:function'")
+    if where.endswith(".py"):
+        path = os.path.abspath(os.path.expanduser(where))
+        module_name = f"rlcore_agent_program_{abs(hash(path))}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            if not os.path.isfile(path):
+                raise ValueError(f"program={spec!r}: {path} does not exist")
+            loader = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+            sys.modules[module_name] = module
+    else:
+        module = importlib.import_module(where)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"program={spec!r}: {where} has no function {name}")
+    return fn
+
+
+class AgentProgramLoop(AgentLoopBase):
+    """Runs one agent program per row against the recording endpoint and returns what it recorded."""
+
+    def __init__(self, *args: Any, program: str, timeout_s: float = 300.0, failure_score: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.program, self.timeout_s, self.failure_score = load_program(program), float(timeout_s), float(failure_score)
+        rollout = self.config.actor_rollout_ref.rollout
+        self.budget = rollout.response_length
+        self.render = ToolResponseIds(self.tokenizer, self.apply_chat_template_kwargs)
+        self.parse = PARSERS[rollout.multi_turn.format]
+
+    async def _within_timeout(self, task: asyncio.Future, session: Session) -> Any:
+        """The program's result, or TimeoutError once its own time (wall time less the time its calls waited for
+        the engine, which a busy step stretches) passes timeout_s."""
+        start = time.monotonic()
+        while True:
+            left = self.timeout_s - (time.monotonic() - start - session.engine_wait_s)
+            if left <= 0:
+                task.cancel()
+                raise asyncio.TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=left)
+            if done:
+                return task.result()
+
+    @staticmethod
+    def check_config(kwargs: dict[str, Any]) -> list[str]:
+        """What is wrong with an agent_loop_config_path entry's arguments (checked before Ray starts)."""
+        problems = []
+        try:
+            load_program(str(kwargs.get("program")))
+        except (ValueError, ImportError, OSError, SyntaxError) as err:
+            problems.append(f"program: {err}")
+        if not float(kwargs.get("timeout_s", 300.0)) > 0:
+            problems.append(f"timeout_s={kwargs.get('timeout_s')} must be > 0 (seconds a program may run)")
+        unknown = set(kwargs) - {"program", "timeout_s", "failure_score"}
+        if unknown:
+            problems.append(f"unknown arguments {sorted(unknown)} (AgentProgramLoop takes program, timeout_s, failure_score)")
+        return problems
+
+    async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput:
+        session = Session(self.server_manager, asyncio.get_running_loop(), self.tokenizer, self.render, self.parse, self.budget,
+                          sampling_params)
+        server = endpoint()
+        key = server.open(session)
+        status, reward = "ok", None
+        try:
+            if inspect.iscoroutinefunction(self.program):
+                call = self.program(server.base_url, key, **row)
+            else:
+                call = asyncio.get_running_loop().run_in_executor(_THREADS, partial(self.program, server.base_url, key, **row))
+            reward = await self._within_timeout(asyncio.ensure_future(call), session)
+        except asyncio.TimeoutError:
+            status = "timeout"
+        except Exception as err:  # noqa: BLE001: the user's program; counted, scored failure_score, the step goes on
+            status = "error"
+            print(f"WARNING: agent program {getattr(self.program, '__qualname__', self.program)} raised {type(err).__name__}: {err}",
+                  flush=True)
+        finally:
+            server.close(key)
+        if status != "ok":
+            reward = self.failure_score
+        elif reward is not None and not isinstance(reward, (int, float)):
+            reward = None  # anything but a number (the final messages, say): compute_score scores the trajectory
+        prompt = session.prompt or await self.apply_chat_template(list(row.get("raw_prompt") or []))
+        return AgentLoopOutput(
+            prompt_ids=prompt, response_ids=session.response, response_mask=session.sampled, response_logprobs=session.log_probs,
+            reward_score=None if reward is None else float(reward), num_turns=session.calls,
+            metrics={"program_error": float(status == "error"), "program_timeout": float(status == "timeout"),
+                     "calls": float(session.calls), "history_rewrites": float(session.rewrites)})
