@@ -25,8 +25,8 @@ import importlib.util
 import inspect
 import os
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable
 
@@ -34,7 +34,30 @@ from rlcore.rollout.agent_api import AgentLoopBase, AgentLoopOutput
 from rlcore.rollout.agent_loop import PARSERS, ToolResponseIds
 from rlcore.rollout.openai_endpoint import Session, endpoint
 
-_THREADS = ThreadPoolExecutor(max_workers=512, thread_name_prefix="rlcore-agent-program")  # programs block on HTTP
+
+
+def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
+    """fn() in a thread of its own, as a future of the running event loop. A daemon thread: one abandoned past its
+    timeout must not hold the worker's exit (a pool's threads are joined at interpreter exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def target() -> None:
+        try:
+            outcome = (True, fn())
+        except BaseException as err:  # noqa: BLE001: handed to the awaiting coroutine
+            outcome = (False, err)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # abandoned: the rollout that waited for it is over and its event loop closed
+            pass
+
+    threading.Thread(target=target, name="rlcore-agent-program", daemon=True).start()
+    return future
 
 
 def load_program(spec: str) -> Callable[..., Any]:
@@ -110,7 +133,7 @@ class AgentProgramLoop(AgentLoopBase):
             if inspect.iscoroutinefunction(self.program):
                 call = self.program(server.base_url, key, **row)
             else:
-                call = asyncio.get_running_loop().run_in_executor(_THREADS, partial(self.program, server.base_url, key, **row))
+                call = in_daemon_thread(partial(self.program, server.base_url, key, **row))
             reward = await self._within_timeout(asyncio.ensure_future(call), session)
         except asyncio.TimeoutError:
             status = "timeout"

@@ -232,6 +232,8 @@ def _handler(owner: Endpoint) -> type[BaseHTTPRequestHandler]:
             self._send(404, _error(f"no route {self.path}"))
 
         def do_POST(self) -> None:  # noqa: N802
+            # The body is read before any answer: left unread, it would be parsed as the connection's next request.
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             route = self.path.rstrip("/")
             method = "chat" if route.endswith("/chat/completions") else "complete" if route.endswith("/completions") else None
             if method is None:
@@ -242,7 +244,7 @@ def _handler(owner: Endpoint) -> type[BaseHTTPRequestHandler]:
                 return self._send(401, _error("unknown or finished trajectory: the API key is the one the program was started with, "
                                               "valid until the program returns or times out"))
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                body = json.loads(raw or b"{}")
                 if body.get("stream"):
                     raise ValueError("stream=true is not supported; call without streaming")
                 if body.get("n", 1) != 1:
