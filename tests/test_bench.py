@@ -114,7 +114,10 @@ def test_log_prob_head_benchmark_prints_eager_vs_compiled_and_the_memory_of_full
     assert full > chunked > 0, out
 
 
-@pytest.mark.slow
+# The two training benchmarks (~1.5 min each on 2 cores: three or two short runs through Ray) run in the demo lane
+# (`make test-demos`); `make test` covers the modes they time in tests/e2e/test_tiny_async.py and
+# tests/rollout/test_partial_rollout.py.
+@pytest.mark.demo
 def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path, capsys, ray_cluster):
     args = ["--steps", "2", "--val", "8", "--plot", str(tmp_path / "curves.png")]
     out = bench(capsys, "async_training", *args)
@@ -124,7 +127,7 @@ def test_async_training_benchmark_runs_the_three_modes_at_equal_samples(tmp_path
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
-@pytest.mark.slow
+@pytest.mark.demo
 def test_partial_rollout_benchmark_compares_waiting_and_interrupting_syncs(tmp_path, capsys, ray_cluster):
     """One-step-off for 3 steps with 48-token responses (generation slower than training, so each sync lands while
     the rollout generates), with and without partial rollouts. With them the running rows are resumed under the new

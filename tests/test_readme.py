@@ -57,7 +57,11 @@ def commands(doc: str) -> list[list[str]]:
     return found
 
 
-ALL = [(doc, i, cmd) for doc in DOCS for i, cmd in enumerate(commands(doc))]
+# A command that rehearses a full-size recipe on fake tensors (--rehearse: every phase of a 7B or 30B model, 45-90 s
+# on 2 cores) goes to the demo lane (`make test-demos`); `make test` rehearses a 7B-shaped recipe in
+# tests/cli/test_rehearsal.py.
+ALL = [pytest.param(doc, i, cmd, id=f"{doc}:{i}:{' '.join(cmd)[:60]}", marks=[pytest.mark.demo] if "--rehearse" in cmd else [])
+       for doc in DOCS for i, cmd in enumerate(commands(doc))]
 
 
 def program(cmd: list[str]) -> tuple[str, list[str]]:
@@ -119,7 +123,7 @@ def check_module(module: str, args: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("doc, index, cmd", ALL, ids=[f"{doc}:{i}:{' '.join(c)[:60]}" for doc, i, c in ALL])
+@pytest.mark.parametrize("doc, index, cmd", ALL)
 def test_command_runs_as_pasted(doc, index, cmd, capsys, monkeypatch):
     monkeypatch.chdir(REPO)  # the docs' relative paths (tool_configs/..., .cache/...) are from the repository root
     name, args = program(cmd)
@@ -142,7 +146,7 @@ def test_command_runs_as_pasted(doc, index, cmd, capsys, monkeypatch):
 
 
 def test_the_docs_have_the_commands_a_user_pastes_first():
-    names = [program(cmd)[0] for _, _, cmd in ALL]
+    names = [program(p.values[2])[0] for p in ALL]
     assert len(ALL) >= 30 and names.count("rlcore-train") + names.count("rlcore.train") >= 5 and "rlcore-plan" in names
 
 
