@@ -186,6 +186,7 @@ bench: $(STAMP)
 	$(PY) bench/async_training.py $(if $(BENCH_QUICK),--steps 20 --val 200)
 	$(PY) bench/partial_rollout.py $(if $(BENCH_QUICK),--steps 10)
 	$(PY) bench/rollout.py
+	$(PY) bench/agent_endpoint.py
 	$(PY) bench/model_families.py && $(PY) bench/model_families.py --generic
 	$(MAKE) vllm-env
 	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) bench/rollout_vllm.py

@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def test_every_source_file_compiles_without_a_warning():
     problems = []
-    for folder in ("rlcore", "bench", "tools", "tests"):
+    for folder in ("rlcore", "bench", "tools", "tests", "agent_loops", "interactions"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             with warnings.catch_warnings():
                 warnings.simplefilter("error")

@@ -10,20 +10,28 @@ endpoint (rlcore.rollout.openai_endpoint). In agent_loop_config_path:
 The function is called once per row as `function(base_url, api_key, **row)` (row: the batch's columns for the row,
 `raw_prompt` among them) in a thread of its own, or awaited if it is `async def`. It builds `OpenAI(base_url=...,
 api_key=...)` and runs its own loop. It returns a float (the trajectory's reward) or None (then compute_score scores
-the decoded trajectory, as for any row). A program that raises or runs past `timeout_s` is counted
+the decoded trajectory, as for any row). Or, with `command: [python, my_agent.py]` instead of `program`, the agent
+is a process per row: OPENAI_BASE_URL and OPENAI_API_KEY in its environment (which the `openai` client reads), the
+row as JSON on its stdin, its reward as the last line of its stdout (a number or `null`), a non-zero exit a failure.
+
+A program that raises (or a process that exits non-zero) or runs past `timeout_s` is counted
 (`agent/metrics/program_error`, `.../program_timeout`), its row keeps what it sampled so far and scores
 `failure_score`, and the step goes on (its own time: the wall time less the time its calls waited for the
-engine). An abandoned thread cannot be killed: its later calls are refused (the key
-is closed), so it ends at its next request.
+engine). A process past its time is killed with its process group; an abandoned thread cannot be killed: its later
+calls are refused (the key is closed), so it ends at its next request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import json
 import os
+import shlex
+import signal
 import sys
 import threading
 import time
@@ -84,12 +92,24 @@ def load_program(spec: str) -> Callable[..., Any]:
     return fn
 
 
+def _argv(command: Any) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+
+
+def _plain_json(value: Any) -> Any:
+    """The row's numpy values (index, arrays) as JSON."""
+    return value.tolist() if hasattr(value, "tolist") else str(value)
+
+
 class AgentProgramLoop(AgentLoopBase):
     """Runs one agent program per row against the recording endpoint and returns what it recorded."""
 
-    def __init__(self, *args: Any, program: str, timeout_s: float = 300.0, failure_score: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, program: str | None = None, command: Any = None, timeout_s: float = 300.0,
+                 failure_score: float = 0.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.program, self.timeout_s, self.failure_score = load_program(program), float(timeout_s), float(failure_score)
+        self.program = load_program(program) if program else None
+        self.command = _argv(command) if command else None
+        self.timeout_s, self.failure_score = float(timeout_s), float(failure_score)
         rollout = self.config.actor_rollout_ref.rollout
         self.budget = rollout.response_length
         self.render = ToolResponseIds(self.tokenizer, self.apply_chat_template_kwargs)
@@ -102,25 +122,53 @@ class AgentProgramLoop(AgentLoopBase):
         while True:
             left = self.timeout_s - (time.monotonic() - start - session.engine_wait_s)
             if left <= 0:
-                task.cancel()
+                task.cancel()  # a process is killed here; a thread is abandoned
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
                 raise asyncio.TimeoutError
             done, _ = await asyncio.wait({task}, timeout=left)
             if done:
                 return task.result()
 
+    async def _process(self, base_url: str, key: str, row: dict[str, Any], session: Session) -> Any:
+        """The command as a process of its own group (killed whole if cancelled); its stdout's last line."""
+        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}
+        proc = await asyncio.create_subprocess_exec(*self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            out, err = await proc.communicate(json.dumps(row, default=_plain_json).encode())
+        except asyncio.CancelledError:  # past its time: the process and anything it started go
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["(no stderr)"]
+            raise RuntimeError(f"exited with {proc.returncode}: {tail[0]}")
+        last = (out.decode(errors="replace").strip().splitlines() or ["null"])[-1]
+        try:
+            return json.loads(last)
+        except json.JSONDecodeError:
+            return None  # a last line that is not a number: compute_score scores the trajectory
+
     @staticmethod
     def check_config(kwargs: dict[str, Any]) -> list[str]:
         """What is wrong with an agent_loop_config_path entry's arguments (checked before Ray starts)."""
         problems = []
-        try:
-            load_program(str(kwargs.get("program")))
-        except (ValueError, ImportError, OSError, SyntaxError) as err:
-            problems.append(f"program: {err}")
+        if bool(kwargs.get("program")) == bool(kwargs.get("command")):
+            problems.append("give one of program (file.py:function or module:function) and command (the argv of a process per row)")
+        elif kwargs.get("program"):
+            try:
+                load_program(str(kwargs["program"]))
+            except (ValueError, ImportError, OSError, SyntaxError) as err:
+                problems.append(f"program: {err}")
+        elif not _argv(kwargs["command"]):
+            problems.append(f"command={kwargs['command']!r} is empty; give the argv, e.g. [python, my_agent.py]")
         if not float(kwargs.get("timeout_s", 300.0)) > 0:
             problems.append(f"timeout_s={kwargs.get('timeout_s')} must be > 0 (seconds a program may run)")
-        unknown = set(kwargs) - {"program", "timeout_s", "failure_score"}
+        unknown = set(kwargs) - {"program", "command", "timeout_s", "failure_score"}
         if unknown:
-            problems.append(f"unknown arguments {sorted(unknown)} (AgentProgramLoop takes program, timeout_s, failure_score)")
+            problems.append(f"unknown arguments {sorted(unknown)} (AgentProgramLoop takes program or command, timeout_s, failure_score)")
         return problems
 
     async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput:
@@ -130,7 +178,9 @@ class AgentProgramLoop(AgentLoopBase):
         key = server.open(session)
         status, reward = "ok", None
         try:
-            if inspect.iscoroutinefunction(self.program):
+            if self.command is not None:
+                call = self._process(server.base_url, key, row, session)
+            elif inspect.iscoroutinefunction(self.program):
                 call = self.program(server.base_url, key, **row)
             else:
                 call = in_daemon_thread(partial(self.program, server.base_url, key, **row))
@@ -139,8 +189,8 @@ class AgentProgramLoop(AgentLoopBase):
             status = "timeout"
         except Exception as err:  # noqa: BLE001: the user's program; counted, scored failure_score, the step goes on
             status = "error"
-            print(f"WARNING: agent program {getattr(self.program, '__qualname__', self.program)} raised {type(err).__name__}: {err}",
-                  flush=True)
+            name = " ".join(self.command) if self.command else getattr(self.program, "__qualname__", self.program)
+            print(f"WARNING: agent program {name} failed: {type(err).__name__}: {err}", flush=True)
         finally:
             server.close(key)
         if status != "ok":

@@ -5,6 +5,7 @@ parsed, a rewritten history starts a counted segment, and a crashing or hanging 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import httpx
@@ -84,8 +85,9 @@ class Scripted(RolloutEngine):
         pass
 
 
-def runner(engine, tokenizer, program: str, **kwargs) -> AgentRunner:
-    spec = AgentLoopSpec("prog", "rlcore.rollout.agent_program.AgentProgramLoop", {"name": "prog", "program": f"{__name__}:{program}", **kwargs})
+def runner(engine, tokenizer, program: str | None, **kwargs) -> AgentRunner:
+    target = {"program": f"{__name__}:{program}"} if program else {}
+    spec = AgentLoopSpec("prog", "rlcore.rollout.agent_program.AgentProgramLoop", {"name": "prog", **target, **kwargs})
     return AgentRunner(engine, tokenizer, compose(["recipe=tiny_cpu", "data.max_response_length=120"]), [spec], "prog", None, prompt_width=12)
 
 
@@ -167,3 +169,30 @@ def test_the_endpoint_refuses_unknown_keys_and_what_it_does_not_serve():
     assert refused.status_code == 401 and "unknown or finished trajectory" in refused.json()["error"]["message"]
     problems = AgentProgramLoop.check_config({"program": "no_such_module:run", "timeout_s": 0, "retries": 2})
     assert len(problems) == 3 and "timeout_s=0 must be > 0" in problems[1] and "unknown arguments ['retries']" in problems[2]
+
+
+AGENT_PROCESS = '''
+import json, os, sys, time
+from openai import OpenAI
+row = json.load(sys.stdin)
+if row["index"] == 1:
+    time.sleep(60)  # hangs: killed at timeout_s
+client = OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the environment
+reply = client.chat.completions.create(model="policy", messages=row["raw_prompt"], max_tokens=4).choices[0].message
+print(json.dumps(len(reply.content) / 10))
+'''
+
+
+def test_an_agent_process_reads_the_endpoint_from_its_environment_and_a_hung_one_is_killed(tmp_path):
+    import psutil
+
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT_PROCESS)
+    tokenizer = build_char_tokenizer()
+    ids, mask, rows = batch(tokenizer, ["1+2=", "3+4="])
+    run = runner(Scripted(tokenizer), tokenizer, None, command=[sys.executable, str(script)], timeout_s=5)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    _, _, out, counters = run.generate_batch(ids, mask, SamplingParams(max_tokens=120, stop_token_ids=[tokenizer.eos_token_id]), rows)
+    assert counters["agent_reward"][0].item() == pytest.approx(0.4) and counters["agent_reward"][1] == 0.0  # 4 tokens; killed
+    assert run.stats["agent/metrics/program_timeout"] == 0.5 and out.loss_mask[0].sum() == 4
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before  # the hung process is gone

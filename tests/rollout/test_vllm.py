@@ -171,6 +171,25 @@ def test_multi_turn_trajectories_carry_the_training_forwards_log_probs(qwen, mon
 
 
 @pytest.mark.vllm
+def test_an_agent_program_trains_on_the_ids_vllm_sampled(qwen):
+    """An agent program (the openai client) through the recording endpoint over vLLM: two calls per row, a user turn
+    between them; on every sampled token vLLM's log-prob equals the training forward's over what the trainer gets."""
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from test_openai_endpoint import batch, runner
+
+    rollout, model = qwen
+    tokenizer = build_char_tokenizer()
+    ids, mask, rows = batch(tokenizer, ["1+2=", "33+4=", "5+6="])
+    run = runner(rollout, tokenizer, "two_calls")
+    prompts, prompt_mask, out, _ = run.generate_batch(ids, mask, SamplingParams(max_tokens=30, temperature=1.0, seed=3), rows)
+    assert run.stats["agent/metrics/calls"] == 2 and run.stats["agent/metrics/program_error"] == 0
+    sampled = out.loss_mask.bool()
+    assert sampled.sum(-1).tolist() == [12, 12, 12] and not out.loss_mask.eq(out.response_mask).all()  # 2 x 6 sampled, a user turn
+    expected = training_log_probs(model, prompts, prompt_mask, out)
+    torch.testing.assert_close(out.response_log_probs[sampled], expected[sampled], atol=1e-5, rtol=0)
+
+
+@pytest.mark.vllm
 def test_a_second_sync_replaces_the_weights(qwen, tmp_path):
     rollout, model = qwen
     before = rollout.generate(IDS, MASK, SamplingParams(max_tokens=8, do_sample=False)).responses
