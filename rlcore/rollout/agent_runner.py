@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlcore.config.agent_loop_config import AgentLoopSpec
+from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, AgentLoopSpec
 from rlcore.rollout.agent_api import AgentLoopOutput, DictConfigWrap, _agent_loop_registry
 from rlcore.rollout.agent_loop import TURN_COUNTERS, AgentLoop, left_pad
 from rlcore.rollout.agent_server import BatchingServer
@@ -61,7 +61,7 @@ class AgentRunner:
     def generate_batch(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, rows: dict[str, np.ndarray]
                        ) -> tuple[torch.Tensor, torch.Tensor, RolloutOutput, dict[str, Any]]:
         names = [n if isinstance(n, str) else self.default for n in rows.get("agent_name", [None] * len(ids))]
-        unknown = sorted(set(names) - {"single_turn_agent", "tool_agent", *self.loops})
+        unknown = sorted(set(names) - {*BUILTIN_AGENT_LOOPS, *self.loops})
         if unknown:
             raise ValueError(f"agent_name {unknown} are not agent loops here (built in: single_turn_agent, tool_agent; "
                              f"agent_loop_config_path: {', '.join(sorted(self.loops)) or 'none'})")
@@ -71,9 +71,9 @@ class AgentRunner:
         for r, name in enumerate(names):
             by_name.setdefault(name, []).append(r)
         for name, which in by_name.items():
-            if name in ("single_turn_agent", "tool_agent"):
+            if name in BUILTIN_AGENT_LOOPS:
                 done.update(self._batch_loop(name, which, ids, mask, sampling, rows))
-        custom = [r for r in range(len(ids)) if names[r] not in ("single_turn_agent", "tool_agent")]
+        custom = [r for r in range(len(ids)) if names[r] not in BUILTIN_AGENT_LOOPS]
         if custom:
             done.update(self._custom(custom, names, ids, mask, sampling, rows))
         return self._assemble([done[r] for r in range(len(ids))], sampling.max_tokens)
