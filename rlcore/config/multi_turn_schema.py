@@ -41,5 +41,5 @@ class AgentConfig:
 
     num_workers: int = 8  # rlcore: tool processes per rollout worker (verl: agent-loop workers)
     default_agent_loop: str = "single_turn_agent"  # single_turn_agent | tool_agent (multi-turn with tools) | a custom loop's name
-    agent_loop_config_path: Optional[str] = None  # verl's YAML list of custom agent loops ({name, _target_, kwargs}); rows pick by agent_name
+    agent_loop_config_path: Optional[str] = None  # verl's YAML list of custom agent loops (a name, a target class, its kwargs); rows pick by agent_name
     custom_async_server: CustomAsyncServerConfig = field(default_factory=CustomAsyncServerConfig)  # not supported yet

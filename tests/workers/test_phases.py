@@ -9,6 +9,7 @@ from grpo_step import family_cfg, grpo_batch, prompts_batch
 
 import rlcore.workers.actor_rollout_ref as arr
 from rlcore.engine.megatron.offload import _owners
+from rlcore.protocol import DataProto
 from rlcore.rollout.base import RolloutEngine
 from rlcore.rollout.weight_sync import sync_weights
 from rlcore.workers import phases
@@ -185,7 +186,7 @@ def test_bucket_megabytes_sizes_the_sync_and_free_cache_engine_sleeps_the_rollou
     monkeypatch.setattr(phases, "leave", lambda engine: None)
     monkeypatch.setattr(phases, "ledger", lambda phase, engines, rollout, transient_bytes=0, device=None: transient.append(transient_bytes) or {})
     monkeypatch.setattr(arr, "sampling_params", lambda *args: None)
-    monkeypatch.setattr(arr, "generate", lambda rollout, loop, prompts, sampling: ({"responses": torch.zeros(1, 1)}, {}))
+    monkeypatch.setattr(arr, "generate", lambda rollout, loop, prompts, sampling: (DataProto.from_dict({"responses": torch.zeros(1, 1)}), {}))
 
     def generate(*overrides):
         worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
