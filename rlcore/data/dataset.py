@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlcore.config.files import file_list
+from rlcore.data.multimodal import image_row_check, process_row
 from rlcore.data.row_checks import RowCheck, bad_rows_report, find_bad_rows, prompt_problem
 from rlcore.protocol import position_ids_from_mask
 
@@ -56,6 +57,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         row_checks: extra checks of each row (rlcore.data.row_checks); the prompt's shape is always checked.
         skip_bad_rows: drop rows a check rejects (counted on stdout) instead of refusing the whole dataset.
         tools: OpenAI function schemas the chat template renders into each prompt (multi-turn rollouts with tools).
+        processor: a vision-language model's processor: rows take images from `image_key` (rlcore.data.multimodal)
+            and each item carries `multi_modal_inputs` (the processor's tensors) and `multi_modal_data` (the images).
     """
 
     def __init__(
@@ -74,6 +77,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         tools: list[dict] | None = None,
         return_full_prompt: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        processor=None,
+        image_key: str = "images",
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {TRUNCATION_MODES}")
@@ -98,6 +103,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         rows, origins = read_rows(files)
         if max_samples > 0:
             rows, origins = rows[:max_samples], origins[:max_samples]
+        if processor is not None:
+            row_checks = [*row_checks, image_row_check(prompt_key, image_key)]
         bad = find_bad_rows(rows, [lambda row: prompt_problem(row, prompt_key), *row_checks])
         if bad:
             report = bad_rows_report(bad, origins, len(rows))
@@ -106,9 +113,15 @@ class RLHFDataset(torch.utils.data.Dataset):
             print(f"RLHFDataset: dropped {report} (data.skip_bad_rows=True)", flush=True)
             rows, origins = [r for i, r in enumerate(rows) if i not in bad], [o for i, o in enumerate(origins) if i not in bad]
 
-        texts = [self._render(row) for row in rows]
-        # Batch tokenization; the chat template already contains every special token we want.
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        if processor is None:
+            texts = [self._render(row) for row in rows]
+            # Batch tokenization; the chat template already contains every special token we want.
+            ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+            media = [None] * len(rows)
+        else:  # one row at a time: the processor expands each image into as many tokens as its size gives
+            processed = [process_row(processor, row[prompt_key], row.get(image_key) or [], **self.chat_template_kwargs) for row in rows]
+            ids, media = [p[0] for p in processed], [(p[1], p[2]) for p in processed]
+            texts = [tokenizer.decode(x) for x in ids]
 
         too_long = [i for i, x in enumerate(ids) if len(x) > max_prompt_length]
         if too_long and filter_overlong_prompts:
@@ -120,6 +133,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             rows = [r for i, r in enumerate(rows) if i in keep]
             ids = [x for i, x in enumerate(ids) if i in keep]
             texts = [x for i, x in enumerate(texts) if i in keep]
+            media = [x for i, x in enumerate(media) if i in keep]
             origins = [o for i, o in enumerate(origins) if i in keep]
         elif too_long and truncation == "error":
             i = too_long[0]
@@ -130,10 +144,16 @@ class RLHFDataset(torch.utils.data.Dataset):
                 f"has {longest}). Set data.max_prompt_length >= {longest}, or data.filter_overlong_prompts=True, "
                 f"or data.truncation=left|right|middle"
             )
+        elif too_long and processor is not None:
+            raise ValueError(f"{len(too_long)} prompts with images are longer than data.max_prompt_length={max_prompt_length} "
+                             f"(the longest has {max(len(ids[j]) for j in too_long)} tokens, image tokens included): truncating "
+                             "would cut an image's tokens apart from its pixels; raise data.max_prompt_length or set "
+                             "data.filter_overlong_prompts=True")
         self.rows = rows
         self.prompt_ids = [truncate_ids(x, max_prompt_length, truncation) for x in ids]
         self.row_positions = [pos for _, pos in origins]
         self.full_prompts = texts if return_full_prompt else None
+        self.media = media  # per row: (multi_modal_inputs, images), or None for a text-only dataset
 
     def _render(self, row: dict[str, Any]) -> str:
         return self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=False, tools=self.tools,
@@ -167,6 +187,9 @@ class RLHFDataset(torch.utils.data.Dataset):
             item["agent_name"] = row["agent_name"]
         if self.full_prompts is not None:
             item["full_prompts"] = self.full_prompts[i]
+        if self.media[i] is not None:
+            item["multi_modal_inputs"], images = self.media[i]
+            item["multi_modal_data"] = {"image": images}
         return item
 
 

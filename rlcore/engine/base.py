@@ -67,6 +67,7 @@ class EngineSpec:
                                           # fine-tuning keeps fp32 masters whatever it says
     lora: LoraSpec | None = None          # train LoRA adapters only (model.lora_rank > 0)
     trainable: bool = True                # False for the reference policy: no optimizer, no grads
+    freeze_vision_tower: bool = False     # a vision-language model's tower: no gradients, no optimizer state
     gradient_checkpointing: bool = False
     param_offload: bool = False           # move params off the device between phases (worker calls offload())
     grad_offload: bool = False            # move gradient buffers off the device between phases (Megatron)

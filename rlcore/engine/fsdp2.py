@@ -38,14 +38,18 @@ from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
 from rlcore.models.prefix_grouper import pack_prefix_groups
 from rlcore.models.recurrent import prepare_packing
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
+from rlcore.models.vision import (MULTI_MODAL_INPUTS, TowerAnchor, is_vision_config, packed_positions, rope_positions, rows_inputs,
+                                  vision_tower)
 from rlcore.protocol import DataProto
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
-def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, spec: EngineSpec) -> None:
+def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, spec: EngineSpec,
+                tower: torch.nn.Module | None = None) -> None:
     """Activation checkpointing, then `fully_shard` on every unit (decoder blocks, unless the spec's size-based
-    policy picks others) and finally the root (fixed order)."""
+    policy picks others) and finally the root (fixed order). A vision-language model's `tower`: its blocks, then the
+    tower, first (the order its forward runs them, before the language model's)."""
     if spec.gradient_checkpointing and spec.trainable:
         # Non-reentrant checkpointing composes with FSDP2's pre/post-forward hooks. (transformers 5 renamed
         # gradient_checkpointing_enable to activation_checkpointing_enable.)
@@ -62,6 +66,8 @@ def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, spec:
         # pin_memory needs an accelerator; on CPU-only torch it raises.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     units = fsdp_units(model, blocks, spec.wrap_min_params)
+    if tower is not None:
+        units = [*getattr(tower, "blocks", ()), tower, *units]
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
@@ -141,6 +147,14 @@ class FSDP2Engine(TrainEngine):
             # routes are kept per row token and Ulysses splits rows by sequence; grouped rows share their prompt's tokens
             raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True with a mixture of experts or Ulysses sequence "
                              "parallelism is not supported: set use_prefix_grouper=False")
+        self.vision = is_vision_config(self.hf_config)
+        if self.vision and (self.ulysses is not None or self.grouped):
+            raise ValueError(f"{self.hf_config.model_type}: a vision-language model with "
+                             f"{'Ulysses sequence parallelism' if self.ulysses is not None else 'use_prefix_grouper'} is not "
+                             "supported yet (its image tokens would be split from their features); use "
+                             "ulysses_sequence_parallel_size=1 and use_prefix_grouper=False")
+        if self.vision and spec.freeze_vision_tower:
+            vision_tower(self.model).requires_grad_(False)  # before the optimizer: no grads, no AdamW state for it
         if self.ulysses is not None and family is not None and family.recurrent:
             raise ValueError(f"ulysses_sequence_parallel_size={sp} with {self.hf_config.model_type}: its recurrent layers need every "
                              "token of a sequence on one rank; use ulysses_sequence_parallel_size=1")
@@ -149,7 +163,9 @@ class FSDP2Engine(TrainEngine):
             if reason:
                 raise ValueError(f"ulysses_sequence_parallel_size={sp}: {reason}; use a size that divides the heads")
             attach_ulysses(blocks, self.ulysses)
-        apply_fsdp2(self.model, blocks, self.mesh, spec)
+        apply_fsdp2(self.model, blocks, self.mesh, spec, vision_tower(self.model) if self.vision else None)
+        if self.vision:
+            self._anchor = TowerAnchor(self.model, device)
         if on_meta:
             materialize(self.model, torch.device("cpu") if spec.offload_policy else device)
             if files is not None:
@@ -248,6 +264,11 @@ class FSDP2Engine(TrainEngine):
         if request.gather:  # the log-probs of these ids too: `[batch, response_len, 1 + k]`, the sampled token first
             responses = torch.cat([responses[..., None], mb.batch[request.gather].to(self.device)], -1)
         packing = self.spec.use_remove_padding or self.grouped
+        vision = {}
+        if self.vision:  # the rows' images, and multimodal RoPE positions from the tokens (rlcore.models.vision)
+            vision = rows_inputs(mb.non_tensor_batch.get(MULTI_MODAL_INPUTS, ()), self.device)
+            rope = rope_positions(self.model, inputs["input_ids"], inputs["attention_mask"], vision.get("image_grid_thw"))
+            self._anchor.arm(not vision)
         if packing:
             pack = (lambda *a: pack_prefix_groups(*a)[0]) if self.grouped else pack_sequences
             packed = pack(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"], response_len)
@@ -255,6 +276,8 @@ class FSDP2Engine(TrainEngine):
         else:
             width = inputs["input_ids"].shape[-1]
             kwargs = dict(**inputs, use_cache=False)
+            if self.vision:
+                kwargs["position_ids"] = rope
             index, tokens = torch.arange(width - response_len - 1, width - 1, device=self.device), responses
         if self.spec.kind == "reward":  # a reward model's score is read AT each token, not before it
             index = index + 1
@@ -263,7 +286,9 @@ class FSDP2Engine(TrainEngine):
             packed, shard = self.ulysses.shard(packed, index)
             index, tokens = shard.local_index, self.ulysses.mine(shard, tokens)
         if packing:
-            kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **packed.attention_kwargs)
+            positions = packed_positions(rope, inputs["position_ids"], inputs["attention_mask"]) if self.vision else packed.position_ids
+            kwargs = dict(input_ids=packed.input_ids, position_ids=positions, use_cache=False, **packed.attention_kwargs)
+        kwargs.update(vision)
         if self.routing is not None:  # the routing hooks compute the load-balancing loss, on the tokens that count
             kwargs["output_router_logits"] = False
         if self.head is None:  # a scalar per position, cheap to compute everywhere

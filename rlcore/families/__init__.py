@@ -16,6 +16,7 @@ from rlcore.families import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss
                              qwen3_moe, qwen3_next, seed_oss)
 from rlcore.families.arch import Arch, dense_arch, routed_experts, text_config
 from rlcore.families.base import Family, Megatron, Router
+from rlcore.families.vision import vision_problems
 
 FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
     qwen2, qwen3, llama, qwen3_moe, qwen2_moe, mistral, gemma2, gemma3_text, deepseek_v3, glm4_moe, gpt_oss, seed_oss, qwen3_5_text,
@@ -93,8 +94,11 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
     problem ends with what to do instead."""
     model_type = config.get("model_type")
     if "vision_config" in config:
-        return [f"model_type={model_type!r} is a vision-language model; rlcore trains text-only causal LMs so far: use a "
-                "text-only checkpoint (docs/models.md lists the families that run)"]
+        # The FSDP2 engine trains Qwen2.5-VL and Qwen3-VL (rlcore.models.vision); a run also needs images in the
+        # rollout, which neither engine takes yet.
+        return vision_problems(config, strategy) or [
+            f"model_type={model_type!r} is a vision-language model: rlcore's FSDP2 engine trains it, but neither rollout "
+            "engine takes images yet, so a run cannot start; use a text-only checkpoint (docs/models.md)"]
     c = text_config(config)
     model_type = c.get("model_type")
     family = FAMILIES.get(model_type)

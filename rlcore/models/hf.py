@@ -110,15 +110,18 @@ def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dty
     `trust_remote_code`, `hf_config_path`: see load_config (custom modeling code in the directory runs only when trusted)."""
     config = load_config(path, override_config, trust_remote_code, hf_config_path)
     attn_implementation = attn_implementation or padded_attention(config)
+    auto = AutoModelForCausalLM
+    if getattr(config, "vision_config", None) is not None:  # a vision-language model: tower + language model + head
+        from transformers import AutoModelForImageTextToText as auto
     if weights:
-        model, info = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
+        model, info = auto.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
                                                            attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
                                                            output_loading_info=True)
         if info["missing_keys"]:  # transformers would train them from random values, with a warning at most
             missing = sorted(info["missing_keys"])
             raise KeyError(f"the checkpoint has no tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
         return model
-    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    return auto.from_config(config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
 
 
 def load_value_model(path: str, override_config: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32,
@@ -144,7 +147,7 @@ def load_value_model(path: str, override_config: dict[str, Any] | None = None, d
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The repeated transformer blocks of a HF causal LM (the unit FSDP shards and checkpointing wraps)."""
-    for path in ("model.layers", "transformer.h", "gpt_neox.layers"):
+    for path in ("model.layers", "model.language_model.layers", "transformer.h", "gpt_neox.layers"):
         module = model
         for part in path.split("."):
             module = getattr(module, part, None)
@@ -187,7 +190,7 @@ class TokenHead:
         self.linear = model.get_output_embeddings()
         if getattr(self.linear, "bias", None) is not None:
             raise ValueError(f"{type(model).__name__}'s output layer has a bias; rlcore's log-prob head supports none")
-        self.vocab_size = model.config.vocab_size
+        self.vocab_size = model.config.get_text_config().vocab_size
         self.config = model.config
         # Gemma's final_logit_softcapping: HF caps whatever its head returns, so while the head returns log-prob
         # channels the model's cap is off and the head caps the logits itself.

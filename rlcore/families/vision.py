@@ -1,0 +1,61 @@
+"""Vision-language families: what rlcore knows of a model that sees images (Qwen2.5-VL, Qwen3-VL).
+
+A vision-language checkpoint is a language model (its `text_config`, planned like any text family) plus a vision
+tower whose features replace the image placeholder tokens, positioned by multimodal RoPE (three position ids per
+token: time, height, width). HF's own modules run both on FSDP2 (rlcore.models.vision); this record holds the facts
+the rest of rlcore reads before any torch import: the tower's size knobs, whether it feeds features into several
+language layers (Qwen3-VL's deepstack), and the tiny configs the CPU suite builds. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# The placeholder tokens of the Qwen-VL chat format; the tiny tokenizer adds them after its characters.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+IMAGE_PLACEHOLDER = "<image>"  # verl's placeholder in a row's prompt text, one per image of the row
+
+
+@dataclass(frozen=True)
+class VisionFamily:
+    model_type: str
+    summary: str
+    deepstack: bool       # the tower's intermediate features also enter early language layers (Qwen3-VL)
+    tiny: dict[str, Any]  # text_config / vision_config kwargs of a tiny model (over the tiny tokenizer's vocabulary)
+
+
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+_TOWER = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, spatial_merge_size=2, temporal_patch_size=2,
+              out_hidden_size=64)
+
+FAMILIES: dict[str, VisionFamily] = {f.model_type: f for f in (
+    VisionFamily("qwen2_5_vl", "Qwen2.5-VL (windowed ViT tower, 14-pixel patches merged 2 x 2)", deepstack=False,
+                 tiny=dict(text_config=dict(_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                     "mrope_section": [2, 3, 3]}),
+                           vision_config=dict(_TOWER, patch_size=14, fullatt_block_indexes=[1], window_size=56))),
+    VisionFamily("qwen3_vl", "Qwen3-VL (16-pixel patches merged 2 x 2, deepstack features into early layers)",
+                 deepstack=True,
+                 tiny=dict(text_config=dict(_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                     "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+                           vision_config=dict(_TOWER, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]))),
+)}
+TINY_VISION = {f"tiny-{name.replace('_', '-')}": name for name in FAMILIES}  # "tiny-qwen2-5-vl" -> "qwen2_5_vl"
+
+
+def vision_family(config: dict[str, Any]) -> VisionFamily | None:
+    """The vision-language family of a config.json, or None for a text-only model."""
+    return FAMILIES.get(config.get("model_type")) if "vision_config" in config else None
+
+
+def vision_problems(config: dict[str, Any], strategy: str) -> list[str]:
+    """Why rlcore cannot train this vision-language model with `strategy`; empty when it can (FSDP2 engine)."""
+    model_type = config.get("model_type")
+    if vision_family(config) is None:
+        return [f"model_type={model_type!r} is a vision-language model rlcore has no module for (it trains "
+                f"{', '.join(sorted(FAMILIES))}); use one of those or a text-only checkpoint (docs/models.md)"]
+    if strategy == "megatron":
+        return [f"model_type={model_type!r} on megatron: megatron-core 0.16 has no Qwen-VL vision tower or multimodal RoPE "
+                "in rlcore's build; use actor_rollout_ref.actor.strategy=fsdp2"]
+    return []

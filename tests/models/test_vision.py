@@ -1,0 +1,150 @@
+"""Vision-language models on the FSDP2 engine (rlcore.models.vision), tiny random Qwen2.5-VL and Qwen3-VL with
+their processors: the training forward's response log-probs equal HF's own forward of each row alone (its own
+multimodal positions), padded, packed and cut into micro-batches, with rows of zero, one and two images of different
+sizes; packed gradients equal padded ones; a frozen tower gets no gradients. The two-rank case (a rank with no image
+keeps the tower's collectives in step) is tests/models/test_vision_dist.py."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from dist_utils import close_gloo, free_port, init_gloo
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+
+from rlcore.data.multimodal import process_row
+from rlcore.engine.base import EngineSpec, TokenRequest
+from rlcore.families.vision import TINY_VISION
+from rlcore.models.logits import gather_log_probs
+from rlcore.data.tokenizer import build_char_tokenizer
+from rlcore.models.vision import MULTI_MODAL_INPUTS, build_vl_model_dir, load_processor
+from rlcore.protocol import DataProto, position_ids_from_mask
+
+pytestmark = pytest.mark.numerics
+RESPONSE = 4
+# (prompt text, image sizes (w, h) in pixels): no image, one, one of another size, two
+PROMPTS = [("how many?", []), ("<image>count", [(56, 28)]), ("<image> and", [(28, 56)]), ("<image><image>same?", [(28, 28), (56, 56)])]
+
+
+def image(width: int, height: int, seed: int) -> dict:
+    pixels = (np.random.RandomState(seed).rand(height, width, 3) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return {"bytes": buffer.getvalue()}  # verl's image cell
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_VISION))
+def vl(request, tmp_path_factory):
+    """(model dir, processor, a batch in the trainer's layout: left-padded prompts, right-padded responses)."""
+    model_dir = build_vl_model_dir(str(tmp_path_factory.mktemp("vl") / request.param), request.param, build_char_tokenizer())
+    processor = load_processor(model_dir)
+    rows = [process_row(processor, [{"role": "user", "content": text}], [image(w, h, i) for i, (w, h) in enumerate(sizes)])
+            for text, sizes in PROMPTS]
+    width = max(len(ids) for ids, _, _ in rows)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.zeros(len(rows), width, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompt)
+    for i, (ids, _, _) in enumerate(rows):
+        prompt[i, width - len(ids):], prompt_mask[i, width - len(ids):] = torch.tensor(ids), 1
+    response_mask = torch.ones(len(rows), RESPONSE, dtype=torch.long)
+    response_mask[1, 2:] = 0
+    responses = torch.randint(6, 102, (len(rows), RESPONSE), generator=g) * response_mask
+    mask = torch.cat([prompt_mask, response_mask], -1)
+    batch = DataProto.from_dict({"input_ids": torch.cat([prompt, responses], -1), "attention_mask": mask,
+                                 "position_ids": position_ids_from_mask(mask), "responses": responses, "response_mask": response_mask})
+    column = np.empty(len(rows), dtype=object)
+    for i, (_, inputs, _) in enumerate(rows):
+        column[i] = inputs
+    batch.non_tensor_batch[MULTI_MODAL_INPUTS] = column
+    return model_dir, processor, batch
+
+
+def hf_alone(model_dir: str, batch: DataProto) -> torch.Tensor:
+    """HF's own forward of each row alone, its positions computed by the model from the processor's token types."""
+    hf = AutoModelForImageTextToText.from_pretrained(model_dir, local_files_only=True)
+    image_token = hf.config.image_token_id
+    out = torch.zeros(batch.batch["responses"].shape)
+    for row in range(len(batch)):
+        mask = batch.batch["attention_mask"][row].bool()
+        ids = batch.batch["input_ids"][row][mask][None]
+        n = int(batch.batch["response_mask"][row].sum())
+        with torch.no_grad():
+            logits = hf(input_ids=ids, mm_token_type_ids=(ids == image_token).int(), use_cache=False,
+                        **batch.non_tensor_batch[MULTI_MODAL_INPUTS][row]).logits[0]
+        first = ids.shape[1] - n
+        out[row, :n] = gather_log_probs(logits[first - 1: first - 1 + n], batch.batch["responses"][row, :n])
+    return out
+
+
+def test_training_log_probs_equal_hfs_own_forward_padded_packed_and_in_micro_batches(vl):
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
+    model_dir, _, batch = vl
+    expected, valid = hf_alone(model_dir, batch), batch.batch["response_mask"].bool()
+    init_gloo(0, 1, free_port())
+    try:
+        grads = {}
+        for packed in (False, True):
+            engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=packed), torch.device("cpu"))
+            for micro in ([batch], batch.chunk(2)):  # one micro-batch, or two (the second has the two-image row)
+                parts = engine.forward(micro, lambda out, mb: {"lp": out["log_probs"]}, TokenRequest())
+                log_probs = torch.cat([p["lp"] for p in parts])
+                torch.testing.assert_close(log_probs[valid], expected[valid], atol=1e-5, rtol=1e-5, msg=f"packed={packed} {len(micro)}")
+            engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+            grads[packed] = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+        assert any(n.startswith("model.visual") and g.abs().sum() > 0 for n, g in grads[True].items())
+        for name, grad in grads[True].items():
+            torch.testing.assert_close(grad, grads[False][name], atol=2e-5, rtol=1e-4, msg=name)
+    finally:
+        close_gloo()
+
+
+def test_a_frozen_tower_gets_no_gradients_and_no_optimizer_state(vl):
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
+    model_dir, _, batch = vl
+    init_gloo(0, 1, free_port())
+    try:
+        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True, freeze_vision_tower=True), torch.device("cpu"))
+        trained = {id(p) for p in engine.trained}
+        tower = [p for n, p in engine.model.named_parameters() if n.startswith("model.visual")]
+        assert tower and not any(id(p) in trained for p in tower)
+        engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        assert all(p.grad is None for p in tower)
+        assert all(p.grad is not None for p in engine.trained)
+    finally:
+        close_gloo()
+
+
+def _two_ranks(rank, port, model_dir, batch, out_path):
+    """Rank 0 trains on the rows with images, rank 1 on the text-only row: without the tower anchor rank 1 skips
+    the tower's collectives and gloo fails on the mismatch (a hang on NCCL)."""
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
+    init_gloo(rank, 2, port)
+    engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
+    mine = batch.index([1, 2, 3] if rank == 0 else [0])
+    engine.forward_backward([mine], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+    grads = {n: 2 * p.grad.full_tensor() for n, p in engine.model.named_parameters()}  # FSDP2 averages the 2 ranks
+    if rank == 0:
+        torch.save(grads, out_path)
+    close_gloo()
+
+
+def test_two_ranks_equal_one_when_a_rank_has_no_image(vl, tmp_path):
+    from dist_utils import spawn_ranks
+
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
+    model_dir, _, batch = vl
+    spawn_ranks(_two_ranks, 2, lambda port: (port, model_dir, batch, tmp_path / "grads.pt"))
+    two = torch.load(tmp_path / "grads.pt")
+    init_gloo(0, 1, free_port())
+    try:
+        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
+        engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        for name, param in engine.model.named_parameters():
+            torch.testing.assert_close(two[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
+    finally:
+        close_gloo()
