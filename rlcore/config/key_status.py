@@ -34,6 +34,8 @@ NO_EFFECT: dict[str, str] = {
     "data.return_raw_input_ids": "a reward model with another tokenizer re-renders each conversation from raw_prompt in "
                                  "its own chat template (verl reads this key nowhere either)",
     "data.use_shm": "rlcore reads each parquet file once, into memory, when the run starts",
+    "data.image_patch_size": "the processor saved beside a vision-language model sets its patch size "
+                             "(preprocessor_config.json), which its vision tower was trained with",
     "*model.use_shm": "rlcore loads local model directories, whose safetensors shards the OS page cache already serves "
                       "from memory on repeated reads; a /dev/shm copy would duplicate that memory",
     "*optim.total_training_steps": "the schedule's length is the run's (trainer.total_training_steps, else epochs x "
@@ -135,6 +137,7 @@ MEGATRON = ("actor_rollout_ref.actor.strategy=megatron",)
 MEGATRON_LORA = (*MEGATRON, "actor_rollout_ref.model.lora.rank=8")
 DISTILLATION = ("distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/teacher")
 REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "data.return_multi_modal_inputs": (False, ()),
     "distillation.distillation_loss.policy_loss_mode": ("gspo", DISTILLATION),
     "actor_rollout_ref.model.lora.type": ("dora", MEGATRON_LORA),
     "actor_rollout_ref.model.lora.dropout": (0.1, MEGATRON_LORA),

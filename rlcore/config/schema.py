@@ -65,6 +65,11 @@ class DataConfig:
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments
     # verl tool-config YAML for the dataset's tools; follows actor_rollout_ref.rollout.multi_turn.tool_config_path
     tool_config_path: Optional[str] = II("oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path, null")
+    # A vision-language policy (rlcore.data.multimodal): each row's images, one <image> in its prompt per image
+    image_key: str = "images"
+    video_key: str = "videos"  # rows with videos there are refused: rlcore's vision-language path takes images
+    image_patch_size: int = 14  # verl's; the processor saved beside the model sets the patch size
+    return_multi_modal_inputs: bool = True  # the processor's tensors travel with each row to the training forward
 
 
 @dataclass
@@ -197,6 +202,7 @@ class ActorConfig:
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     entropy_coeff: float = 0.0  # entropy bonus weight (0 = off)
     use_kl_loss: bool = False  # add KL(actor || ref) to the loss (GRPO style); needs the ref model
+    freeze_vision_tower: bool = False  # a vision-language policy's tower: no gradients, no optimizer state
     kl_loss_coef: float = 0.001  # weight of that KL term
     kl_loss_type: str = "low_var_kl"  # kl|k1 | abs | mse|k2 | low_var_kl|k3, each optionally with "+"
     grad_clip: float = 1.0  # max global grad norm (verl's actor key; optim.clip_grad is the engine's)

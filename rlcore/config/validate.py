@@ -165,6 +165,8 @@ def _check_choices(c: _Checker) -> None:
     c.at_least(f"{ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes", 0, 2048)  # 0: one tensor per gather
     c.choice(f"{ARR}.rollout.mode", ROLLOUT_MODES)
     c.choice("data.truncation", TRUNCATIONS)
+    c.choice("data.return_multi_modal_inputs", (True,), {False: "is not supported: a vision-language policy's training forward "
+                                                                "reads each row's processor tensors; leave {key}=True"})
     c.choice(f"{ARR}.actor.loss_agg_mode", LOSS_AGG_MODES)
     c.choice(f"{ARR}.actor.kl_loss_type", KL_TYPES)
     c.choice("algorithm.kl_penalty", KL_TYPES)

@@ -25,9 +25,6 @@ VERL_FEATURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "rlcore's log-prob head already works a chunk of tokens at a time without [tokens, vocab] logits "
      "(rlcore/models/logits.py); it takes use_fused_kernels, use_liger and fused_kernel_options.impl_backend on the "
      "policy's model section (with no effect)"),
-    (("data.image_key", "data.video_key", "data.image_patch_size", "data.return_multi_modal_inputs", "*.freeze_vision_tower"),
-     "vision-language models",
-     "rlcore trains text-only causal LMs (the families in rlcore/families/)"),
     (("actor_rollout_ref.rollout.engine_kwargs.sglang*", "actor_rollout_ref.rollout.engine_kwargs.trtllm*"),
      "SGLang / TensorRT-LLM engine options", "rlcore's rollout engines are native and vllm (neither has a CPU build "
      "to test them on in CI)"),

@@ -57,8 +57,9 @@ class RLHFDataset(torch.utils.data.Dataset):
         row_checks: extra checks of each row (rlcore.data.row_checks); the prompt's shape is always checked.
         skip_bad_rows: drop rows a check rejects (counted on stdout) instead of refusing the whole dataset.
         tools: OpenAI function schemas the chat template renders into each prompt (multi-turn rollouts with tools).
-        processor: a vision-language model's processor: rows take images from `image_key` (rlcore.data.multimodal)
-            and each item carries `multi_modal_inputs` (the processor's tensors) and `multi_modal_data` (the images).
+        processor: a vision-language model's processor: rows take images from `image_key` (rlcore.data.multimodal;
+            rows with videos in `video_key` are refused) and each item carries `multi_modal_inputs` (the processor's
+            tensors) and `multi_modal_data` (the images).
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         chat_template_kwargs: dict[str, Any] | None = None,
         processor=None,
         image_key: str = "images",
+        video_key: str = "videos",
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {TRUNCATION_MODES}")
@@ -104,7 +106,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         if max_samples > 0:
             rows, origins = rows[:max_samples], origins[:max_samples]
         if processor is not None:
-            row_checks = [*row_checks, image_row_check(prompt_key, image_key)]
+            row_checks = [*row_checks, image_row_check(prompt_key, image_key, video_key)]
         bad = find_bad_rows(rows, [lambda row: prompt_problem(row, prompt_key), *row_checks])
         if bad:
             report = bad_rows_report(bad, origins, len(rows))

@@ -57,9 +57,13 @@ def placeholder_count(messages: list[dict[str, Any]]) -> int:
     return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages if isinstance(m.get("content"), str))
 
 
-def image_row_check(prompt_key: str, image_key: str):
-    """A row check (rlcore.data.row_checks): the row's images decode and its prompt has one placeholder per image."""
+def image_row_check(prompt_key: str, image_key: str, video_key: str = "videos"):
+    """A row check (rlcore.data.row_checks): the row's images decode, its prompt has one placeholder per image, and it
+    has no videos (rlcore's vision-language path takes images)."""
     def check(row: dict[str, Any]) -> str | None:
+        if row.get(video_key):
+            return (f"the row has videos in {video_key}: rlcore trains vision-language models on images only; drop the "
+                    "videos (or the rows)")
         images = row.get(image_key) or []
         if not isinstance(images, (list, tuple)):
             return f"{image_key} must be a list of images, got {type(images).__name__}"

@@ -43,6 +43,7 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         # Only a trained model recomputes activations (a frozen reward model's section has no such key).
         gradient_checkpointing=optim_cfg is not None and model_cfg.enable_gradient_checkpointing,
         use_remove_padding=model_cfg.use_remove_padding,
+        freeze_vision_tower=optim_cfg is not None and bool(role_cfg.get("freeze_vision_tower", False)),  # the actor's key
     )
     if strategy == "megatron":
         megatron = role_cfg.megatron

@@ -93,12 +93,8 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
     megatron TP ranks) and roll it out with `rollout` (native / vllm; None: not asked); empty when it can. Each
     problem ends with what to do instead."""
     model_type = config.get("model_type")
-    if "vision_config" in config:
-        # The FSDP2 engine trains Qwen2.5-VL and Qwen3-VL (rlcore.models.vision); a run also needs images in the
-        # rollout, which neither engine takes yet.
-        return vision_problems(config, strategy) or [
-            f"model_type={model_type!r} is a vision-language model: rlcore's FSDP2 engine trains it, but neither rollout "
-            "engine takes images yet, so a run cannot start; use a text-only checkpoint (docs/models.md)"]
+    if "vision_config" in config:  # Qwen2.5-VL, Qwen3-VL: FSDP2 through HF's modules, vLLM rollout
+        return vision_problems(config, strategy, rollout)
     c = text_config(config)
     model_type = c.get("model_type")
     family = FAMILIES.get(model_type)

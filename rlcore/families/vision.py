@@ -49,13 +49,18 @@ def vision_family(config: dict[str, Any]) -> VisionFamily | None:
     return FAMILIES.get(config.get("model_type")) if "vision_config" in config else None
 
 
-def vision_problems(config: dict[str, Any], strategy: str) -> list[str]:
-    """Why rlcore cannot train this vision-language model with `strategy`; empty when it can (FSDP2 engine)."""
+def vision_problems(config: dict[str, Any], strategy: str, rollout: str | None = None) -> list[str]:
+    """Why rlcore cannot train this vision-language model with `strategy` and roll it out with `rollout` (None: not
+    asked); empty when it can (FSDP2 with vLLM)."""
     model_type = config.get("model_type")
     if vision_family(config) is None:
         return [f"model_type={model_type!r} is a vision-language model rlcore has no module for (it trains "
                 f"{', '.join(sorted(FAMILIES))}); use one of those or a text-only checkpoint (docs/models.md)"]
+    problems = []
     if strategy == "megatron":
-        return [f"model_type={model_type!r} on megatron: megatron-core 0.16 has no Qwen-VL vision tower or multimodal RoPE "
-                "in rlcore's build; use actor_rollout_ref.actor.strategy=fsdp2"]
-    return []
+        problems.append(f"model_type={model_type!r} on megatron: megatron-core 0.16 has no Qwen-VL vision tower or multimodal "
+                        "RoPE in rlcore's build; use actor_rollout_ref.actor.strategy=fsdp2")
+    if rollout == "native":
+        problems.append(f"model_type={model_type!r} with actor_rollout_ref.rollout.name=native: the native engine does not run "
+                        "a vision tower; use actor_rollout_ref.rollout.name=vllm")
+    return problems

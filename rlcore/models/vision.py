@@ -80,6 +80,17 @@ def build_vl_model_dir(path: str, shape: str, tokenizer, seed: int = 0, max_imag
     return os.path.abspath(path)
 
 
+def vision_processor(model_path: str, trust_remote_code: bool = False):
+    """The processor of a vision-language model at `model_path`; None for a text-only model (its config.json has no
+    vision_config)."""
+    import json
+
+    with open(os.path.join(os.path.expanduser(model_path), "config.json")) as f:
+        if "vision_config" not in json.load(f):
+            return None
+    return load_processor(model_path, trust_remote_code)
+
+
 def load_processor(path: str, trust_remote_code: bool = False):
     """The processor saved beside the model (`AutoProcessor`, local files only)."""
     from transformers import AutoProcessor

@@ -268,6 +268,8 @@ class PPOTrainer:
         """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""
         prompts = batch.pop(PROMPT_KEYS)
         prompts.meta_info.update(validate=validate, greedy=greedy)
+        if "multi_modal_data" in batch.non_tensor_batch:  # a vision-language policy's images, for the rollout engine
+            prompts.non_tensor_batch["multi_modal_data"] = batch.non_tensor_batch["multi_modal_data"]
         if self.custom_loops:  # verl hands a loop every column of its row (raw_prompt, extra_info, agent_name, ...)
             prompts.non_tensor_batch.update(batch.non_tensor_batch)
         if self.multi_turn or self.custom_loops:

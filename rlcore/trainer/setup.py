@@ -20,6 +20,7 @@ from rlcore.data.sampler import build_sampler
 from rlcore.data.row_checks import rule_score_problem
 from rlcore.config.validate_distill import teacher_entries
 from rlcore.models.hf import ModelLoadError, import_external_lib, load_tokenizer, policy_tokenizer
+from rlcore.models.vision import vision_processor
 from rlcore.reward.custom import load_custom_reward_fn
 from rlcore.reward.isolation import IsolatedScorer
 from rlcore.reward.manager import RewardManager, ScoreGuard, build_reward_manager
@@ -53,6 +54,8 @@ def build_data(cfg: DictConfig):
         # The prompts render in the policy's custom_chat_template, as the workers' multi-turn turns do (verl: data's
         # trust_remote_code for the controller's tokenizer).
         tokenizer = policy_tokenizer(model, data.trust_remote_code)
+    with loading("actor_rollout_ref.model.path", model.path, "the vision-language processor"):
+        processor = vision_processor(model.path, data.trust_remote_code)  # None: a text-only model
     # Rule scorers need a scorer per data source and a ground truth: checked on every row at load. A custom
     # compute_score decides for itself; a reward model scores training rows (validation stays rule-scored).
     rule = [] if cfg.custom_reward_function.path else [partial(rule_score_problem, source_key=data.reward_fn_key,
@@ -79,6 +82,7 @@ def build_data(cfg: DictConfig):
                 max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
                 tools=tools, return_full_prompt=data.return_full_prompt,
                 chat_template_kwargs=OmegaConf.to_container(data.apply_chat_template_kwargs, resolve=True),
+                processor=processor, image_key=data.image_key, video_key=data.video_key,
             )
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed

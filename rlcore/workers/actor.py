@@ -167,7 +167,7 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroB
     # Entropy only where it is used: in the loss, or as the metric the skipped old-log-prob pass would have logged.
     replay = actor_cfg.router_replay.mode != "disabled" and ROUTES in data.batch.keys()
     request = TokenRequest(temperature, entropy=actor_cfg.entropy_coeff != 0 or on_policy, routes="replay" if replay else "free",
-                           **distillation_request(distill, engine.hf_config.vocab_size))
+                           **distillation_request(distill, engine.hf_config.get_text_config().vocab_size))
     metrics = run_ppo_updates(
         engine, data, actor_cfg.ppo_epochs, mini_batch_rows, micro,
         lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy, rollout_corr, distill), "actor", request,

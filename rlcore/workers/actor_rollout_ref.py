@@ -15,6 +15,7 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import CHECKPOINT_STATE
 from rlcore.engine.factory import build_engine, engine_spec
+from rlcore.models.vision import vision_processor
 from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
 from rlcore.protocol import DataProto
 from rlcore.models.hf_export import head_model_config
@@ -194,6 +195,9 @@ class ActorRolloutRefWorker(RoleWorker):
             os.makedirs(hf_dir, exist_ok=True)
             head_model_config(self.actor.hf_config, self.actor.spec.kind).save_pretrained(hf_dir)
             self.tokenizer.save_pretrained(hf_dir)
+            processor = vision_processor(self.config.actor_rollout_ref.model.path)  # a vision-language model's, beside it
+            if processor is not None:
+                processor.save_pretrained(hf_dir)
             checkpoint.write_contents(path, contents)
         if "extra" in contents:
             save_rng_state(path, self.rank, {"rollout": self.rollout.state_dict()} if self.rollout is not None else {})

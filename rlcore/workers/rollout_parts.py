@@ -96,8 +96,13 @@ def generate(rollout: RolloutEngine, loop: AgentLoop | AgentRunner | None, promp
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     before = rollout.gate.version
     if loop is None:
-        out, counters = rollout.generate(ids, mask, sampling), {}
+        images = prompts.non_tensor_batch.get("multi_modal_data")  # a vision-language policy's rows
+        out = rollout.generate(ids, mask, sampling) if images is None else rollout.generate(ids, mask, sampling, multi_modal_data=list(images))
+        counters = {}
         stats = {f"rollout/{k}": v for k, v in getattr(rollout, "stats", {}).items()}  # KV slots, prefills
+    elif "multi_modal_data" in prompts.non_tensor_batch:
+        raise ValueError("multi-turn rollouts and agent loops with images are not supported yet (their turns would drop the "
+                         "images); train this vision-language model with single-turn rollouts")
     elif isinstance(loop, AgentRunner):
         ids, mask, out, counters = loop.generate_batch(ids, mask, sampling, prompts.non_tensor_batch)
         stats = dict(loop.stats)  # engine calls and requests of the custom loops, the tool agent's counts

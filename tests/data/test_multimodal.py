@@ -39,10 +39,11 @@ def dataset(path, processor, **kwargs):
 
 
 def test_images_expand_into_their_tokens_and_travel_with_the_row(processor, tmp_path):
-    rows = [{"prompt": [{"role": "user", "content": "<image>How many? <image>"}], "images": [{"bytes": png(56, 28)}, {"bytes": png(28, 28)}],
+    """data.image_key names the column (here not verl's default `images`)."""
+    rows = [{"prompt": [{"role": "user", "content": "<image>How many? <image>"}], "pictures": [{"bytes": png(56, 28)}, {"bytes": png(28, 28)}],
              "data_source": "geo3k", "reward_model": {"ground_truth": "2"}},
-            {"prompt": [{"role": "user", "content": "no image"}], "images": [], "data_source": "geo3k", "reward_model": {"ground_truth": "1"}}]
-    data = dataset(write(tmp_path / "rows.parquet", rows), processor)
+            {"prompt": [{"role": "user", "content": "no image"}], "pictures": [], "data_source": "geo3k", "reward_model": {"ground_truth": "1"}}]
+    data = dataset(write(tmp_path / "rows.parquet", rows), processor, image_key="pictures")
     item = data[0]
     grid = item[MULTI_MODAL_INPUTS]["image_grid_thw"]
     image_token = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -54,12 +55,14 @@ def test_images_expand_into_their_tokens_and_travel_with_the_row(processor, tmp_
 
 
 def test_bad_rows_are_named_together_and_long_image_prompts_are_not_cut(processor, tmp_path):
-    rows = [{"prompt": [{"role": "user", "content": "<image><image>two?"}], "images": [{"bytes": png(28, 28)}]},
+    rows = [{"prompt": [{"role": "user", "content": "<image><image>two?"}], "images": [{"bytes": png(28, 28)}], "clips": []},
             {"prompt": [{"role": "user", "content": "<image>broken"}], "images": [{"bytes": b"not a png"}]},
-            {"prompt": [{"role": "user", "content": "<image>fine"}], "images": [{"bytes": png(28, 28)}]}]
-    with pytest.raises(ValueError) as err:
-        dataset(write(tmp_path / "bad.parquet", rows), processor)
+            {"prompt": [{"role": "user", "content": "<image>fine"}], "images": [{"bytes": png(28, 28)}]},
+            {"prompt": [{"role": "user", "content": "a clip"}], "images": [], "clips": ["a.mp4"]}]
+    with pytest.raises(ValueError) as err:  # data.video_key names the videos column
+        dataset(write(tmp_path / "bad.parquet", rows), processor, video_key="clips")
     assert "2 <image> placeholder(s) and images holds 1 image(s)" in str(err.value) and "does not decode" in str(err.value)
+    assert "the row has videos in clips" in str(err.value)
     long = [{"prompt": [{"role": "user", "content": "<image>" + "x" * 40}], "images": [{"bytes": png(112, 112)}]}]
     with pytest.raises(ValueError, match="truncating would cut an image's tokens"):
         dataset(write(tmp_path / "long.parquet", long), processor, max_prompt_length=48, truncation="left")

@@ -101,12 +101,19 @@ def test_training_log_probs_equal_hfs_own_forward_padded_packed_and_in_micro_bat
 
 
 def test_a_frozen_tower_gets_no_gradients_and_no_optimizer_state(vl):
+    """actor_rollout_ref.actor.freeze_vision_tower=True through the engine's spec, as the actor builds it."""
+    from omegaconf import OmegaConf
+
+    from rlcore.config.schema import ActorConfig, ModelConfig
+    from rlcore.engine.factory import engine_spec
     from rlcore.engine.fsdp2 import FSDP2Engine
 
     model_dir, _, batch = vl
+    actor = OmegaConf.structured(ActorConfig(freeze_vision_tower=True))
+    spec = engine_spec("fsdp2", OmegaConf.structured(ModelConfig(path=model_dir, use_remove_padding=True)), actor, actor.optim, 1.0, 2)
     init_gloo(0, 1, free_port())
     try:
-        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True, freeze_vision_tower=True), torch.device("cpu"))
+        engine = FSDP2Engine(spec, torch.device("cpu"))
         trained = {id(p) for p in engine.trained}
         tower = [p for n, p in engine.model.named_parameters() if n.startswith("model.visual")]
         assert tower and not any(id(p) in trained for p in tower)
