@@ -149,3 +149,62 @@ def gsm8k_score(
     if answer is None:
         return 0.0
     return score if answer == _normalize_number(str(ground_truth)) else format_score
+
+
+# Geometry3K (verl's geo3k data source): 0.9 for the right answer in the last \boxed{}, plus 0.1 for the format
+# (reasoning in <think> </think> before the box), as verl scores it. Answers are compared after normalising LaTeX
+# spelling (spaces, \left / \right, degrees, \text{}) and, where both sides are numbers (decimals, a/b,
+# \frac{a}{b}), by value; verl's mathruler grader also decides symbolic equivalence, which this does not.
+GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1: j]
+    return None
+
+
+def _math_value(text: str) -> float | None:
+    text = re.sub(r"\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}", r"(\1)/(\2)", text)
+    if not re.fullmatch(r"[0-9.+\-*/() ]+", text):
+        return None
+    try:
+        return float(eval(text, {"__builtins__": {}}, {}))  # digits and arithmetic only (checked above)
+    except (SyntaxError, ZeroDivisionError, TypeError, ValueError):
+        return None
+
+
+def _normalize_math(text: str) -> str:
+    text = re.sub(r"\\text\{([^{}]*)\}", r"\1", text)
+    for token in ("\\left", "\\right", "^\\circ", "^{\\circ}", "\\circ", "°", "\\!", "\\,", "$", " "):
+        text = text.replace(token, "")
+    return text.rstrip(".")
+
+
+def math_answers_equal(answer: str, truth: str) -> bool:
+    a, b = _normalize_math(answer), _normalize_math(truth)
+    if a == b:
+        return True
+    x, y = _math_value(a), _math_value(b)
+    return x is not None and y is not None and abs(x - y) <= 1e-6 * max(1.0, abs(y))
+
+
+@register_answer_extractor("hiyouga/geometry3k", "geo3k")
+def geo3k_answer(solution_str: str) -> str | None:
+    return last_boxed(solution_str)
+
+
+@register_scorer("hiyouga/geometry3k", "geo3k")
+def geo3k_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None, *,
+                format_score: float = 0.1) -> float:
+    answer = last_boxed(solution_str)
+    right = answer is not None and math_answers_equal(answer, str(ground_truth))
+    return (1.0 - format_score) * right + format_score * bool(GEO3K_FORMAT.fullmatch(solution_str))
+

@@ -117,3 +117,18 @@ def test_register_answer_extractor():
         register_answer_extractor("tiny_add")(first_word)
     with pytest.raises(ValueError, match="at least one data_source"):
         register_answer_extractor()
+
+
+@pytest.mark.parametrize("response, ground_truth, score", [
+    ("<think>angles sum to 180</think> so x = \\boxed{60}", "60", 1.0),
+    ("<think>.</think>\\boxed{60^\\circ}", "60", 1.0),  # degrees spelled out
+    ("<think>.</think>\\boxed{\\frac{3}{4}}", "0.75", 1.0),  # by value
+    ("<think>.</think>\\boxed{2\\sqrt{3}}", "2 \\sqrt { 3 }", 1.0),  # spacing
+    ("the answer is \\boxed{60}", "60", 0.9),  # right, no <think> format
+    ("<think>.</think>\\boxed{61}", "60", 0.1),  # format only
+    ("<think>.</think> 60", "60", 0.0),  # no box: no answer
+])
+def test_geo3k_is_verls_answer_and_format_score(response, ground_truth, score):
+    from rlcore.reward.scorers import default_compute_score
+
+    assert default_compute_score("hiyouga/geometry3k", response, ground_truth) == pytest.approx(score)
