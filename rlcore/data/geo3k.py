@@ -12,14 +12,13 @@ you can run anywhere:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from rlcore.data.synthetic import write_parquet
+from rlcore.data.converters import converter_main, write_splits
 
 DATA_SOURCE = "hiyouga/geometry3k"
 INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then provide the final answer. "
@@ -49,22 +48,11 @@ def raw_split(raw_dir: str, split: str) -> list[dict[str, Any]]:
 
 def prepare(raw_dir: str, out_dir: str) -> dict[str, int]:
     """Writes out_dir/train.parquet and out_dir/test.parquet; returns the rows per split."""
-    counts = {}
-    for split in ("train", "test"):
-        rows = [to_row(r["problem"], r["answer"], r["images"], split, i) for i, r in enumerate(raw_split(raw_dir, split))]
-        write_parquet(rows, os.path.join(os.path.expanduser(out_dir), f"{split}.parquet"))
-        counts[split] = len(rows)
-    return counts
+    return write_splits(out_dir, lambda split: [to_row(r["problem"], r["answer"], r["images"], split, i) for i, r in enumerate(raw_split(raw_dir, split))])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--raw_dir", required=True, help="a local copy of hiyouga/geometry3k (data/{train,test}-*.parquet)")
-    parser.add_argument("--out_dir", default="~/data/geo3k")
-    args = parser.parse_args(argv)
-    counts = prepare(args.raw_dir, args.out_dir)
-    print(f"wrote {counts['train']} train and {counts['test']} test rows to {os.path.expanduser(args.out_dir)} "
-          f"(data_source {DATA_SOURCE}, verl's row format)")
+    converter_main(__doc__, "a local copy of hiyouga/geometry3k (data/{train,test}-*.parquet)", "~/data/geo3k", prepare, DATA_SOURCE, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ step that needs the network is one command you can run anywhere:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -21,7 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from rlcore.data.synthetic import write_parquet
+from rlcore.data.converters import converter_main, write_splits
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
@@ -61,22 +60,11 @@ def raw_split(raw_dir: str, split: str) -> list[dict[str, str]]:
 
 def prepare(raw_dir: str, out_dir: str) -> dict[str, int]:
     """Writes out_dir/train.parquet and out_dir/test.parquet; returns the rows per split."""
-    counts = {}
-    for split in ("train", "test"):
-        rows = [to_row(r["question"], r["answer"], split, i) for i, r in enumerate(raw_split(raw_dir, split))]
-        write_parquet(rows, os.path.join(os.path.expanduser(out_dir), f"{split}.parquet"))
-        counts[split] = len(rows)
-    return counts
+    return write_splits(out_dir, lambda split: [to_row(r["question"], r["answer"], split, i) for i, r in enumerate(raw_split(raw_dir, split))])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--raw_dir", required=True, help="a local copy of openai/gsm8k (parquet) or train/test.jsonl")
-    parser.add_argument("--out_dir", default="~/data/gsm8k")
-    args = parser.parse_args(argv)
-    counts = prepare(args.raw_dir, args.out_dir)
-    print(f"wrote {counts['train']} train and {counts['test']} test rows to {os.path.expanduser(args.out_dir)} "
-          f"(data_source {DATA_SOURCE}, verl's row format)")
+    converter_main(__doc__, "a local copy of openai/gsm8k (parquet) or train/test.jsonl", "~/data/gsm8k", prepare, DATA_SOURCE, argv)
 
 
 if __name__ == "__main__":
