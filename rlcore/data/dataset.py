@@ -137,6 +137,11 @@ class RLHFDataset(torch.utils.data.Dataset):
             texts = [x for i, x in enumerate(texts) if i in keep]
             media = [x for i, x in enumerate(media) if i in keep]
             origins = [o for i, o in enumerate(origins) if i in keep]
+        elif too_long and processor is not None:
+            raise ValueError(f"{len(too_long)} prompts with images are longer than data.max_prompt_length={max_prompt_length} "
+                             f"(the longest has {max(len(ids[j]) for j in too_long)} tokens, image tokens included): truncating "
+                             "would cut an image's tokens apart from its pixels; raise data.max_prompt_length or set "
+                             "data.filter_overlong_prompts=True")
         elif too_long and truncation == "error":
             i = too_long[0]
             longest = max(len(ids[j]) for j in too_long)
@@ -146,11 +151,6 @@ class RLHFDataset(torch.utils.data.Dataset):
                 f"has {longest}). Set data.max_prompt_length >= {longest}, or data.filter_overlong_prompts=True, "
                 f"or data.truncation=left|right|middle"
             )
-        elif too_long and processor is not None:
-            raise ValueError(f"{len(too_long)} prompts with images are longer than data.max_prompt_length={max_prompt_length} "
-                             f"(the longest has {max(len(ids[j]) for j in too_long)} tokens, image tokens included): truncating "
-                             "would cut an image's tokens apart from its pixels; raise data.max_prompt_length or set "
-                             "data.filter_overlong_prompts=True")
         self.rows = rows
         self.prompt_ids = [truncate_ids(x, max_prompt_length, truncation) for x in ids]
         self.row_positions = [pos for _, pos in origins]

@@ -267,6 +267,10 @@ class FSDP2Engine(TrainEngine):
         vision = {}
         if self.vision:  # the rows' images, and multimodal RoPE positions from the tokens (rlcore.models.vision)
             vision = rows_inputs(mb.non_tensor_batch.get(MULTI_MODAL_INPUTS, ()), self.device)
+            if not vision and bool((inputs["input_ids"] == self.hf_config.image_token_id).any()):
+                # HF would embed the placeholders as plain tokens, with no error: wrong log-probs, silently
+                raise ValueError(f"a micro-batch holds image tokens but no {MULTI_MODAL_INPUTS} (the processor's pixel_values "
+                                 "and image_grid_thw per row): the caller dropped the batch's images")
             rope = rope_positions(self.model, inputs["input_ids"], inputs["attention_mask"], vision.get("image_grid_thw"))
             self._anchor.arm(not vision)
         if packing:

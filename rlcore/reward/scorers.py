@@ -82,6 +82,12 @@ def tiny_add_score(solution_str: str, ground_truth: str, extra_info: dict[str, A
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
+@register_scorer("tiny_colour")
+def tiny_colour_score(solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None) -> float:
+    """The synthetic image task (rlcore.data.synthetic_vision): 1.0 iff the response, stripped, is the colour's name."""
+    return 1.0 if solution_str.strip().lower() == str(ground_truth).strip() else 0.0
+
+
 @register_answer_extractor(TINY_ADD)
 def tiny_add_answer(solution_str: str) -> str:
     """The whole response, whitespace stripped: what tiny_add_score compares."""

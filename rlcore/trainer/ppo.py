@@ -18,6 +18,7 @@ from rlcore.config.validate import uses_reference
 from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
+from rlcore.models.vision import MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
 from rlcore.trainer.distillation import TeacherScoring
@@ -43,6 +44,12 @@ def actor_keys(batch: DataProto, keys: list[str]) -> list[str]:
     """`keys` of an actor pass (old or reference log-probs, the update), with the routes a mixture of experts replays
     when the batch has them (router replay: the rollout's, R3, or the old-log-prob pass's, R2)."""
     return keys + [ROUTES] if ROUTES in batch.batch.keys() else keys
+
+
+def actor_data(batch: DataProto, keys: list[str]) -> DataProto:
+    """The batch an actor pass reads: `keys` (actor_keys) and a vision-language policy's images as the processor made
+    them (the forward scatters their features into the image tokens)."""
+    return batch.select(actor_keys(batch, keys), [k for k in (MULTI_MODAL_INPUTS,) if k in batch.non_tensor_batch])
 
 
 def to_proto(batch: dict) -> DataProto:
@@ -188,14 +195,14 @@ class PPOTrainer:
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             elif not (self.on_policy and updates_actor):
                 with self.perf.phase("old_log_prob", metrics):
-                    old = self.actor_rollout.compute_log_prob(batch.select(actor_keys(batch, FORWARD_KEYS)))
+                    old = self.actor_rollout.compute_log_prob(actor_data(batch, FORWARD_KEYS))
                     metrics.update(old.meta_info.pop("memory", {}))
                     entropy = old.pop(["entropys"]).batch["entropys"]
                     metrics["actor/entropy"] = (entropy * batch.batch["response_mask"]).sum().item() / batch.batch["response_mask"].sum().item()
                     batch.union(old)
             if self.use_ref:
                 with self.perf.phase("ref", metrics):
-                    ref = self.actor_rollout.compute_ref_log_prob(batch.select(actor_keys(batch, FORWARD_KEYS)))
+                    ref = self.actor_rollout.compute_ref_log_prob(actor_data(batch, FORWARD_KEYS))
                     metrics.update(ref.meta_info.pop("memory", {}))
                     batch.union(ref)
             if self.critic is not None:
@@ -314,11 +321,11 @@ class PPOTrainer:
     def actor_batch(self, batch: DataProto) -> DataProto:
         """The columns the actor update reads; the rejection mask, if any, as its response mask."""
         present = batch.batch.keys()
-        keys = actor_keys(batch, UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else []))
+        keys = UPDATE_KEYS + (["ref_log_prob"] if self.use_ref else [])
         keys += [k for k in ("old_log_probs", "rollout_is_weights", *TEACHER_COLUMNS) if k in present]
         if "rollout_log_probs" in present and (self.bypass or "old_log_probs" not in present):
             keys.append("rollout_log_probs")  # the actor measures the mismatch (see correct_rollout)
-        data = batch.select(keys)
+        data = actor_data(batch, keys)
         # The one on-policy decision (see __init__), handed to the actor: its loss then uses its own log-probs, detached.
         data.meta_info["on_policy"] = "old_log_probs" not in present
         if "rollout_rs_mask" in present:

@@ -75,3 +75,25 @@ def test_vllm_on_its_own_pool_gets_the_trainers_weights(demo_assets, tmp_path):
     assert all(r["rollout/requests"] == 32 for r in rows)  # 8 prompts x 4 samples, all on the one vLLM rank
     assert max(r["rollout/log_prob_abs_diff"] for r in rows) < 1e-4  # vLLM holds the weights the trainer updates from
     assert rows[0]["rollout/weights_synced"] == rows[1]["rollout/weights_synced"] > 0
+
+
+def test_a_vision_language_model_trains_through_the_whole_loop(tmp_path):
+    """Qwen2.5-VL on the synthetic image task through Ray (2 FSDP2 ranks, each with its vLLM engine): the dataset
+    expands the images, vLLM rolls out from them, the trainer's log-probs of those tokens are vLLM's, the export keeps
+    the processor."""
+    from rlcore.data.synthetic_vision import write_task
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.models.vision import build_vl_model_dir
+
+    model = build_vl_model_dir(str(tmp_path / "vl"), "tiny-qwen2-5-vl", build_char_tokenizer(),
+                               text=dict(hidden_size=128, head_dim=32), vision=dict(hidden_size=64, out_hidden_size=128))
+    write_task(str(tmp_path / "data"), num_train=16, num_test=8)
+    run(tiny_cfg(model, tmp_path / "data", tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=2",
+                 "trainer.val_before_train=False", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=true",
+                 "data.max_prompt_length=48", "data.max_response_length=4", "actor_rollout_ref.rollout.response_length=4",
+                 "actor_rollout_ref.rollout.prompt_length=48",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=8"), str(tmp_path))  # on-policy: the update compares log-probs
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 2 and all(r["rollout/requests"] == 16 for r in rows)  # 8 prompts x 4 samples over 2 replicas
+    assert max(r["rollout/log_prob_abs_diff"] for r in rows) < 1e-4
+    assert all(np.isfinite(r["actor/pg_loss"]) for r in rows)

@@ -120,6 +120,9 @@ def test_a_frozen_tower_gets_no_gradients_and_no_optimizer_state(vl):
         engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
         assert all(p.grad is None for p in tower)
         assert all(p.grad is not None for p in engine.trained)
+        # a caller that drops the images: refused, not embedded as plain tokens
+        with pytest.raises(ValueError, match="image tokens but no multi_modal_inputs"):
+            engine.forward([DataProto(batch.batch, {}, {})], lambda out, mb: {}, TokenRequest())
     finally:
         close_gloo()
 
