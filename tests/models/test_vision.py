@@ -90,10 +90,13 @@ def test_training_log_probs_equal_hfs_own_forward_padded_packed_and_in_micro_bat
             for micro in ([batch], batch.chunk(2)):  # one micro-batch, or two (the second has the two-image row)
                 parts = engine.forward(micro, lambda out, mb: {"lp": out["log_probs"]}, TokenRequest())
                 log_probs = torch.cat([p["lp"] for p in parts])
+                print(f"{model_dir.rsplit('/', 1)[-1]} {'packed' if packed else 'padded'} x{len(micro)}: log-probs "
+                      f"{float((log_probs[valid] - expected[valid]).abs().max()):.1e} off HF's")
                 torch.testing.assert_close(log_probs[valid], expected[valid], atol=1e-5, rtol=1e-5, msg=f"packed={packed} {len(micro)}")
             engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
             grads[packed] = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
         assert any(n.startswith("model.visual") and g.abs().sum() > 0 for n, g in grads[True].items())
+        print(f"packed gradients off padded: {max(float((g - grads[False][n]).abs().max()) for n, g in grads[True].items()):.1e}")
         for name, grad in grads[True].items():
             torch.testing.assert_close(grad, grads[False][name], atol=2e-5, rtol=1e-4, msg=name)
     finally:
@@ -154,6 +157,7 @@ def test_two_ranks_equal_one_when_a_rank_has_no_image(vl, tmp_path):
     try:
         engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
         engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        print(f"2 ranks (one without an image) off 1: {max(float((two[n] - p.grad.full_tensor()).abs().max()) for n, p in engine.model.named_parameters()):.1e}")
         for name, param in engine.model.named_parameters():
             torch.testing.assert_close(two[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
     finally:

@@ -75,6 +75,8 @@ def test_a_vision_language_model_decodes_hfs_tokens_from_images_after_syncs(shap
                 full = torch.cat([prompt[0], greedy])[None]
                 logits = hf(input_ids=full, mm_token_type_ids=(full == image_token).int(), use_cache=False, **inputs).logits[0]
             expected = gather_log_probs(logits[prompt.shape[1] - 1: -1].float(), greedy)
+            print(f"{shape} sync {sync} row {i} ({len(PROMPTS[i][1])} images): greedy equal, log-probs "
+                  f"{float((out.response_log_probs[i] - expected).abs().max()):.1e} off HF's")
             torch.testing.assert_close(out.response_log_probs[i], expected, atol=1e-5, rtol=0, msg=f"{shape} sync {sync} row {i}")
         assert before is None or not torch.equal(out.responses, before)  # the second sync moved the rollout
         before = out.responses
