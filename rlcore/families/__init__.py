@@ -10,13 +10,14 @@ fail inside a worker, or run wrong, is named with the reason and the alternative
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rlcore.families import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss, llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_5_text,
                              qwen3_moe, qwen3_next, seed_oss)
 from rlcore.families.arch import Arch, dense_arch, routed_experts, text_config
 from rlcore.families.base import Family, Megatron, Router
-from rlcore.families.vision import vision_problems
+from rlcore.families.vision import tower_params, vision_problems
 
 FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
     qwen2, qwen3, llama, qwen3_moe, qwen2_moe, mistral, gemma2, gemma3_text, deepseek_v3, glm4_moe, gpt_oss, seed_oss, qwen3_5_text,
@@ -38,7 +39,14 @@ def family_of(config: dict[str, Any]) -> Family | None:
 
 
 def arch_of(config: dict[str, Any], name: str) -> Arch:
-    """The plan's architecture facts: exact from the family's module, else estimated as Llama's block."""
+    """The plan's architecture facts: exact from the family's module, else estimated as Llama's block; a
+    vision-language model's tower counted beside its language model's."""
+    arch = _language_arch(config, name)
+    tower = tower_params(config)
+    return dataclasses.replace(arch, tower=tower) if tower else arch
+
+
+def _language_arch(config: dict[str, Any], name: str) -> Arch:
     family, model_type = family_of(config), text_config(config).get("model_type")
     if family is not None:
         try:

@@ -55,6 +55,7 @@ class Arch:
     mlp_width: int               # the SwiGLU width one token passes through per block (its activations scale with it)
     config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # the config.json it describes
     estimated: str = ""          # why the counts are an estimate (a model_type without a family module), or ""
+    tower: int = 0               # a vision-language model's vision tower parameters (rlcore.families.vision)
 
     @property
     def layers(self) -> int:
@@ -86,7 +87,7 @@ class Arch:
         return self.vocab * self.hidden + self.hidden + head
 
     def params(self, value_head: bool = False) -> int:
-        return self.root_params(value_head) + self.blocks_params()
+        return self.root_params(value_head) + self.blocks_params() + self.tower
 
     def active_blocks_params(self) -> int:
         """The decoder blocks' parameters one token's forward uses (what their FLOPs scale with)."""

@@ -41,6 +41,28 @@ FAMILIES: dict[str, VisionFamily] = {f.model_type: f for f in (
                                                                      "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
                            vision_config=dict(_TOWER, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]))),
 )}
+def tower_params(config: dict[str, Any]) -> int:
+    """The vision tower's parameters (patch embedding, blocks, the merger into the language model's width, and
+    Qwen3-VL's position table and deepstack mergers), from config.json; 0 for a text-only model."""
+    family, v = vision_family(config), config.get("vision_config") or {}
+    if family is None:
+        return 0
+    h, i, out = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"]
+    merged = h * v["spatial_merge_size"] ** 2
+    patch = v.get("in_channels", 3) * v["temporal_patch_size"] * v["patch_size"] ** 2 * h
+    attention = 3 * h * h + 3 * h + h * h + h
+
+    def merger(norm: int) -> int:
+        return norm + merged * merged + merged + merged * out + out
+
+    if family.deepstack:  # Qwen3-VL: LayerNorms, a 2-layer MLP, a biased patch conv, a position table
+        block = 4 * h + attention + 2 * h * i + i + h
+        deepstack = len(v.get("deepstack_visual_indexes") or ()) * merger(2 * merged)
+        return patch + h + v["num_position_embeddings"] * h + v["depth"] * block + merger(2 * h) + deepstack
+    block = 2 * h + attention + 2 * (h * i + i) + i * h + h  # Qwen2.5-VL: RMSNorms, SwiGLU
+    return patch + v["depth"] * block + merger(h)
+
+
 TINY_VISION = {f"tiny-{name.replace('_', '-')}": name for name in FAMILIES}  # "tiny-qwen2-5-vl" -> "qwen2_5_vl"
 
 

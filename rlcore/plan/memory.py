@@ -120,8 +120,9 @@ def frozen_dtype(fsdp) -> str:
     return getattr(fsdp, "model_dtype", "fp32")
 
 
-def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: bool, trainable: bool) -> dict:
-    """GiB of one FSDP2 role's state on a device: resident weights, grads, optimizer, gathered weights."""
+def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: bool, trainable: bool, frozen: int = 0) -> dict:
+    """GiB of one FSDP2 role's state on a device: resident weights, grads, optimizer, gathered weights. `frozen`:
+    parameters of a trained model that get no gradients and no optimizer state (a frozen vision tower)."""
     p, layer, root = arch.params(value_head), arch.layer_params(), arch.root_params(value_head)
     compute = _BYTES[compute_dtype(fsdp)]
     lora = arch.lora_params(lora_rank) if lora_rank else 0
@@ -129,7 +130,7 @@ def _training_state(arch: Arch, fsdp, shards: int, lora_rank: int, value_head: b
         weights = (p * _BYTES[fsdp.model_dtype] + lora * 4) / shards
         grads, optim = (lora * 4 / shards, lora * 8 / shards) if trainable else (0, 0)
     elif trainable:
-        weights, grads, optim = p * 4 / shards, p * 4 / shards, p * 8 / shards
+        weights, grads, optim = p * 4 / shards, (p - frozen) * 4 / shards, (p - frozen) * 8 / shards
     else:  # frozen: stored in model_dtype (the reward model's section has none: fp32)
         weights, grads, optim = p * _BYTES[frozen_dtype(fsdp)] / shards, 0, 0
     gathered = (p + lora) * compute if not fsdp.reshard_after_forward else (root + 2 * layer) * compute
@@ -209,6 +210,7 @@ class _Role:
     megatron: Optional[dict] = None  # {"cfg", "tp", "pp", "dp", "recompute"} under strategy=megatron
     sp: int = 1  # Ulysses: ranks sharing each micro-batch; `tokens` / `response_tokens` are one rank's slice
     offload_act: bool = False  # the policy's enable_activation_offload, on an accelerator (the actor on FSDP2)
+    frozen: int = 0  # trained model's parameters without gradients (actor.freeze_vision_tower: the vision tower)
 
 
 def _micro_tokens(c: _Cfg, dynamic_key: str, budget_key: str, micro: Optional[int], max_len: int, resp: int, sp: int = 1):
@@ -254,7 +256,8 @@ class Estimator:
         return _Role(name, arch, section, fsdp, self._shards(fsdp, world), adapter_rank(c, f"{ARR}.model", f"{ARR}.actor.strategy"), False, *toks,
                      c(f"{ARR}.model.enable_gradient_checkpointing"), f"{ARR}.model.enable_gradient_checkpointing",
                      trainable, self._megatron(section, world), sp,
-                     offload_act=trainable and bool(c(f"{ARR}.model.enable_activation_offload")) and self.device != "cpu")
+                     offload_act=trainable and bool(c(f"{ARR}.model.enable_activation_offload")) and self.device != "cpu",
+                     frozen=arch.tower if trainable and c(f"{ARR}.actor.freeze_vision_tower") else 0)
 
     def _sp(self, role: str) -> int:
         """A role's Ulysses size on FSDP2 (1 under Megatron, whose validation refuses it)."""
@@ -293,7 +296,7 @@ class Estimator:
     def state(self, role: _Role) -> dict:
         if role.megatron:
             return _megatron_state(role.arch, role.megatron, role.value_head, role.trainable, role.lora_rank)
-        return _training_state(role.arch, role.fsdp, role.shards, role.lora_rank, role.value_head, role.trainable)
+        return _training_state(role.arch, role.fsdp, role.shards, role.lora_rank, role.value_head, role.trainable, role.frozen)
 
     def resident(self, role: _Role) -> float:
         """GiB a role keeps on the device while another role runs (offloaded between phases on request)."""

@@ -315,3 +315,28 @@ def test_a_teacher_is_planned_on_the_actor_devices_or_a_pool_of_its_own():
     vllm = _plan("distillation.teacher_models.teacher_model.inference.name=vllm", recipe="qwen3_8b_opd_qwen3_32b")
     assert [r.role for r in vllm.roles] == ["rollout", "actor update"]
     assert dict(_role(vllm, "actor update").items)["teacher state kept between phases"] == pytest.approx(0.5 * 80)
+
+
+def test_a_vision_language_model_plans_its_tower_and_a_frozen_tower_drops_its_gradients_and_moments(tmp_path):
+    """Qwen2.5-VL-7B's config.json (its published shapes): the tower's 676.6M parameters join the language model's;
+    actor.freeze_vision_tower=True keeps them in the weights and drops their gradients and AdamW moments."""
+    import json
+
+    from rlcore.families.vision import tower_params
+
+    text = dict(model_type="qwen2_5_vl_text", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, vocab_size=152064, max_position_embeddings=128000, tie_word_embeddings=False)
+    vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    config = dict(model_type="qwen2_5_vl", text_config=text, vision_config=vision, tie_word_embeddings=False)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tower = tower_params(config)
+    assert tower == 676_550_144 and arch_of(config, "vl").params() == arch_of(text, "lm").params() + tower
+    plans = [_plan(f"{ARR}.model.path={tmp_path}", f"{ARR}.actor.freeze_vision_tower={frozen}", recipe="qwen2_7b_grpo")
+             for frozen in (False, True)]
+    full, frozen = (dict(_role(p, "actor update").items) for p in plans)
+    moments = next(k for k in full if k.startswith("AdamW moments"))
+    grads = next(k for k in full if k.startswith("grad"))
+    shards = int(moments.rsplit("/", 1)[1])
+    assert full[moments] - frozen[moments] == pytest.approx(tower * 8 / shards / GIB)
+    assert full[grads] - frozen[grads] == pytest.approx(tower * 4 / shards / GIB)
