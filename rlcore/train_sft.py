@@ -42,10 +42,12 @@ def sft_config_errors(cfg: DictConfig) -> list[str]:
 
 def load_rows(cfg: DictConfig, tokenizer):
     from rlcore.data.sft_rows import read_sft
+    from rlcore.models.vision import vision_processor
 
     d = cfg.data
+    processor = vision_processor(cfg.model.path)  # None: a text-only model
     read = lambda files: read_sft(file_list(files), tokenizer, d.prompt_key, d.response_key, d.max_length, d.truncation,  # noqa: E731
-                                  d.prompt_dict_keys or [], d.response_dict_keys or [], d.multiturn)
+                                  d.prompt_dict_keys or [], d.response_dict_keys or [], d.multiturn, processor, d.image_key)
     return read(d.train_files), (read(d.val_files) if d.val_files else None)
 
 

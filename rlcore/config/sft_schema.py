@@ -40,6 +40,7 @@ class SFTDataConfig:
     prompt_dict_keys: Optional[List[str]] = None
     response_dict_keys: Optional[List[str]] = None  # the same for the response column
     multiturn: SFTMultiTurnConfig = field(default_factory=SFTMultiTurnConfig)  # conversations instead of prompt/response
+    image_key: str = "images"  # a vision-language model's rows: each row's images (one <image> per image in the prompt)
     max_length: int = 1024  # prompt + response tokens
     truncation: str = "error"  # error | left (drop the prompt's start) | right (drop the response's end)
     train_batch_size: int = 256  # samples per optimizer step, over all ranks

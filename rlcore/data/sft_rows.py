@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlcore.data.dataset import read_rows
+from rlcore.data.multimodal import image_row_check, process_row
+from rlcore.models.vision import MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto, position_ids_from_mask
 
 
@@ -25,6 +28,7 @@ class SFTData:
     prompts: list[list[int]]
     responses: list[list[int]]
     loss_masks: list[list[int]] | None = None  # per response token, 1 where the loss applies (multi-turn); None = all
+    media: list[dict] | None = None  # a vision-language model's rows: each one's processor tensors (multi_modal_inputs)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -35,11 +39,15 @@ class SFTData:
         ids = [[pad_token_id] * (width_p - len(p)) + p + r + [pad_token_id] * (width_r - len(r)) for p, r in zip(prompts, responses)]
         mask = [[0] * (width_p - len(p)) + [1] * (len(p) + len(r)) + [0] * (width_r - len(r)) for p, r in zip(prompts, responses)]
         attention_mask = torch.tensor(mask)
+        media = {}
+        if self.media is not None:
+            media[MULTI_MODAL_INPUTS] = np.empty(len(index), dtype=object)
+            media[MULTI_MODAL_INPUTS][:] = [self.media[i] for i in index]
         return DataProto.from_dict({
             "input_ids": torch.tensor(ids), "attention_mask": attention_mask, "position_ids": position_ids_from_mask(attention_mask),
             "responses": torch.tensor([r + [pad_token_id] * (width_r - len(r)) for r in responses]),
             "response_mask": torch.tensor([self._loss_mask(i, len(r)) + [0] * (width_r - len(r)) for i, r in zip(index, responses)]),
-        })
+        }, media)
 
     def _loss_mask(self, row: int, length: int) -> list[int]:
         return [1] * length if self.loss_masks is None else self.loss_masks[row]
@@ -77,9 +85,12 @@ def _dig(value, keys: list[str], column: str, where: str):
 
 
 def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, max_length: int, truncation: str,
-             prompt_dict_keys: list[str] = (), response_dict_keys: list[str] = (), multiturn=None) -> SFTData:
-    """`multiturn`: verl's data.multiturn section (enable, messages_key, tools_key, enable_thinking_key), or None."""
-    prompts, responses = [], []
+             prompt_dict_keys: list[str] = (), response_dict_keys: list[str] = (), multiturn=None, processor=None,
+             image_key: str = "images") -> SFTData:
+    """`multiturn`: verl's data.multiturn section (enable, messages_key, tools_key, enable_thinking_key), or None.
+    `processor`: a vision-language model's (verl's sft_vlm): each row's images in `image_key` (one `<image>` per
+    image in the prompt) are expanded into their tokens, their tensors kept for the forward; images are never cut."""
+    prompts, responses, media = [], [], []
     rows, origins = read_rows([os.path.abspath(os.path.expanduser(f)) for f in files])
     if multiturn is not None and multiturn.enable:
         return _read_conversations(rows, origins, tokenizer, multiturn, max_length, truncation, files)
@@ -88,15 +99,24 @@ def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, ma
         if prompt_key not in row or response_key not in row:
             raise ValueError(f"{where}: no column {prompt_key if prompt_key not in row else response_key!r} (columns: {sorted(row)}); "
                              "set data.prompt_key / data.response_key")
-        prompt = chat_prompt_ids(tokenizer, _dig(row[prompt_key], list(prompt_dict_keys), prompt_key, where))
+        messages = _dig(row[prompt_key], list(prompt_dict_keys), prompt_key, where)
+        if processor is not None:
+            messages = messages if isinstance(messages, list) else [{"role": "user", "content": str(messages)}]
+            problem = image_row_check(prompt_key, image_key)({prompt_key: messages, image_key: row.get(image_key)})
+            if problem:
+                raise ValueError(f"{where}: {problem}")
+            prompt, inputs, _ = process_row(processor, messages, row.get(image_key) or [])
+            media.append(inputs)
+        else:
+            prompt = chat_prompt_ids(tokenizer, messages)
         answer = _dig(row[response_key], list(response_dict_keys), response_key, where)
         response = tokenizer.encode(str(answer), add_special_tokens=False) + [tokenizer.eos_token_id]
-        prompt, response = _truncate(prompt, response, max_length, truncation, where)
+        prompt, response = _truncate(prompt, response, max_length, "error" if media and media[-1] else truncation, where)
         prompts.append(prompt)
         responses.append(response)
     if not prompts:
         raise ValueError(f"no SFT rows in {files}")
-    return SFTData(prompts, responses)
+    return SFTData(prompts, responses, media=media if processor is not None else None)
 
 
 def _read_conversations(rows, origins, tokenizer, multiturn, max_length: int, truncation: str, files) -> SFTData:

@@ -53,10 +53,15 @@ def make_rows(num_rows: int, seed: int, split: str) -> list[dict[str, Any]]:
 
 
 def write_task(out_dir: str, num_train: int = 512, num_test: int = 64, seed: int = 0) -> dict[str, str]:
+    """train.parquet / test.parquet for RL, and sft.parquet (prompt, response = the colour, images) from other draws
+    for a warm-start (verl's sft_vlm rows)."""
     out = os.path.expanduser(out_dir)
-    paths = {"train": os.path.join(out, "train.parquet"), "test": os.path.join(out, "test.parquet")}
+    paths = {split: os.path.join(out, f"{split}.parquet") for split in ("train", "test", "sft")}
     write_parquet(make_rows(num_train, seed, "train"), paths["train"])
     write_parquet(make_rows(num_test, seed + 1, "test"), paths["test"])
+    sft = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"], "images": r["images"]}
+           for r in make_rows(num_train, seed + 2, "sft")]
+    write_parquet(sft, paths["sft"])
     return paths
 
 
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     paths = write_task(args.out_dir, args.num_train, args.num_test, args.seed)
-    print(f"wrote {paths['train']} and {paths['test']}")
+    print(f"wrote {', '.join(paths.values())}")
 
 
 if __name__ == "__main__":

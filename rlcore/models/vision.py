@@ -85,7 +85,10 @@ def vision_processor(model_path: str, trust_remote_code: bool = False):
     vision_config)."""
     import json
 
-    with open(os.path.join(os.path.expanduser(model_path), "config.json")) as f:
+    config = os.path.join(os.path.expanduser(model_path), "config.json")
+    if not os.path.isfile(config):  # no model there (yet): whatever loads it says so, naming the key
+        return None
+    with open(config) as f:
         if "vision_config" not in json.load(f):
             return None
     return load_processor(model_path, trust_remote_code)

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from rlcore.models.vision import vision_processor
 from rlcore.config import ConfigError
 from rlcore.config.rm_schema import stop_rule_met
 from rlcore.trainer.lifecycle import resume_from
@@ -181,6 +182,9 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
         finally:
             teardown(groups, pools, graceful=graceful)
     tokenizer.save_pretrained(final["checkpoint"])
+    processor = vision_processor(cfg.model.path)  # a vision-language model's, beside its weights
+    if processor is not None:
+        processor.save_pretrained(final["checkpoint"])
     if cfg.trainer.export_dir:
         export = os.path.abspath(os.path.expanduser(cfg.trainer.export_dir))
         shutil.rmtree(export, ignore_errors=True)

@@ -52,3 +52,30 @@ def test_sft_resumes_exactly_where_it_stopped(tiny_model_dir, tiny_task_dir, tmp
     assert losses(tmp_path / "b") == {step: loss for step, loss in losses(tmp_path / "a").items() if step > 2}
     a, b = (load_file(f"{d}/model.safetensors") for d in (straight["checkpoint"], resumed["checkpoint"]))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical weights
+
+
+def test_sft_on_images_lowers_the_loss_and_exports_the_processor(tmp_path):
+    """verl's sft_vlm: a tiny Qwen2.5-VL on the synthetic image task's SFT rows (data.image_key names the column),
+    through Ray on 2 ranks, packed; the export is an HF vision-language model with its processor beside it."""
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForImageTextToText
+
+    from rlcore.data.synthetic_vision import write_task
+    from rlcore.data.tokenizer import build_char_tokenizer
+    from rlcore.models.vision import build_vl_model_dir, load_processor
+
+    model = build_vl_model_dir(str(tmp_path / "vl"), "tiny-qwen2-5-vl", build_char_tokenizer())
+    sft = write_task(str(tmp_path / "data"), num_train=64, num_test=8)["sft"]
+    table = pq.read_table(sft)
+    pq.write_table(table.rename_columns(["pictures" if c == "images" else c for c in table.column_names]), sft)
+    cfg = compose_sft([f"model.partial_pretrain={model}", f"data.train_files=[{sft}]", "data.val_files=[]", "data.max_length=48",
+                       "data.image_key=pictures", "data.train_batch_size=16", "data.micro_batch_size_per_gpu=4", "optim.lr=3e-3",
+                       "optim.weight_decay=0", "trainer.total_training_steps=8", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+                       "engine.dtype=float32", "trainer.logger=[jsonl]", f"trainer.default_local_dir={tmp_path}/ckpt",
+                       f"trainer.export_dir={tmp_path}/model"])
+    run(cfg, str(tmp_path / "run"))
+    assert_no_workers_left()
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert rows[-1]["train/loss"] < 0.7 * rows[0]["train/loss"], [r["train/loss"] for r in rows]
+    AutoModelForImageTextToText.from_pretrained(str(tmp_path / "model"))
+    assert load_processor(str(tmp_path / "model")).image_processor.patch_size == 14
