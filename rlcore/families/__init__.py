@@ -17,7 +17,7 @@ from rlcore.families import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss
                              qwen3_moe, qwen3_next, seed_oss)
 from rlcore.families.arch import Arch, dense_arch, routed_experts, text_config
 from rlcore.families.base import Family, Megatron, Router
-from rlcore.families.vision import tower_params, vision_problems
+from rlcore.families.vision import tower_params, vision_family, vision_problems
 
 FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
     qwen2, qwen3, llama, qwen3_moe, qwen2_moe, mistral, gemma2, gemma3_text, deepseek_v3, glm4_moe, gpt_oss, seed_oss, qwen3_5_text,
@@ -48,6 +48,9 @@ def arch_of(config: dict[str, Any], name: str) -> Arch:
 
 def _language_arch(config: dict[str, Any], name: str) -> Arch:
     family, model_type = family_of(config), text_config(config).get("model_type")
+    vision = vision_family(config)
+    if family is None and vision is not None:  # Qwen2.5-VL's language model is Qwen2.5's block, Qwen3-VL's Qwen3's
+        family = FAMILIES[vision.text_family]
     if family is not None:
         try:
             return family.arch(config, name)

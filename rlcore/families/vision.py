@@ -22,6 +22,7 @@ class VisionFamily:
     model_type: str
     summary: str
     deepstack: bool       # the tower's intermediate features also enter early language layers (Qwen3-VL)
+    text_family: str      # the text family whose block its language model is (the plan counts it as that family's)
     tiny: dict[str, Any]  # text_config / vision_config kwargs of a tiny model (over the tiny tokenizer's vocabulary)
 
 
@@ -31,12 +32,12 @@ _TOWER = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, spatia
               out_hidden_size=64)
 
 FAMILIES: dict[str, VisionFamily] = {f.model_type: f for f in (
-    VisionFamily("qwen2_5_vl", "Qwen2.5-VL (windowed ViT tower, 14-pixel patches merged 2 x 2)", deepstack=False,
+    VisionFamily("qwen2_5_vl", "Qwen2.5-VL (windowed ViT tower, 14-pixel patches merged 2 x 2)", deepstack=False, text_family="qwen2",
                  tiny=dict(text_config=dict(_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                      "mrope_section": [2, 3, 3]}),
                            vision_config=dict(_TOWER, patch_size=14, fullatt_block_indexes=[1], window_size=56))),
     VisionFamily("qwen3_vl", "Qwen3-VL (16-pixel patches merged 2 x 2, deepstack features into early layers)",
-                 deepstack=True,
+                 deepstack=True, text_family="qwen3",
                  tiny=dict(text_config=dict(_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                      "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
                            vision_config=dict(_TOWER, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]))),

@@ -64,6 +64,15 @@ def _deepseek_v3(hidden, layers, heads, q_rank, inter, moe_inter, experts, top_k
                 tie_word_embeddings=False, **extra)
 
 
+def _qwen2_5_vl(hidden, layers, heads, kv, inter, tied):
+    """Qwen2.5-VL: a Qwen2.5 language model (its text_config) and the same 32-block ViT tower at every size."""
+    text = dict(_qwen2(hidden, layers, heads, kv, inter, tied, vocab=151936 if tied else 152064), model_type="qwen2_5_vl_text",
+                max_position_embeddings=128000)
+    tower = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=hidden, patch_size=14,
+                 spatial_merge_size=2, temporal_patch_size=2, in_channels=3, window_size=112, fullatt_block_indexes=[7, 15, 23, 31])
+    return dict(model_type="qwen2_5_vl", text_config=text, vision_config=tower, tie_word_embeddings=tied)
+
+
 # Shapes from each model's published config.json. Qwen2 and Qwen2.5 share shapes at a given size.
 _TABLE: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": _qwen2(896, 24, 14, 2, 4864, True, vocab=151936),
@@ -73,6 +82,8 @@ _TABLE: dict[str, dict[str, Any]] = {
     "qwen2.5-14b": _qwen2(5120, 48, 40, 8, 13824, False),
     "qwen2.5-32b": _qwen2(5120, 64, 40, 8, 27648, False),
     "qwen2.5-72b": _qwen2(8192, 80, 64, 8, 29568, False),
+    "qwen2.5-vl-3b": _qwen2_5_vl(2048, 36, 16, 2, 11008, True),
+    "qwen2.5-vl-7b": _qwen2_5_vl(3584, 28, 28, 4, 18944, False),
     "qwen3-0.6b": _qwen3(1024, 28, 16, 3072, True),
     "qwen3-1.7b": _qwen3(2048, 28, 16, 6144, True),
     "qwen3-4b": _qwen3(2560, 36, 32, 9728, True),
@@ -135,6 +146,8 @@ def builtin_arch(name: str) -> Optional[Arch]:
     if not size:
         return None
     size = size.group(1) + "b"
+    if "qwen2.5-vl" in base:  # before the language models of the same size
+        return BUILTIN.get(f"qwen2.5-vl-{size}")
     if "qwen2" in base and ("qwen2.5" in base or size in _QWEN2_SIZES):
         return BUILTIN.get(f"qwen2.5-{size}")
     if "qwen3" in base:

@@ -331,7 +331,9 @@ def test_a_vision_language_model_plans_its_tower_and_a_frozen_tower_drops_its_gr
     config = dict(model_type="qwen2_5_vl", text_config=text, vision_config=vision, tie_word_embeddings=False)
     (tmp_path / "config.json").write_text(json.dumps(config))
     tower = tower_params(config)
-    assert tower == 676_550_144 and arch_of(config, "vl").params() == arch_of(text, "lm").params() + tower
+    # the language model planned as Qwen2.5's block: 8,292,166,656 in all, the published count
+    assert tower == 676_550_144 and arch_of(config, "vl").params() == arch_of(dict(text, model_type="qwen2"), "lm").params() + tower
+    assert arch_of(config, "vl").params() == 8_292_166_656
     plans = [_plan(f"{ARR}.model.path={tmp_path}", f"{ARR}.actor.freeze_vision_tower={frozen}", recipe="qwen2_7b_grpo")
              for frozen in (False, True)]
     full, frozen = (dict(_role(p, "actor update").items) for p in plans)
