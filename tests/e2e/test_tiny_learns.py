@@ -38,7 +38,7 @@ def test_grpo_raises_held_out_accuracy_and_training_reward(demo_assets, tmp_path
     assert np.mean(scores[-10:]) > np.mean(scores[:10])
 
 
-@pytest.mark.slow
+@pytest.mark.demo  # a learning demo (61 s); Megatron's training, export and exact resume stay in tests/e2e/test_tiny_megatron.py
 def test_grpo_on_megatron_tp2_learns_like_fsdp2(demo_assets, tmp_path):
     pytest.importorskip("megatron.core")
     val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu", 50, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
@@ -51,7 +51,7 @@ def test_grpo_on_megatron_tp2_learns_like_fsdp2(demo_assets, tmp_path):
     assert np.mean(scores[-10:]) > np.mean(scores[:10])
 
 
-@pytest.mark.slow
+@pytest.mark.demo  # a learning demo (57 s); split pools' equality with the synchronous trainer stays in tests/e2e/test_tiny_async.py
 def test_grpo_on_split_pools_learns_with_stale_samples(demo_assets, tmp_path):
     """`make train-async`'s recipe: 1 training rank + 1 rollout rank, the rollout up to 2 versions ahead."""
     val, rows = train_demo(demo_assets, tmp_path, "tiny_cpu_async", 50, "trainer.logger=['jsonl']")
