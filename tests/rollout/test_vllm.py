@@ -184,7 +184,9 @@ def test_an_agent_program_trains_on_the_ids_vllm_sampled(qwen):
     prompts, prompt_mask, out, _ = run.generate_batch(ids, mask, SamplingParams(max_tokens=30, temperature=1.0, seed=3), rows)
     assert run.stats["agent/metrics/calls"] == 2 and run.stats["agent/metrics/program_error"] == 0
     sampled = out.loss_mask.bool()
-    assert sampled.sum(-1).tolist() == [12, 12, 12] and not out.loss_mask.eq(out.response_mask).all()  # 2 x 6 sampled, a user turn
+    # up to 2 x 6 sampled per row, a user turn between: a sample may end early on EOS, and which one does depends on how
+    # the server grouped the rows' calls (each engine call seeds its requests by position), which timing decides
+    assert all(7 <= n <= 12 for n in sampled.sum(-1).tolist()) and not out.loss_mask.eq(out.response_mask).all()
     expected = training_log_probs(model, prompts, prompt_mask, out)
     torch.testing.assert_close(out.response_log_probs[sampled], expected[sampled], atol=1e-5, rtol=0)
 
