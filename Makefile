@@ -118,10 +118,10 @@ test-durations:
 # The tests marked `vllm` (vLLM's CPU engine run for real: one process, 2 gloo ranks, a short GRPO run), and the
 # validator's vLLM rule on its accepting side.
 VLLM_TESTS := tests/rollout/test_vllm.py tests/rollout/test_vllm_lora.py tests/rollout/test_vllm_dist.py tests/e2e/test_tiny_vllm.py tests/workers/test_router_replay.py tests/rollout/test_vllm_teacher.py tests/workers/test_model_families.py tests/workers/test_vision_worker.py
+# The vision rollout test runs in a process of its own: a second vision-language engine in one process decoded off
+# HF's tokens after one of the other family had run (vLLM state that outlives its engine; a run has one per process).
 test-vllm: $(VLLM_STAMP)
 	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m pytest -q --durations=10 -m vllm $(VLLM_TESTS) $(ARGS)
-	# In a process of its own: a second vision-language engine in one process decoded off HF's tokens after a first
-	# one of the other family had run (a cache of vLLM's that outlives its engine; one engine per process in a run)
 	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m pytest -q -m vllm tests/rollout/test_vllm_vision.py $(ARGS)
 	$(VLLM_PY) -m pytest -q tests/config/test_validate.py -k vllm
 	$(VLLM_PY) -m pytest -q tests/test_readme.py -k vllm_venv
