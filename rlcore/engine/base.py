@@ -157,15 +157,16 @@ class TrainEngine(ABC):
         lr schedule, which follows global steps; grad_norm 0."""
 
     @abstractmethod
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False, adapted_only: bool = False,
+                        unmerged: bool = False, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) weights under HF names, one tensor at a time, gathered in buckets of about
         `bucket_bytes` (one collective per bucket). Collective: every rank iterates. `transient=True`: the caller
         is done with each tensor before it draws the next (the weight sync copies it into the rollout), so the
         engine may hand out views of a buffer it reuses (FSDP2 on CPU: one shared-memory segment per host).
         With LoRA each adapted weight comes merged (W + scaling * B @ A); `adapted_only`: only those (the frozen
         rest has not changed since the last full stream); `unmerged`: the frozen base alone, adapters left out
-        (they follow as `rollout_adapters()`)."""
+        (they follow as `rollout_adapters()`). `trainable_only` (no LoRA): the parameters that take gradients, so
+        a frozen vision tower, which the rollout already holds, is neither gathered nor sent."""
 
     def rollout_adapters(self) -> Adapters:
         """LoRA: the trained adapters, full, under HF module names (`model.lora.merge=False`'s sync). Collective."""

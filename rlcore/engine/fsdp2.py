@@ -350,8 +350,8 @@ class FSDP2Engine(TrainEngine):
         return {"grad_norm": norm, "lr": lr, "skipped_step": float(skip or not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False, adapted_only: bool = False,
+                        unmerged: bool = False, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         # state_dict() of an FSDP2 module holds sharded DTensors, gathered a bucket at a time: peak extra memory
         # is one bucket of unsharded parameters, not a second copy of the model.
         exchange = None
@@ -363,6 +363,9 @@ class FSDP2Engine(TrainEngine):
         tied = tied_weight_names(self.model)
         named = [(n, t) for n, t in self.model.state_dict().items() if n not in tied]
         if self.spec.lora is None:
+            if trainable_only:  # filtered before gathering (the same names on every rank): no collective for the frozen
+                frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+                named = [(n, t) for n, t in named if n not in frozen]
             return gather_full_tensors(named, bucket_bytes, self.device, exchange)
         if unmerged:  # the adapters are left out before gathering
             named = [(n, t) for n, t in named if not lora.is_factor(n)]

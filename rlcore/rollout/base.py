@@ -28,10 +28,11 @@ class WeightSource(Protocol):
     """What the hybrid engine reads the training weights from (every TrainEngine is one): full tensors under HF
     names, gathered `bucket_bytes` at a time; `transient`: a tensor may be overwritten once the next is yielded;
     `adapted_only`: with LoRA, only the weights the adapters change (merged); `unmerged`: the frozen base alone,
-    the adapters then coming as `rollout_adapters()` (LoRA without merging)."""
+    the adapters then coming as `rollout_adapters()` (LoRA without merging); `trainable_only`: the parameters that
+    take gradients (a frozen vision tower left out)."""
 
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]: ...
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False, adapted_only: bool = False,
+                        unmerged: bool = False, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]: ...
 
     def rollout_adapters(self) -> Adapters: ...
 
@@ -125,6 +126,9 @@ class RolloutEngine(ABC):
     # Whether weights loaded by update_weights stay loaded across sleep(): then a LoRA run sends only the weights its
     # adapters change. vLLM's sleep(level=2) discards them, so every sync there reloads every weight.
     keeps_weights: bool = True
+    # Whether a sync may leave out whole modules whose weights have not changed since the last one (a frozen vision
+    # tower): the engine keeps what it was sent across sleep(level=1), and a stream of whole modules is no partial layer.
+    keeps_unsent_modules: bool = True
     # Whether generate() takes keep_kv / prefix_of: a multi-turn trajectory's next turn then prefills only what the
     # last turn appended (the native engine). vLLM finds such prefixes itself (enable_prefix_caching).
     keeps_kv_across_calls: bool = False

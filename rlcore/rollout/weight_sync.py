@@ -10,9 +10,10 @@ from rlcore.rollout.base import WEIGHT_BUCKET_BYTES, RolloutEngine, WeightSource
 
 
 def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int = WEIGHT_BUCKET_BYTES, adapted_only: bool = False,
-                 release: Callable[[], None] = lambda: None, stats: dict | None = None) -> int:
+                 release: Callable[[], None] = lambda: None, stats: dict | None = None, trainable_only: bool = False) -> int:
     """Streams every training weight into the rollout engine; returns the number of tensors sent. With LoRA the
-    adapted weights arrive merged, and `adapted_only` sends only those (the rollout already holds the frozen rest).
+    adapted weights arrive merged, and `adapted_only` sends only those (the rollout already holds the frozen rest);
+    `trainable_only` leaves out the parameters that take no gradient (a frozen vision tower the rollout holds).
 
     The engine gathers full tensors a bucket at a time (one collective per `bucket_bytes`) and the rollout copies
     each into place, so peak extra memory is one bucket of unsharded tensors, never a second copy of the model.
@@ -29,7 +30,8 @@ def sync_weights(engine: WeightSource, rollout: RolloutEngine, bucket_bytes: int
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal sent
-        for name, tensor in engine.rollout_weights(bucket_bytes, transient=True, adapted_only=adapted_only):  # each is copied in before the next
+        # each tensor is copied in before the next is drawn
+        for name, tensor in engine.rollout_weights(bucket_bytes, transient=True, adapted_only=adapted_only, trainable_only=trainable_only):
             sent += 1
             nbytes = tensor.numel() * tensor.element_size()
             stats["bytes"] += nbytes

@@ -65,6 +65,7 @@ class ActorRolloutRefWorker(RoleWorker):
         if cfg.hybrid_engine:  # split pools: the rollout is another group's (rlcore.workers.rollout)
             self.rollout, self.agent_loop = build_rollout_parts(self.config, self.tokenizer, self.device, self.rank)
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
+        self._rollout_has_tower = False  # a frozen vision tower: the rollout holds it after the first sync
         # LoRA without merging (model.lora.merge=False): later syncs send the adapters alone, which the rollout applies
         self._unmerged_lora = unmerged_lora_rank(lambda key: OmegaConf.select(self.config, key)) > 0
         self.weight_group = None  # split pools: the group spanning training rank 0 and every rollout rank
@@ -82,6 +83,8 @@ class ActorRolloutRefWorker(RoleWorker):
         phases.reset_peak(self.device)
         bucket_bytes = self.config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes * 2**20
         adapted_only = self._rollout_has_base and self.rollout.keeps_weights
+        # A frozen vision tower never changes: once the rollout holds it, later syncs leave it out.
+        trainable_only = self._rollout_has_tower and self.actor.spec.freeze_vision_tower and self.rollout.keeps_unsent_modules
         phases.enter(self.actor, "sync")
         # The actor's parameters leave the device (if param_offload) between the stream and the KV cache's wake-up.
         streamed = {}
@@ -89,15 +92,17 @@ class ActorRolloutRefWorker(RoleWorker):
         if self._unmerged_lora:
             timing["rollout/weights_synced"] = sync_adapters(self.actor, self.rollout, not self._rollout_has_base, bucket_bytes, release, streamed)
         else:
-            timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_bytes, adapted_only, release, streamed)
-        self._rollout_has_base = self.actor.spec.lora is not None
+            timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_bytes, adapted_only, release, streamed, trainable_only)
+        self._rollout_has_base, self._rollout_has_tower = self.actor.spec.lora is not None, True
         timing["timing_s/update_weights"] = time.perf_counter() - start
         out, stats = generate(self.rollout, self.agent_loop, prompts, sampling_params(self.config, self.tokenizer, prompts.meta_info))
         timing.update(stats)
         memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]), device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             # Level 2 frees the rollout's weights too, unless the next sync sends only LoRA's adapted ones or adapters.
-            self.rollout.sleep(level=1 if self._rollout_has_base and (self.rollout.keeps_weights or self._unmerged_lora) else 2)
+            keep = (self._rollout_has_base and (self.rollout.keeps_weights or self._unmerged_lora)
+                    or self.actor.spec.freeze_vision_tower and self.rollout.keeps_unsent_modules)
+            self.rollout.sleep(level=1 if keep else 2)
         timing["rollout/weights_synced_gib"] = streamed["bytes"] / 2**30
         if self.device.type == "cuda":  # the device after the rollout let go, against before the engine was built
             memory["perf/memory/rollout_asleep/device_used_gib"] = phases.device_used_bytes(self.device) / 2**30

@@ -123,6 +123,9 @@ def test_a_frozen_tower_gets_no_gradients_and_no_optimizer_state(vl):
         engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
         assert all(p.grad is None for p in tower)
         assert all(p.grad is not None for p in engine.trained)
+        # the weight sync after the first: the tower is neither gathered nor sent, everything else is
+        every, trainable = dict(engine.rollout_weights()), dict(engine.rollout_weights(trainable_only=True))
+        assert set(every) - set(trainable) == {n for n in every if n.startswith("model.visual")} != set()
         # a caller that drops the images: refused, not embedded as plain tokens
         with pytest.raises(ValueError, match="image tokens but no multi_modal_inputs"):
             engine.forward([DataProto(batch.batch, {}, {})], lambda out, mb: {}, TokenRequest())

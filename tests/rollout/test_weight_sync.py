@@ -25,7 +25,7 @@ def weights() -> dict[str, torch.Tensor]:
 class Source:
     """A WeightSource that hands out views of one buffer it reuses (what `transient=True` allows)."""
 
-    def rollout_weights(self, bucket_bytes, transient=False, adapted_only=False):
+    def rollout_weights(self, bucket_bytes, transient=False, adapted_only=False, trainable_only=False):
         for name, tensor in weights().items():
             scratch = torch.empty_like(tensor)
             scratch.copy_(tensor)

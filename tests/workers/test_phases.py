@@ -33,7 +33,7 @@ class RecordingRollout(RolloutEngine):
 
 
 class StreamingEngine:
-    def rollout_weights(self, bucket_bytes, transient, adapted_only):
+    def rollout_weights(self, bucket_bytes, transient, adapted_only, trainable_only=False):
         return iter([("a", torch.zeros(2)), ("b", torch.zeros(3))])
 
 
@@ -159,11 +159,12 @@ class BucketedActor:
 
     class spec:
         lora = None
+        freeze_vision_tower = False
 
     def __init__(self):
         self.buckets = []
 
-    def rollout_weights(self, bucket_bytes, transient, adapted_only):
+    def rollout_weights(self, bucket_bytes, transient, adapted_only, trainable_only=False):
         self.buckets.append(bucket_bytes)
         return iter([("a", torch.zeros(2**18)), ("b", torch.zeros(2**18))])
 
@@ -193,6 +194,7 @@ def test_bucket_megabytes_sizes_the_sync_and_free_cache_engine_sleeps_the_rollou
         worker.config = compose(["recipe=tiny_cpu", *overrides])
         worker.actor, worker.ref, worker.rollout, worker.agent_loop = BucketedActor(), None, SleepingRollout([]), None
         worker.tokenizer, worker.device_type, worker._rollout_has_base, worker._unmerged_lora = None, "cpu", False, False
+        worker._rollout_has_tower = False
         worker.generate_sequences(DataProto.from_dict({"input_ids": torch.zeros(1, 1)}))
         return worker.actor.buckets, worker.rollout.calls
 

@@ -1,6 +1,7 @@
-"""A GRPO step of the hybrid worker on a vision-language model (`make test-vllm`: vLLM rolls out, FSDP2 trains):
-weights synced into vLLM (tower included), greedy rollouts from images whose log-probs equal the training forward's
-(fp32, 1e-5), the update, a second sync the rollout follows, and the HF export with the processor beside it."""
+"""A GRPO step of the hybrid worker on a vision-language model with a frozen tower (`make test-vllm`: vLLM rolls
+out, FSDP2 trains): the first sync carries the tower, later ones leave it out; greedy rollouts from images whose
+log-probs equal the training forward's (fp32, 1e-5), the update, a second sync the rollout follows, and the HF
+export with the processor beside it. (A whole run that syncs the tower every step: tests/e2e/test_tiny_vllm.py.)"""
 
 import io
 
@@ -47,7 +48,8 @@ def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_vllm(tiny_task_dir,
     prompts = prompts_with_images(load_processor(model_dir))
     init_gloo(0, 1, free_port())
     cfg = family_cfg(model_dir, tiny_task_dir, tmp_path, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.prompt_length=64",
-                     "data.max_prompt_length=64", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]")
+                     "data.max_prompt_length=64", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
+                     "actor_rollout_ref.actor.freeze_vision_tower=True")
     worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
     worker.init_model(total_steps=2)
 
@@ -60,13 +62,18 @@ def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_vllm(tiny_task_dir,
         return out
 
     before = greedy_matches_training()
+    tower_bytes = sum(p.numel() * p.element_size() for n, p in worker.actor.model.named_parameters() if n.startswith("model.visual"))
+    synced = [round(before.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30)]
     sampled = worker.generate_sequences(DataProto(prompts.batch, dict(prompts.non_tensor_batch)))
     sampled.non_tensor_batch[MULTI_MODAL_INPUTS] = prompts.non_tensor_batch[MULTI_MODAL_INPUTS]
     metrics = worker.update_actor(grpo_batch(sampled, worker))
     assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
-    after = greedy_matches_training()  # the second sync carries the update, the tower's weights too
+    after = greedy_matches_training()  # the language model's update reaches vLLM, which kept the tower it was sent
     moved = (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max()
     assert moved > 1e-3
+    synced.append(round(after.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30))
+    print(f"bytes per sync: first {synced[0]:.0f}, later {synced[1]:.0f} (the tower: {tower_bytes})")
+    assert synced[0] - synced[1] == tower_bytes
 
     worker.save_checkpoint(str(tmp_path / "ckpt"), str(tmp_path / "hf"))
     exported = load_processor(str(tmp_path / "hf"))  # the processor beside the weights

@@ -286,9 +286,10 @@ class MegatronEngine(TrainEngine):
         return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(skip or not finite)}
 
     # ------------------------------------------------------------------------------------------- weights
-    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False,
-                        adapted_only: bool = False, unmerged: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        # LoRA: every weight is sent, the adapted ones merged (adapted_only is FSDP's saving), or, `unmerged`, the base
+    def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False, adapted_only: bool = False,
+                        unmerged: bool = False, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        # LoRA: every weight is sent, the adapted ones merged (adapted_only is FSDP's saving), or, `unmerged`, the base.
+        # trainable_only is FSDP's saving too (Megatron builds no vision tower to freeze): every weight is sent.
         if self._manifest is None:
             self._manifest = export_manifest(self.modules, self.spec.kind, self.tied, self.hf_layer)
         if unmerged and self.spec.lora is not None:
