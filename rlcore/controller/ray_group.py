@@ -119,23 +119,27 @@ class RayWorkerGroup:
 
     def wait_all(self, method: str, refs: list) -> list[Any]:
         """Every rank's result; a rank that died raises RayActorError (the restart path), ranks that stop
-        answering raise WorkerHang naming them, after `hang_bound(method)` seconds."""
+        answering raise WorkerHang naming them, after `hang_bound(method)` seconds. A rank that raises is not waited
+        behind: its peers may be blocked in a collective it never joined, so its error is raised as soon as it
+        returns (after ERROR_GRACE_S for the other ranks' errors), not after the hang bound."""
         start, bound = time.monotonic(), self.hang_bound(method)
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=bound)
-        if pending:
-            raise WorkerHang(self.describe_hang(method, [refs.index(ref) for ref in pending], bound))
-        self.slowest[method] = max(self.slowest.get(method, 0.0), time.monotonic() - start)
-        results, errors = [], []
-        for ref in refs:
-            try:
-                results.append(ray.get(ref))
-            except Exception as err:  # noqa: BLE001: sorted below
-                errors.append(err)
+        pending, outcomes = list(refs), {}
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, start + bound - time.monotonic()))
+            if not ready:
+                raise WorkerHang(self.describe_hang(method, [refs.index(ref) for ref in pending], bound))
+            outcomes[ready[0]] = _outcome(ready[0])
+            if isinstance(outcomes[ready[0]], _Raised):
+                ready, pending = ray.wait(pending, num_returns=len(pending), timeout=ERROR_GRACE_S) if pending else ([], [])
+                outcomes.update((ref, _outcome(ref)) for ref in ready)
+                break
+        errors = [outcome.error for outcome in outcomes.values() if isinstance(outcome, _Raised)]
         # A dead rank fails its peers' collectives too: its RayActorError (what the restart path handles) is the
-        # cause, whichever rank's error comes first in rank order.
+        # cause, whichever rank's error comes first.
         if errors:
             raise next((e for e in errors if isinstance(e, ray.exceptions.RayActorError)), errors[0])
-        return results
+        self.slowest[method] = max(self.slowest.get(method, 0.0), time.monotonic() - start)
+        return [outcomes[ref] for ref in refs]
 
     def describe_hang(self, method: str, ranks: list[int], bound: float) -> str:
         """Which ranks did not answer and what their processes are doing (when they run on this machine)."""
@@ -166,6 +170,24 @@ class RayWorkerGroup:
 
 class WorkerHang(RuntimeError):
     """Ranks of a worker group stopped answering (stopped, deadlocked, or waiting on one that is)."""
+
+
+# Seconds the other ranks get, once one rank has raised, to return their own errors (a dead rank's RayActorError
+# is what the restart path needs); ranks still blocked in a collective the raising rank never joined do not return.
+ERROR_GRACE_S = 2.0
+
+
+@dataclass
+class _Raised:
+    error: Exception
+
+
+def _outcome(ref) -> Any:
+    """A finished call's result, or its exception wrapped (a result may itself be any object)."""
+    try:
+        return ray.get(ref)
+    except Exception as err:  # noqa: BLE001: the caller sorts the errors
+        return _Raised(err)
 
 
 def _session_logs_dir() -> str | None:

@@ -1,6 +1,7 @@
 """Real Ray actors on a placement group form a gloo process group and obey the dispatch modes."""
 
 import sys
+import time
 
 import pytest
 import ray
@@ -29,6 +30,15 @@ class ToyWorker(Worker):
     def sum_of_ranks(self) -> float:
         t = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(t)  # proves the gloo group spans the actors
+        return t.item()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail_on_rank_1(self) -> float:
+        """Rank 1 raises before the collective rank 0 then waits in for ever (a shape error in one rank's batch)."""
+        if self.rank == 1:
+            raise ValueError("rank 1's batch is bad")
+        t = torch.ones(1)
+        dist.all_reduce(t)
         return t.item()
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
@@ -63,6 +73,12 @@ def test_worker_group_dispatch_over_gloo(ray_cluster):
         assert call.method == "scale_rows" and len(call.busy_s) == len(call.start_s) == 2 and group.drain_calls() == []
         # Each rank started after the send and finished before the results were back.
         assert all(0 <= start and start + busy <= call.span_s for start, busy in zip(call.start_s, call.busy_s))
+        # A rank that raises is not waited behind (its peer blocks in a collective it never joins): its error comes
+        # back as soon as it returns, not after trainer.hang_timeout_s (the group is left broken: the last check)
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="rank 1's batch is bad"):
+            group.fail_on_rank_1()
+        assert time.monotonic() - start < 30
     finally:
         group.kill()
         pool.release()
