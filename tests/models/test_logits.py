@@ -147,6 +147,27 @@ def test_padding_columns_are_excluded(monkeypatch):
     torch.testing.assert_close(spp.double(), sum_pi_squared_reference(h, w), **TOL)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_suppressed_ids_are_out_of_the_distribution_in_value_and_gradient(monkeypatch, temperature):
+    """A vision-language model's placeholders (never sampled): log-probs, entropy and gradients are those of the
+    softmax over the other ids, chunk by chunk (7 tokens a chunk) as whole."""
+    monkeypatch.setattr(logits_mod, "LOGITS_CHUNK_BYTES", 4 * 50 * 7)
+    h, w, t, g_lp, g_ent = problem()
+    suppressed = (3, 17, 49)
+    t = torch.where(torch.isin(t, torch.tensor(suppressed)), 0, t)  # sampled tokens are never suppressed ones
+
+    def masked(h, w):
+        z = (h @ w.t()).float() / temperature
+        z[:, list(suppressed)] = float("-inf")
+        return gather_log_probs(z, t), -(z.softmax(-1) * z.log_softmax(-1).nan_to_num(neginf=0.0)).sum(-1)
+
+    want = grads_of(masked, h, w, g_lp, g_ent)
+    got = grads_of(lambda h, w: token_log_probs(h, w, t, temperature, with_entropy=True, suppressed=suppressed), h, w, g_lp, g_ent)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b.double(), **TOL)
+    assert float((got[0] - grads_of(lambda h, w: reference(h, w, t, temperature), h, w, g_lp, g_ent)[0]).abs().max()) > 1e-3
+
+
 def test_top_log_prob_marks_exactly_the_greedy_tokens(monkeypatch):
     monkeypatch.setattr(logits_mod, "LOGITS_CHUNK_BYTES", 4 * 50 * 7)
     h, w, t, _, _ = problem()

@@ -11,11 +11,11 @@ import pytest
 import torch
 from dist_utils import close_gloo, free_port, init_gloo
 from PIL import Image
-from transformers import AutoModelForImageTextToText
+from transformers import AutoConfig, AutoModelForImageTextToText
 
 from rlcore.data.multimodal import process_row
 from rlcore.engine.base import EngineSpec, TokenRequest
-from rlcore.families.vision import TINY_VISION
+from rlcore.families.vision import TINY_VISION, placeholder_token_ids
 from rlcore.models.logits import gather_log_probs
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.vision import MULTI_MODAL_INPUTS, build_vl_model_dir, load_processor
@@ -61,7 +61,8 @@ def vl(request, tmp_path_factory):
 
 
 def hf_alone(model_dir: str, batch: DataProto) -> torch.Tensor:
-    """HF's own forward of each row alone, its positions computed by the model from the processor's token types."""
+    """HF's own forward of each row alone, its positions computed by the model from the processor's token types;
+    the image / video placeholders out of the softmax (the rollout never samples them)."""
     hf = AutoModelForImageTextToText.from_pretrained(model_dir, local_files_only=True)
     image_token = hf.config.image_token_id
     out = torch.zeros(batch.batch["responses"].shape)
@@ -72,6 +73,7 @@ def hf_alone(model_dir: str, batch: DataProto) -> torch.Tensor:
         with torch.no_grad():
             logits = hf(input_ids=ids, mm_token_type_ids=(ids == image_token).int(), use_cache=False,
                         **batch.non_tensor_batch[MULTI_MODAL_INPUTS][row]).logits[0]
+        logits[:, list(placeholder_token_ids(hf.config))] = float("-inf")  # out of the policy: never sampled
         first = ids.shape[1] - n
         out[row, :n] = gather_log_probs(logits[first - 1: first - 1 + n], batch.batch["responses"][row, :n])
     return out
@@ -111,7 +113,10 @@ def test_a_frozen_tower_gets_no_gradients_and_no_optimizer_state(vl):
     from rlcore.engine.factory import engine_spec
     from rlcore.engine.fsdp2 import FSDP2Engine
 
-    model_dir, _, batch = vl
+    model_dir, processor, batch = vl
+    vision_ids = processor.tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])
+    assert placeholder_token_ids(AutoConfig.from_pretrained(model_dir)) == tuple(sorted(vision_ids))
+    assert placeholder_token_ids({"model_type": "qwen2", "image_token_id": 5}) == ()  # text-only: nothing held back
     actor = OmegaConf.structured(ActorConfig(freeze_vision_tower=True))
     spec = engine_spec("fsdp2", OmegaConf.structured(ModelConfig(path=model_dir, use_remove_padding=True)), actor, actor.optim, 1.0, 2)
     init_gloo(0, 1, free_port())

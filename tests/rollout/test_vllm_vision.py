@@ -11,6 +11,7 @@ from PIL import Image
 
 from rlcore.data.multimodal import process_row
 from rlcore.data.tokenizer import build_char_tokenizer
+from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.logits import gather_log_probs
 from rlcore.models.vision import build_vl_model_dir, load_processor
 from rlcore.rollout.base import SamplingParams
@@ -57,7 +58,7 @@ def test_a_vision_language_model_decodes_hfs_tokens_from_images_after_syncs(shap
     rollout = build_rollout("vllm", model_path=model_dir, pad_token_id=0, device=torch.device("cpu"), dtype="float32", seed=0,
                             max_model_len=256, max_num_seqs=8, enforce_eager=True)
     hf = AutoModelForImageTextToText.from_pretrained(model_dir, local_files_only=True).eval()
-    image_token = hf.config.image_token_id
+    image_token, placeholders = hf.config.image_token_id, list(placeholder_token_ids(hf.config))
     before = None
     for sync in range(2):
         perturb(hf, seed=sync)
@@ -70,10 +71,12 @@ def test_a_vision_language_model_decodes_hfs_tokens_from_images_after_syncs(shap
             types = (prompt == image_token).int()
             with torch.no_grad():
                 greedy = hf.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), mm_token_type_ids=types, max_new_tokens=TOKENS,
-                                     do_sample=False, pad_token_id=0, eos_token_id=None, **inputs)[0, prompt.shape[1]:]
+                                     do_sample=False, pad_token_id=0, eos_token_id=None, suppress_tokens=placeholders,
+                                     **inputs)[0, prompt.shape[1]:]
                 assert torch.equal(out.responses[i], greedy), (shape, sync, i)
                 full = torch.cat([prompt[0], greedy])[None]
                 logits = hf(input_ids=full, mm_token_type_ids=(full == image_token).int(), use_cache=False, **inputs).logits[0]
+            logits[:, placeholders] = float("-inf")  # never sampled (the adapter's logit_bias)
             expected = gather_log_probs(logits[prompt.shape[1] - 1: -1].float(), greedy)
             print(f"{shape} sync {sync} row {i} ({len(PROMPTS[i][1])} images): greedy equal, log-probs "
                   f"{float((out.response_log_probs[i] - expected).abs().max()):.1e} off HF's")
