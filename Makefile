@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: docs docs-check help env vllm-env test-vllm test-demos test-durations train train-async train-moe train-rm train-tools test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: docs docs-check help env vllm-env test-vllm test-demos test-durations train train-async train-moe train-rm train-tools train-vlm test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 # A bare `make` prints this list: it must not start installing (the first target is the default).
 help:
@@ -20,6 +20,7 @@ help:
 	@echo "  make train-tools    the multi-turn tool-use demo;  make train-rm: the reward-model demo"
 	@echo "  make train-async    the tiny demo trained asynchronously: 1 training + 1 rollout rank (split pools)"
 	@echo "  make train-moe      the tiny demo on a tiny Qwen3-MoE (8 experts, top-2) with router replay R3"
+	@echo "  make train-vlm      a tiny Qwen2.5-VL learns to read a colour off an image (GRPO + vLLM, vLLM's venv)"
 	@echo "  make env            only the venv;  make vllm-env: vLLM's CPU venv (.cache/vllm_venv)"
 	@echo "  make test-vllm      the vLLM tests;  make test-numerics / test-numerics-other: floats under other CPU kernels"
 	@echo "  make test-latest    the fast suite at the newest releases setup.cfg allows;  make test-oldest: at the lowest"
@@ -88,6 +89,13 @@ train-moe: $(STAMP)
 	$(PY) -m rlcore.cli.prepare_tiny --moe --out_dir .cache/tiny_cpu_moe
 	$(PY) -m rlcore.train recipe=tiny_cpu_moe $(ARGS)
 
+# The vision-language demo: "what colour is the square?" on small rendered images. Builds the task and a tiny
+# Qwen2.5-VL warm-started on shuffled answers (cached: it answers a colour's name without looking), then GRPO with
+# vLLM's rollout teaches it to look (held-out accuracy ~0.27 -> ~0.73 in 100 steps, ~3 min).
+train-vlm: $(VLLM_STAMP)
+	$(VLLM_PY) -m rlcore.cli.prepare_tiny_vlm --out_dir .cache/tiny_vlm
+	VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m rlcore.train recipe=tiny_cpu_vlm $(ARGS)
+
 # The tool-use demo: sums of three 3-digit numbers with an add(a, b) tool. Builds the task, tokenizer, model and
 # an SFT warm-start on tool-call traces (cached), then runs GRPO with multi-turn tool-calling rollouts.
 train-tools: $(STAMP)
@@ -132,8 +140,9 @@ test-fast: $(STAMP)
 # The features' learning demos (tests marked `demo`: the reward-model pipeline, PPO's critic, LoRA), minutes each,
 # which `make test` skips: run them before changing what they show (docs/contributing.md). Their seconds go to their
 # own file, as the numerics passes' do.
-test-demos: $(STAMP)
+test-demos: $(STAMP) $(VLLM_STAMP)
 	TEST_DURATIONS_FILE=.cache/test_durations_demos.json $(PY) -m pytest -q -s --demos -m demo tests $(ARGS)
+	TEST_DURATIONS_FILE=.cache/test_durations_demos_vllm.json VLLM_LOGGING_LEVEL=WARNING $(VLLM_PY) -m pytest -q -s --demos -m "demo and vllm" tests/e2e/test_tiny_vlm.py $(ARGS)
 
 # Drift checks, each in a venv rebuilt from nothing (~1 min) and run through the fast suite: `test-latest` resolves
 # the newest releases setup.cfg's ranges allow (what a fresh `pip install rlcore` gets; an API that moved shows here
