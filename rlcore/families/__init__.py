@@ -17,7 +17,7 @@ from rlcore.families import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss
                              qwen3_moe, qwen3_next, seed_oss)
 from rlcore.families.arch import Arch, dense_arch, routed_experts, text_config
 from rlcore.families.base import Family, Megatron, Router
-from rlcore.families.vision import tower_params, vision_family, vision_problems
+from rlcore.families.vision import tower_params, tower_shape, vision_family, vision_problems
 
 FAMILIES: dict[str, Family] = {m.FAMILY.model_type: m.FAMILY for m in (
     qwen2, qwen3, llama, qwen3_moe, qwen2_moe, mistral, gemma2, gemma3_text, deepseek_v3, glm4_moe, gpt_oss, seed_oss, qwen3_5_text,
@@ -43,7 +43,7 @@ def arch_of(config: dict[str, Any], name: str) -> Arch:
     vision-language model's tower counted beside its language model's."""
     arch = _language_arch(config, name)
     tower = tower_params(config)
-    return dataclasses.replace(arch, tower=tower) if tower else arch
+    return dataclasses.replace(arch, tower=tower, vision=tower_shape(config)) if tower else arch
 
 
 def _language_arch(config: dict[str, Any], name: str) -> Arch:

@@ -56,6 +56,7 @@ class Arch:
     config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # the config.json it describes
     estimated: str = ""          # why the counts are an estimate (a model_type without a family module), or ""
     tower: int = 0               # a vision-language model's vision tower parameters (rlcore.families.vision)
+    vision: Any = None           # and its TowerShape (what its activations scale with); None: text-only
 
     @property
     def layers(self) -> int:

@@ -42,6 +42,25 @@ FAMILIES: dict[str, VisionFamily] = {f.model_type: f for f in (
                                                                      "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
                            vision_config=dict(_TOWER, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]))),
 )}
+@dataclass(frozen=True)
+class TowerShape:
+    """What a vision tower's activations scale with: its width, MLP width and depth, and how many patches merge
+    into one image token of the language model (spatial_merge_size squared)."""
+
+    hidden: int
+    mlp: int
+    depth: int
+    patches_per_token: int
+
+
+def tower_shape(config: dict[str, Any]) -> TowerShape | None:
+    """The vision tower's shape from config.json; None for a text-only model."""
+    if vision_family(config) is None:
+        return None
+    v = config["vision_config"]
+    return TowerShape(v["hidden_size"], v["intermediate_size"], v["depth"], v["spatial_merge_size"] ** 2)
+
+
 def tower_params(config: dict[str, Any]) -> int:
     """The vision tower's parameters (patch embedding, blocks, the merger into the language model's width, and
     Qwen3-VL's position table and deepstack mergers), from config.json; 0 for a text-only model."""

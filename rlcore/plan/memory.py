@@ -39,6 +39,7 @@ from rlcore.plan.constants import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 from rlcore.config.validate_lora import adapter_rank
 from rlcore.plan.rollout_memory import rollout_memory
 from rlcore.plan.teacher_memory import TEACHER_POOL, teacher_phases, teacher_pool, teacher_pool_world
+from rlcore.plan.tower_memory import tower_activations
 from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config.validate_ulysses import role_sp
 from rlcore.plan.heads import head_errors
@@ -325,6 +326,10 @@ class Estimator:
                    + (", inputs in host memory" if offload and role.trainable else ""), act)]
         if logits:
             items.append((f"log-prob head: one chunk of logits x {role.arch.vocab}", logits))
+        if role.arch.vision is not None:
+            patches, tower = tower_activations(role.arch.vision, role.tokens - role.response_tokens, compute, role.ckpt,
+                                               role.trainable and not role.frozen)
+            items.append((f"vision tower activations, <= {patches} patches (images filling the prompts)", tower))
         levers = []
         if role.trainable and not role.ckpt:
             ckpt_act, _ = _activations(role.arch, role.tokens, role.response_tokens, compute, True, True, role.value_head)

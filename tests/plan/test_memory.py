@@ -342,3 +342,11 @@ def test_a_vision_language_model_plans_its_tower_and_a_frozen_tower_drops_its_gr
     shards = int(moments.rsplit("/", 1)[1])
     assert full[moments] - frozen[moments] == pytest.approx(tower * 8 / shards / GIB)
     assert full[grads] - frozen[grads] == pytest.approx(tower * 4 / shards / GIB)
+    # the tower's activations: images filling every prompt token, 4 patches each; a frozen tower keeps one block's
+    # transients (no backward through it), a trained one every checkpointed block input plus one block's saved tensors
+    tower_act = [next((k, v) for k, v in plan.items() if k.startswith("vision tower activations")) for plan in (full, frozen)]
+    patches = 4 * 8000  # the recipe's 24000-token micro-batches of 512 prompt + 1024 response tokens: 8000 prompt tokens
+    assert tower_act[0][0] == tower_act[1][0] == f"vision tower activations, <= {patches} patches (images filling the prompts)"
+    bf16 = 2
+    assert tower_act[0][1] == pytest.approx(patches * bf16 * (32 * 1280 + 8 * 1280 + 4 * 3420) / GIB)
+    assert tower_act[1][1] == pytest.approx(patches * bf16 * (2 * 1280 + 2 * 3420) / GIB)
