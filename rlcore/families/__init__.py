@@ -104,7 +104,7 @@ def family_problems(config: dict[str, Any], strategy: str, rollout: str | None =
     megatron TP ranks) and roll it out with `rollout` (native / vllm; None: not asked); empty when it can. Each
     problem ends with what to do instead."""
     model_type = config.get("model_type")
-    if "vision_config" in config:  # Qwen2.5-VL, Qwen3-VL: FSDP2 through HF's modules, vLLM rollout
+    if "vision_config" in config:  # Qwen2.5-VL, Qwen3-VL: FSDP2 through HF's modules, vLLM or native rollout
         return vision_problems(config, strategy, rollout)
     c = text_config(config)
     model_type = c.get("model_type")

@@ -108,7 +108,7 @@ def placeholder_token_ids(config) -> tuple[int, ...]:
 
 def vision_problems(config: dict[str, Any], strategy: str, rollout: str | None = None) -> list[str]:
     """Why rlcore cannot train this vision-language model with `strategy` and roll it out with `rollout` (None: not
-    asked); empty when it can (FSDP2 with vLLM)."""
+    asked); empty when it can (FSDP2, with vLLM or the native engine)."""
     model_type = config.get("model_type")
     if vision_family(config) is None:
         return [f"model_type={model_type!r} is a vision-language model rlcore has no module for (it trains "
@@ -117,7 +117,4 @@ def vision_problems(config: dict[str, Any], strategy: str, rollout: str | None =
     if strategy == "megatron":
         problems.append(f"model_type={model_type!r} on megatron: megatron-core 0.16 has no Qwen-VL vision tower or multimodal "
                         "RoPE in rlcore's build; use actor_rollout_ref.actor.strategy=fsdp2")
-    if rollout == "native":
-        problems.append(f"model_type={model_type!r} with actor_rollout_ref.rollout.name=native: the native engine does not run "
-                        "a vision tower; use actor_rollout_ref.rollout.name=vllm")
     return problems

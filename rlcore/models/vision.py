@@ -21,6 +21,9 @@ import torch.distributed as dist
 from rlcore.families.vision import FAMILIES, TINY_VISION, VISION_TOKENS
 
 MULTI_MODAL_INPUTS = "multi_modal_inputs"  # verl's non-tensor column: one dict of processor tensors per row
+# What a rollout engine may need of a row's images: the images themselves (vLLM processes them) or the processor's
+# tensors (the native engine feeds them to the tower); each engine's generate() takes the one it uses.
+MEDIA_COLUMNS = ("multi_modal_data", MULTI_MODAL_INPUTS)
 
 # The tiny tokenizer's chat template with image items: a message's content is a string or a list of
 # {"type": "image"} / {"type": "text", "text": ...} items (as verl builds them from `<image>` placeholders).

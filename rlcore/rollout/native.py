@@ -9,8 +9,10 @@ from typing import Iterable
 
 import torch
 
+from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.models.router import ROUTE_DTYPE, Routing, to_routes
+from rlcore.models.vision import is_vision_config
 from rlcore.protocol import position_ids_from_mask
 from rlcore.models.lora import Adapters
 from rlcore.rollout.adapters import HeldAdapters
@@ -18,6 +20,7 @@ from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
 from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
 from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask, slots_for_budget
+from rlcore.rollout.native_vision import ImageRows
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -119,6 +122,11 @@ class NativeRollout(RolloutEngine):
             # Its own copy: the projections can be re-laid out for decoding (a model passed in keeps its layout).
             self.decoder = FusedDecoder(model) if fusable(model) else None
         self.model = model
+        # A vision-language model's image / video placeholders are never sampled (as vLLM's logit bias and the
+        # training head: rlcore.families.vision.placeholder_token_ids); its images arrive per call (ImageRows).
+        self.vision = is_vision_config(model.config)
+        self.suppressed = list(placeholder_token_ids(model.config))
+        self._images: ImageRows | None = None
         self.adapters: HeldAdapters | None = None  # LoRA without merging: applied over this base (load_adapters)
         self.merge_adapters = merge_adapters
         self.routing = Routing(model) if record_routes else None
@@ -149,7 +157,7 @@ class NativeRollout(RolloutEngine):
         self.graphs: DecodeGraphs | None = None
         if self.decoder is not None and device.type == "cuda" and not enforce_eager:
             sizes = cudagraph_capture_sizes or default_capture_sizes(max_num_seqs)
-            self.graphs = DecodeGraphs(self.decoder, self.pool, self.model.config.vocab_size, sizes, capture=True)
+            self.graphs = DecodeGraphs(self.decoder, self.pool, self.model.config.get_text_config().vocab_size, sizes, capture=True)
 
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -178,11 +186,15 @@ class NativeRollout(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams, keep_kv: bool = False,
-                 prefix_of: list[int] | None = None) -> RolloutOutput:
+                 prefix_of: list[int] | None = None, multi_modal_data: list | None = None,
+                 multi_modal_inputs: list[dict | None] | None = None) -> RolloutOutput:
         """`keep_kv`: keep each row's KV (prompt and response but the last token) after the call, for the next one.
         `prefix_of[r]`: row r continues row `prefix_of[r]` of the previous call (its ids start with that row's ids
         and sampled tokens): its kept KV is copied in and only the rest is prefilled (multi-turn: the last sampled
-        token and the appended tool response). A row whose ids do not continue the kept ones is prefilled whole."""
+        token and the appended tool response). A row whose ids do not continue the kept ones is prefilled whole.
+        `multi_modal_inputs`: a vision-language model's rows' processor tensors (pixel_values, image_grid_thw; None
+        for a row without images), whose prompts hold the images' expanded tokens; `multi_modal_data` (the images
+        themselves, for vLLM) is not needed here."""
         if self._weights_freed():
             raise RuntimeError("native rollout: generate() while sleep(level=2) has freed the weights: wake_up(['weights']) and sync "
                                "them first (rlcore.rollout.weight_sync.sync_weights)")
@@ -195,17 +207,24 @@ class NativeRollout(RolloutEngine):
             self.graphs.release()  # another adapter's tensors: captured again
         elif self.adapters is None and sampling.adapter is not None:
             raise KeyError(f"native rollout: SamplingParams.adapter={sampling.adapter!r}, but no LoRA adapter is loaded")
-        was_training, attention = self.model.training, self.model.config._attn_implementation
+        images = ImageRows(self.model, list(multi_modal_inputs), self.device) if multi_modal_inputs is not None and any(multi_modal_inputs) else None
+        if images is not None and (keep_kv or prefix_of is not None):
+            raise ValueError("native rollout: multi-turn calls (keep_kv / prefix_of) with images are not supported (a later turn "
+                             "would prefill without them); train this vision-language model with single-turn rollouts")
+        # Only the language model reads the pool (setting a composite config's attention sets its vision tower's too)
+        config = self.model.config.get_text_config() if self.vision else self.model.config
+        was_training, attention, self._images = self.model.training, config._attn_implementation, images
         self.model.eval()
         if self.decoder is None:  # HF modules read the pool through the registered attention function
-            self.model.config._attn_implementation = ATTENTION_NAME
+            config._attn_implementation = ATTENTION_NAME
         try:
             with self.gate.generating():
                 return self._generate(input_ids, attention_mask, sampling, keep_kv, prefix_of)
         finally:
             # A model passed in (SFT, benchmarks) goes back to training with its own attention.
             self.model.train(was_training)
-            self.model.config._attn_implementation = attention
+            config._attn_implementation = attention
+            self._images = None
 
     def kv_budget_bytes(self) -> float | None:
         if self.kv_cache_memory_bytes is not None:
@@ -253,7 +272,7 @@ class NativeRollout(RolloutEngine):
         waiting = deque(range(0, batch, n))  # first row of each waiting group
         req = steps = pos = torch.zeros(0, dtype=torch.long, device=self.device)
         done = torch.zeros(0, dtype=torch.bool, device=self.device)
-        logits = torch.zeros(0, self.model.config.vocab_size, device=self.device)
+        logits = torch.zeros(0, self.model.config.get_text_config().vocab_size, device=self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0, "prefill_tokens": 0, "reused_tokens": 0,
                       "resumed_rows": 0, "rebuilt_tokens": 0}
         # Each row's weights versions (start, end), when the weights are versioned (split pools).
@@ -293,7 +312,7 @@ class NativeRollout(RolloutEngine):
                     req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
             # Recorded routes of each fed token go to the column it was sampled into (a finished row's: the spare).
             route_at = (req, torch.where(done, prompt_len + max_tokens, prompt_len + steps - 1)[:, None]) if self._routes is not None else None
-            logits = self._decode(token, pos, max_pos + 1, route_at) if len(req) else logits[:0]
+            logits = self._decode(token, pos, max_pos + 1, route_at, req) if len(req) else logits[:0]
             # Only a finished row's extra steps reach the end of its slot.
             pos, max_pos = (pos + 1).clamp_(max=pool.max_len - 1), min(max_pos + 1, pool.max_len - 1)
             if self.gate.park():  # new weights were loaded meanwhile: the running rows go on under them
@@ -342,12 +361,14 @@ class NativeRollout(RolloutEngine):
         real = (length - start).clamp(max=window)
         self.stats["prefill_tokens"] += int(real.sum())
         cache = SlotCache(pool, first, groups, positions=length - window, kv_len=length, stride=n)
-        route_at = None
+        route_at, positions, vision = None, position_ids_from_mask(mask), {}
+        if self._images is not None:  # no kept KV with images: window == length
+            positions, vision = self._images.prefill(ids, mask, rows, n)
         if self._routes is not None:  # the prompt column of each computed position (the common left padding was dropped)
             width, rows = mask.shape[1] + lead, torch.tensor(rows)
             route_at = (rows, torch.arange(width - window, width)[None].expand(groups, window))
-        logits = self._forward(ids[:, length - window:], position_ids_from_mask(mask)[:, length - window:],
-                               prefill_mask(start, length)[:, :, length - window:], cache, route_at)
+        logits = self._forward(ids[:, length - window:], positions[..., length - window:],
+                               prefill_mask(start, length)[:, :, length - window:], cache, route_at, vision)
         if self._routes is not None:  # a group's samples share its prompt's routes
             for j in range(1, n):
                 self._routes[rows + j, :width] = self._routes[rows, :width]
@@ -361,6 +382,9 @@ class NativeRollout(RolloutEngine):
         """After new weights were loaded mid-call: recomputes each running slot's KV in place (its prompt and the
         tokens sampled so far, at the positions they hold) and returns the next-token logits `[rows, vocab]`. Runs
         of neighbouring slots that end at the same position (rows admitted together) are one forward each."""
+        if self._images is not None:
+            raise ValueError("native rollout: new weights mid-call (partial rollouts on split pools) with images: the rebuilt KV "
+                             "would need each row's images again; use actor_rollout_ref.rollout.name=vllm, or the hybrid engine")
         ends, starts, rows, sampled = pos.tolist(), self.pool.start[: len(req)].tolist(), req.tolist(), steps.tolist()
         logits, first = [], 0
         while first < len(rows):
@@ -380,7 +404,7 @@ class NativeRollout(RolloutEngine):
             self.stats["rebuilt_tokens"] += sum(ends[s] - starts[s] for s in range(first, last + 1))
             first = last + 1
         self.stats["resumed_rows"] += len(rows)
-        return torch.cat(logits) if logits else torch.zeros(0, self.model.config.vocab_size, device=self.device)
+        return torch.cat(logits) if logits else torch.zeros(0, self.model.config.get_text_config().vocab_size, device=self.device)
 
     def _rebuilt_route_columns(self, rows: list[int], starts: list[int], length: int,
                                attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -439,31 +463,39 @@ class NativeRollout(RolloutEngine):
         order[holes] = movers
         return order
 
-    def _decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int, route_at: tuple | None = None) -> torch.Tensor:
-        """One token per running slot `[0, rows)`, written at `pos`, reading key positions `[0, kv_len)` (kv_len >
-        pos.max()); returns the next-token logits."""
+    def _decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int, route_at: tuple | None = None,
+                req: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per running slot `[0, rows)` (of request rows `req`), written at `pos`, reading key positions
+        `[0, kv_len)` (kv_len > pos.max()); returns the next-token logits."""
         if self.graphs is not None:
             logits = self.graphs.decode(token, pos, kv_len, lambda: self._eager_decode(token, pos, kv_len))
             if logits is not None:
                 return logits
-        return self._eager_decode(token, pos, kv_len, route_at)
+        return self._eager_decode(token, pos, kv_len, route_at, req)
 
-    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int, route_at: tuple | None = None) -> torch.Tensor:
+    def _eager_decode(self, token: torch.Tensor, pos: torch.Tensor, kv_len: int, route_at: tuple | None = None,
+                      req: torch.Tensor | None = None) -> torch.Tensor:
         rows = len(token)
         start = self.pool.start[:rows]
         cache = SlotCache(self.pool, 0, rows, positions=pos, kv_len=kv_len)
-        return self._forward(token[:, None], (pos - start)[:, None], decode_mask(start, pos, kv_len), cache, route_at)
+        positions = (pos - start)[:, None]
+        if self._images is not None:
+            positions = self._images.decode_positions(positions, req)
+        return self._forward(token[:, None], positions, decode_mask(start, pos, kv_len), cache, route_at)
 
     def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: SlotCache,
-                 route_at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 route_at: tuple[torch.Tensor, torch.Tensor] | None = None, vision: dict | None = None) -> torch.Tensor:
         """Next-token logits of each row's last position, through the fused decoder when the model has one.
         `route_at` (request rows `[rows]`, their columns `[rows, width]`): where this forward's tokens' routes go in
-        the call's recorded routes (a MoE has no fused decoder)."""
+        the call's recorded routes (a MoE has no fused decoder). `vision`: a prefill's pixel_values / image_grid_thw
+        (position_ids then `[3, rows, len]`)."""
         if self.decoder is not None:
             return self.decoder(ids, position_ids, mask, cache)
         with self.routing.run(record=True) if route_at is not None else contextlib.nullcontext() as p:
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                                **{self.cache_keyword: cache}).logits[:, -1]
+                                **{self.cache_keyword: cache}, **(vision or {})).logits[:, -1]
+        if self.suppressed:
+            logits[:, self.suppressed] = float("-inf")
         if route_at is not None:
             rows, cols = (t.cpu() for t in route_at)
             routes = to_routes(p.recorded, self.routing.num_layers).cpu()

@@ -508,9 +508,10 @@ class VLLMRollout(RolloutEngine):
         return [(base + (first + k) * self.dp_size + self.dp_rank) % SEED_SPACE for k in range(num_requests)]
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams,
-                 multi_modal_data: list[dict | None] | None = None) -> RolloutOutput:
+                 multi_modal_data: list[dict | None] | None = None, multi_modal_inputs: list | None = None) -> RolloutOutput:
         """`multi_modal_data`: a vision-language model's images per row (`{"image": [PIL images]}`, the dataset's
-        column), its prompt ids expanded as the processor expands them (the training forward's tokens)."""
+        column), its prompt ids expanded as the processor expands them (the training forward's tokens). vLLM runs
+        its own processor on them: the rows' `multi_modal_inputs` (the native engine's) are not needed."""
         # On split pools a weight load waits for this call to end: LLM.generate runs vLLM's engine loop to the end,
         # with no step boundary for rlcore to park at (resumes_generation stays False).
         with self.gate.generating():

@@ -18,7 +18,7 @@ from rlcore.config.validate import uses_reference
 from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
-from rlcore.models.vision import MULTI_MODAL_INPUTS
+from rlcore.models.vision import MEDIA_COLUMNS, MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
 from rlcore.trainer.distillation import TeacherScoring
@@ -275,8 +275,9 @@ class PPOTrainer:
         """Responses for the batch's prompts: validation sampling (val_kwargs), greedy, or training sampling."""
         prompts = batch.pop(PROMPT_KEYS)
         prompts.meta_info.update(validate=validate, greedy=greedy)
-        if "multi_modal_data" in batch.non_tensor_batch:  # a vision-language policy's images, for the rollout engine
-            prompts.non_tensor_batch["multi_modal_data"] = batch.non_tensor_batch["multi_modal_data"]
+        for key in MEDIA_COLUMNS:  # a vision-language policy's images (vLLM's) and processor tensors (the native engine's)
+            if key in batch.non_tensor_batch:
+                prompts.non_tensor_batch[key] = batch.non_tensor_batch[key]
         if self.custom_loops:  # verl hands a loop every column of its row (raw_prompt, extra_info, agent_name, ...)
             prompts.non_tensor_batch.update(batch.non_tensor_batch)
         if self.multi_turn or self.custom_loops:

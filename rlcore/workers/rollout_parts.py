@@ -11,6 +11,7 @@ from rlcore.config.agent_loop_config import load_agent_loop_config
 from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
 from rlcore.config.validate_lora import unmerged_lora_rank
+from rlcore.models.vision import MEDIA_COLUMNS
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
 from rlcore.rollout.agent_runner import AgentRunner
@@ -96,8 +97,8 @@ def generate(rollout: RolloutEngine, loop: AgentLoop | AgentRunner | None, promp
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     before = rollout.gate.version
     if loop is None:
-        images = prompts.non_tensor_batch.get("multi_modal_data")  # a vision-language policy's rows
-        out = rollout.generate(ids, mask, sampling) if images is None else rollout.generate(ids, mask, sampling, multi_modal_data=list(images))
+        media = {key: list(prompts.non_tensor_batch[key]) for key in MEDIA_COLUMNS if key in prompts.non_tensor_batch}
+        out = rollout.generate(ids, mask, sampling, **media)  # a vision-language policy's rows: their images
         counters = {}
         stats = {f"rollout/{k}": v for k, v in getattr(rollout, "stats", {}).items()}  # KV slots, prefills
     elif "multi_modal_data" in prompts.non_tensor_batch:

@@ -25,6 +25,8 @@ def test_a_model_type_without_a_module_takes_the_generic_path_on_fsdp2_and_is_re
     assert "no megatron-core build in rlcore" in family_problems(olmo2, "megatron")[0]
     mixtral = {"model_type": "mixtral", "num_local_experts": 8}  # a MoE without a module: no router facts, FSDP2 runs it
     assert family_problems(mixtral, "fsdp2") == [] and is_moe(mixtral) and num_experts(mixtral) == 8
+    qwen_vl = {"model_type": "qwen2_5_vl", "vision_config": {}, "text_config": {"model_type": "qwen2_5_vl_text"}}
+    assert family_problems(qwen_vl, "fsdp2", "native") == family_problems(qwen_vl, "fsdp2", "vllm") == []  # both run its tower
 
 
 @pytest.mark.parametrize("config, strategy, rollout, message", [
@@ -32,8 +34,6 @@ def test_a_model_type_without_a_module_takes_the_generic_path_on_fsdp2_and_is_re
     ({"model_type": "my_lab_model"}, "fsdp2", None, "upgrade transformers or use a checkpoint of a family it has"),
     ({"model_type": "llava", "vision_config": {}, "text_config": {"model_type": "llama"}}, "fsdp2", None,
      "is a vision-language model rlcore has no module for"),
-    ({"model_type": "qwen2_5_vl", "vision_config": {}, "text_config": {"model_type": "qwen2_5_vl_text"}}, "fsdp2", "native",
-     "the native engine does not run a vision tower; use actor_rollout_ref.rollout.name=vllm"),
     ({"model_type": "qwen3_vl", "vision_config": {}, "text_config": {"model_type": "qwen3_vl_text"}}, "megatron", "vllm",
      "megatron-core 0.16 has no Qwen-VL vision tower"),
     ({"model_type": "gemma2"}, "megatron", None, "no post-attention / post-MLP norms, no logit soft-capping"),

@@ -1,14 +1,14 @@
-"""A GRPO step of the hybrid worker on a vision-language model with a frozen tower (`make test-vllm`: vLLM rolls
-out, FSDP2 trains): the first sync carries the tower, later ones leave it out; greedy rollouts from images whose
-log-probs equal the training forward's (fp32, 1e-5), the update, a second sync the rollout follows, and the HF
-export with the processor beside it. (A whole run that syncs the tower every step: tests/e2e/test_tiny_vllm.py.)"""
+"""A GRPO step of the hybrid worker on a vision-language model: greedy rollouts from images whose log-probs equal
+the training forward's (fp32, 1e-5), the update, a second sync the rollout follows. On the native engine (the tower
+trained, so synced every step) and on vLLM (`make test-vllm`; the tower frozen: the first sync carries it, later ones
+leave it out; and the HF export with the processor beside it). A whole run: tests/e2e/test_tiny_vllm.py.)"""
 
 import io
 
 import numpy as np
 import pytest
 import torch
-from dist_utils import free_port, init_gloo
+from dist_utils import close_gloo, free_port, init_gloo
 from grpo_step import N, family_cfg, grpo_batch
 from PIL import Image
 
@@ -41,6 +41,45 @@ def prompts_with_images(processor) -> DataProto:
     return batch.repeat(N, interleave=True)
 
 
+def greedy_matches_training(worker, prompts: DataProto) -> DataProto:
+    out = worker.generate_sequences(DataProto(prompts.batch, dict(prompts.non_tensor_batch), {"validate": True, "greedy": True}))
+    out.non_tensor_batch[MULTI_MODAL_INPUTS] = prompts.non_tensor_batch[MULTI_MODAL_INPUTS]  # the trainer's union
+    train = worker.compute_log_prob(out).batch["old_log_probs"]
+    mask = out.batch["response_mask"].bool()
+    print(f"{worker.rollout.__class__.__name__}: greedy log-probs {float((train[mask] - out.batch['rollout_log_probs'][mask]).abs().max()):.1e} "
+          "off the training forward's")
+    torch.testing.assert_close(train[mask], out.batch["rollout_log_probs"][mask], atol=1e-5, rtol=1e-5)
+    return out
+
+
+def grpo_step(worker, prompts: DataProto) -> tuple[DataProto, DataProto]:
+    """Greedy rollouts checked against the training forward before and after one GRPO update on sampled ones."""
+    before = greedy_matches_training(worker, prompts)
+    sampled = worker.generate_sequences(DataProto(prompts.batch, dict(prompts.non_tensor_batch)))
+    sampled.non_tensor_batch[MULTI_MODAL_INPUTS] = prompts.non_tensor_batch[MULTI_MODAL_INPUTS]
+    metrics = worker.update_actor(grpo_batch(sampled, worker))
+    assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
+    after = greedy_matches_training(worker, prompts)
+    assert (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max() > 1e-3  # the sync followed
+    return before, after
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen2-5-vl", "tiny-qwen3-vl"])
+def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_the_native_engine(shape, tiny_task_dir, tmp_path):
+    model_dir = build_vl_model_dir(str(tmp_path / "vl"), shape, build_char_tokenizer())
+    prompts = prompts_with_images(load_processor(model_dir))
+    init_gloo(0, 1, free_port())
+    try:
+        cfg = family_cfg(model_dir, tiny_task_dir, tmp_path, "actor_rollout_ref.rollout.name=native",
+                         "actor_rollout_ref.rollout.prompt_length=64", "data.max_prompt_length=64")
+        worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
+        worker.init_model(total_steps=2)
+        grpo_step(worker, prompts)  # the tower is trained: every sync carries it, the rollout's tower follows too
+        assert worker.rollout.stats["prefill_tokens"] == sum(int(m.sum()) for m in prompts.batch["attention_mask"][::N])
+    finally:
+        close_gloo()
+
+
 @pytest.mark.vllm
 def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_vllm(tiny_task_dir, tmp_path):
     model_dir = build_vl_model_dir(str(tmp_path / "vl"), "tiny-qwen2-5-vl", build_char_tokenizer(),
@@ -52,26 +91,9 @@ def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_vllm(tiny_task_dir,
                      "actor_rollout_ref.actor.freeze_vision_tower=True")
     worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
     worker.init_model(total_steps=2)
-
-    def greedy_matches_training() -> torch.Tensor:
-        out = worker.generate_sequences(DataProto(prompts.batch, dict(prompts.non_tensor_batch), {"validate": True, "greedy": True}))
-        out.non_tensor_batch[MULTI_MODAL_INPUTS] = prompts.non_tensor_batch[MULTI_MODAL_INPUTS]  # the trainer's union
-        train = worker.compute_log_prob(out).batch["old_log_probs"]
-        mask = out.batch["response_mask"].bool()
-        torch.testing.assert_close(train[mask], out.batch["rollout_log_probs"][mask], atol=1e-5, rtol=1e-5)
-        return out
-
-    before = greedy_matches_training()
+    before, after = grpo_step(worker, prompts)  # the language model's update reaches vLLM, which kept the tower it was sent
     tower_bytes = sum(p.numel() * p.element_size() for n, p in worker.actor.model.named_parameters() if n.startswith("model.visual"))
-    synced = [round(before.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30)]
-    sampled = worker.generate_sequences(DataProto(prompts.batch, dict(prompts.non_tensor_batch)))
-    sampled.non_tensor_batch[MULTI_MODAL_INPUTS] = prompts.non_tensor_batch[MULTI_MODAL_INPUTS]
-    metrics = worker.update_actor(grpo_batch(sampled, worker))
-    assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
-    after = greedy_matches_training()  # the language model's update reaches vLLM, which kept the tower it was sent
-    moved = (after.batch["rollout_log_probs"] - before.batch["rollout_log_probs"]).abs().max()
-    assert moved > 1e-3
-    synced.append(round(after.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30))
+    synced = [round(out.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30) for out in (before, after)]
     print(f"bytes per sync: first {synced[0]:.0f}, later {synced[1]:.0f} (the tower: {tower_bytes})")
     assert synced[0] - synced[1] == tower_bytes
 
