@@ -104,12 +104,17 @@ def load_processor(path: str, trust_remote_code: bool = False):
     return AutoProcessor.from_pretrained(os.path.expanduser(path), local_files_only=True, trust_remote_code=trust_remote_code)
 
 
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """HF's model under a LoRA (peft) wrapper, or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def language_model(model: torch.nn.Module) -> torch.nn.Module:
-    return model.model.language_model
+    return _unwrapped(model).model.language_model
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
-    return model.model.visual
+    return _unwrapped(model).model.visual
 
 
 def rows_inputs(rows, device: torch.device) -> dict[str, torch.Tensor]:
@@ -129,7 +134,7 @@ def rope_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     if image_grid_thw is None:  # text only: the three rows are the text positions
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         return positions.masked_fill(attention_mask == 0, 1)[None].expand(3, -1, -1)
-    positions, _ = model.model.get_rope_index(input_ids, kinds, image_grid_thw=image_grid_thw, attention_mask=attention_mask)
+    positions, _ = _unwrapped(model).model.get_rope_index(input_ids, kinds, image_grid_thw=image_grid_thw, attention_mask=attention_mask)
     return positions
 
 

@@ -64,14 +64,18 @@ def grpo_step(worker, prompts: DataProto) -> tuple[DataProto, DataProto]:
     return before, after
 
 
-@pytest.mark.parametrize("shape", ["tiny-qwen2-5-vl", "tiny-qwen3-vl"])
-def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_the_native_engine(shape, tiny_task_dir, tmp_path):
+LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.model.exclude_modules=.*visual.*")
+
+
+@pytest.mark.parametrize("shape, extra", [("tiny-qwen2-5-vl", ()), ("tiny-qwen3-vl", ()), ("tiny-qwen2-5-vl", LORA)],
+                         ids=["qwen2.5-vl", "qwen3-vl", "qwen2.5-vl-lora"])
+def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_the_native_engine(shape, extra, tiny_task_dir, tmp_path):
     model_dir = build_vl_model_dir(str(tmp_path / "vl"), shape, build_char_tokenizer())
     prompts = prompts_with_images(load_processor(model_dir))
     init_gloo(0, 1, free_port())
     try:
         cfg = family_cfg(model_dir, tiny_task_dir, tmp_path, "actor_rollout_ref.rollout.name=native",
-                         "actor_rollout_ref.rollout.prompt_length=64", "data.max_prompt_length=64")
+                         "actor_rollout_ref.rollout.prompt_length=64", "data.max_prompt_length=64", *extra)
         worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
         worker.init_model(total_steps=2)
         grpo_step(worker, prompts)  # the tower is trained: every sync carries it, the rollout's tower follows too
