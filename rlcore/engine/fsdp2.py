@@ -39,7 +39,7 @@ from rlcore.models.prefix_grouper import pack_prefix_groups
 from rlcore.models.recurrent import prepare_packing
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
 from rlcore.models.vision import (MULTI_MODAL_INPUTS, TowerAnchor, is_vision_config, packed_positions, rope_positions, rows_inputs,
-                                  vision_tower)
+                                  slice_image_features, vision_tower)
 from rlcore.protocol import DataProto
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -148,18 +148,16 @@ class FSDP2Engine(TrainEngine):
             raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True with a mixture of experts or Ulysses sequence "
                              "parallelism is not supported: set use_prefix_grouper=False")
         self.vision = is_vision_config(self.hf_config)
-        if self.vision and (self.ulysses is not None or self.grouped):
-            raise ValueError(f"{self.hf_config.model_type}: a vision-language model with "
-                             f"{'Ulysses sequence parallelism' if self.ulysses is not None else 'use_prefix_grouper'} is not "
-                             "supported yet (its image tokens would be split from their features); use "
-                             "ulysses_sequence_parallel_size=1 and use_prefix_grouper=False")
+        if self.vision and self.grouped:
+            raise ValueError(f"{self.hf_config.model_type}: a vision-language model with use_prefix_grouper is not supported yet "
+                             "(a group's shared prompt would carry one row's images); use use_prefix_grouper=False")
         if self.vision and spec.freeze_vision_tower:
             vision_tower(self.model).requires_grad_(False)  # before the optimizer: no grads, no AdamW state for it
         if self.ulysses is not None and family is not None and family.recurrent:
             raise ValueError(f"ulysses_sequence_parallel_size={sp} with {self.hf_config.model_type}: its recurrent layers need every "
                              "token of a sequence on one rank; use ulysses_sequence_parallel_size=1")
         if self.ulysses is not None:
-            reason = check_heads(self.hf_config.num_attention_heads, sp)
+            reason = check_heads(self.hf_config.get_text_config().num_attention_heads, sp)
             if reason:
                 raise ValueError(f"ulysses_sequence_parallel_size={sp}: {reason}; use a size that divides the heads")
             attach_ulysses(blocks, self.ulysses)
@@ -287,10 +285,15 @@ class FSDP2Engine(TrainEngine):
             index = index + 1
         shard = None
         if self.ulysses is not None:  # this rank's slice of the packed row, and the outputs its states give
+            row_ids = packed.input_ids[0]
             packed, shard = self.ulysses.shard(packed, index)
             index, tokens = shard.local_index, self.ulysses.mine(shard, tokens)
+            if vision:  # the images' features of this slice's image tokens (rlcore.models.vision.slice_image_features)
+                vision = slice_image_features(self.model, vision, row_ids, shard.start, shard.length)
         if packing:
             positions = packed_positions(rope, inputs["position_ids"], inputs["attention_mask"]) if self.vision else packed.position_ids
+            if self.vision and shard is not None:
+                positions = self.ulysses.local_positions(positions)
             kwargs = dict(input_ids=packed.input_ids, position_ids=positions, use_cache=False, **packed.attention_kwargs)
         kwargs.update(vision)
         if self.routing is not None:  # the routing hooks compute the load-balancing loss, on the tokens that count

@@ -101,6 +101,15 @@ class Ulysses:
                         attention_kwargs=kwargs)
         return local, SequenceShard(start, length, counts.tolist(), index[mine] - start)
 
+    def local_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of `[rows, 1, total]` position ids (a vision-language model's four rows), each row
+        padded as `shard` pads the text positions."""
+        total = positions.shape[-1]
+        length = -(-total // self.size)
+        pad = torch.arange(length * self.size - total, device=positions.device, dtype=positions.dtype)
+        padded = torch.cat([positions, pad.expand(*positions.shape[:-1], len(pad))], -1)
+        return padded[..., self.rank * length: (self.rank + 1) * length]
+
     def local_tokens(self, values: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a per-token tensor `[total, ...]` over the packed row, laid out as `shard` lays out
         input_ids (the row padded with `fill` to a multiple of sp)."""

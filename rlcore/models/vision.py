@@ -144,6 +144,21 @@ def packed_positions(rope: torch.Tensor, text_positions: torch.Tensor, attention
     return torch.cat([text_positions[mask][None], rope[:, mask]])[:, None]
 
 
+def slice_image_features(model: torch.nn.Module, vision: dict[str, torch.Tensor], row_ids: torch.Tensor, start: int,
+                         length: int) -> dict[str, Any]:
+    """Ulysses: each rank of a sequence-parallel group runs the tower on all of the micro-batch's images (the same
+    work on every rank, so the tower's FSDP2 collectives stay in step) and keeps the features of the image tokens in
+    its slice `[start, start + length)` of the packed row `row_ids`; HF's forward then scatters them into the
+    slice's image tokens (Qwen3-VL's deepstack features into its early layers alike). The model's forward kwargs."""
+    out = _unwrapped(model).model.get_image_features(vision["pixel_values"], vision["image_grid_thw"], return_dict=True)
+    is_image = row_ids == model.config.image_token_id
+    mine = (is_image.long().cumsum(0) - 1)[start: start + length][is_image[start: start + length]]
+    out["pooler_output"] = [torch.cat(out.pooler_output)[mine]]
+    if getattr(out, "deepstack_features", None) is not None:
+        out["deepstack_features"] = [[torch.cat(level)[mine]] for level in out.deepstack_features]
+    return {"mm_encoder_outputs": {"image": out}}
+
+
 class TowerAnchor:
     """Keeps the vision tower's FSDP2 collectives in step across ranks. A rank whose micro-batch has no image would
     skip the tower (HF runs it only for pixels) while a rank with images all-gathers its parameters in forward and

@@ -170,3 +170,47 @@ def test_two_ranks_equal_one_when_a_rank_has_no_image(vl, tmp_path):
             torch.testing.assert_close(two[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
     finally:
         close_gloo()
+
+
+def _ulysses(rank, port, model_dir, batch, out_path):
+    """Both ranks hold the whole micro-batch, each a half of its packed tokens (sp=2): log-probs and gradients."""
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
+    init_gloo(rank, 2, port)
+    engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True, ulysses_sp=2), torch.device("cpu"))
+    log_probs = engine.forward([batch], lambda out, mb: {"log_probs": out["log_probs"]}, TokenRequest())[0]["log_probs"]
+    engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+    grads = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+    if rank == 0:
+        torch.save((log_probs, grads), out_path)
+    close_gloo()
+
+
+def test_ulysses_over_two_ranks_equals_one_process(vl, tmp_path):
+    """Sequence parallelism (sp=2): each rank runs the tower on every image and keeps the features of the image
+    tokens in its half of the packed row; log-probs equal HF's forward of each row alone, gradients one process's
+    (FSDP averages the sp ranks' shares as it does for text)."""
+    from dist_utils import spawn_ranks
+
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
+    model_dir, processor, batch = vl
+    packed = batch.batch["input_ids"][batch.batch["attention_mask"].bool()]  # the packed row, rows one after another
+    image_token = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    half = -(-len(packed) // 2)
+    assert packed[half - 1] == packed[half] == image_token  # the ranks' slices part inside an image's tokens
+    spawn_ranks(_ulysses, 2, lambda port: (port, model_dir, batch, tmp_path / "sp.pt"))
+    log_probs, two = torch.load(tmp_path / "sp.pt")
+    valid = batch.batch["response_mask"].bool()
+    expected = hf_alone(model_dir, batch)
+    print(f"Ulysses sp=2: log-probs {float((log_probs[valid] - expected[valid]).abs().max()):.1e} off HF's forward")
+    torch.testing.assert_close(log_probs[valid], expected[valid], atol=1e-5, rtol=1e-5)
+    init_gloo(0, 1, free_port())
+    try:
+        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
+        engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        print(f"Ulysses sp=2: gradients {max(float((two[n] - p.grad.full_tensor()).abs().max()) for n, p in engine.model.named_parameters()):.1e} off 1 process")
+        for name, param in engine.model.named_parameters():
+            torch.testing.assert_close(two[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
+    finally:
+        close_gloo()
