@@ -156,18 +156,22 @@ def _two_ranks(rank, port, model_dir, batch, out_path):
 def test_two_ranks_equal_one_when_a_rank_has_no_image(vl, tmp_path):
     from dist_utils import spawn_ranks
 
-    from rlcore.engine.fsdp2 import FSDP2Engine
-
     model_dir, _, batch = vl
     spawn_ranks(_two_ranks, 2, lambda port: (port, model_dir, batch, tmp_path / "grads.pt"))
-    two = torch.load(tmp_path / "grads.pt")
+    assert_grads_of_one_process(model_dir, batch, torch.load(tmp_path / "grads.pt"), "2 ranks (one without an image)")
+
+
+def assert_grads_of_one_process(model_dir: str, batch: DataProto, grads: dict, label: str) -> None:
+    """`grads` (full tensors by name) equal one process's gradients of the same loss on the whole batch."""
+    from rlcore.engine.fsdp2 import FSDP2Engine
+
     init_gloo(0, 1, free_port())
     try:
         engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
         engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
-        print(f"2 ranks (one without an image) off 1: {max(float((two[n] - p.grad.full_tensor()).abs().max()) for n, p in engine.model.named_parameters()):.1e}")
+        print(f"{label}: gradients {max(float((grads[n] - p.grad.full_tensor()).abs().max()) for n, p in engine.model.named_parameters()):.1e} off 1 process")
         for name, param in engine.model.named_parameters():
-            torch.testing.assert_close(two[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
+            torch.testing.assert_close(grads[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
     finally:
         close_gloo()
 
@@ -192,8 +196,6 @@ def test_ulysses_over_two_ranks_equals_one_process(vl, tmp_path):
     (FSDP averages the sp ranks' shares as it does for text)."""
     from dist_utils import spawn_ranks
 
-    from rlcore.engine.fsdp2 import FSDP2Engine
-
     model_dir, processor, batch = vl
     packed = batch.batch["input_ids"][batch.batch["attention_mask"].bool()]  # the packed row, rows one after another
     image_token = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -205,12 +207,4 @@ def test_ulysses_over_two_ranks_equals_one_process(vl, tmp_path):
     expected = hf_alone(model_dir, batch)
     print(f"Ulysses sp=2: log-probs {float((log_probs[valid] - expected[valid]).abs().max()):.1e} off HF's forward")
     torch.testing.assert_close(log_probs[valid], expected[valid], atol=1e-5, rtol=1e-5)
-    init_gloo(0, 1, free_port())
-    try:
-        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
-        engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
-        print(f"Ulysses sp=2: gradients {max(float((two[n] - p.grad.full_tensor()).abs().max()) for n, p in engine.model.named_parameters()):.1e} off 1 process")
-        for name, param in engine.model.named_parameters():
-            torch.testing.assert_close(two[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
-    finally:
-        close_gloo()
+    assert_grads_of_one_process(model_dir, batch, two, "Ulysses sp=2")
