@@ -139,72 +139,56 @@ def test_a_frozen_tower_gets_no_gradients_and_no_optimizer_state(vl):
 
 
 def _two_ranks(rank, port, model_dir, batch, out_path):
-    """Rank 0 trains on the rows with images, rank 1 on the text-only row: without the tower anchor rank 1 skips
-    the tower's collectives and gloo fails on the mismatch (a hang on NCCL)."""
+    """Two layouts over 2 gloo ranks. Data parallel: rank 0 trains on the rows with images, rank 1 on the text-only
+    row (without the tower anchor rank 1 skips the tower's collectives and gloo fails on the mismatch; a hang on
+    NCCL). Ulysses (sp=2): both ranks hold the whole micro-batch, each half of its packed tokens."""
     from rlcore.engine.fsdp2 import FSDP2Engine
+
+    def loss(out, mb):
+        return (out["log_probs"] * mb.batch["response_mask"]).sum(), {}
 
     init_gloo(rank, 2, port)
     engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
-    mine = batch.index([1, 2, 3] if rank == 0 else [0])
-    engine.forward_backward([mine], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
-    grads = {n: 2 * p.grad.full_tensor() for n, p in engine.model.named_parameters()}  # FSDP2 averages the 2 ranks
-    if rank == 0:
-        torch.save(grads, out_path)
-    close_gloo()
-
-
-def test_two_ranks_equal_one_when_a_rank_has_no_image(vl, tmp_path):
-    from dist_utils import spawn_ranks
-
-    model_dir, _, batch = vl
-    spawn_ranks(_two_ranks, 2, lambda port: (port, model_dir, batch, tmp_path / "grads.pt"))
-    assert_grads_of_one_process(model_dir, batch, torch.load(tmp_path / "grads.pt"), "2 ranks (one without an image)")
-
-
-def assert_grads_of_one_process(model_dir: str, batch: DataProto, grads: dict, label: str) -> None:
-    """`grads` (full tensors by name) equal one process's gradients of the same loss on the whole batch."""
-    from rlcore.engine.fsdp2 import FSDP2Engine
-
-    init_gloo(0, 1, free_port())
-    try:
-        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
-        engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
-        print(f"{label}: gradients {max(float((grads[n] - p.grad.full_tensor()).abs().max()) for n, p in engine.model.named_parameters()):.1e} off 1 process")
-        for name, param in engine.model.named_parameters():
-            torch.testing.assert_close(grads[name], param.grad.full_tensor(), atol=2e-5, rtol=1e-4, msg=name)
-    finally:
-        close_gloo()
-
-
-def _ulysses(rank, port, model_dir, batch, out_path):
-    """Both ranks hold the whole micro-batch, each a half of its packed tokens (sp=2): log-probs and gradients."""
-    from rlcore.engine.fsdp2 import FSDP2Engine
-
-    init_gloo(rank, 2, port)
+    engine.forward_backward([batch.index([1, 2, 3] if rank == 0 else [0])], loss, TokenRequest())
+    data_parallel = {n: 2 * p.grad.full_tensor() for n, p in engine.model.named_parameters()}  # FSDP2 averages the 2 ranks
+    del engine
     engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True, ulysses_sp=2), torch.device("cpu"))
     log_probs = engine.forward([batch], lambda out, mb: {"log_probs": out["log_probs"]}, TokenRequest())[0]["log_probs"]
-    engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
-    grads = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+    engine.forward_backward([batch], loss, TokenRequest())
+    ulysses = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
     if rank == 0:
-        torch.save((log_probs, grads), out_path)
+        torch.save((data_parallel, log_probs, ulysses), out_path)
     close_gloo()
 
 
-def test_ulysses_over_two_ranks_equals_one_process(vl, tmp_path):
-    """Sequence parallelism (sp=2): each rank runs the tower on every image and keeps the features of the image
-    tokens in its half of the packed row; log-probs equal HF's forward of each row alone, gradients one process's
-    (FSDP averages the sp ranks' shares as it does for text)."""
+def test_two_ranks_equal_one_process_with_a_rank_without_an_image_and_under_ulysses(vl, tmp_path):
+    """Data parallel with one rank's micro-batch holding no image, and Ulysses sequence parallelism (sp=2: each
+    rank runs the tower on every image and keeps the features of the image tokens in its half of the packed row,
+    which parts inside an image's tokens): gradients equal one process's (FSDP averages the sp ranks' shares as it
+    does for text), Ulysses' log-probs HF's forward of each row alone."""
     from dist_utils import spawn_ranks
+
+    from rlcore.engine.fsdp2 import FSDP2Engine
 
     model_dir, processor, batch = vl
     packed = batch.batch["input_ids"][batch.batch["attention_mask"].bool()]  # the packed row, rows one after another
     image_token = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     half = -(-len(packed) // 2)
     assert packed[half - 1] == packed[half] == image_token  # the ranks' slices part inside an image's tokens
-    spawn_ranks(_ulysses, 2, lambda port: (port, model_dir, batch, tmp_path / "sp.pt"))
-    log_probs, two = torch.load(tmp_path / "sp.pt")
+    spawn_ranks(_two_ranks, 2, lambda port: (port, model_dir, batch, tmp_path / "two.pt"))
+    data_parallel, log_probs, ulysses = torch.load(tmp_path / "two.pt")
     valid = batch.batch["response_mask"].bool()
     expected = hf_alone(model_dir, batch)
     print(f"Ulysses sp=2: log-probs {float((log_probs[valid] - expected[valid]).abs().max()):.1e} off HF's forward")
     torch.testing.assert_close(log_probs[valid], expected[valid], atol=1e-5, rtol=1e-5)
-    assert_grads_of_one_process(model_dir, batch, two, "Ulysses sp=2")
+    init_gloo(0, 1, free_port())
+    try:
+        engine = FSDP2Engine(EngineSpec(model_path=model_dir, use_remove_padding=True), torch.device("cpu"))
+        engine.forward_backward([batch], lambda out, mb: ((out["log_probs"] * mb.batch["response_mask"]).sum(), {}), TokenRequest())
+        one = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+    finally:
+        close_gloo()
+    for label, grads in (("2 ranks, one without an image", data_parallel), ("Ulysses sp=2", ulysses)):
+        print(f"{label}: gradients {max(float((grads[n] - g).abs().max()) for n, g in one.items()):.1e} off 1 process")
+        for name, grad in one.items():
+            torch.testing.assert_close(grads[name], grad, atol=2e-5, rtol=1e-4, msg=f"{label}: {name}")
