@@ -139,10 +139,8 @@ def resume_point(trainer_cfg) -> tuple[str | None, int]:
 def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Callable, errors: list[str], console_keys: tuple[str, ...]) -> dict:
     """One supervised run; returns the last step's metrics with `checkpoint`: the HF export (copied to
     trainer.export_dir when set). `load_data(cfg, tokenizer) -> (train, val)` tokenizes before Ray starts."""
-    from transformers import AutoTokenizer
-
     from rlcore.config.key_status import ineffective_settings
-    from rlcore.models.hf import resolve_model_path
+    from rlcore.models.hf import load_tokenizer, resolve_model_path
 
     try:
         cfg.model.path = resolve_model_path(cfg.model.path, "model.path")
@@ -153,7 +151,7 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     for line in ineffective_settings(cfg):
         print(f"WARNING rlcore: {line}", flush=True)
     cfg.trainer.default_local_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path, local_files_only=True)
+    tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)  # the one loader the PPO trainer's roles use too
     train, val = load_data(cfg, tokenizer)
     steps_per_epoch = len(train) // cfg.data.train_batch_size
     if steps_per_epoch == 0:

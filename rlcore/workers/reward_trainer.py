@@ -76,7 +76,8 @@ class RewardTrainerWorker(SupervisedWorker):
             stats = pair_metrics(chosen.detach(), rejected.detach())
             # Each metric is this micro-batch's share (x dp): summed over micro-batches and averaged over ranks by
             # the worker group, it is the exact mean over every pair.
-            return loss, {"train/loss": loss.item(), **{f"train/{k}": share(v, pairs, dp).item() for k, v in stats.items()}}
+            # 0-dim tensors: the engine reads every micro-batch's metrics in one host sync (engine.base.read_metrics)
+            return loss, {"train/loss": loss.detach(), **{f"train/{k}": share(v, pairs, dp) for k, v in stats.items()}}
 
         per_micro = self.engine.forward_backward(pair_micro_batches(data, self._micro()), loss_fn)
         metrics = {k: sum(m[k] for m in per_micro) for k in (per_micro[0] if per_micro else ())}

@@ -57,7 +57,7 @@ class SFTTrainerWorker(SupervisedWorker):
 
         def loss_fn(outputs, mb):
             loss = share(outputs, mb)
-            return loss, {"train/loss": loss.item()}
+            return loss, {"train/loss": loss.detach()}  # read with the other micro-batches' in one host sync
 
         per_micro = self.engine.forward_backward(make_micro_batches(data, self._micro())[0], loss_fn)
         step = self.engine.optimizer_step()
