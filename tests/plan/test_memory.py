@@ -1,5 +1,10 @@
-"""The memory plan: terms computed by hand, the seed article's facts, every recipe planned."""
+"""The memory plan: terms computed by hand, the seed article's facts, every recipe planned (and pinned: the batch
+plan and memory plan of every recipe against tests/plan/golden_plans.json, so a refactor of the config layer shows
+any fact it moves; RLCORE_UPDATE_GOLDEN=1 rewrites the file after an intended change, to be reviewed in the diff)."""
 
+import dataclasses
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -27,9 +32,23 @@ class _FSDP:
 
 
 def _plan(*overrides, recipe=None):
+    return _plans(*overrides, recipe=recipe)[1]
+
+
+def _plans(*overrides, recipe=None):
+    """(the BatchPlan, the MemoryPlan) of a composed config."""
     cfg = compose(([f"recipe={recipe}"] if recipe else []) + list(overrides))
     plan, _ = diagnose(cfg)
-    return memory_plan(cfg, plan)
+    return plan, memory_plan(cfg, plan)
+
+
+GOLDEN = Path(__file__).parent / "golden_plans.json"
+
+
+def golden_facts(plan, mem) -> dict:
+    """What a recipe's plans say, as the golden file pins it: every batch fact, every role's items in GiB."""
+    return {"batch": dataclasses.asdict(plan) if plan else None,
+            "memory": {r.role: [[what, round(gib, 3)] for what, gib in r.items] for r in mem.roles}}
 
 
 def _role(mem, name):
@@ -227,8 +246,16 @@ def test_every_recipe_is_planned_and_fits(recipe, request, tmp_path):
     model = request.getfixturevalue("tiny_model_dir") if local else None
     if recipe.stem == "tiny_cpu_tools":
         model = build_tiny_model_dir(str(tmp_path), max_position_embeddings=272)
-    mem = _plan(*([f"{ARR}.model.path={model}", f"critic.model.path={model}"] if local else []), recipe=recipe.stem)
+    # a CPU recipe's device is a share of this machine's memory unless stated: stated, so the golden facts hold anywhere
+    where = [f"{ARR}.model.path={model}", f"critic.model.path={model}", "trainer.device_memory_gb=12"] if local else []
+    plan, mem = _plans(*where, recipe=recipe.stem)
     assert mem.roles and not mem.errors and mem.ok
+    facts = json.loads(json.dumps(golden_facts(plan, mem)).replace(str(tmp_path), "<tmp>"))
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
+    if os.environ.get("RLCORE_UPDATE_GOLDEN"):
+        GOLDEN.write_text(json.dumps({**golden, recipe.stem: facts}, indent=1, sort_keys=True) + "\n")
+    else:
+        assert facts == golden.get(recipe.stem), f"{recipe.stem}: its plans moved (RLCORE_UPDATE_GOLDEN=1 rewrites {GOLDEN.name})"
     # The seed's card is full: its critic update shares each 24 GB card with vLLM's share and three processes'
     # runtimes (actor, critic, colocated reward model): 90.3% (test_seed_reward_model_colocated_with_the_critic).
     tight = {"critic update"} if recipe.stem == "llama3_8b_rm_lora" else set()
