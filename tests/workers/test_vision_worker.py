@@ -68,7 +68,11 @@ LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alp
 
 
 # Qwen3-VL's rollout is checked by tests/rollout/test_native_vision.py; one family goes through the worker.
-@pytest.mark.parametrize("shape, extra", [("tiny-qwen2-5-vl", ()), ("tiny-qwen2-5-vl", LORA)], ids=["qwen2.5-vl", "qwen2.5-vl-lora"])
+FROZEN = ("actor_rollout_ref.actor.freeze_vision_tower=True",)
+
+
+@pytest.mark.parametrize("shape, extra", [("tiny-qwen2-5-vl", ()), ("tiny-qwen2-5-vl", LORA), ("tiny-qwen2-5-vl", FROZEN)],
+                         ids=["qwen2.5-vl", "qwen2.5-vl-lora", "qwen2.5-vl-frozen-tower"])
 def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_the_native_engine(shape, extra, tiny_task_dir, tmp_path):
     model_dir = build_vl_model_dir(str(tmp_path / "vl"), shape, build_char_tokenizer())
     prompts = prompts_with_images(load_processor(model_dir))
@@ -78,7 +82,11 @@ def test_a_grpo_step_of_a_vision_language_model_on_fsdp2_and_the_native_engine(s
                          "actor_rollout_ref.rollout.prompt_length=64", "data.max_prompt_length=64", *extra)
         worker = ActorRolloutRefWorker(cfg, 0, 1, "cpu")
         worker.init_model(total_steps=2)
-        grpo_step(worker, prompts)  # the tower is trained: every sync carries it, the rollout's tower follows too
+        before, after = grpo_step(worker, prompts)  # a trained tower: every sync carries it, the rollout's follows
+        if extra == FROZEN:  # the native engine keeps the tower it was sent first (asleep at level 1): later syncs leave it out
+            tower = sum(p.numel() * p.element_size() for n, p in worker.actor.model.named_parameters() if n.startswith("model.visual"))
+            synced = [round(out.meta_info["timing"]["rollout/weights_synced_gib"] * 2**30) for out in (before, after)]
+            assert synced[0] - synced[1] == tower > 0
         assert worker.rollout.stats["prefill_tokens"] == sum(int(m.sum()) for m in prompts.batch["attention_mask"][::N])
     finally:
         close_gloo()
