@@ -196,6 +196,10 @@ def _model_dir(key: str, path, strategy: str, rollout: str | None, tensor_parall
         out.errors.append(f"{key}={path}: {config_file} is not readable JSON ({_one_line(err)}); fix or replace the file")
         return
     out.errors += [f"{key}={path}: {problem}" for problem in family_problems(config, strategy, rollout, tensor_parallel)]
+    if key != "actor_rollout_ref.model.path" and "vision_config" in config:  # a critic or reward model: a scalar head
+        out.errors.append(f"{key}={path}: a vision-language checkpoint ({config.get('model_type')}) as a value or reward model is not "
+                          "supported yet (rlcore's scalar heads sit on text models: transformers has no token-classification "
+                          "class for it); use a text-only checkpoint there, or a critic-free estimator (algorithm.adv_estimator=grpo)")
     if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(full)):
         # a config-only copy is how a model is planned on a laptop (--elsewhere): a warning there
         missing(key, path, f"no weights in {os.path.abspath(full)} (no *.safetensors or *.bin: a download of the config alone?)")

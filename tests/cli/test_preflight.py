@@ -65,6 +65,12 @@ def test_model_directory_problems_name_the_key(tiny_model_dir, tiny_task_dir, tm
     assert any("no weights in" in e for e in found) and any("no tokenizer in" in e for e in found), found
     # planned for another machine, a config-only copy is enough (the shapes come from it)
     assert errors(tiny(config_only, tiny_task_dir), "elsewhere") == []
+    # a vision-language checkpoint trains as the policy, not (yet) as PPO's critic: refused before Ray starts
+    vl = tmp_path / "vl"
+    vl.mkdir()
+    (vl / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {}, "text_config": {"model_type": "qwen2_5_vl_text"}}))
+    found = errors(tiny(tiny_model_dir, tiny_task_dir, "algorithm.adv_estimator=gae", f"critic.model.path={vl}"), "elsewhere")
+    assert [e for e in found if e.startswith(f"critic.model.path={vl}: a vision-language checkpoint (qwen2_5_vl) as a value")], found
 
 
 def test_remote_or_multi_node_paths_are_warnings_in_the_plan_and_errors_in_training(tiny_model_dir, tiny_task_dir):
