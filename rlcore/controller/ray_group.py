@@ -41,6 +41,7 @@ class RayWorkerGroup:
         self.world_size = pool.world_size
         self.name = worker_cls.__name__ if name == "worker" else name
         self.hang_timeout_s, self.slowest = hang_timeout_s, {}
+        self.stuck = False  # a rank raised while others stayed blocked in a collective: no graceful teardown for them
         # With record_calls (rlcore.telemetry.perf turns it on), every group call since the last drain_calls().
         self.record_calls, self.calls = False, []
         share = pool.share()
@@ -132,6 +133,7 @@ class RayWorkerGroup:
             if isinstance(outcomes[ready[0]], _Raised):
                 ready, pending = ray.wait(pending, num_returns=len(pending), timeout=ERROR_GRACE_S) if pending else ([], [])
                 outcomes.update((ref, _outcome(ref)) for ref in ready)
+                self.stuck = bool(pending)
                 break
         errors = [outcome.error for outcome in outcomes.values() if isinstance(outcome, _Raised)]
         # A dead rank fails its peers' collectives too: its RayActorError (what the restart path handles) is the
@@ -159,7 +161,7 @@ class RayWorkerGroup:
     def kill(self, graceful: bool = True) -> None:
         """Tears the group down: destroys the process group (if graceful) and kills the actors. The pool's
         placement group stays (another group may share it): `pool.release()` frees it."""
-        if graceful:
+        if graceful and not self.stuck:  # a rank blocked in a collective would not answer the shutdown call
             try:
                 ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
             except Exception:
