@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.logits import stack_channels, token_log_probs
+from rlcore.models.tower_attention import use_tower_attention
 from rlcore.models.varlen import padded_attention
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -114,6 +115,13 @@ def load_causal_lm(path: str, override_config: dict[str, Any] | None = None, dty
     auto = AutoModelForCausalLM
     if getattr(config, "vision_config", None) is not None:  # a vision-language model: tower + language model + head
         from transformers import AutoModelForImageTextToText as auto
+    model = _load(auto, config, path, dtype, weights, attn_implementation, trust_remote_code)
+    if getattr(config, "vision_config", None) is not None:  # its tower attends once per block, not once per window
+        use_tower_attention(model)
+    return model
+
+
+def _load(auto, config, path: str, dtype: torch.dtype, weights: bool, attn_implementation: str, trust_remote_code: bool) -> torch.nn.Module:
     if weights:
         model, info = auto.from_pretrained(resolve_model_path(path), config=config, dtype=dtype, local_files_only=True,
                                                            attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,

@@ -185,9 +185,10 @@ def packed_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch
 
 
 def _varlen_kernel(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None,
-                   dropout: float, window: tuple[int, int], options: AttentionOptions) -> torch.Tensor:
+                   dropout: float, window: tuple[int, int], options: AttentionOptions, causal: bool = True) -> torch.Tensor:
+    """`window`: (left, right) as both kernels take it; (-1, 0) causal, (-1, -1) full (rlcore.models.tower_attention)."""
     if kernel == "flash_attn":
-        return _flash_attn_varlen()(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=True,
+        return _flash_attn_varlen()(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=causal,
                                     window_size=window, softcap=options.softcap or 0.0)
     varlen_attn, takes_gqa = _torch_varlen()
     gqa = {}
