@@ -24,6 +24,9 @@ Limits, said where they are printed: on a CPU device and host are one memory, so
 the engines' residency account rather than seen on another device; attention runs as padded SDPA over full-length
 rows (the same tokens as a packed micro-batch of the budget, without padding), since the packed path's sequence
 lengths are data and fake tensors have none; FSDP2 only (a Megatron role is reported as not rehearsed).
+
+A vision-language model's rows each hold one image filling the prompt (the plan's bound on the tower's patches);
+the token ids and image grids its code reads on the host stay real (rlcore.cli.host_values), the pixels are fake.
 """
 
 from __future__ import annotations
@@ -93,16 +96,40 @@ def _model_dir(arch: Arch, path: str, workdir: str) -> str:
     return workdir
 
 
-def _micro_batch(rows: int, max_len: int, response_len: int, vocab: int):
+def _micro_batch(rows: int, max_len: int, response_len: int, vocab: int, hf_config=None):
     """`rows` full-length samples: input ids, an all-ones mask, positions, the response ids (real, small tensors;
-    the model's compute on them is fake)."""
+    the model's compute on them is fake). A vision-language model's rows (`hf_config` with a vision_config) each
+    hold one image filling its prompt, as the memory plan bounds them: the tokens between the image's start and end
+    markers, its fake pixels, its real grid (rlcore.cli.host_values keeps the grid and ids real)."""
     import torch
 
+    from rlcore.models.vision import MULTI_MODAL_INPUTS, is_vision_config
     from rlcore.protocol import DataProto
 
     ids = torch.randint(0, vocab, (rows, max_len))
+    non_tensors = {}
+    if hf_config is not None and is_vision_config(hf_config):
+        v, prompt = hf_config.vision_config, max_len - response_len
+        specials = [hf_config.image_token_id, hf_config.video_token_id, hf_config.vision_start_token_id, hf_config.vision_end_token_id]
+        ids[torch.isin(ids, torch.tensor(specials))] = 0
+        height, width = _image_tokens(prompt)
+        ids[:, 2] = hf_config.vision_start_token_id
+        ids[:, 3:3 + height * width] = hf_config.image_token_id
+        ids[:, 3 + height * width] = hf_config.vision_end_token_id
+        merge = v.spatial_merge_size
+        patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+        image = {"pixel_values": torch.zeros(height * width * merge ** 2, patch_dim),
+                 "image_grid_thw": torch.tensor([[1, height * merge, width * merge]])}
+        non_tensors[MULTI_MODAL_INPUTS] = [image] * rows
     return DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(max_len).expand(rows, max_len).clone(),
-                                "responses": ids[:, max_len - response_len:].clone()})
+                                "responses": ids[:, max_len - response_len:].clone()}, non_tensors)
+
+
+def _image_tokens(prompt: int) -> tuple[int, int]:
+    """An image's (height, width) in merged tokens filling a prompt of `prompt` tokens but 4 (2 text tokens, the
+    image's start and end markers)."""
+    height = int((prompt - 4) ** 0.5)
+    return height, (prompt - 4) // height
 
 
 @contextmanager
@@ -180,6 +207,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from rlcore.cli.host_values import HostValues
     from rlcore.engine.base import TokenRequest
     from rlcore.engine.factory import build_engine, engine_spec
     from rlcore.workers import phases
@@ -201,6 +229,10 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
     notes = [f"rank 0 of a fake world of {world}; {arch.name if where.startswith('built-in') else where}; "
              f"micro-batches of full-length rows ({max_len} tokens): update {rows['actor']} rows, log-probs {rows['ref']} rows; "
              "attention as padded SDPA"]
+    if arch.vision is not None:
+        height, width = _image_tokens(max_len - resp)
+        notes.append(f"each row's prompt one image filling it: {height} x {width} merged tokens, {height * width * arch.vision.patches_per_token} "
+                     "patches through the tower (the plan's bound); the tower's attention once per block over its windows")
     if actor_role.sp > 1:
         # The all-to-alls need the packed row's lengths, which fake tensors do not have: a rank's share is
         # rehearsed directly, as the rows of its 1/sp slice of every micro-batch.
@@ -219,6 +251,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
     with tempfile.TemporaryDirectory() as workdir, _fake_world(world), ExitStack() as stack:
         model_cfg = OmegaConf.merge(arr.model, {"path": _model_dir(arch, arr.model.path, workdir), "use_remove_padding": False})
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(HostValues())  # ids, image grids and masks real: HF's Qwen-VL code reads them on the host
         device = torch.device("cpu")
 
         def build(role: str, optim):
@@ -243,8 +276,8 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
         phases.leave(engines["actor"])
         actor = engines["actor"]
         request = TokenRequest(temperature=rollout.temperature, entropy=False)
-        update_mb = _micro_batch(rows["actor"], max_len, resp, arch.vocab)
-        log_prob_mb = _micro_batch(rows["ref"], max_len, resp, arch.vocab)
+        update_mb = _micro_batch(rows["actor"], max_len, resp, arch.vocab, actor.hf_config)
+        log_prob_mb = _micro_batch(rows["ref"], max_len, resp, arch.vocab, actor.hf_config)
 
         def sync():
             for _ in actor.rollout_weights():  # the CUDA path: gathered by collectives (a CPU run shares memory instead)

@@ -107,3 +107,23 @@ def test_ulysses_halves_a_ranks_activations_for_the_same_micro_batch(tmp_path, c
         work[sp] = float(re.search(r"act ([\d.]+)", measured(proc.stdout, "update_actor"))[1])
         assert ("Ulysses sp=2: each rank rehearsed with its slice (1/2)" in proc.stdout) == (sp == 2)
     assert 0.45 <= work[2] / work[1] <= 0.55, work  # 8 full-length rows per rank, then 4 (half of each micro-batch)
+
+
+def test_a_vision_language_recipe_is_rehearsed_with_images_filling_its_prompts(tmp_path, capsys, monkeypatch):
+    """Qwen2.5-VL-7B's shapes with 2 text blocks and 2 tower blocks over a fake world of 2: HF's Qwen-VL code reads
+    the token ids and image grids on the host (kept real), the tower runs on fake pixels."""
+    config = hf_config(BUILTIN["qwen2.5-vl-7b"])
+    config["text_config"]["num_hidden_layers"] = 2
+    config["vision_config"] = dict(config["vision_config"], depth=2, fullatt_block_indexes=[1])
+    model = tmp_path / "qwen2.5-vl-7b-2layers"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    proc = plan(capsys, monkeypatch, "--elsewhere", "--rehearse", "recipe=qwen2_5_vl_7b_grpo", f"actor_rollout_ref.model.path={model}",
+                "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {m[1]: (float(m[2]), None if m[3] == "-" else float(m[3]), m[5]) for m in map(ROW.match, proc.stdout.splitlines()) if m}
+    for phase in ("generate", "ref", "update_actor"):
+        rehearsed, planned, verdict = rows[phase]
+        assert abs(rehearsed - planned) <= 0.15 * planned and verdict == "fits", (phase, rehearsed, planned)
+    assert "one image filling it: 31 x 32 merged tokens, 3968 patches" in proc.stdout
