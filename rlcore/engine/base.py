@@ -10,6 +10,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from rlcore.config.schema import MegatronConfig
 from rlcore.models.lora import Adapters, LoraSpec
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import WEIGHT_BUCKET_BYTES
@@ -92,7 +93,8 @@ class EngineSpec:
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     grad_clip: float = 1.0
-    megatron: dict[str, Any] = field(default_factory=dict)  # strategy=megatron: the role's `megatron` section
+    megatron: MegatronConfig | None = None  # strategy=megatron: the role's `megatron` section, typed: a key the
+                                            # section leaves out takes the schema's default, the engine has none
     load_weights: bool = True             # False: the architecture only, parameters left uninitialised (the memory
                                           # rehearsal on fake tensors, rlcore.cli.rehearsal)
 

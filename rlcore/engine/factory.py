@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlcore.config.fsdp_schema import compute_dtype
+from rlcore.config.schema import MegatronConfig
 from rlcore.config.validate_ulysses import sequence_parallel_size
 from rlcore.config.validate_engine import DEFAULT_GRAD_CLIP
 from rlcore.config.validate_optim import schedule_kind
@@ -47,7 +48,7 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     )
     if strategy == "megatron":
         megatron = role_cfg.megatron
-        spec.megatron = OmegaConf.to_container(megatron, resolve=True)
+        spec.megatron = megatron_section(megatron)
         spec.use_remove_padding = model_cfg.use_remove_padding and megatron.use_remove_padding
         spec.param_dtype = megatron.dtype
         spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
@@ -84,6 +85,11 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     else:
         spec.optimizer_offload = spec.grad_offload = False  # nothing to move
     return spec
+
+
+def megatron_section(section) -> MegatronConfig:
+    """A role's `megatron` section as the schema's dataclass (the section a worker receives is a plain DictConfig)."""
+    return MegatronConfig(**OmegaConf.to_container(section, resolve=True))
 
 
 def lora_spec(model_cfg, strategy: str) -> LoraSpec | None:

@@ -43,6 +43,7 @@ from rlcore.plan.tower_memory import tower_activations
 from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config.validate_ulysses import role_sp
 from rlcore.plan.heads import head_errors
+from rlcore.plan.megatron_layout import Layout
 
 GIB = 2 ** 30
 ARR = "actor_rollout_ref"
@@ -282,17 +283,15 @@ class Estimator:
         if self.c(f"{section}.strategy") != "megatron":
             return None
         m = self.c(f"{section}.megatron")
-        mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        layout = Layout.from_config(m)  # as the engine derives it
         # The engine recomputes every layer with model.enable_gradient_checkpointing unless recompute_* says otherwise.
         granularity = m.override_transformer_config.get("recompute_granularity")
         ckpt_key = "critic.model.enable_gradient_checkpointing" if section == "critic" else f"{ARR}.model.enable_gradient_checkpointing"
         recompute = granularity == "full" or (granularity is None and bool(self.c(ckpt_key)))
-        tp, pp, ep = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size
-        etp = m.expert_tensor_parallel_size or tp
         overrides = (self.c(f"{section}.optim.override_optimizer_config") if section != f"{ARR}.ref" else None) or {}
         host_optim = float(overrides.get("optimizer_offload_fraction", 1.0)) if overrides.get("optimizer_cpu_offload") else 0.0
-        return {"cfg": m, "tp": tp, "pp": pp, "dp": max(1, world // mp), "ep": ep, "etp": etp, "edp": max(1, world // (etp * ep * pp)),
-                "recompute": recompute, "sp": tp > 1 and bool(m.sequence_parallel), "host_optim": host_optim}
+        return {"cfg": m, "tp": layout.tp, "pp": layout.pp, "dp": layout.dp(world), "ep": layout.ep, "etp": layout.etp,
+                "edp": layout.expert_dp(world), "recompute": recompute, "sp": layout.sp, "host_optim": host_optim}
 
     def state(self, role: _Role) -> dict:
         if role.megatron:

@@ -2,6 +2,8 @@
 engines are built from. Each test composes the config with the key set, builds the spec exactly as the role's worker
 does, and checks the field the engine reads; the engine test named in each comment shows what that field does."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -237,6 +239,9 @@ def _megatron_spec(role, overrides):
 def test_expert_tensor_parallel_size_sets_the_expert_layout(role):
     assert Layout.from_config(_megatron_spec(role, ["tensor_model_parallel_size=2"]).megatron).etp == 2  # null = TP
     assert Layout.from_config(_megatron_spec(role, ["tensor_model_parallel_size=2", "expert_tensor_parallel_size=1"]).megatron).etp == 1
+    # The schema's defaults are the engine's: sequence parallelism on with TP (the engine's own fallback said off)
+    assert Layout.from_config(_megatron_spec(role, ["tensor_model_parallel_size=2"]).megatron).sp
+    assert not Layout.from_config(_megatron_spec(role, ["tensor_model_parallel_size=2", "sequence_parallel=False"]).megatron).sp
 
 
 # The engine seeds megatron-core's RNG streams and torch with megatron.seed before the weights arrive
@@ -245,9 +250,9 @@ def test_expert_tensor_parallel_size_sets_the_expert_layout(role):
 @pytest.mark.parametrize("role", MEGATRON_ROLES)
 def test_megatron_seed_and_dtype_reach_the_engine(role):
     spec = _megatron_spec(role, ["seed=7", "dtype=bfloat16"])
-    assert spec.megatron["seed"] == 7 and spec.param_dtype == "bfloat16"
+    assert spec.megatron.seed == 7 and spec.param_dtype == "bfloat16"
     other = _megatron_spec(role, ["seed=8", "dtype=float32"])
-    assert other.megatron["seed"] == 8 and other.param_dtype == "float32"
+    assert other.megatron.seed == 8 and other.param_dtype == "float32"
     assert to_torch_dtype(spec.param_dtype) is torch.bfloat16
 
 
@@ -258,10 +263,10 @@ def test_override_ddp_config_reaches_the_ddp_config(role):
     section = ROLES[role][0]
     spec = spec_of(role, [f"{section}strategy=megatron", f"+{section}megatron.override_ddp_config.bucket_size=1234",
                           f"+{section}megatron.override_ddp_config.average_in_collective=True"])
-    assert spec.megatron["override_ddp_config"] == {"bucket_size": 1234, "average_in_collective": True}
+    assert spec.megatron.override_ddp_config == {"bucket_size": 1234, "average_in_collective": True}
     from rlcore.engine.megatron.engine import ddp_settings
 
     # A key rlcore sets itself is replaced, not passed twice (which raised "multiple values for keyword").
-    override = dict(spec.megatron, override_ddp_config={"grad_reduce_in_fp32": False, "bucket_size": 1234})
+    override = dataclasses.replace(spec.megatron, override_ddp_config={"grad_reduce_in_fp32": False, "bucket_size": 1234})
     assert ddp_settings(override)["grad_reduce_in_fp32"] is False and ddp_settings(spec.megatron)["grad_reduce_in_fp32"] is True
     assert spec.trainable

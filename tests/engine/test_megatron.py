@@ -18,6 +18,7 @@ from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, t
 from omegaconf import OmegaConf
 from test_fsdp2 import adam_first_step_bound
 
+from rlcore.config.schema import MegatronConfig
 from rlcore.models.hf import load_causal_lm, load_config, load_value_model
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import make_policy_loss_fn
@@ -47,7 +48,7 @@ def megatron_spec(model_dir, layout, kind="causal_lm", trainable=True, **kw):
     tp, pp, vpp, sp, packed, _ = LAYOUTS[layout]
     megatron = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
                     sequence_parallel=sp, use_distributed_optimizer=True, seed=1)
-    return EngineSpec(model_path=model_dir, kind=kind, trainable=trainable, megatron=megatron, param_dtype="float32", lr=LR,
+    return EngineSpec(model_path=model_dir, kind=kind, trainable=trainable, megatron=MegatronConfig(**megatron), param_dtype="float32", lr=LR,
                       weight_decay=0.0, grad_clip=1e9, use_remove_padding=packed, **kw)
 
 

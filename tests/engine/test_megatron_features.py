@@ -8,6 +8,7 @@ import pytest
 import torch
 from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks
 
+from rlcore.config.schema import MegatronConfig
 from rlcore.protocol import DataProto
 
 pytest.importorskip("megatron.core")
@@ -22,7 +23,8 @@ def nll(outputs, mb):
 def spec(model_dir, tp, transformer=None, **kw):
     from rlcore.engine.base import EngineSpec
 
-    megatron = dict(tensor_model_parallel_size=tp, use_distributed_optimizer=True, seed=1, override_transformer_config=transformer or {})
+    megatron = MegatronConfig(tensor_model_parallel_size=tp, sequence_parallel=False, use_distributed_optimizer=True, seed=1,
+                              override_transformer_config=transformer or {})
     return EngineSpec(model_path=model_dir, megatron=megatron, **{"param_dtype": "float32", "lr": 1e-2, "weight_decay": 0.1, **kw})
 
 

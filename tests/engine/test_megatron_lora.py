@@ -40,7 +40,7 @@ def _one_layout(layout, model_dir, out_dir):
     # (Adam's first step is lr * sign(g): a near-zero gradient entry's sign, and so its step, is noise)
     spec = megatron_spec(model_dir, layout, lora=LORA)
     spec.lr, spec.optimizer_overrides = 1.0, {"optimizer": "sgd"}
-    spec.megatron["use_distributed_optimizer"] = False  # megatron-core's distributed optimizer is Adam only
+    spec.megatron.use_distributed_optimizer = False  # megatron-core's distributed optimizer is Adam only
     engine = build_engine("megatron", spec, cpu)
     data = batch(engine.vocab_size)
     def lp():  # None on a rank that holds no output (TP rank > 0, an earlier pipeline stage)

@@ -31,6 +31,7 @@ from grpo_step import family_cfg, greedy_matches_training, grpo_batch, prompts_b
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from rlcore.config.schema import MegatronConfig
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.router import Routing, to_routes
 from rlcore.protocol import DataProto
@@ -87,7 +88,7 @@ def _engine_case(rank, layout, model, model_dir, out_dir):
     from rlcore.models.router import ROUTES
 
     megatron = dict(LAYOUTS[layout][0], use_distributed_optimizer=True, seed=1)
-    spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=megatron, param_dtype="float32", lr=LR,
+    spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=MegatronConfig(**megatron), param_dtype="float32", lr=LR,
                       weight_decay=0.0, grad_clip=1e9, use_remove_padding=LAYOUTS[layout][2])
     engine = build_engine("megatron", spec, torch.device("cpu"))
     from megatron.core import parallel_state as mpu
@@ -130,7 +131,7 @@ def _replay_case(rank, model, model_dir, out_dir):
     from rlcore.engine.megatron.moe import moe_columns
     from rlcore.models.router import ROUTES
 
-    spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=dict(REPLAY_LAYOUT, use_distributed_optimizer=True, seed=1),
+    spec = EngineSpec(model_path=model_dir, kind="causal_lm", trainable=True, megatron=MegatronConfig(**REPLAY_LAYOUT, use_distributed_optimizer=True, seed=1),
                       param_dtype="float32", lr=LR, weight_decay=0.0, grad_clip=1e9)
     engine = build_engine("megatron", spec, torch.device("cpu"))
     data = batch(engine.vocab_size)

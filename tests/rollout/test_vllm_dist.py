@@ -8,6 +8,8 @@ import torch
 from conftest import build_tiny_llama_dir, build_tiny_model_dir
 from dist_utils import close_gloo, init_gloo, spawn_ranks
 
+from rlcore.config.schema import MegatronConfig
+
 pytestmark = pytest.mark.vllm
 MAX_TOKENS = 6
 
@@ -22,7 +24,7 @@ def build_source(name: str, model_dir: str):
         return build_engine("fsdp2", EngineSpec(model_path=model_dir), torch.device("cpu"))
     megatron = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
                     sequence_parallel=False, use_distributed_optimizer=True, seed=1)
-    return build_engine("megatron", EngineSpec(model_path=model_dir, megatron=megatron, param_dtype="float32"), torch.device("cpu"))
+    return build_engine("megatron", EngineSpec(model_path=model_dir, megatron=MegatronConfig(**megatron), param_dtype="float32"), torch.device("cpu"))
 
 
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, tp: int, source: str, out_path: str) -> None:

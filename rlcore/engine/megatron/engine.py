@@ -17,6 +17,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+from rlcore.config.schema import MegatronConfig
 from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
 from rlcore.engine.base import CHECKPOINT_STATE, STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
 from rlcore.engine.megatron.attention import sum_latent_key_gradient_over_tp
@@ -61,11 +62,11 @@ def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None
     model_parallel_cuda_manual_seed(seed)
 
 
-def ddp_settings(m: dict[str, Any]) -> dict[str, Any]:
+def ddp_settings(m: MegatronConfig) -> dict[str, Any]:
     """megatron-core's DistributedDataParallelConfig for the role's `megatron` section: rlcore's defaults, which
     override_ddp_config replaces key by key (verl's scripts set grad_reduce_in_fp32, overlap_grad_reduce, ...)."""
     return {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, "overlap_param_gather": False,
-            "use_distributed_optimizer": m.get("use_distributed_optimizer", True), **(m.get("override_ddp_config") or {})}
+            "use_distributed_optimizer": m.use_distributed_optimizer, **m.override_ddp_config}
 
 
 def optimizer_config(settings: dict[str, Any], overrides: dict[str, Any]) -> OptimizerConfig:
@@ -84,19 +85,21 @@ class MegatronEngine(TrainEngine):
     def __init__(self, spec: EngineSpec, device: torch.device) -> None:
         self.spec, self.device = spec, device
         m = spec.megatron
+        if m is None:
+            raise ValueError("a Megatron engine needs its role's megatron section (EngineSpec.megatron; rlcore.engine.factory.engine_spec builds it)")
         for key, (ok, what) in MEGATRON_UNSUPPORTED.items():  # the validator's table, for callers that skip it
-            if m.get(key, ok) != ok:
-                raise ValueError(f"megatron.{key}={m[key]} ({what}) is not supported by rlcore; use megatron.{key}={ok}")
+            if getattr(m, key) != ok:
+                raise ValueError(f"megatron.{key}={getattr(m, key)} ({what}) is not supported by rlcore; use megatron.{key}={ok}")
         self.layout = Layout.from_config(m)
-        init_model_parallel(self.layout, m.get("seed", 42), device)
-        torch.manual_seed(m.get("seed", 42))  # the same on every rank: initialisation before the HF weights arrive
+        init_model_parallel(self.layout, m.seed, device)
+        torch.manual_seed(m.seed)  # the same on every rank: initialisation before the HF weights arrive
         self.hf_config = load_config(spec.model_path, spec.override_config, spec.trust_remote_code, spec.hf_config_path)
         self.vocab_size = self.hf_config.vocab_size
         self.padded_vocab = padded_vocab_size(self.vocab_size, self.layout.tp)
         self.tied = spec.kind == "causal_lm" and bool(getattr(self.hf_config, "tie_word_embeddings", False))
         dtype = to_torch_dtype(spec.param_dtype)
         self.config = transformer_config(self.hf_config, self.layout, dtype, device, spec.gradient_checkpointing and spec.trainable,
-                                         m.get("override_transformer_config") or {})
+                                         m.override_transformer_config)
         self.modules = build_chunks(self.hf_config, self.config, spec.kind, device)
         self.hf_layer = layer_map(family_of(self.hf_config.to_dict()).megatron)  # transformer_config refused a family without one
         load_hf(self.modules, spec.model_path, self.config, self.vocab_size, self.padded_vocab, spec.kind, self.tied,
@@ -108,7 +111,7 @@ class MegatronEngine(TrainEngine):
             if self.config.num_moe_experts:
                 raise ValueError("model.lora with strategy=megatron on a mixture of experts is not supported yet: use FSDP2 "
                                  "(model.lora_rank) for a MoE model's LoRA")
-            apply_lora(self.modules, spec.lora, m.get("seed", 42))
+            apply_lora(self.modules, spec.lora, m.seed)
         self.routes = RouteReplay(self.modules, self.config)  # MoE routers: record / replay routes on request
         self.router_load = RouterLoad(self.modules, self.config)  # MoE routers: the training forwards' load metrics
         self.optimizer = None

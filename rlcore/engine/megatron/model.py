@@ -5,7 +5,6 @@ latent attention; MoE layers per moe.py, dense ones where the family has them), 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,29 +20,10 @@ from rlcore.config.validate_megatron import moe_override_problems
 from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.attention import SDPACoreAttention
 from rlcore.families import family_of, family_problems, megatron_rope
+from rlcore.plan.megatron_layout import Layout
 
 # verl's override_transformer_config defaults name a flash backend; rlcore picks its attention itself.
 _IGNORED_OVERRIDES = ("attention_backend",)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The model-parallel layout of one engine (`<role>.megatron.*`)."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    sp: bool = False  # sequence parallelism (only with tp > 1): norms and residuals on 1/tp of the sequence
-    ep: int = 1   # expert parallelism: a MoE layer's routed experts split over this many ranks
-    etp: int = 1  # TP inside each routed expert (megatron's expert_tensor_parallel_size; null = tp)
-
-    @classmethod
-    def from_config(cls, megatron: dict[str, Any]) -> "Layout":
-        vpp = megatron.get("virtual_pipeline_model_parallel_size")
-        tp = megatron.get("tensor_model_parallel_size", 1)
-        return cls(tp=tp, pp=megatron.get("pipeline_model_parallel_size", 1), vpp=vpp if vpp and vpp > 1 else None,
-                   sp=tp > 1 and bool(megatron.get("sequence_parallel", False)), ep=megatron.get("expert_model_parallel_size", 1),
-                   etp=megatron.get("expert_tensor_parallel_size") or tp)
 
 
 def rope(hf_config) -> tuple[float, dict[str, Any]]:
