@@ -21,7 +21,7 @@ from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
 from rlcore.config.validate import diagnose, uses_critic, uses_reference
 from rlcore.config.key_status import ineffective_settings
-from rlcore.config.validate_async import async_warnings
+from rlcore.config.validate_async import async_warnings, derive_async_sizes
 from rlcore.plan import format_memory, memory_plan
 from rlcore.plan.heads import policy_heads
 
@@ -84,6 +84,7 @@ def absolute_paths(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     """Trains with a composed config; returns the final step's metrics. Cleans up Ray and workers on any exit."""
+    derive_async_sizes(cfg)  # Hydra composed it (rlcore.config.compose derives the same for tests and tools)
     report = check_config(cfg)
     if cfg.trainer.verbosity == "short":  # the plans stay with rlcore-plan; what may go wrong is still said
         report = "\n".join(line for line in report.splitlines() if line.startswith("WARNING"))

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.schema import PPOConfig
 from rlcore.config.plan_table import format_plan
 from rlcore.config.validate import BatchPlan, ConfigError, validate_config
+from rlcore.config.validate_async import derive_async_sizes
 
 # rlcore/config/__init__.py -> repository root -> config/ (present in a source checkout / editable install)
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")
@@ -63,6 +64,8 @@ def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer", reg
     with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=[*overrides, *extra])
     OmegaConf.set_struct(cfg, True)
+    if "async_training" in cfg:  # the RL trainer's configs: the sizes verl derives, derived before anything reads them
+        derive_async_sizes(cfg)
     return cfg
 
 

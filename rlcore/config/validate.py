@@ -565,9 +565,11 @@ def _check_rollout_tp(c: _Checker, per_node: int) -> None:
 def validate_config(cfg: Any) -> BatchPlan:
     """Checks every rule at once and returns the derived batch plan.
 
-    cfg: a composed DictConfig (or a PPOConfig instance). Raises ConfigError listing every violation."""
+    cfg: a composed DictConfig (or a PPOConfig instance, whose async sizes are derived as compose() derives them).
+    Raises ConfigError listing every violation."""
     if is_dataclass(cfg):
         cfg = OmegaConf.structured(cfg)
+        derive_async_sizes(cfg)
     plan, errors = diagnose(cfg)
     if errors:
         raise ConfigError(errors)
@@ -579,8 +581,6 @@ def diagnose(cfg: DictConfig, heads: Optional[tuple[int, int]] = None) -> tuple[
     """Every violation, and the batch plan whenever the sizes are consistent (even if, say, a feature is not
     supported yet: rlcore-plan still shows the sizes and memory for such a config). `heads`: the policy's
     (attention heads, KV heads) when known (rlcore.plan.heads.policy_heads), so that a suggested TP splits them."""
-    if isinstance(cfg, DictConfig):
-        derive_async_sizes(cfg)
     checker = _Checker(cfg, heads)
     checker.errors += unknown_key_errors(cfg)
     _check_choices(checker)

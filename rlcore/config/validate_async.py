@@ -28,8 +28,9 @@ def always_fresh(get) -> bool:
 
 def derive_async_sizes(cfg) -> None:
     """verl's fully-async command lines set `data.train_batch_size=0`: a trainer step then consumes
-    `require_batches x ppo_mini_batch_size` prompts, written into the config here (every entry point derives its
-    sizes through validate.diagnose), so the loader, the batch plan and the memory plan see one number. The
+    `require_batches x ppo_mini_batch_size` prompts, written into the config here, once, as it is composed
+    (rlcore.config.compose, rlcore.train.run; validate.diagnose only reads), so the loader, the batch plan and the
+    memory plan see one number. The
     rollout's total prompts `rollout.total_rollout_steps` likewise set the trainer's steps when they are unset."""
     if cfg.actor_rollout_ref.hybrid_engine is not False:
         return

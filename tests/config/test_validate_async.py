@@ -67,6 +67,27 @@ def test_train_batch_size_zero_is_derived_as_verl_does():
     assert cfg.trainer.total_training_steps == 10  # 160 prompts / 16 per step
 
 
+def test_diagnose_reports_and_never_writes_the_config():
+    """The sizes are derived once, as the config is composed; diagnose() only reads, so a config that skipped that
+    step is reported (not silently repaired) and comes back as it went in."""
+    from omegaconf import OmegaConf
+
+    from rlcore.config.schema import PPOConfig
+
+    cfg = OmegaConf.structured(PPOConfig())
+    for key, value in (("actor_rollout_ref.hybrid_engine", False), ("data.train_batch_size", 0), ("async_training.require_batches", 2),
+                       (f"{ARR}.actor.ppo_mini_batch_size", 8), ("rollout.test_freq", 2), ("async_training.trigger_parameter_sync_step", 4)):
+        OmegaConf.update(cfg, key, value)
+    before = OmegaConf.to_container(cfg)
+    _, errors = diagnose(cfg)
+    assert OmegaConf.to_container(cfg) == before
+    assert any("data.train_batch_size" in e for e in errors), errors
+    derive_async_sizes(cfg)
+    assert cfg.data.train_batch_size == 16 and cfg.trainer.test_freq == 8
+    derive_async_sizes(cfg)  # once or twice: the same sizes
+    assert cfg.data.train_batch_size == 16 and cfg.trainer.test_freq == 8
+
+
 def test_rollout_total_epochs_and_test_freq_set_the_trainers_on_split_pools():
     def derived(*overrides, split=SPLIT):
         cfg = compose(["recipe=tiny_cpu", *split, "trainer.total_epochs=1", "trainer.test_freq=5", *overrides])
