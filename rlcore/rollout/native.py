@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -20,6 +19,7 @@ from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
 from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
 from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask, slots_for_budget
+from rlcore.rollout.native_batch import Requests, RunningBatch, Scheduler
 from rlcore.rollout.native_vision import ImageRows
 
 
@@ -261,85 +261,73 @@ class NativeRollout(RolloutEngine):
         pool = self.pool
         if not (pool.keys and pool.max_len >= prompt_len + max_tokens and pool.num_slots >= n):  # else: the pool wake_up made
             pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
-        # Column `max_tokens` is a spare: rows that finished since the last check write there, and it is dropped.
-        responses = torch.full((batch, max_tokens + 1), self.pad_token_id, dtype=torch.long, device=self.device)
-        log_probs = torch.zeros(batch, max_tokens + 1, device=self.device)
-        alive = torch.zeros(batch, max_tokens + 1, dtype=torch.bool, device=self.device)
-        if self.routing is not None:  # column prompt_len + max_tokens is the spare, as above
+        requests = Requests.of(input_ids, attention_mask, n, max_tokens, self.pad_token_id, self.gate.version, reuse)
+        if self.routing is not None:  # column prompt_len + max_tokens is the spare, as the responses'
             self._routes = torch.zeros(batch, prompt_len + max_tokens + 1, self.routing.num_layers, self.routing.top_k, dtype=ROUTE_DTYPE)
-        # Slot i of the running batch: request row `req[i]`, `steps[i]` tokens sampled, next KV write at `pos[i]`,
-        # `done[i]` finished but not yet compacted away.
-        waiting = deque(range(0, batch, n))  # first row of each waiting group
-        req = steps = pos = torch.zeros(0, dtype=torch.long, device=self.device)
-        done = torch.zeros(0, dtype=torch.bool, device=self.device)
-        logits = torch.zeros(0, self.model.config.get_text_config().vocab_size, device=self.device)
+        scheduler = Scheduler(batch, n, prompt_len, self.max_num_batched_tokens)
+        running = RunningBatch.empty(self.model.config.get_text_config().vocab_size, self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0, "prefill_tokens": 0, "reused_tokens": 0,
                       "resumed_rows": 0, "rebuilt_tokens": 0}
-        # Each row's weights versions (start, end), when the weights are versioned (split pools).
-        versions = None if self.gate.version is None else torch.full((batch, 2), self.gate.version, dtype=torch.long, device=self.device)
         num_steps, captures_before = 0, self.graphs.num_captures if self.graphs is not None else 0
-        # A host-side upper bound of pos.max(), exact after each check: how many key positions a decode step reads,
-        # known without asking the device.
-        max_pos = 0
-        while waiting or len(req):
-            admitted = self._admit(waiting, len(req), n, prompt_len)
+        while scheduler or len(running):
+            admitted = scheduler.admit(len(running), pool.num_slots)
             if admitted:
-                new_logits, new_pos = self._prefill(input_ids[admitted], attention_mask[admitted], len(req), n,
-                                                    [reuse[r] for r in admitted] if reuse else None, admitted)
-                rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
-                if versions is not None:
-                    versions[rows] = self.gate.version
-                req, steps = torch.cat([req, rows]), torch.cat([steps, torch.zeros_like(rows)])
-                pos, logits = torch.cat([pos, new_pos]), torch.cat([logits, new_logits])
-                done = torch.cat([done, torch.zeros_like(rows, dtype=torch.bool)])
-                max_pos = max(max_pos, prompt_len)  # a prefill's next position is <= prompt_len (no read-back)
-                self.stats["prefills"] += 1
-                self.stats["peak_running"] = max(self.stats["peak_running"], len(req))
-            token, log_prob = sample_next(logits, sampling, generator)
-            column = steps.masked_fill(done, max_tokens)
-            responses[req, column], log_probs[req, column], alive[req, column] = token, log_prob.float(), True
-            steps = steps + (~done).long()
-            done = done | torch.isin(token, stop_ids) | (steps == max_tokens)
+                self._join(requests, running, admitted)
+            token, log_prob = sample_next(running.logits, sampling, generator)
+            requests.record(running.req, running.sampled(token, stop_ids, max_tokens), token, log_prob)
             num_steps += 1
             # Asking whether a row finished reads a device value on the host; on CUDA only every few steps, so the
             # host can queue steps ahead (finished rows decode a few more tokens into the spare column meanwhile).
             if num_steps % self.finish_check_every == 0:
-                any_done, max_pos = torch.stack([done.any().long(), pos.max()]).tolist()  # one read-back for both
-                if any_done:  # the last running slots fill the finished ones' holes
-                    if self.kept is not None:
-                        self._keep(done, req, steps, input_ids, attention_mask, responses)
-                    keep = self._compact(done, max_pos)
-                    req, steps, pos, token, done = req[keep], steps[keep], pos[keep], token[keep], done[keep]
-            # Recorded routes of each fed token go to the column it was sampled into (a finished row's: the spare).
-            route_at = (req, torch.where(done, prompt_len + max_tokens, prompt_len + steps - 1)[:, None]) if self._routes is not None else None
-            logits = self._decode(token, pos, max_pos + 1, route_at, req) if len(req) else logits[:0]
-            # Only a finished row's extra steps reach the end of its slot.
-            pos, max_pos = (pos + 1).clamp_(max=pool.max_len - 1), min(max_pos + 1, pool.max_len - 1)
+                self._retire(requests, running)
+            self._step(requests, running)
             if self.gate.park():  # new weights were loaded meanwhile: the running rows go on under them
-                keep = self._compact(done, max_pos) if bool(done.any()) else torch.arange(len(req), device=self.device)
-                req, steps, pos, done = req[keep], steps[keep], pos[keep], done[keep]
-                max_pos = int(pos.max()) if len(req) else 0
-                logits = self._rebuild(req, steps, pos, input_ids, attention_mask, responses)
-                if versions is not None:
-                    versions[req, 1] = self.gate.version
-                reuse = None  # KV kept from the last call is the old weights'; so is what this call kept so far
-                self.kept, self.kept_under = [None] * batch if keep_kv else None, self.gate.version
+                self._resume(requests, running, keep_kv)
         if self.graphs is not None:
             self.stats["graph_captures"] = self.graphs.num_captures - captures_before
         routes, self._routes = self._routes, None
-        return RolloutOutput(responses=responses[:, :max_tokens].cpu(), response_log_probs=log_probs[:, :max_tokens].cpu(),
-                             response_mask=alive[:, :max_tokens].long().cpu(), versions=None if versions is None else versions.cpu(),
-                             routed_experts=None if routes is None else routes[:, : prompt_len + max_tokens])
+        return requests.output(routes)
 
-    def _admit(self, waiting: deque, running: int, n: int, prompt_len: int) -> list[int]:
-        """Groups that join now: all n samples need a free slot, and the prefill stays within the token budget
-        (the first group is always taken when nothing runs, or no budget could ever admit it)."""
-        admitted: list[int] = []
-        while waiting and running + (len(admitted) + 1) * n <= self.pool.num_slots:
-            if admitted and (len(admitted) + 1) * prompt_len > self.max_num_batched_tokens:
-                break
-            admitted.append(waiting.popleft())
-        return admitted
+    def _join(self, requests: Requests, running: RunningBatch, admitted: list[int]) -> None:
+        """Prefills the admitted groups into the slots after the running ones; their samples run from the next step."""
+        n = requests.n
+        logits, pos = self._prefill(requests.input_ids[admitted], requests.attention_mask[admitted], len(running), n,
+                                    [requests.reuse[r] for r in admitted] if requests.reuse else None, admitted)
+        rows = (torch.tensor(admitted, device=self.device)[:, None] + torch.arange(n, device=self.device)).flatten()
+        if requests.versions is not None:
+            requests.versions[rows] = self.gate.version
+        running.add(rows, pos, logits, requests.prompt_len)
+        self.stats["prefills"] += 1
+        self.stats["peak_running"] = max(self.stats["peak_running"], len(running))
+
+    def _retire(self, requests: Requests, running: RunningBatch) -> None:
+        """The finished rows leave (their KV kept first, for a next turn): the last running slots fill their holes."""
+        any_done, running.max_pos = torch.stack([running.done.any().long(), running.pos.max()]).tolist()  # one read-back for both
+        if any_done:
+            if self.kept is not None:
+                self._keep(running.done, running.req, running.steps, requests.input_ids, requests.attention_mask, requests.responses)
+            running.select(self._compact(running.done, running.max_pos))
+
+    def _step(self, requests: Requests, running: RunningBatch) -> None:
+        """One decode step of every running slot: the sampled tokens in, the next-token logits out."""
+        route_at = None
+        if self._routes is not None:  # each fed token's routes go to the column it was sampled into (a finished row's: the spare)
+            spare = requests.prompt_len + requests.max_tokens
+            route_at = (running.req, torch.where(running.done, spare, requests.prompt_len + running.steps - 1)[:, None])
+        running.logits = self._decode(running.token, running.pos, running.max_pos + 1, route_at, running.req) if len(running) else running.logits[:0]
+        running.advance(self.pool.max_len)
+
+    def _resume(self, requests: Requests, running: RunningBatch, keep_kv: bool) -> None:
+        """After new weights were loaded mid-call: the finished rows leave, the running ones' KV is recomputed under
+        the new weights (_rebuild), and what was kept for a next turn is dropped (the old weights' KV)."""
+        done = running.done
+        running.select(self._compact(done, running.max_pos) if bool(done.any()) else torch.arange(len(running), device=self.device))
+        running.max_pos = int(running.pos.max()) if len(running) else 0
+        running.logits = self._rebuild(running.req, running.steps, running.pos, requests.input_ids, requests.attention_mask, requests.responses)
+        if requests.versions is not None:
+            requests.versions[running.req, 1] = self.gate.version
+        requests.reuse = None
+        self.kept, self.kept_under = [None] * len(requests.input_ids) if keep_kv else None, self.gate.version
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, first: int, n: int, reuse: list | None = None,
                  rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
