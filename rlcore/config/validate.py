@@ -93,6 +93,7 @@ class BatchPlan:
     use_reference_policy: bool  # actor.use_kl_loss or algorithm.use_kl_in_reward
     use_critic: bool = False  # critic.enable, or (null) adv_estimator == gae
     critic_micro_batches_per_mini_batch_per_rank: Optional[int] = None  # None = no critic or dynamic
+    critic_micro_batch_size_per_rank: Optional[int] = None  # resolved as the actor's; None = no critic or dynamic
     ppo_max_token_len_per_rank: Optional[int] = None  # use_dynamic_bsz: the update's token budget per micro-batch
     max_sequence_length: int = 0  # data.max_prompt_length + data.max_response_length
 
@@ -392,7 +393,7 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
     per_rank_step = tbs * n // dp if step_ok else None
     log_prob_micro, ref_micro, use_ref = _check_log_prob_sizes(c, dp, per_rank_step)
     use_critic = uses_critic(c.cfg)
-    critic_micro = _plan_critic(c, world, tbs, n) if use_critic else None
+    critic_micro, critic_rows = _plan_critic(c, world, tbs, n) if use_critic else (None, None)
     dynamic = c.get(f"{actor}.use_dynamic_bsz")
     if not step_ok or mini_batches is None or (not dynamic and micro_batches is None):
         return None
@@ -403,7 +404,7 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
         samples_per_rank_per_step=per_rank_step, optimizer_steps_per_step=mini_batches * epochs,
         ppo_micro_batch_size_per_rank=micro, log_prob_micro_batch_size_per_rank=log_prob_micro,
         ref_log_prob_micro_batch_size_per_rank=ref_micro, use_reference_policy=use_ref,
-        use_critic=use_critic, critic_micro_batches_per_mini_batch_per_rank=critic_micro,
+        use_critic=use_critic, critic_micro_batches_per_mini_batch_per_rank=critic_micro, critic_micro_batch_size_per_rank=critic_rows,
         ppo_max_token_len_per_rank=c.get(f"{actor}.ppo_max_token_len_per_gpu") if dynamic else None,
         max_sequence_length=c.get("data.max_prompt_length") + c.get("data.max_response_length"),
     )
@@ -510,25 +511,26 @@ def uses_critic(cfg: DictConfig) -> bool:
 
 def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
     """The critic's batch arithmetic on its own ranks (the actor's, or critic.nnodes x critic.n_gpus_per_node
-    with critic.enable_resource_pool). Returns the critic's micro-batches per mini-batch per rank."""
+    with critic.enable_resource_pool). Returns the critic's (micro-batches per mini-batch, samples per micro-batch)
+    per rank, each None where it cannot be derived (or token budgets decide)."""
     if c.get("critic.enable_resource_pool"):
         if not (c.at_least("critic.nnodes", 1) and c.at_least("critic.n_gpus_per_node", 1)):
-            return None
+            return None, None
         world = c.get("critic.nnodes") * c.get("critic.n_gpus_per_node")
     if c.get("critic.strategy") == "megatron":
         per_node = c.get("critic.n_gpus_per_node") if c.get("critic.enable_resource_pool") else c.get("trainer.n_gpus_per_node")
         model_parallel = _megatron_model_parallel(c, "critic.megatron", world, per_node)
         if model_parallel is None:
-            return None
+            return None, None
         world //= model_parallel  # from here on: the critic's data-parallel ranks
     elif role_sp(c.get, "critic") > 1:
         sp, key = role_sp(c.get, "critic"), "critic.ulysses_sequence_parallel_size"
         if world % sp:
             c.error(f"{key}={sp} does not divide the critic's {world} ranks; " + _use(key, _nearest(sp, lambda v: world % v == 0, 1, world)))
-            return None
+            return None, None
         world //= sp
     if not (c.at_least("critic.ppo_mini_batch_size", 1) and c.at_least("critic.ppo_epochs", 1)):
-        return None
+        return None, None
     for key in ("critic.optim.lr", "critic.cliprange_value"):
         if c.get(key) <= 0:
             c.error(f"{key}={c.get(key)} must be > 0; use {key}={1e-5 if 'lr' in key else 0.5}")
@@ -536,12 +538,13 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
         c.error(f"data.train_batch_size={tbs} x rollout.n={n} samples per step is not divisible by the critic's "
                 f"{world} ranks; use critic.n_gpus_per_node (with critic.enable_resource_pool) dividing {tbs * n}")
         _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")  # shown now, not after the fix
-        return None
+        return None, None
     _micro_per_rank(c, "critic", "forward_micro_batch_size", "critic.use_dynamic_bsz", world, tbs * n // world, 32)
     if c.get("critic.use_dynamic_bsz"):
         for key in ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"):
             _check_token_budget(c, key, c.get("data.max_prompt_length") + c.get("data.max_response_length"))
-    return _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")[3]
+    _, _, rows, micro_batches = _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")
+    return micro_batches, rows
 
 
 def _check_rollout_tp(c: _Checker, per_node: int) -> None:

@@ -239,8 +239,8 @@ class Estimator:
         c = self.c
         if kind == "critic":
             fsdp, sp = c("critic.model.fsdp_config"), self._sp("critic")
-            toks = _micro_tokens(c, "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
-                                 c("critic.ppo_micro_batch_size_per_gpu"), self.max_len, self.resp, sp)
+            micro = self.plan.critic_micro_batch_size_per_rank if self.plan else None  # the batch plan's, as the actor's
+            toks = _micro_tokens(c, "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu", micro, self.max_len, self.resp, sp)
             return _Role(name, arch, "critic.model", fsdp, self._shards(fsdp, world), c("critic.model.lora_rank"), True,
                          *toks, c("critic.model.enable_gradient_checkpointing"),
                          "critic.model.enable_gradient_checkpointing", True, self._megatron("critic", world), sp)

@@ -377,3 +377,13 @@ def test_a_vision_language_model_plans_its_tower_and_a_frozen_tower_drops_its_gr
     bf16 = 2
     assert tower_act[0][1] == pytest.approx(patches * bf16 * (32 * 1280 + 8 * 1280 + 4 * 3420) / GIB)
     assert tower_act[1][1] == pytest.approx(patches * bf16 * (2 * 1280 + 2 * 3420) / GIB)
+
+
+def test_the_critic_update_is_planned_with_the_batch_plans_micro_batch_as_the_worker_runs_it():
+    """verl's deprecated global critic.ppo_micro_batch_size (samples over all ranks) is what the critic's worker
+    divides by its data-parallel ranks; the memory plan read only the per-GPU key and planned one row instead."""
+    rows = ["critic.use_dynamic_bsz=False", "critic.forward_micro_batch_size_per_gpu=4"]
+    by_rank = _plans(*rows, "critic.ppo_micro_batch_size_per_gpu=4", recipe="ppo_7b_colocate")
+    by_total = _plans(*rows, "critic.ppo_micro_batch_size_per_gpu=null", "critic.ppo_micro_batch_size=32", recipe="ppo_7b_colocate")
+    assert by_rank[0].critic_micro_batch_size_per_rank == by_total[0].critic_micro_batch_size_per_rank == 4  # 32 over 8 ranks
+    assert dict(_role(by_total[1], "critic update").items) == dict(_role(by_rank[1], "critic update").items)
