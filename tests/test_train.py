@@ -96,6 +96,6 @@ def test_a_family_rlcore_cannot_run_is_refused_before_ray_starts(tiny_model_dir,
      [(1, 2), (2, 1)], {"actor_rollout": 0, "rollout": 1}),
 ])
 def test_worker_group_placement(overrides, pools, where):
-    from rlcore.train import placement
+    from rlcore.plan.placement import placement
 
     assert placement(compose(["recipe=tiny_cpu", *overrides])) == (pools, where)

@@ -38,7 +38,8 @@ from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 from rlcore.config.validate_lora import adapter_rank
 from rlcore.plan.rollout_memory import rollout_memory
-from rlcore.plan.teacher_memory import TEACHER_POOL, teacher_phases, teacher_pool, teacher_pool_world
+from rlcore.plan.placement import placement
+from rlcore.plan.teacher_memory import teacher_phases
 from rlcore.plan.tower_memory import tower_activations
 from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.config.validate_ulysses import role_sp
@@ -441,19 +442,16 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     c, t = _Cfg(cfg), cfg.trainer
     world, errors, notes = t.nnodes * t.n_gpus_per_node, [], []
     critic, reward = uses_critic(cfg), bool(c("reward_model.enable"))
-    # Device pools (as rlcore.train.placement): 0 = the actor's; the critic shares it unless it has its own; the
-    # reward model shares the critic's (the actor's without a critic) unless it has its own.
-    pool_of = {"actor": 0}
-    if critic:
-        pool_of["critic"] = 1 if c("critic.enable_resource_pool") else 0
-    if reward:
-        pool_of["reward"] = 2 if c("reward_model.enable_resource_pool") else pool_of.get("critic", 0)
-    if teacher_pool(c) is not None:  # distillation's teachers: the actor's devices, or a pool of their own
-        pool_of["teacher"] = teacher_pool(c)
+    # The device pools as the controller places the groups: which roles share a device, and how many devices each has.
+    pools, where = placement(cfg)
+    pool_world = [nodes * per_node for nodes, per_node in pools]
+    pool_of = {"actor": where["actor_rollout"]} | {role: where[key] for role, key in (("critic", "critic"), ("reward", "reward_model"),
+                                                                                     ("teacher", "teacher")) if key in where}
     procs = {pool: sum(p == pool for p in pool_of.values()) for pool in set(pool_of.values())}  # processes per device
-    # Split pools (hybrid_engine=False): the rollout has devices of its own (pool 3), holding nothing of training's.
-    split = c(f"{ARR}.hybrid_engine") is False
-    rollout_pool, rollout_world = (3, c("rollout.nnodes") * c("rollout.n_gpus_per_node")) if split else (0, world)
+    # Split pools (hybrid_engine=False): the rollout has devices of its own, holding nothing of training's.
+    split = "rollout" in where
+    rollout_pool = where.get("rollout", where["actor_rollout"])
+    rollout_world = pool_world[rollout_pool]
     procs.setdefault(rollout_pool, 1)
     capacity, source = device_capacity(cfg, t.n_gpus_per_node * procs[0])
     est = Estimator(cfg, plan, capacity, t.device)
@@ -491,8 +489,6 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         phases.append(("actor update", est.training_role("actor update", archs["policy"], "actor", world), 0))
         if uses_reference(cfg) and not adapter_rank(c, f"{ARR}.model", f"{ARR}.actor.strategy"):  # with LoRA the reference is the base, adapters off
             phases.append(("reference log-probs", est.training_role("reference log-probs", archs["policy"], "ref", world), 0))
-    pool_world = {0: world, 1: (c("critic.nnodes") or 0) * (c("critic.n_gpus_per_node") or 0),
-                  2: c("reward_model.nnodes") * c("reward_model.n_gpus_per_node"), TEACHER_POOL: teacher_pool_world(c)}
     if critic and archs["critic"] is not None:
         pool = pool_of["critic"]
         phases.append(("critic update", est.training_role("critic update", archs["critic"], "critic", pool_world[pool]), pool))

@@ -1,5 +1,5 @@
 """The distillation teachers in the memory plan (rlcore.plan.memory): each native teacher is a frozen forward
-sharded over the teacher pool (the actor's devices when colocated, as rlcore.train.placement puts it), planned like
+sharded over the teacher pool (the actor's devices when colocated, as rlcore.plan.placement puts it), planned like
 the reference with the teacher's own model and micro-batches; a vLLM teacher keeps its share of the device
 (inference.gpu_memory_utilization) for its weights and cache the whole run (it never sleeps for the actor).
 
@@ -12,20 +12,6 @@ from omegaconf import OmegaConf
 
 from rlcore.config.validate_distill import teacher_entries
 from rlcore.plan.arch import resolve_arch
-
-TEACHER_POOL = 4  # the memory plan's pool numbers: 0 the actor's, 1 critic, 2 reward model, 3 split rollout
-
-
-def teacher_pool(c) -> int | None:
-    """The pool the teachers run on (None: no distillation)."""
-    if not c("distillation.enabled"):
-        return None
-    return TEACHER_POOL if c("distillation.n_gpus_per_node") else 0
-
-
-def teacher_pool_world(c) -> int:
-    return (c("distillation.nnodes") or 0) * (c("distillation.n_gpus_per_node") or 0)
-
 
 def teacher_phases(est, cfg, role_cls, pool: int, world: int, capacity: float) -> tuple[list, list, dict]:
     """(notes, phases [(name, role, pool)] of the native teachers' scoring passes, resident {name: (GiB, pool)} of

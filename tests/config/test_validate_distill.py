@@ -7,7 +7,7 @@ import pytest
 
 from rlcore.config import ConfigError, compose, validate_config
 from rlcore.config.validate_distill import teacher_entries, teacher_of_rows
-from rlcore.train import placement
+from rlcore.plan.placement import placement
 
 D = "distillation"
 ON = ["recipe=tiny_cpu", f"{D}.enabled=True", f"{D}.teacher_models.teacher_model.model_path=/models/teacher"]
