@@ -31,16 +31,22 @@ def rollout_memory(est, arch: Arch, world: int) -> tuple[list, str, list, float]
 def _engine(est, arch: Arch, world: int) -> tuple[list, str, list, float]:
     c, r = est.c, est.c(f"{ARR}.rollout")
     rb, tp, max_len = _BYTES[r.dtype], r.tensor_model_parallel_size, r.max_model_len or est.max_len
-    if r.name != "vllm":  # the native engine: its own weight copy, a KV cache for all of the rank's samples
+    if r.name != "vllm":  # the native engine: its own weight copy, a KV pool of as many sequences as it sizes it for
         samples = est.plan.samples_per_rank_per_step if est.plan else 1
         weights = arch.params() * rb / GIB
-        kv = samples * arch.kv_bytes(max_len, rb, windowed=False) / GIB  # its pool keeps every position of every layer
+        sequence = arch.kv_bytes(max_len, rb, windowed=False)  # its pool keeps every position of every layer
+        budget = (c(f"{ARR}.rollout.engine_kwargs.native") or {}).get("kv_cache_memory_bytes")
+        if budget is None and c("trainer.device") == "cuda":
+            # the engine's: its share of the device less what its process holds then, here its weight copy (the
+            # state other roles keep on the device would leave fewer slots: the plan counts them as more memory)
+            budget = r.gpu_memory_utilization * est.capacity * GIB - weights * GIB
+        slots = native_kv_slots(samples, r.max_num_seqs, budget, sequence)
         prefill = samples * c("data.max_prompt_length") * arch.vocab * (rb + 4) / GIB
-        items = [("native engine weight copy", weights), (f"KV cache, {samples} samples x {max_len} tokens", kv),
+        items = [("native engine weight copy", weights), (f"KV cache, {slots} sequences x {max_len} tokens", slots * sequence / GIB),
                  ("prefill logits", prefill)]
         if c("trainer.device") == "cuda" and not r.enforce_eager:  # the graphs' static logits buffer and their private pool's copy of the logits
-            items.append(("decode CUDA graphs' logits", 2 * min(samples, r.max_num_seqs) * arch.vocab * rb / GIB))
-        return items, f"decodes the rank's {samples} samples at once", [], weights
+            items.append(("decode CUDA graphs' logits", 2 * slots * arch.vocab * rb / GIB))
+        return items, f"decodes {slots} of the rank's {samples} samples at once", [], weights
     budget = r.gpu_memory_utilization * est.capacity
     weights = arch.params() * rb / tp / GIB
     reserve = ((r.max_num_batched_tokens * (4 * arch.hidden + 2 * arch.mlp_width) * rb
@@ -61,6 +67,14 @@ def _engine(est, arch: Arch, world: int) -> tuple[list, str, list, float]:
         if need < 1:
             levers.append((f"{ARR}.rollout.gpu_memory_utilization={need:.2f} (room for one full-length sequence)", 0.0))
     return [(f"vLLM: gpu_memory_utilization {r.gpu_memory_utilization} x {est.capacity:.0f} GiB", budget)], note, levers, 0.0
+
+
+def native_kv_slots(samples: int, max_num_seqs: int, budget_bytes: float | None, sequence_bytes: float) -> int:
+    """How many sequences the native engine's KV pool holds at once, as rlcore.rollout.native sizes it: a call's
+    samples, at most max_num_seqs, at most what the KV budget holds (None: no budget, a CPU run without
+    engine_kwargs.native.kv_cache_memory_bytes)."""
+    fit = samples if budget_bytes is None else int(max(budget_bytes, 0) // sequence_bytes)
+    return min(samples, max_num_seqs, fit)
 
 
 def adapted_params(arch: Arch) -> int:

@@ -57,13 +57,6 @@ class KVGeometry:
         return sum(kh * kd + vh * vd for kh, kd, vh, vd in self.layers) * torch.empty((), dtype=self.dtype).element_size()
 
 
-def slots_for_budget(geometry: KVGeometry, max_len: int, budget_bytes: float | None) -> int | None:
-    """How many sequences of `max_len` tokens fit in `budget_bytes` (None: no budget, no limit)."""
-    if budget_bytes is None:
-        return None
-    return int(max(budget_bytes, 0) // (geometry.bytes_per_token * max_len))
-
-
 class KVPool:
     """`num_slots` sequences of up to `max_len` tokens; `start[s]` is slot s's first unmasked position."""
 

@@ -14,11 +14,12 @@ from rlcore.models.router import ROUTE_DTYPE, Routing, to_routes
 from rlcore.models.vision import is_vision_config
 from rlcore.protocol import position_ids_from_mask
 from rlcore.models.lora import Adapters
+from rlcore.plan.rollout_memory import native_kv_slots
 from rlcore.rollout.adapters import HeldAdapters
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
 from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
-from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask, slots_for_budget
+from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask
 from rlcore.rollout.native_batch import Requests, RunningBatch, Scheduler
 from rlcore.rollout.native_vision import ImageRows
 
@@ -235,10 +236,10 @@ class NativeRollout(RolloutEngine):
         return None
 
     def _num_slots(self, batch: int, n: int, max_len: int) -> int:
-        fit = slots_for_budget(self.pool.geometry, max_len, self.kv_budget_bytes())
-        slots = min(batch, self.max_num_seqs, batch if fit is None else fit)
+        budget_bytes = self.kv_budget_bytes()
+        slots = native_kv_slots(batch, self.max_num_seqs, budget_bytes, self.pool.geometry.bytes_per_token * max_len)
         if slots < n:
-            budget = "" if fit is None else f" and a KV budget of {self.kv_budget_bytes() / 2**30:.3f} GiB"
+            budget = "" if budget_bytes is None else f" and a KV budget of {budget_bytes / 2**30:.3f} GiB"
             raise ValueError(
                 f"the native rollout can hold {slots} sequence(s) of {max_len} tokens (max_num_seqs={self.max_num_seqs}{budget}), "
                 f"fewer than the {n} samples of one prompt; raise actor_rollout_ref.rollout.max_num_seqs, or the KV budget "

@@ -387,3 +387,23 @@ def test_the_critic_update_is_planned_with_the_batch_plans_micro_batch_as_the_wo
     by_total = _plans(*rows, "critic.ppo_micro_batch_size_per_gpu=null", "critic.ppo_micro_batch_size=32", recipe="ppo_7b_colocate")
     assert by_rank[0].critic_micro_batch_size_per_rank == by_total[0].critic_micro_batch_size_per_rank == 4  # 32 over 8 ranks
     assert dict(_role(by_total[1], "critic update").items) == dict(_role(by_rank[1], "critic update").items)
+
+
+def test_the_native_kv_pool_is_planned_as_the_engine_sizes_it(tiny_model_dir):
+    """The plan's slot count is the engine's own function (rlcore.plan.rollout_memory.native_kv_slots): the rank's
+    samples, at most max_num_seqs, at most what the KV budget holds; the plan had every sample."""
+    import torch
+
+    from rlcore.rollout.native import NativeRollout
+
+    base = [f"{ARR}.model.path={tiny_model_dir}", "trainer.device_memory_gb=12"]
+
+    def kv_item(*overrides):
+        return next(what for what, _ in _role(_plan(*base, *overrides, recipe="tiny_cpu"), "rollout").items if what.startswith("KV cache"))
+
+    assert kv_item() == "KV cache, 128 sequences x 13 tokens"  # the rank's 128 samples
+    assert kv_item(f"{ARR}.rollout.max_num_seqs=32") == "KV cache, 32 sequences x 13 tokens"
+    sequence = NativeRollout(tiny_model_dir, 0, torch.device("cpu")).pool.geometry.bytes_per_token * 13
+    engine = NativeRollout(tiny_model_dir, 0, torch.device("cpu"), kv_cache_memory_bytes=10 * sequence + 1)
+    assert engine._num_slots(128, 1, 13) == 10
+    assert kv_item(f"+{ARR}.rollout.engine_kwargs.native.kv_cache_memory_bytes={10 * sequence + 1}") == "KV cache, 10 sequences x 13 tokens"
