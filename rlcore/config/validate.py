@@ -200,7 +200,7 @@ def _check_choices(c: _Checker) -> None:
         # there too, whether or not this run uses a reference (a key set and ignored is worse than a refusal).
         check_megatron(c, f"{ARR}.ref.megatron")
         c.choice(f"{ARR}.actor.megatron.dtype", DTYPES)
-        if c.get(f"{ARR}.actor.use_kl_loss") or c.get("algorithm.use_kl_in_reward"):
+        if uses_reference(c.cfg):
             check_same_layout(c, f"{ARR}.ref.megatron", f"{ARR}.actor.megatron")
     if uses_critic(c.cfg):
         c.choice("critic.strategy", STRATEGIES)
