@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 
 from rlcore.algos.registry import Registry
+from rlcore.config import names
 
-LOSS_AGGREGATIONS = Registry("loss aggregation", "actor.loss_agg_mode")
+LOSS_AGGREGATIONS = Registry("loss aggregation", "actor.loss_agg_mode", names.LOSS_AGG_MODES)
 
 
 @LOSS_AGGREGATIONS.register("token-mean")

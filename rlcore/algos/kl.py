@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 
 from rlcore.algos.registry import Registry
+from rlcore.config import names
 
-KL_ESTIMATORS = Registry("KL estimator", "kl_loss_type / algorithm.kl_penalty")
+KL_ESTIMATORS = Registry("KL estimator", "kl_loss_type / algorithm.kl_penalty", names.KL_ESTIMATORS)
 
 
 @KL_ESTIMATORS.register("kl", "k1")

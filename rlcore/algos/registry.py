@@ -6,14 +6,21 @@ from typing import Callable
 
 
 class Registry:
-    def __init__(self, kind: str, config_key: str) -> None:
+    """`allowed`: the config's list of the key's names (rlcore.config.names), which the validator reads; a name
+    outside it is refused at registration. None: users may register their own (custom_algorithms.path)."""
+
+    def __init__(self, kind: str, config_key: str, allowed: tuple[str, ...] | None = None) -> None:
         self.kind = kind
         self.config_key = config_key
+        self.allowed = allowed
         self._fns: dict[str, Callable] = {}
 
     def register(self, *names: str) -> Callable[[Callable], Callable]:
         def decorate(fn: Callable) -> Callable:
             for name in names:
+                if self.allowed is not None and name not in self.allowed:
+                    raise ValueError(f"{self.kind} '{name}' is not in the config's list of {self.config_key} names; add it to "
+                                     "rlcore.config.names first (the validator reads that list)")
                 if name in self._fns and self._fns[name] is not fn:
                     raise ValueError(f"{self.kind} '{name}' is already registered")
                 self._fns[name] = fn

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.keys import unknown_key_errors
 from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
+from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES, REWARD_MANAGERS
 from rlcore.config.validate_async import check_async, derive_async_sizes, split_pools
 from rlcore.config.validate_engine import ppo_engine_errors
 from rlcore.config.validate_dapo import check_dynamic_sampling, check_overlong_buffer
@@ -42,13 +43,9 @@ STRATEGIES = ("fsdp", "fsdp2", "megatron")
 ROLLOUT_NAMES = ("native", "vllm", "hf")
 ROLLOUT_MODES = ("sync", "async")
 TRUNCATIONS = ("error", "left", "right", "middle")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_TYPES = _KL_BASE + tuple(name + "+" for name in _KL_BASE)  # "+": straight-through k2 gradient
 KL_CTRL_TYPES = ("fixed", "adaptive")
 DEVICES = ("cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
-REWARD_MANAGERS = ("naive", "dapo")  # rlcore.reward.manager.REWARD_MANAGERS (a test keeps them equal)
 _OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 # Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
@@ -169,8 +166,8 @@ def _check_choices(c: _Checker) -> None:
     c.choice("data.return_multi_modal_inputs", (True,), {False: "is not supported: a vision-language policy's training forward "
                                                                 "reads each row's processor tensors; leave {key}=True"})
     c.choice(f"{ARR}.actor.loss_agg_mode", LOSS_AGG_MODES)
-    c.choice(f"{ARR}.actor.kl_loss_type", KL_TYPES)
-    c.choice("algorithm.kl_penalty", KL_TYPES)
+    c.choice(f"{ARR}.actor.kl_loss_type", KL_ESTIMATORS)
+    c.choice("algorithm.kl_penalty", KL_ESTIMATORS)
     c.choice("algorithm.kl_ctrl.type", KL_CTRL_TYPES)
     c.choice("trainer.device", DEVICES, _UNSUPPORTED_DEVICE)
     c.choice("trainer.verbosity", ("full", "short"))

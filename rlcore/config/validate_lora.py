@@ -4,7 +4,7 @@ it takes. `c` is validate's checker (get / error)."""
 
 from __future__ import annotations
 
-A_INITS = ("xavier", "kaiming")  # rlcore/engine/megatron/lora.py's (repeated: this module imports no torch)
+from rlcore.config.names import LORA_A_INITS
 
 
 def adapter_rank(get, model: str, strategy: str) -> int:
@@ -75,7 +75,7 @@ def _check_megatron_lora(c, model: str, strategy: str, megatron: bool) -> None:
     if c.get(f"{lora}.dropout") != 0:
         c.error(f"{lora}.dropout={c.get(f'{lora}.dropout')}: rlcore's Megatron LoRA has no dropout (its RNG would have to agree "
                 f"over tensor-parallel ranks); use {lora}.dropout=0")
-    c.choice(f"{lora}.lora_A_init_method", A_INITS)
+    c.choice(f"{lora}.lora_A_init_method", LORA_A_INITS)
     if c.get(f"{lora}.lora_B_init_method") != "zero":
         c.error(f"{lora}.lora_B_init_method={c.get(f'{lora}.lora_B_init_method')}: B starts at zero (the adapted model starts as "
                 f"the base); use {lora}.lora_B_init_method=zero")

@@ -8,11 +8,11 @@ import os
 
 from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, load_agent_loop_config
 from rlcore.config.interaction_config import load_interaction_config
+from rlcore.config.names import TOOL_CALL_FORMATS
 from rlcore.config.tool_config import AGENT, MT, load_tool_config, tool_config_key_of, tools_enabled
 from rlcore.config.validate_async import split_pools
 
 TRUNCATE_SIDES = ("left", "middle", "right")
-FORMATS = ("hermes", "qwen")  # rlcore.rollout.agent_loop.PARSERS' (qwen: SGLang's name for hermes' format)
 # Keys of verl features rlcore does not have yet: what each would need.
 _UNSUPPORTED = {f"{AGENT}.custom_async_server.path": "custom rollout servers"}
 
@@ -50,7 +50,7 @@ def check_multi_turn(c) -> None:
             load_tool_config(c.get(key))
         except ValueError as err:
             c.error(f"{key}={c.get(key)}: {err}")
-    c.choice(f"{MT}.format", FORMATS)
+    c.choice(f"{MT}.format", TOOL_CALL_FORMATS)
     c.choice(f"{MT}.tool_response_truncate_side", TRUNCATE_SIDES)
     c.at_least(f"{MT}.max_tool_response_length", 1, fix=256)
     c.at_least(f"{MT}.max_parallel_calls", 1)

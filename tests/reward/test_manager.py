@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlcore.config.validate import REWARD_MANAGERS as VALIDATED_NAMES
+from rlcore.config.names import REWARD_MANAGERS as VALIDATED_NAMES
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import REWARD_MANAGERS, build_reward_manager

@@ -28,11 +28,11 @@ from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_paralle
                                                     reduce_from_tensor_model_parallel_region,
                                                     reduce_scatter_to_sequence_parallel_region)
 
+from rlcore.config.names import LORA_A_INITS
 from rlcore.models.lora import LoraSpec
 
 DENSE_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # verl's default target_modules
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-A_INITS = ("xavier", "kaiming")
 
 
 class Adapter(torch.nn.Module):
@@ -50,6 +50,8 @@ class Adapter(torch.nn.Module):
         # The same full A on every rank (seeded by the layer's name), of which a row-parallel layer keeps its slice
         a = torch.empty(rank, full_in)
         generator = torch.Generator().manual_seed(seed)
+        if a_init not in LORA_A_INITS:
+            raise ValueError(f"model.lora.lora_A_init_method={a_init!r}; use one of {', '.join(LORA_A_INITS)}")
         if a_init == "xavier":
             std = math.sqrt(2.0 / (rank + full_in))
             a.normal_(0.0, std, generator=generator)
