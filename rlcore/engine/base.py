@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
+import torch.distributed as dist
 
 from rlcore.config.schema import MegatronConfig
+from rlcore.engine.optim import lr_factor
 from rlcore.models.lora import Adapters, LoraSpec
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import WEIGHT_BUCKET_BYTES
+from rlcore.utils.checkpoint import checkpoint_load
 from rlcore.utils.checkpoint_contents import STATE
 
 # An engine hands these functions per-token outputs for the response tokens of a micro-batch, `[batch, response_len]`
@@ -29,6 +33,7 @@ ForwardFn = Callable[[dict[str, torch.Tensor], DataProto], dict[str, torch.Tenso
 
 # The training state an engine holds, each of which may live on the compute device or in host memory between phases.
 STATE_KINDS = ("params", "grads", "optimizer")
+SCHEDULE_FILE = "scheduler.pt"  # a checkpoint's "extra": the lr schedule's position (TrainEngine._save_schedule)
 CHECKPOINT_STATE = frozenset(STATE)  # what save/load handle
 
 
@@ -135,6 +140,7 @@ class TrainEngine(ABC):
     is_output_rank: bool = True
     spec: EngineSpec
     device: torch.device
+    optimizer = None          # None for a frozen role
 
     @abstractmethod
     def forward(self, micro_batches: list[DataProto], fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
@@ -151,12 +157,39 @@ class TrainEngine(ABC):
         """Accumulates gradients of loss_fn over the micro-batches; returns each micro-batch's metrics (empty on a
         rank that is not an output rank). Every rank of a replica is given the same micro-batches."""
 
-    @abstractmethod
+    optimizer_steps = 0  # the lr schedule's position: every optimizer_step() counts, taken or skipped
+
+    def learning_rate(self) -> float:
+        """The lr of the next optimizer step: the schedule (rlcore.engine.optim.lr_factor) at `optimizer_steps`."""
+        s = self.spec
+        return s.lr * lr_factor(self.optimizer_steps, s.warmup_steps, s.total_steps, s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)
+
     def optimizer_step(self, skip: bool = False) -> dict[str, float]:
         """Clips, steps (skipping non-finite gradients), advances the lr schedule; returns grad_norm, lr,
         skipped_step. `skip` (the same on every rank): a step with nothing to learn from (a mini-batch whose every
         token was rejected) drops any gradients and leaves weights and optimizer state alone, but still advances the
         lr schedule, which follows global steps; grad_norm 0."""
+        lr = self.learning_rate()
+        grad_norm, stepped = self._apply_gradients(lr, skip)
+        self.optimizer_steps += 1
+        return {"grad_norm": grad_norm, "lr": lr, "skipped_step": float(not stepped)}
+
+    @abstractmethod
+    def _apply_gradients(self, lr: float, skip: bool) -> tuple[float, bool]:
+        """The backend's part of optimizer_step: sets `lr`, takes the gradient norm and clips, steps unless `skip`
+        or a gradient is not finite (decided alike on every rank), drops the gradients; (grad norm, stepped)."""
+
+    def _save_schedule(self, path: str, contents: frozenset[str]) -> None:
+        """"extra": the lr schedule's position, one file both engines write (rank 0)."""
+        if "extra" in contents and self.optimizer is not None and dist.get_rank() == 0:
+            torch.save({"optimizer_steps": self.optimizer_steps}, os.path.join(path, SCHEDULE_FILE))
+
+    def _load_schedule(self, path: str, contents: frozenset[str]) -> None:
+        if "extra" in contents and self.optimizer is not None:
+            state = checkpoint_load(os.path.join(path, SCHEDULE_FILE))
+            # FSDP2 checkpoints written before the engines shared this held torch's LambdaLR state: its last_epoch
+            # counted the same optimizer steps
+            self.optimizer_steps = state["optimizer_steps"] if "optimizer_steps" in state else state["last_epoch"]
 
     @abstractmethod
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False, adapted_only: bool = False,

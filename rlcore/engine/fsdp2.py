@@ -26,7 +26,7 @@ from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
 from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, renamed_checkpoint, safetensors_files, value_head_init
 from rlcore.engine.shm_exchange import SharedMemoryExchange
-from rlcore.engine.optim import warmup_schedule
+from rlcore.engine.optim import lr_factor
 from rlcore.families import family_of
 from rlcore.models import lora
 from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
@@ -183,12 +183,11 @@ class FSDP2Engine(TrainEngine):
             # states its head: plain or soft-capped); a rehearsal has no values to read
             self.head.calibrate(self.model, device)
         self.optimizer = None
-        self.scheduler = None
         if spec.trainable:
             self.trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
             self.optimizer = torch.optim.AdamW(self.trained, lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay,
                                                **spec.optimizer_overrides)  # optim.override_optimizer_config
-            self.scheduler = warmup_schedule(self.optimizer, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)
+            lr_factor(0, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)  # a bad kind fails now
         else:
             self.model.requires_grad_(False)
 
@@ -334,11 +333,12 @@ class FSDP2Engine(TrainEngine):
             metrics.append(mb_metrics)
         return read_metrics(metrics)
 
-    def optimizer_step(self, skip: bool = False) -> dict[str, float]:
+    def _apply_gradients(self, lr: float, skip: bool) -> tuple[float, bool]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         # skip: no norm to take (its collective is skipped on every rank alike) and no optimizer.step(): AdamW would
         # still move the weights on a zero gradient (momentum, weight decay).
         grad_norm = torch.tensor(0.0) if skip else _full(torch.nn.utils.clip_grad_norm_(self.trained, self.spec.grad_clip))
-        lr = self.scheduler.get_last_lr()[0]
         # The norm clipping computed is the non-finite check too: one host read, no pass over the gradients.
         norm = float("nan") if is_fake(grad_norm) else float(grad_norm)
         finite = not skip and (is_fake(grad_norm) or math.isfinite(norm))
@@ -346,11 +346,7 @@ class FSDP2Engine(TrainEngine):
             self.optimizer.step()
         # A non-finite norm (fp overflow, a bad batch) must not poison the weights: drop this step's gradients.
         self.optimizer.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():
-            # The schedule follows global steps even when one is skipped; torch warns about exactly that.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
-            self.scheduler.step()
-        return {"grad_norm": norm, "lr": lr, "skipped_step": float(skip or not finite)}
+        return norm, finite
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False, adapted_only: bool = False,
@@ -440,8 +436,7 @@ class FSDP2Engine(TrainEngine):
         state = self._state(contents)
         if state:
             dcp.save(state, checkpoint_id=path)
-        if "extra" in contents and self.scheduler is not None and dist.get_rank() == 0:
-            torch.save(self.scheduler.state_dict(), os.path.join(path, "scheduler.pt"))
+        self._save_schedule(path, contents)
         if "model" in contents and self.spec.lora is not None:
             self.save_adapter(os.path.join(path, "lora_adapter"))
         if hf_dir is not None:
@@ -470,5 +465,4 @@ class FSDP2Engine(TrainEngine):
             set_model_state_dict(self.model, state["model"], options=self._state_options())
         if "optim" in state:
             set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=self._state_options())
-        if "extra" in contents and self.scheduler is not None:
-            self.scheduler.load_state_dict(torch.load(os.path.join(path, "scheduler.pt"), weights_only=True))
+        self._load_schedule(path, contents)

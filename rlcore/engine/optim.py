@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, kind: str, min_lr_ratio: float, num_cycles: float) -> float:
     """The multiplier of the base lr at optimizer step `step` (0-based): linear warmup over `warmup_steps`, then
@@ -24,9 +22,3 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, kind: str, min_lr_
         return 1.0 - (1.0 - min_lr_ratio) * min(progress, 1.0)
     cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * min(progress, 1.0)))
     return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
-
-
-def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, kind: str, min_lr_ratio: float, num_cycles: float) -> torch.optim.lr_scheduler.LambdaLR:
-    """`lr_factor` as a torch scheduler (the FSDP2 engine's torch optimizer)."""
-    lr_factor(0, warmup_steps, total_steps, kind, min_lr_ratio, num_cycles)  # validates `kind` now, not at the first step
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, kind, min_lr_ratio, num_cycles))

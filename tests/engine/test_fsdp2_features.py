@@ -8,7 +8,7 @@ from dist_utils import free_port, init_gloo, make_rollout_batch
 
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
-from rlcore.engine.optim import warmup_schedule
+from rlcore.engine.optim import lr_factor
 from rlcore.protocol import DataProto
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
@@ -58,20 +58,18 @@ def test_non_finite_gradient_step_is_skipped(pg, tiny_model_dir, data):
 
 
 def test_warmup_then_constant_and_cosine():
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = warmup_schedule(opt, warmup_steps=4, total_steps=10, kind="constant", min_lr_ratio=0.0, num_cycles=0.5)
+    assert [lr_factor(step, 4, 10, "constant", 0.0, 0.5) for step in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr_factor(10, 0, 10, "cosine", 0.1, 0.5) == pytest.approx(0.1)
+
+
+def test_the_engine_steps_at_the_schedules_lr_and_a_skipped_step_still_advances_it(pg, tiny_model_dir, data):
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-2, warmup_steps=2, total_steps=4), torch.device("cpu"))
     lrs = []
-    for _ in range(6):
-        lrs.append(sched.get_last_lr()[0])
-        opt.step()
-        sched.step()
-    assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    cosine = warmup_schedule(opt, warmup_steps=0, total_steps=10, kind="cosine", min_lr_ratio=0.1, num_cycles=0.5)
-    for _ in range(10):
-        opt.step()
-        cosine.step()
-    assert cosine.get_last_lr()[0] == pytest.approx(0.1)
+    for skip in (False, True, False):
+        engine.forward_backward([data], nll)
+        lrs.append(engine.optimizer_step(skip=skip)["lr"])
+    assert lrs == pytest.approx([5e-3, 1e-2, 1e-2]) and engine.optimizer_steps == 3
+    assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
 
 
 def test_override_optimizer_config_reaches_adamw(pg, tiny_model_dir, data):
@@ -154,3 +152,14 @@ def test_activation_offload_keeps_each_checkpointed_block_input_as_a_host_copy(p
     # One copy per block per forward, each [rows, seq, hidden] fp32: what leaves the device on CUDA.
     assert [tuple(c.shape) for c in copies] == [(rows, seq, hidden)] * layers
     assert sum(c.numel() * c.element_size() for c in copies) == layers * rows * seq * hidden * 4
+
+
+def test_a_checkpoint_from_before_the_shared_schedule_resumes_at_its_step(pg, tiny_model_dir, tmp_path):
+    """FSDP2 checkpoints once held torch's LambdaLR state in scheduler.pt: its last_epoch is the step count."""
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, lr=1e-2, warmup_steps=4, total_steps=8), torch.device("cpu"))
+    torch.save({"base_lrs": [1e-2], "last_epoch": 3, "_step_count": 4, "_last_lr": [1e-2]}, tmp_path / "scheduler.pt")
+    engine._load_schedule(str(tmp_path), frozenset({"extra"}))
+    assert engine.optimizer_steps == 3 and engine.learning_rate() == pytest.approx(1e-2)
+    engine.optimizer_steps = 5
+    engine._save_schedule(str(tmp_path), frozenset({"extra"}))
+    assert torch.load(tmp_path / "scheduler.pt") == {"optimizer_steps": 5}

@@ -49,7 +49,7 @@ def test_update_policy_steps_once_per_mini_batch_and_reports_metrics(engine):
     before = [p.full_tensor().clone() for p in engine.model.parameters()]
     cfg = OmegaConf.create({**ACTOR, "loss_agg_mode": "token-mean"})
     metrics = update_policy(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2, temperature=1.0)
-    assert engine.scheduler.last_epoch == 2  # 8 rows / (2 prompts x n=2) = 2 mini-batches = 2 optimizer steps
+    assert engine.optimizer_steps == 2  # 8 rows / (2 prompts x n=2) = 2 mini-batches = 2 optimizer steps
     assert 0.0 <= metrics["actor/pg_clipfrac"] <= 1.0
     # The first mini-batch is on-policy, the second runs after one optimizer step: the policy has moved.
     assert metrics["actor/ppo_kl"] != 0.0

@@ -66,7 +66,7 @@ def test_save_without_optimizer_writes_none_and_the_resume_starts_a_fresh_optimi
         f"WARNING: {KEY}.load_contents has no 'optimizer': the actor starts a fresh optimizer (no AdamW moments) ({ckpt})"]
     assert_same(weights(resumed), weights(w))
     assert resumed.actor.optimizer.state == {} and moments(w)  # fresh: AdamW builds its moments at the first step
-    assert resumed.actor.scheduler.last_epoch == w.actor.scheduler.last_epoch == 1  # "extra": the schedule's position
+    assert resumed.actor.optimizer_steps == w.actor.optimizer_steps == 1  # "extra": the schedule's position
 
 
 def test_load_contents_model_only_ignores_the_saved_optimizer_and_schedule(tiny_model_dir, tiny_task_dir, tmp_path, capfd):
@@ -77,7 +77,7 @@ def test_load_contents_model_only_ignores_the_saved_optimizer_and_schedule(tiny_
     full.load_checkpoint(ckpt)
     for a, b in zip(moments(full), moments(w), strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
-    assert full.actor.scheduler.last_epoch == 1
+    assert full.actor.optimizer_steps == 1
 
     capfd.readouterr()
     only = worker(tiny_model_dir, tiny_task_dir, tmp_path / "only", f"{KEY}.load_contents=[model]")
@@ -85,7 +85,7 @@ def test_load_contents_model_only_ignores_the_saved_optimizer_and_schedule(tiny_
     notes = warnings_in(capfd.readouterr().out)
     assert len(notes) == 2 and "has no 'optimizer'" in notes[0] and "restarts its lr schedule at step 0" in notes[1]
     assert_same(weights(only), weights(w))
-    assert only.actor.optimizer.state == {} and only.actor.scheduler.last_epoch == 0
+    assert only.actor.optimizer.state == {} and only.actor.optimizer_steps == 0
 
 
 def test_hf_model_writes_an_hf_folder_with_the_trained_weights(tiny_model_dir, tiny_task_dir, tmp_path):
@@ -116,7 +116,7 @@ def test_a_checkpoint_without_model_resumes_from_the_initial_weights_or_is_refus
         f"checkpoint's (it holds none) ({ckpt})"]
     assert_same(weights(resumed), initial)
     assert any(not torch.equal(initial[k], v) for k, v in weights(w).items())  # the update had moved them
-    assert moments(resumed) and resumed.actor.scheduler.last_epoch == 1
+    assert moments(resumed) and resumed.actor.optimizer_steps == 1
     asks = worker(tiny_model_dir, tiny_task_dir, tmp_path / "asks", contents, f"{KEY}.load_contents=[model,optimizer]")
     with pytest.raises(ValueError, match=r"asks for \['model'\].*holds only \['extra', 'optimizer'\].*drop \['model'\]"):
         asks.load_checkpoint(ckpt)

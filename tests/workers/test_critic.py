@@ -88,6 +88,6 @@ def test_update_value_fits_the_returns(engine):
     for _ in range(30):  # PPO-style: each round clips around the values of the previous round
         data.batch["values"] = compute_values(engine, data, MicroBatchSpec(rows=8)).batch["values"]
         last = update_value(engine, data, cfg, MicroBatchSpec(rows=4), rollout_n=2)
-    assert engine.scheduler.last_epoch == 31  # one mini-batch (4 prompts x n=2 = 8 rows) per round
+    assert engine.optimizer_steps == 31  # one mini-batch (4 prompts x n=2 = 8 rows) per round
     assert last["critic/vf_loss"] < 0.5 * first["critic/vf_loss"]
     assert {"critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(last)

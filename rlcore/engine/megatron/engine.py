@@ -27,14 +27,12 @@ from rlcore.engine.megatron.model import Layout, build_chunks, padded_vocab_size
 from rlcore.engine.megatron.offload import grad_buffers, move_state, state_bytes
 from rlcore.engine.megatron.routes import RouteReplay, RouterLoad
 from rlcore.engine.megatron.weights import export_hf, export_manifest, layer_map, load_hf
-from rlcore.engine.optim import lr_factor
 from rlcore.families import family_of
 from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.lora import Adapters
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
 from rlcore.models.router import ROUTES
-from rlcore.utils.checkpoint import checkpoint_load
 from rlcore.utils.dist import ReduceOp, all_reduce_values, collective_timeout_minutes
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
@@ -121,7 +119,6 @@ class MegatronEngine(TrainEngine):
         else:
             for chunk in self.modules:
                 chunk.requires_grad_(False)
-        self.optimizer_steps = 0
         self.dp_rank, self.dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
         self.dp_group = mpu.get_data_parallel_group()
         self.is_output_rank = mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0
@@ -268,9 +265,7 @@ class MegatronEngine(TrainEngine):
     def moe_metrics(self) -> dict[str, float]:
         return self.router_load.metrics()
 
-    def optimizer_step(self, skip: bool = False) -> dict[str, float]:
-        lr = self.spec.lr * lr_factor(self.optimizer_steps, self.spec.warmup_steps, self.spec.total_steps, self.spec.lr_scheduler_type,
-                                      self.spec.min_lr_ratio, self.spec.num_cycles)
+    def _apply_gradients(self, lr: float, skip: bool) -> tuple[float, bool]:
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             for group in opt.optimizer.param_groups:
                 group["lr"] = lr
@@ -285,8 +280,7 @@ class MegatronEngine(TrainEngine):
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self.optimizer_steps += 1
-        return {"grad_norm": float(grad_norm), "lr": lr, "skipped_step": float(skip or not finite)}
+        return float(grad_norm), finite
 
     # ------------------------------------------------------------------------------------------- weights
     def rollout_weights(self, bucket_bytes: int = WEIGHT_BUCKET_BYTES, transient: bool = False, adapted_only: bool = False,
@@ -344,8 +338,7 @@ class MegatronEngine(TrainEngine):
             inner = self._inner_optimizers()
             torch.save({"optimizers": [o.state_dict() for o in inner],
                         "main_params": [[p.detach() for g in o.param_groups for p in g["params"]] for o in inner]}, optim_file)
-        if "extra" in contents and self.optimizer is not None and dist.get_rank() == 0:
-            torch.save({"optimizer_steps": self.optimizer_steps}, os.path.join(path, "scheduler.pt"))
+        self._save_schedule(path, contents)
         if dist.get_rank() == 0:
             with open(os.path.join(path, "megatron_layout.json"), "w") as f:
                 json.dump(self._layout_meta(), f)
@@ -380,8 +373,7 @@ class MegatronEngine(TrainEngine):
             # The main weights must be the model's: the checkpoint's without their optimizer, or model.path's under
             # a restored optimizer; else the next step would write back the weights they were built from.
             self.optimizer.reload_model_params()
-        if "extra" in contents:
-            self.optimizer_steps = checkpoint_load(os.path.join(path, "scheduler.pt"))["optimizer_steps"]
+        self._load_schedule(path, contents)
 
     def save_hf(self, hf_dir: str, max_shard_bytes: int = SHARD_BYTES) -> None:
         """HF safetensors + config.json, written shard by shard from the weight stream; collective, rank 0 writes."""
