@@ -13,7 +13,7 @@ This module imports neither torch nor ray.
 import difflib
 import math
 from dataclasses import dataclass, is_dataclass
-from typing import Any, Callable, Iterable, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 

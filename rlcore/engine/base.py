@@ -14,6 +14,8 @@ import torch.distributed as dist
 
 from rlcore.config.schema import MegatronConfig
 from rlcore.engine.optim import lr_factor
+from rlcore.models.experts import splits_experts
+from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.lora import Adapters, LoraSpec
 from rlcore.protocol import DataProto
 from rlcore.rollout.base import WEIGHT_BUCKET_BYTES
@@ -141,6 +143,7 @@ class TrainEngine(ABC):
     spec: EngineSpec
     device: torch.device
     optimizer = None          # None for a frozen role
+    hf_config: Any            # the model's HF config (what save_hf writes beside the weights)
 
     @abstractmethod
     def forward(self, micro_batches: list[DataProto], fn: ForwardFn, request: TokenRequest = TokenRequest()) -> list[dict[str, torch.Tensor]]:
@@ -178,6 +181,16 @@ class TrainEngine(ABC):
     def _apply_gradients(self, lr: float, skip: bool) -> tuple[float, bool]:
         """The backend's part of optimizer_step: sets `lr`, takes the gradient norm and clips, steps unless `skip`
         or a gradient is not finite (decided alike on every rank), drops the gradients; (grad norm, stepped)."""
+
+    def save_hf(self, hf_dir: str, max_shard_bytes: int = SHARD_BYTES) -> None:
+        """HF safetensors + config.json, written shard by shard from the weight stream as it is gathered (collective;
+        rank 0 writes). The stream leaves a tied head out (safetensors refuses shared storage; HF re-ties it on load)
+        and a MoE's experts go out under its checkpoints' names."""
+        writing = dist.get_rank() == 0
+        save_safetensors_stream(hf_dir, self.rollout_weights(), writing, max_shard_bytes, split_experts=splits_experts(self.hf_config.to_dict()))
+        if writing:
+            head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
+        dist.barrier()
 
     def _save_schedule(self, path: str, contents: frozenset[str]) -> None:
         """"extra": the lr schedule's position, one file both engines write (rank 0)."""

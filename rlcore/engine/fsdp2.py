@@ -32,8 +32,6 @@ from rlcore.models import lora
 from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import unstack_channels
-from rlcore.models.experts import splits_experts
-from rlcore.models.hf_export import head_model_config, save_safetensors_stream
 from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
 from rlcore.models.prefix_grouper import pack_prefix_groups
 from rlcore.models.recurrent import prepare_packing
@@ -448,14 +446,6 @@ class FSDP2Engine(TrainEngine):
         full = list(gather_full_tensors(((n, p.detach()) for n, p in trained), WEIGHT_BUCKET_BYTES, self.device))
         if dist.get_rank() == 0:
             lora.save_adapter(self.model, lora.adapter_state(self.model, full), out_dir, self.spec.model_path)
-
-    def save_hf(self, hf_dir: str) -> None:
-        """HF-loadable safetensors + config.json, written shard by shard as the parameters are gathered one at a
-        time (collective; rank 0 writes)."""
-        # rollout_weights() leaves a tied head out (safetensors refuses shared storage; HF re-ties it on load).
-        save_safetensors_stream(hf_dir, self.rollout_weights(), write=dist.get_rank() == 0, split_experts=splits_experts(self.hf_config.to_dict()))
-        if dist.get_rank() == 0:
-            head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
 
     def load(self, path: str, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
         state = self._state(contents)

@@ -30,7 +30,6 @@ from rlcore.engine.megatron.weights import export_hf, export_manifest, layer_map
 from rlcore.families import family_of
 from rlcore.models.hf import load_config, to_torch_dtype
 from rlcore.models.lora import Adapters
-from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
 from rlcore.models.router import ROUTES
 from rlcore.utils.dist import ReduceOp, all_reduce_values, collective_timeout_minutes
@@ -375,10 +374,3 @@ class MegatronEngine(TrainEngine):
             self.optimizer.reload_model_params()
         self._load_schedule(path, contents)
 
-    def save_hf(self, hf_dir: str, max_shard_bytes: int = SHARD_BYTES) -> None:
-        """HF safetensors + config.json, written shard by shard from the weight stream; collective, rank 0 writes."""
-        writing = dist.get_rank() == 0
-        save_safetensors_stream(hf_dir, self.rollout_weights(), writing, max_shard_bytes)
-        if writing:
-            head_model_config(self.hf_config, self.spec.kind).save_pretrained(hf_dir)
-        dist.barrier()
