@@ -506,7 +506,7 @@ def uses_critic(cfg: DictConfig) -> bool:
     return bool(enable) if enable is not None else OmegaConf.select(cfg, "algorithm.adv_estimator") == "gae"
 
 
-def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> Optional[int]:
+def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> tuple[Optional[int], Optional[int]]:
     """The critic's batch arithmetic on its own ranks (the actor's, or critic.nnodes x critic.n_gpus_per_node
     with critic.enable_resource_pool). Returns the critic's (micro-batches per mini-batch, samples per micro-batch)
     per rank, each None where it cannot be derived (or token budgets decide)."""

@@ -143,6 +143,7 @@ class TrainEngine(ABC):
     spec: EngineSpec
     device: torch.device
     optimizer = None          # None for a frozen role
+    optimizer_steps = 0       # the lr schedule's position: every optimizer_step() counts, taken or skipped
     hf_config: Any            # the model's HF config (what save_hf writes beside the weights)
 
     @abstractmethod
@@ -159,8 +160,6 @@ class TrainEngine(ABC):
     def forward_backward(self, micro_batches: list[DataProto], loss_fn: LossFn, request: TokenRequest = TokenRequest()) -> list[dict[str, float]]:
         """Accumulates gradients of loss_fn over the micro-batches; returns each micro-batch's metrics (empty on a
         rank that is not an output rank). Every rank of a replica is given the same micro-batches."""
-
-    optimizer_steps = 0  # the lr schedule's position: every optimizer_step() counts, taken or skipped
 
     def learning_rate(self) -> float:
         """The lr of the next optimizer step: the schedule (rlcore.engine.optim.lr_factor) at `optimizer_steps`."""
