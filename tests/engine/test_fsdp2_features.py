@@ -58,8 +58,9 @@ def test_non_finite_gradient_step_is_skipped(pg, tiny_model_dir, data):
 
 
 def test_warmup_then_constant_and_cosine():
-    assert [lr_factor(step, 4, 10, "constant", 0.0, 0.5) for step in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert lr_factor(10, 0, 10, "cosine", 0.1, 0.5) == pytest.approx(0.1)
+    constant = dict(warmup_steps=4, total_steps=10, kind="constant", min_lr_ratio=0.0, num_cycles=0.5)
+    assert [lr_factor(step, **constant) for step in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr_factor(10, warmup_steps=0, total_steps=10, kind="cosine", min_lr_ratio=0.1, num_cycles=0.5) == pytest.approx(0.1)
 
 
 def test_the_engine_steps_at_the_schedules_lr_and_a_skipped_step_still_advances_it(pg, tiny_model_dir, data):
