@@ -78,11 +78,13 @@ def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
 
 
 def _megatron_rank(rank, port, world, model_dir, out):
+    from rlcore.config.schema import MegatronConfig
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.megatron import MegatronEngine
 
     init_gloo(rank, world, port)
-    megatron = dict(tensor_model_parallel_size=world, pipeline_model_parallel_size=1, use_distributed_optimizer=True, seed=1)
+    megatron = MegatronConfig(tensor_model_parallel_size=world, pipeline_model_parallel_size=1, sequence_parallel=False,
+                              use_distributed_optimizer=True, seed=1)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = rss_kib("VmRSS")

@@ -26,8 +26,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlcore.controller.worker import free_port
 from rlcore.data.micro_batches import MicroBatchSpec
+from rlcore.config.schema import ActorConfig, MegatronConfig
 from rlcore.engine.base import EngineSpec
-from rlcore.config.schema import ActorConfig
 from rlcore.engine.factory import build_engine
 from rlcore.protocol import DataProto, position_ids_from_mask
 from rlcore.workers.actor import compute_log_prob, update_policy
@@ -73,7 +73,7 @@ def make_batch(args) -> DataProto:
 def _time_layout(rank: int, layout: str, model_dir: str, args) -> dict[str, float] | None:
     """The median seconds of each pass of `layout` (rank 0's; None elsewhere)."""
     strategy, megatron = LAYOUTS[layout]
-    megatron = {"use_distributed_optimizer": True, "sequence_parallel": False, **megatron}
+    megatron = MegatronConfig(**{"use_distributed_optimizer": True, "sequence_parallel": False, **megatron}) if strategy == "megatron" else None
     spec = EngineSpec(model_path=model_dir, megatron=megatron, param_dtype="float32", lr=1e-6)
     engine = build_engine(strategy, spec, torch.device("cpu"))
     data = make_batch(args).chunk(engine.dp_size)[engine.dp_rank]
