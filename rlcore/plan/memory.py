@@ -444,7 +444,7 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     critic, reward = uses_critic(cfg), bool(c("reward_model.enable"))
     # The device pools as the controller places the groups: which roles share a device, and how many devices each has.
     pools, where = placement(cfg)
-    pool_world = [nodes * per_node for nodes, per_node in pools]
+    pool_world = [(nodes or 0) * (per_node or 0) for nodes, per_node in pools]  # a pool left unsized: the validator says so
     pool_of = {"actor": where["actor_rollout"]} | {role: where[key] for role, key in (("critic", "critic"), ("reward", "reward_model"),
                                                                                      ("teacher", "teacher")) if key in where}
     procs = {pool: sum(p == pool for p in pool_of.values()) for pool in set(pool_of.values())}  # processes per device
