@@ -19,12 +19,14 @@ from rlcore.cli.overrides import (ComposeError, compose_explained, config_dir_of
                                   set_existing_keys, split_argv)
 from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
-from rlcore.config.validate import diagnose, uses_critic, uses_reference
+from rlcore.config.validate import uses_critic, uses_reference
 from rlcore.config.key_status import ineffective_settings
+from rlcore.config.schema import PPOConfig
+from rlcore.config.typed import dotted, typed
 from rlcore.config.validate_async import async_warnings, derive_async_sizes
-from rlcore.plan import format_memory, memory_plan
-from rlcore.plan.placement import placement
+from rlcore.plan import format_memory
 from rlcore.plan.heads import policy_heads
+from rlcore.plan.run_plan import RunPlan, plan_run
 
 register_configs()
 
@@ -32,10 +34,15 @@ register_configs()
 def check_config(cfg: DictConfig) -> str:
     """Every config problem (schema rules, the model's limits, runtime checks) in ONE error; else the report:
     the batch plan and the per-device memory plan, with a warning for any role estimated not to fit."""
-    plan, errors = diagnose(cfg, policy_heads(cfg))
-    memory = memory_plan(cfg, plan)
+    return checked_plan(cfg)[1]
+
+
+def checked_plan(cfg: DictConfig) -> tuple[RunPlan, str]:
+    """The run's plan and check_config's report (raises ConfigError as it does)."""
+    run_plan, errors = plan_run(cfg, policy_heads(cfg))
+    plan, memory = run_plan.batch, run_plan.memory
     checked = preflight(cfg, where="train", known=errors)  # the same checks rlcore-plan runs
-    errors += memory.errors + checked.errors
+    errors += checked.errors
     if errors:
         raise ConfigError(errors)
     report = [f"WARNING rlcore: {line}" for line in ineffective_settings(cfg)]
@@ -47,8 +54,8 @@ def check_config(cfg: DictConfig) -> str:
             report.append(f"WARNING rlcore: {role.role} is estimated at {role.peak:.1f} GiB per device, more than "
                           f"{role.capacity:.1f} GiB: it will likely run out of memory{lever} (rlcore-plan explains)")
     report.extend(cpu_dtype_warnings(cfg))
-    report.extend(async_warnings(lambda key: OmegaConf.select(cfg, key)))
-    return "\n".join(report)
+    report.extend(async_warnings(dotted(cfg)))
+    return run_plan, "\n".join(report)
 
 
 def cpu_dtype_warnings(cfg: DictConfig) -> list[str]:
@@ -86,12 +93,13 @@ def absolute_paths(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     """Trains with a composed config; returns the final step's metrics. Cleans up Ray and workers on any exit."""
     derive_async_sizes(cfg)  # Hydra composed it (rlcore.config.compose derives the same for tests and tools)
-    report = check_config(cfg)
+    plan, report = checked_plan(cfg)  # derived once: the groups' placement and the step report's memory plan read it
     if cfg.trainer.verbosity == "short":  # the plans stay with rlcore-plan; what may go wrong is still said
         report = "\n".join(line for line in report.splitlines() if line.startswith("WARNING"))
     if report:
         print(report, flush=True)
     absolute_paths(cfg)
+    cfg = typed(cfg, PPOConfig)  # past validation the controller and the workers read the schema's objects
     from rlcore.trainer.lifecycle import run_session
     from rlcore.trainer.ppo import PPOTrainer
     from rlcore.trainer.setup import build_data, build_reward_fns, total_training_steps
@@ -101,15 +109,16 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     total_steps = total_training_steps(cfg, train_loader)
     try:
         with run_session(cfg, run_dir, total_steps) as tracker:
-            return train_with_restarts(cfg, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
-                cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history))
+            return train_with_restarts(cfg, plan, total_steps, lambda groups, restart, restart_from, val_history: PPOTrainer(
+                cfg, groups, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps, restart, restart_from, val_history,
+                plan=plan))
     finally:
         reward_fn.close()
 
 
-def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
-    """The actor/rollout/ref group and, when used, the critic and reward-model groups, each a process per device
-    of its pool (see `placement`)."""
+def build_worker_groups(cfg: PPOConfig, plan: RunPlan) -> tuple[dict, list]:
+    """The actor/rollout/ref group and, when used, the critic, reward-model, rollout and teacher groups, each a
+    process per device of its pool (the plan's placement)."""
     from rlcore.trainer.lifecycle import build_groups
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
     from rlcore.workers.critic import CriticWorker
@@ -117,14 +126,13 @@ def build_worker_groups(cfg: DictConfig) -> tuple[dict, list]:
     from rlcore.workers.rollout import RolloutWorker
     from rlcore.workers.teacher import TeacherWorker
 
-    shapes, where = placement(cfg)
     classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker, "rollout": RolloutWorker,
                "teacher": TeacherWorker}
     check_dir = cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode != "disable"
-    return build_groups(cfg.trainer, OmegaConf.to_container(cfg, resolve=True), shapes, where, classes, check_dir)
+    return build_groups(cfg.trainer, cfg, plan.pools, plan.where, classes, check_dir)
 
 
-def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict[str, float]:
+def train_with_restarts(cfg: PPOConfig, plan: RunPlan, total_steps: int, make_trainer) -> dict[str, float]:
     """Runs fit() on fresh worker groups; if a worker process dies, rebuilds them and continues from this run's
     last checkpoint, up to trainer.max_worker_restarts times (default 0: fail at once, like verl)."""
     from ray.exceptions import RayActorError, RayTaskError
@@ -136,7 +144,7 @@ def train_with_restarts(cfg: DictConfig, total_steps: int, make_trainer) -> dict
 
     restarts_left, restart, restart_from, val_history = cfg.trainer.max_worker_restarts, False, None, None
     while True:
-        groups, pools = build_worker_groups(cfg)
+        groups, pools = build_worker_groups(cfg, plan)
         trainer, crashed = make_trainer(groups, restart, restart_from, val_history), False
         try:
             for group in groups.values():

@@ -29,8 +29,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from omegaconf import MISSING
-
 from rlcore.config import compose
 from rlcore.config.key_status import REFUSED, matching, no_effect_reason
 from rlcore.config.rm_schema import RMTrainerConfig, rm_config_errors
@@ -157,8 +155,6 @@ INTERPOLATION = re.compile(r"\$\{(?:oc\.select:)?([^,}]+)(?:,[^}]*)?\}")
 
 
 def default_text(value: Any, key: str) -> str:
-    if value == MISSING:
-        return "required"
     follows = INTERPOLATION.fullmatch(value) if isinstance(value, str) else None
     if follows is None:
         return f"`{literal(value)}`"

@@ -19,7 +19,7 @@ This module imports neither torch nor ray.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import II, MISSING
+from omegaconf import II
 
 from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
 from rlcore.config.distill_schema import DistillationConfig
@@ -316,7 +316,7 @@ class RewardLoopRolloutConfig:
     """verl's reward-loop engine serving the reward model (`reward_model.rollout.*`): accepted, with no effect: rlcore
     runs the reward model's forward in its reward-model worker group (reward_model.use_reward_loop)."""
 
-    name: str = MISSING  # vllm | sglang
+    name: Optional[str] = None  # vllm | sglang (verl: mandatory; nothing reads it here)
     dtype: str = "bfloat16"  # weights dtype
     gpu_memory_utilization: float = 0.5  # device memory fraction
     enforce_eager: bool = True  # no CUDA graphs

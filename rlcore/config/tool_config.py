@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+
+from rlcore.config.typed import dotted
 
 _METHODS = ("create", "execute", "release")
 
@@ -146,16 +147,16 @@ AGENT = "actor_rollout_ref.rollout.agent"
 
 def tools_enabled(cfg) -> bool:
     """Multi-turn rollouts with tools are on with either of verl's switches: multi_turn.enable or the tool_agent loop."""
-    return bool(OmegaConf.select(cfg, f"{MT}.enable")) or OmegaConf.select(cfg, f"{AGENT}.default_agent_loop") == "tool_agent"
+    return bool(dotted(cfg)(f"{MT}.enable")) or dotted(cfg)(f"{AGENT}.default_agent_loop") == "tool_agent"
 
 
 def tool_config_key_of(cfg) -> str | None:
     """The key that names the tool config: multi_turn.tool_config_path, else data.tool_config_path, else None."""
-    return next((key for key in (f"{MT}.tool_config_path", "data.tool_config_path") if OmegaConf.select(cfg, key)), None)
+    return next((key for key in (f"{MT}.tool_config_path", "data.tool_config_path") if dotted(cfg)(key)), None)
 
 
 def tool_schemas(cfg) -> list[dict] | None:
     """The OpenAI schemas of the configured tools when multi-turn is on (what chat templates render into the
     prompt, so the model knows its tools), else None."""
     key = tool_config_key_of(cfg) if tools_enabled(cfg) else None
-    return [spec.tool_schema for spec in load_tool_config(OmegaConf.select(cfg, key))] if key else None
+    return [spec.tool_schema for spec in load_tool_config(dotted(cfg)(key))] if key else None

@@ -31,26 +31,26 @@ def uses_topk(get: Callable[[str], Any]) -> bool:
     return distillation_enabled(get) and get(f"{D}.distillation_loss.loss_mode") in TOPK_MODES
 
 
-def teacher_entries(cfg: DictConfig) -> dict[str, DictConfig]:
+def teacher_entries(cfg) -> dict[str, TeacherModelConfig]:
     """Every `distillation.teacher_models.<name>` with a model_path, read over TeacherModelConfig's defaults, with the
     rollout's engine, dtype and temperature (verl's defaults) and the reference's micro-batching where its inference
-    leaves them None.
+    leaves them None. `cfg`: the composed config or its typed objects.
     Raises KeyError naming a key a teacher entry does not have."""
     out = {}
-    for name, entry in (OmegaConf.select(cfg, f"{D}.teacher_models") or {}).items():
+    for name, entry in (cfg.distillation.teacher_models or {}).items():
         entry = OmegaConf.to_container(entry, resolve=True) if isinstance(entry, DictConfig) else dict(entry or {})
         _check_keys(name, entry, TeacherModelConfig, f"{D}.teacher_models.{name}")
         _check_keys(name, entry.get("inference") or {}, TeacherInferenceConfig, f"{D}.teacher_models.{name}.inference")
         if not entry.get("model_path"):
             continue
-        teacher = OmegaConf.merge(OmegaConf.structured(TeacherModelConfig), entry)
-        rollout, ref = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref
+        teacher = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TeacherModelConfig), entry))
+        rollout, ref, inference = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, teacher.inference
         for key in ("name", "dtype", "temperature"):
-            if teacher.inference[key] is None:
-                teacher.inference[key] = rollout[key]
+            if getattr(inference, key) is None:
+                setattr(inference, key, getattr(rollout, key))
         for key in ("log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"):
-            if teacher.inference[key] is None:  # a forward of the same samples as the reference's: its micro-batches
-                teacher.inference[key] = ref[key]
+            if getattr(inference, key) is None:  # a forward of the same samples as the reference's: its micro-batches
+                setattr(inference, key, getattr(ref, key))
         out[str(name)] = teacher
     return out
 
@@ -64,7 +64,7 @@ def _check_keys(name: str, entry: dict, schema, prefix: str) -> None:
                                                                            f"; its keys: {', '.join(known)}"))
 
 
-def teacher_of_rows(keys: list, teachers: dict[str, DictConfig], teacher_key: str) -> list[str]:
+def teacher_of_rows(keys: list, teachers: dict[str, TeacherModelConfig], teacher_key: str) -> list[str]:
     """The teacher each row goes to: the one whose `key` is the row's `teacher_key` value; with one teacher, that
     one. A row no teacher claims is an error naming its value (the data and the config disagree)."""
     if len(teachers) == 1:
@@ -77,7 +77,7 @@ def teacher_of_rows(keys: list, teachers: dict[str, DictConfig], teacher_key: st
     return [by_key[str(k)] for k in keys]
 
 
-def replica_world_size(teacher: DictConfig) -> int:
+def replica_world_size(teacher: TeacherModelConfig) -> int:
     """Devices one replica of a vLLM teacher takes (verl: TP x DP x PP of its inference)."""
     i = teacher.inference
     return i.tensor_model_parallel_size * i.data_parallel_size * i.pipeline_model_parallel_size
@@ -135,7 +135,7 @@ def check_distillation(c) -> None:
     _check_pool(c, teachers)
 
 
-def _check_teachers(c, teachers: dict[str, DictConfig]) -> None:
+def _check_teachers(c, teachers: dict[str, TeacherModelConfig]) -> None:
     keys = [t.key for t in teachers.values()]
     if len(teachers) > 1 and (None in keys or len(set(keys)) != len(keys)):
         c.error(f"{len(teachers)} teachers ({', '.join(teachers)}) need a distinct {D}.teacher_models.<name>.key each: the "
@@ -157,7 +157,7 @@ def _check_teachers(c, teachers: dict[str, DictConfig]) -> None:
                     f"temperature); use {prefix}.temperature=1.0")
 
 
-def _check_pool(c, teachers: dict[str, DictConfig]) -> None:
+def _check_pool(c, teachers: dict[str, TeacherModelConfig]) -> None:
     """verl's pool arithmetic: replicas x per-replica world size fill the pool, and no replica straddles a node."""
     per_node, nodes = c.get(f"{D}.n_gpus_per_node"), c.get(f"{D}.nnodes")
     if not per_node and not nodes:

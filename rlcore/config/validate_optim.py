@@ -26,7 +26,7 @@ SCHEDULE_KEYS = ("lr_decay_style", "warmup_style", "lr_scheduler_type")
 def schedule_kind(optim) -> str:
     """The schedule after warmup: `lr_decay_style` (verl's Megatron name) or `warmup_style` (its deprecated FSDP name)
     when set, else `lr_scheduler_type`."""
-    return next(optim[key] for key in SCHEDULE_KEYS if optim.get(key) is not None)
+    return next(getattr(optim, key) for key in SCHEDULE_KEYS if getattr(optim, key, None) is not None)
 
 
 def optim_errors(get, optim: str, strategy: str, device: str) -> list[str]:

@@ -4,10 +4,10 @@ needs: the only module that knows the backends (workers and trainer never branch
 from __future__ import annotations
 
 import torch
-from omegaconf import OmegaConf
 
 from rlcore.config.fsdp_schema import compute_dtype
 from rlcore.config.schema import MegatronConfig
+from rlcore.config.typed import plain
 from rlcore.config.validate_ulysses import sequence_parallel_size
 from rlcore.config.validate_engine import DEFAULT_GRAD_CLIP
 from rlcore.config.validate_optim import schedule_kind
@@ -31,20 +31,20 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     """Maps a role's verl-style config onto an EngineSpec: `model`, the role's section (`actor`, `ref`, `critic`)
     whose `fsdp_config` (or `model.fsdp_config` for the critic) or `megatron` holds sharding, precision and
     offloads, and `optim` (None = frozen)."""
-    fsdp_cfg = role_cfg.fsdp_config if "fsdp_config" in role_cfg else model_cfg.fsdp_config
+    fsdp_cfg = getattr(role_cfg, "fsdp_config", None) or model_cfg.fsdp_config  # the critic's is under its model
     spec = EngineSpec(
         model_path=model_cfg.path,
         kind=kind,
-        override_config=OmegaConf.to_container(model_cfg.override_config, resolve=True),
+        override_config=dict(plain(model_cfg.override_config)),
         # Only the policy's section has hf_config_path (verl's critic and reward model have none); the SFT and
         # reward-training trainers' model sections have neither key.
-        hf_config_path=model_cfg.hf_config_path if "hf_config_path" in model_cfg else None,
-        trust_remote_code="trust_remote_code" in model_cfg and model_cfg.trust_remote_code,
+        hf_config_path=getattr(model_cfg, "hf_config_path", None),
+        trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)),
         trainable=optim_cfg is not None,
         # Only a trained model recomputes activations (a frozen reward model's section has no such key).
         gradient_checkpointing=optim_cfg is not None and model_cfg.enable_gradient_checkpointing,
         use_remove_padding=model_cfg.use_remove_padding,
-        freeze_vision_tower=optim_cfg is not None and bool(role_cfg.get("freeze_vision_tower", False)),  # the actor's key
+        freeze_vision_tower=optim_cfg is not None and bool(getattr(role_cfg, "freeze_vision_tower", False)),  # the actor's key
     )
     if strategy == "megatron":
         megatron = role_cfg.megatron
@@ -54,18 +54,19 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
     else:
         spec.param_dtype, spec.param_offload, spec.reshard_after_forward = compute_dtype(fsdp_cfg), fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
-        if "mixed_precision" in fsdp_cfg:
+        if getattr(fsdp_cfg, "mixed_precision", None) is not None:
             spec.reduce_dtype = fsdp_cfg.mixed_precision.reduce_dtype
         spec.offload_policy = fsdp_cfg.offload_policy
         spec.fsdp_size, spec.forward_prefetch = fsdp_cfg.fsdp_size, fsdp_cfg.forward_prefetch
         spec.wrap_min_params = fsdp_cfg.wrap_policy.min_num_params
         # Only the policy's model section has the key (verl's critic and reward model have none).
-        spec.activation_offload = spec.gradient_checkpointing and "enable_activation_offload" in model_cfg and model_cfg.enable_activation_offload
-        spec.use_torch_compile = "use_torch_compile" in role_cfg and role_cfg.use_torch_compile  # the actor's and the reference's key
-        spec.prefix_grouper = bool(role_cfg.get("use_prefix_grouper", False))  # the actor's key
+        spec.activation_offload = spec.gradient_checkpointing and bool(getattr(model_cfg, "enable_activation_offload", False))
+        spec.use_torch_compile = bool(getattr(role_cfg, "use_torch_compile", False))  # the actor's and the reference's key
+        spec.prefix_grouper = bool(getattr(role_cfg, "use_prefix_grouper", False))  # the actor's key
         # Ulysses: the role's key or its fsdp_config's (verl reads either); validation refuses two sizes.
-        spec.ulysses_sp = sequence_parallel_size(role_cfg.get("ulysses_sequence_parallel_size"), fsdp_cfg.get("ulysses_sequence_parallel_size"))
-        if "model_dtype" in fsdp_cfg:  # the reward model's section has no such key (its weights load as fp32)
+        spec.ulysses_sp = sequence_parallel_size(getattr(role_cfg, "ulysses_sequence_parallel_size", None),
+                                                getattr(fsdp_cfg, "ulysses_sequence_parallel_size", None))
+        if getattr(fsdp_cfg, "model_dtype", None) is not None:  # the reward model's section has no such key (its weights load as fp32)
             spec.model_dtype = fsdp_cfg.model_dtype
         if optim_cfg is not None:  # a frozen role has no optimizer to offload
             spec.optimizer_offload = fsdp_cfg.optimizer_offload
@@ -75,7 +76,7 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
         spec.warmup_steps, spec.total_steps = warmup, total_steps
         spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = schedule_kind(optim_cfg), optim_cfg.min_lr_ratio, optim_cfg.num_cycles
         overrides = optim_cfg.override_optimizer_config
-        spec.optimizer_overrides = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else dict(overrides or {})
+        spec.optimizer_overrides = dict(plain(overrides) or {})
         if strategy == "megatron" and spec.optimizer_overrides.get("optimizer_cpu_offload"):
             # megatron-core's hybrid optimizer keeps its state on the host: the between-phase offload (verl's scripts
             # set both) has nothing of it to move, and moving it to the device would undo the hybrid split
@@ -88,19 +89,20 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
 
 
 def megatron_section(section) -> MegatronConfig:
-    """A role's `megatron` section as the schema's dataclass (the section a worker receives is a plain DictConfig)."""
-    return MegatronConfig(**OmegaConf.to_container(section, resolve=True))
+    """A role's `megatron` section as the schema's dataclass (workers hold it so; the doctor's composed config has
+    its DictConfig)."""
+    return section if isinstance(section, MegatronConfig) else MegatronConfig(**plain(section))
 
 
 def lora_spec(model_cfg, strategy: str) -> LoraSpec | None:
     """The adapters a trained model gets: verl's FSDP keys (lora_rank, ...) or, under Megatron, its model.lora section."""
     names = lambda value: value if isinstance(value, str) or value is None else tuple(value)  # noqa: E731
-    if strategy == "megatron" and "lora" in model_cfg and model_cfg.lora.rank > 0:
+    if strategy == "megatron" and getattr(model_cfg, "lora", None) is not None and model_cfg.lora.rank > 0:
         m = model_cfg.lora
         return LoraSpec(m.rank, m.alpha, names(m.target_modules), None, names(m.exclude_modules) or None, m.lora_A_init_method)
     if model_cfg.lora_rank > 0:
         return LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, names(model_cfg.target_modules), model_cfg.lora_adapter_path,
-                        names(model_cfg.get("exclude_modules")))
+                        names(getattr(model_cfg, "exclude_modules", None)))
     return None
 
 

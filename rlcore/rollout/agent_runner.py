@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, AgentLoopSpec
+from rlcore.config.typed import as_dictconfig
 from rlcore.rollout.agent_api import AgentLoopOutput, DictConfigWrap, _agent_loop_registry
 from rlcore.rollout.agent_loop import TURN_COUNTERS, AgentLoop, left_pad
 from rlcore.rollout.agent_server import BatchingServer
@@ -109,14 +110,15 @@ class AgentRunner:
                   "repetition_penalty": 1.0, "logprobs": True}
         if sampling.greedy:
             params["temperature"] = 0.0
+        verl_config = as_dictconfig(self.config)  # what verl hands a loop, which may read it with .get
 
         async def one(r: int) -> AgentLoopOutput:
             spec = self.loops[names[r]]
             kwargs = {k: v for k, v in spec.items() if k != "_target_"}
             module, _, attr = spec["_target_"].rpartition(".")
             loop = getattr(importlib.import_module(module), attr)(
-                trainer_config=DictConfigWrap(self.config), server_manager=server, tokenizer=self.tokenizer, processor=None,
-                dataset_cls=None, dataset_config=DictConfigWrap(self.config.data), **kwargs)
+                trainer_config=DictConfigWrap(verl_config), server_manager=server, tokenizer=self.tokenizer, processor=None,
+                dataset_cls=None, dataset_config=DictConfigWrap(verl_config.data), **kwargs)
             row = {key: column[r] for key, column in rows.items()}
             row.setdefault("raw_prompt", None)
             try:

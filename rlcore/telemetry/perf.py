@@ -178,22 +178,13 @@ def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
 PLAN_PHASES = {"rollout": "generate", "actor update": "update_actor", "reference log-probs": "ref", "critic update": "update_critic"}
 
 
-def planned_memory(cfg) -> dict[str, float]:
-    """The memory plan's per-device peak (GiB) of each phase it estimates, for the report's ledger table."""
-    from rlcore.config.validate import diagnose
-    from rlcore.plan import memory_plan
-
-    plan = memory_plan(cfg, diagnose(cfg)[0])
-    return {PLAN_PHASES[role.role]: role.peak for role in plan.roles if role.role in PLAN_PHASES}
-
-
-def run_facts(cfg, world_size: int, peak: tuple[float, str], shapes: dict) -> dict:
-    """What rlcore-report needs besides the per-step metrics: the device's peak, the memory plan, and the settings
-    its levers name."""
+def run_facts(cfg, world_size: int, peak: tuple[float, str], shapes: dict, planned: dict[str, float]) -> dict:
+    """What rlcore-report needs besides the per-step metrics: the device's peak, the memory plan (`planned`: the
+    run plan's peak per role, GiB per device), and the settings its levers name."""
     arr = cfg.actor_rollout_ref
     return {
         "peak_flops": peak[0], "peak_source": peak[1], "device": cfg.trainer.device, "world_size": world_size, "model": shapes,
-        "memory_plan": planned_memory(cfg),
+        "memory_plan": {PLAN_PHASES[role]: peak for role, peak in planned.items() if role in PLAN_PHASES},
         "settings": {
             "data.train_batch_size": cfg.data.train_batch_size, "actor_rollout_ref.rollout.n": arr.rollout.n,
             "actor_rollout_ref.rollout.name": arr.rollout.name,
@@ -207,9 +198,9 @@ def run_facts(cfg, world_size: int, peak: tuple[float, str], shapes: dict) -> di
     }
 
 
-def start_step_perf(cfg, groups: dict, run_dir: str | None) -> StepPerf:
+def start_step_perf(cfg, groups: dict, run_dir: str | None, planned: dict[str, float]) -> StepPerf:
     """Measures the device's peak on actor rank 0, writes {run_dir}/perf.json (for rlcore-report) and returns the
-    step accounting."""
+    step accounting. `planned`: RunPlan.planned_peaks."""
     import ray
 
     actor = groups["actor_rollout"]
@@ -218,7 +209,7 @@ def start_step_perf(cfg, groups: dict, run_dir: str | None) -> StepPerf:
     shapes = model_shapes(cfg, roles)
     if run_dir:
         with open(os.path.join(run_dir, "perf.json"), "w") as f:
-            json.dump(run_facts(cfg, actor.world_size, peak, shapes), f, indent=1)
+            json.dump(run_facts(cfg, actor.world_size, peak, shapes, planned), f, indent=1)
     # Forward + backward (2x) per epoch. MFU counts the model's FLOPs only (PaLM's definition): the forward that
     # gradient checkpointing recomputes is the price of its memory, so it lowers MFU rather than adding to it (an H200
     # run counting it showed checkpointing 6% "faster per FLOP" while it took 26% longer, docs/benchmarks.md).

@@ -40,7 +40,7 @@ def cpus_per_rank(device: str, ranks: int) -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)) // ranks) if device == "cpu" else 1
 
 
-def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where: dict[str, int], classes: dict[str, type],
+def build_groups(trainer_cfg, config, shapes: list[tuple[int, int]], where: dict[str, int], classes: dict[str, type],
                  check_dir: bool) -> tuple[dict, list]:
     """One Ray worker group per role, a process per device of its pool: pools `shapes` [(nnodes, n_gpus_per_node)],
     `where[role]` the pool a role runs on (roles sharing a pool are colocated), `classes[role]` its worker class.
@@ -69,12 +69,13 @@ def build_groups(trainer_cfg, config: dict, shapes: list[tuple[int, int]], where
     return groups, pools
 
 
-def collective_timeout_s(config: dict) -> float:
+def collective_timeout_s(config) -> float:
     """actor_rollout_ref.nccl_timeout (verl's name; gloo's collectives honour it too). The SFT and reward-model
     trainers have no such key: the schema's default, as a PPO run that leaves it alone."""
     from rlcore.config.schema import ActorRolloutRefConfig
 
-    return config["actor_rollout_ref"]["nccl_timeout"] if "actor_rollout_ref" in config else ActorRolloutRefConfig.nccl_timeout
+    section = getattr(config, "actor_rollout_ref", None)
+    return section.nccl_timeout if section is not None else ActorRolloutRefConfig.nccl_timeout
 
 
 def teardown(groups: dict, pools: list, graceful: bool) -> None:
@@ -91,8 +92,8 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     Ray cluster (local unless ray_kwargs.ray_init.address / RAY_ADDRESS names one) that is shut down on any exit,
     and, after a run that finished, the utilisation report and plots.png. Yields the Tracker."""
     import torch
-    from omegaconf import OmegaConf
 
+    from rlcore.config.typed import plain
     from rlcore.controller.ray_session import ray_cluster, write_timeline
     from rlcore.telemetry.run_end import finish_run
     from rlcore.telemetry.tracking import Tracker, logger_names
@@ -104,10 +105,10 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     # trainer.verbosity=short (sweeps): no line per step and no bar; the report is kept in report.txt, one line printed.
-    verbosity = OmegaConf.select(cfg, "trainer.verbosity", default="full")
+    verbosity = getattr(cfg.trainer, "verbosity", "full")  # the SFT and reward-model trainers have no such key
     loggers = [name for name in logger_names(cfg.trainer.logger) if verbosity == "full" or name != "console"]
     tracker = Tracker(loggers, run_dir, total_steps, project_name=cfg.trainer.project_name,
-                      experiment_name=cfg.trainer.experiment_name, config=OmegaConf.to_container(cfg, resolve=True), **tracker_kwargs)
+                      experiment_name=cfg.trainer.experiment_name, config=plain(cfg), **tracker_kwargs)
     try:
         with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
             try:

@@ -9,15 +9,16 @@ from contextlib import closing, nullcontext
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
 from rlcore.algos.pf_ppo import pf_ppo_rows
 from rlcore.config.tool_config import tools_enabled
+from rlcore.config.typed import dotted
 from rlcore.config.validate import uses_reference
 from rlcore.config.validate_async import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
+from rlcore.plan.run_plan import RunPlan
 from rlcore.models.vision import MEDIA_COLUMNS, MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
@@ -59,11 +60,13 @@ def to_proto(batch: dict) -> DataProto:
 
 class PPOTrainer:
     def __init__(self, cfg, groups: dict, reward_fn, val_reward_fn, train_loader, val_loader, tracker, total_steps: int,
-                 restart: bool = False, restart_from: str | None = None, val_history: list[tuple[int, float]] | None = None) -> None:
-        """`groups`: worker groups by role ("actor_rollout", optionally "critic").
+                 restart: bool = False, restart_from: str | None = None, val_history: list[tuple[int, float]] | None = None,
+                 plan: RunPlan | None = None) -> None:
+        """`groups`: worker groups by role ("actor_rollout", optionally "critic"). `plan`: the run's (rlcore.train
+        derives it as it checks the config; the step report shows its memory plan beside the measured ledger).
         `restart`: this run's workers died and were replaced. Continue from `restart_from` (a checkpoint this run
         wrote; None: it died before the first save, so start over) and never from another run's checkpoint."""
-        self.cfg = cfg
+        self.cfg, self.plan = cfg, plan
         self.groups = groups
         self.actor_rollout = groups["actor_rollout"]
         self.critic = groups.get("critic")
@@ -96,7 +99,7 @@ class PPOTrainer:
         if self.rollout_group is not None:
             self.split = SplitPools(cfg, self.actor_rollout, self.rollout_group, lambda m: self.generate_and_score(self.next_batch(), m, timer)[0])
             a = cfg.async_training
-            if not always_fresh(lambda key: OmegaConf.select(cfg, key)):
+            if not always_fresh(dotted(cfg)):
                 self.on_policy = False
                 self.bypass = self.bypass or (a.use_rollout_log_probs and not a.compute_prox_log_prob)
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
@@ -117,7 +120,8 @@ class PPOTrainer:
             self.load_checkpoint(self.restart_from)
         elif not self.restart:
             self.maybe_resume()
-        self.perf = start_step_perf(self.cfg, self.groups, os.path.dirname(self.tracker.jsonl_path))
+        self.perf = start_step_perf(self.cfg, self.groups, os.path.dirname(self.tracker.jsonl_path),
+                                    self.plan.planned_peaks if self.plan else {})
         metrics: dict[str, float] = {}
         if self.split is not None:
             self.split.connect(self.global_step)

@@ -13,8 +13,9 @@ import os
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from rlcore.config.typed import dotted, plain
 from rlcore.utils.profiler import ProfileSpec
 
 ROLES = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref", "rollout": "actor_rollout_ref.rollout",
@@ -27,7 +28,7 @@ def profiled_roles(cfg: DictConfig) -> dict[str, DictConfig]:
     """The roles whose profiler is enabled, by role, when a tool is set."""
     if not cfg.global_profiler.tool:
         return {}
-    sections = {role: OmegaConf.select(cfg, f"{key}.profiler") for role, key in ROLES.items()}
+    sections = {role: dotted(cfg)(f"{key}.profiler") for role, key in ROLES.items()}
     return {role: section for role, section in sections.items() if section.enable}
 
 
@@ -55,24 +56,19 @@ def group_specs(cfg: DictConfig, groups: dict, folder: str) -> dict[str, Profile
     return specs
 
 
-def _section(config: dict, key: str) -> dict:
-    """config["a"]["b"] for key "a.b": the resolved config as the workers receive it, a plain dict."""
-    for part in key.split("."):
-        config = config[part]
-    return config
-
-
-def nsight_runtime_env(config: dict, group: str) -> Optional[dict]:
+def nsight_runtime_env(config, group: str) -> Optional[dict]:
     """Ray's runtime_env "nsight" options for a worker group that hosts a role profiled with tool=nsys, else None:
     its processes start under Nsight Systems (global_profiler.global_tool_config.nsys.worker_nsight_options) and
-    capture between the cudaProfilerStart/Stop the workers call around the profiled steps."""
-    g = config.get("global_profiler") or {}
-    if g.get("tool") != "nsys":
+    capture between the cudaProfilerStart/Stop the workers call around the profiled steps. `config`: the run's
+    typed config (the SFT and reward-model trainers' have no global_profiler)."""
+    g = getattr(config, "global_profiler", None)
+    if g is None or g.tool != "nsys":
         return None
+    get = dotted(config)
     hosted = [role for role, host in HOSTS.items() if host == group or (role == "rollout" and group == "rollout")]
-    if not any(_section(config, ROLES[role])["profiler"]["enable"] for role in hosted):
+    if not any(get(f"{ROLES[role]}.profiler.enable") for role in hosted):
         return None
-    options = g["global_tool_config"]["nsys"]["worker_nsight_options"]
+    options = plain(g.global_tool_config.nsys.worker_nsight_options)
     # nsys's command-line spelling: true/false, not Python's True/False
     return {key: str(value).lower() if isinstance(value, bool) else str(value) for key, value in options.items()
             if value is not None}

@@ -7,12 +7,13 @@ from contextlib import contextmanager
 from functools import partial
 
 import pyarrow as pa
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rlcore.config.files import file_list
 from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, agent_name_problem, load_agent_loop_config
 from rlcore.config.interaction_config import interaction_name_problem, load_interaction_config
 from rlcore.config.tool_config import tool_schemas, tools_enabled
+from rlcore.config.typed import plain
 from rlcore.config.validate import ConfigError
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
@@ -81,7 +82,7 @@ def build_data(cfg: DictConfig):
                 filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                 max_samples=max_samples, return_raw_chat=data.return_raw_chat, row_checks=checks, skip_bad_rows=data.skip_bad_rows,
                 tools=tools, return_full_prompt=data.return_full_prompt,
-                chat_template_kwargs=OmegaConf.to_container(data.apply_chat_template_kwargs, resolve=True),
+                chat_template_kwargs=plain(data.apply_chat_template_kwargs),
                 processor=processor, image_key=data.image_key, video_key=data.video_key,
             )
 
@@ -119,7 +120,7 @@ def check_teacher_tokenizers(cfg: DictConfig, tokenizer) -> None:
 def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardManager]:
     with loading("custom_reward_function.path", cfg.custom_reward_function.path, "the reward function"):
         custom = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-    kwargs = OmegaConf.to_container(cfg.reward_model.reward_kwargs, resolve=True)
+    kwargs = plain(cfg.reward_model.reward_kwargs)
     overlong = cfg.reward_model.overlong_buffer
     if overlong.enable:  # verl's DAPO-recipe form of the same punishment
         kwargs = {"max_resp_len": cfg.data.max_response_length,

@@ -29,8 +29,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
+from rlcore.config.typed import dotted
 from rlcore.config.validate_async import staleness_window
 from rlcore.protocol import DataProto
 
@@ -127,7 +127,7 @@ class SplitPools:
         self.trainer_group, self.rollout_group = trainer_group, rollout_group
         self.trigger, self.partial = a.trigger_parameter_sync_step, a.partial_rollout
         self.batches_per_step = cfg.data.train_batch_size // cfg.data.gen_batch_size
-        self.rollouter = Rollouter(produce, self.batches_per_step * staleness_window(lambda key: OmegaConf.select(cfg, key)))
+        self.rollouter = Rollouter(produce, self.batches_per_step * staleness_window(dotted(cfg)))
         self.version = 0  # trainer steps at the last sync: the version of the rollout's weights
 
     def connect(self, step: int) -> dict[str, float]:

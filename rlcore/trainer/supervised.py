@@ -160,14 +160,13 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     print(f"{role}: {len(train)} training rows, {len(val) if val else 0} validation rows, {total_steps} steps of "
           f"{cfg.data.train_batch_size}", flush=True)
 
-    from omegaconf import OmegaConf
-
+    from rlcore.config.typed import typed
     from rlcore.trainer.lifecycle import build_groups, run_session, teardown
 
     resume_from, start_step = resume_point(cfg.trainer)
     t = cfg.trainer
     with run_session(cfg, run_dir, total_steps, start_step=start_step, console_keys=console_keys) as tracker:
-        groups, pools = build_groups(t, OmegaConf.to_container(cfg, resolve=True), [(t.nnodes, t.n_gpus_per_node)], {role: 0},
+        groups, pools = build_groups(t, typed(cfg, worker_cls.schema), [(t.nnodes, t.n_gpus_per_node)], {role: 0},
                                      {role: worker_cls}, check_dir=True)
         graceful = True
         try:

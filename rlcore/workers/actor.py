@@ -10,6 +10,7 @@ from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
 from rlcore.algos.distill import ESTIMATORS, combined_loss, distillation_loss, token_losses
 from rlcore.algos.rollout_corr import bypass_mode_loss, mismatch_token_terms
 from rlcore.config.schema import RolloutCorrectionConfig
+from rlcore.config.typed import plain
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TokenRequest, TrainEngine
 from rlcore.models.router import ROUTES
@@ -40,9 +41,9 @@ def compute_log_prob(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec
 
 def policy_loss_params(actor_cfg) -> dict[str, float]:
     """Every knob a registered policy loss may take; each loss picks the ones it uses (and ignores the rest)."""
-    params = {k: actor_cfg[k] for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
-    params.update({k: actor_cfg[k] for k in ("tau_pos", "tau_neg") if k in actor_cfg})  # SAPO's (a loss's own defaults else)
-    params.update({k: v for k, v in actor_cfg.policy_loss.items() if k != "loss_mode"})
+    params = {k: getattr(actor_cfg, k) for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
+    params.update({k: getattr(actor_cfg, k) for k in ("tau_pos", "tau_neg") if hasattr(actor_cfg, k)})  # SAPO's (a loss's own defaults else)
+    params.update({k: v for k, v in plain(actor_cfg.policy_loss).items() if k != "loss_mode"})
     return params
 
 

@@ -6,9 +6,9 @@ import os
 import time
 
 import torch
-from omegaconf import OmegaConf
 
 from rlcore.algos.custom import load_custom_algorithms
+from rlcore.config.typed import dotted
 from rlcore.config.validate import uses_reference
 from rlcore.config.validate_lora import unmerged_lora_rank
 from rlcore.controller.decorator import Dispatch, register
@@ -67,7 +67,7 @@ class ActorRolloutRefWorker(RoleWorker):
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
         self._rollout_has_tower = False  # a frozen vision tower: the rollout holds it after the first sync
         # LoRA without merging (model.lora.merge=False): later syncs send the adapters alone, which the rollout applies
-        self._unmerged_lora = unmerged_lora_rank(lambda key: OmegaConf.select(self.config, key)) > 0
+        self._unmerged_lora = unmerged_lora_rank(dotted(self.config)) > 0
         self.weight_group = None  # split pools: the group spanning training rank 0 and every rollout rank
 
     def shutdown(self) -> None:
@@ -120,7 +120,7 @@ class ActorRolloutRefWorker(RoleWorker):
         cfg = self.config.actor_rollout_ref
         if role == "actor":
             return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.actor)
-        return micro_batch_spec(cfg[role], "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
+        return micro_batch_spec(getattr(cfg, role), "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
                                 self.actor)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")

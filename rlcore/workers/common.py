@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from omegaconf import OmegaConf
-
+from rlcore.config.schema import PPOConfig
+from rlcore.config.typed import typed
 from rlcore.controller.decorator import DataLayout, Dispatch, metric_reduction, register
 from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
@@ -27,11 +27,14 @@ from rlcore.utils.rng import rng_state, set_rng_state
 
 
 class RoleWorker(Worker):
-    """A worker process of one role, holding the whole run's config (the controller sends it resolved)."""
+    """A worker process of one role, holding the whole run's config as the schema's objects (the controller sends
+    them so; a dict of the composed config, as tests build, is laid over the schema's defaults)."""
 
-    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+    schema: type = PPOConfig  # the trainer config this role runs under
+
+    def __init__(self, config: object, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
         super().__init__(rank=rank, world_size=world_size, device=device)
-        self.config = OmegaConf.create(config)
+        self.config = typed(config, self.schema)
         quiet_transformers()
 
 
@@ -45,10 +48,10 @@ class SupervisedWorker(RoleWorker):
     def _contents(self, which: str) -> frozenset[str]:
         """checkpoint.<which> as a set ("hf_model" too: the supervised trainers export HF weights at every save
         anyway, their result)."""
-        section = self.config.get("checkpoint")
+        section = getattr(self.config, "checkpoint", None)  # the SFT trainer's schema has it, the reward trainer's not
         if section is None:
             return frozenset(STATE)
-        return checkpoint.checked_contents(section[which], f"checkpoint.{which}")
+        return checkpoint.checked_contents(getattr(section, which), f"checkpoint.{which}")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str, hf_dir: str | None) -> None:
@@ -79,15 +82,15 @@ def layout_of(engine: TrainEngine) -> DataLayout:
 def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, engine: TrainEngine, dynamic: bool | None = None) -> MicroBatchSpec:
     """A pass's micro-batching from its role's verl keys: `{base}_per_gpu` samples (ppo_micro_batch_size_per_gpu,
     log_prob_micro_batch_size_per_gpu, forward_micro_batch_size_per_gpu, micro_batch_size_per_gpu; or the deprecated
-    global `{base}` over dp ranks), or, when `section[dynamic_key]`, the token budget `section[budget_key]` per device,
+    global `{base}` over dp ranks), or, when the section's `dynamic_key`, the token budget `budget_key` per device,
     times the Ulysses size (verl's rule: each of the sp ranks that share a micro-batch holds 1/sp of its tokens).
     The engine packs iff its spec says use_remove_padding. `dynamic`, when given, decides token budgets instead of
-    `section[dynamic_key]` (the reward model's also under verl's reward loop)."""
+    the section's `dynamic_key` (the reward model's also under verl's reward loop)."""
     packed = engine.spec.use_remove_padding
-    if section[dynamic_key] if dynamic is None else dynamic:
-        return MicroBatchSpec(max_tokens=section[budget_key] * engine.spec.ulysses_sp, packed=packed)
-    rows = section[f"{base}_per_gpu"]
-    return MicroBatchSpec(rows=rows if rows is not None else section[base] // engine.dp_size, packed=packed)
+    if getattr(section, dynamic_key) if dynamic is None else dynamic:
+        return MicroBatchSpec(max_tokens=getattr(section, budget_key) * engine.spec.ulysses_sp, packed=packed)
+    rows = getattr(section, f"{base}_per_gpu")
+    return MicroBatchSpec(rows=rows if rows is not None else getattr(section, base) // engine.dp_size, packed=packed)
 
 
 def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: ForwardFn, request: TokenRequest = TokenRequest()) -> DataProto:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.algos.pairwise import bradley_terry_loss, pair_metrics
+from rlcore.config.rm_schema import RMTrainerConfig
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec, token_budget_partitions, trim_padding
 from rlcore.engine.base import TrainEngine
@@ -49,6 +50,8 @@ def share(per_pair: torch.Tensor, pairs: float, dp_size: int) -> torch.Tensor:
 
 class RewardTrainerWorker(SupervisedWorker):
     """One process per device: a shard of the reward model being trained, and its optimizer."""
+
+    schema = RMTrainerConfig
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:

@@ -5,10 +5,10 @@ the multi-turn agent loop, sampling parameters, and one generation call."""
 from __future__ import annotations
 
 import torch
-from omegaconf import OmegaConf
 
 from rlcore.config.agent_loop_config import load_agent_loop_config
 from rlcore.config.interaction_config import load_interaction_config
+from rlcore.config.typed import dotted
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
 from rlcore.config.validate_lora import unmerged_lora_rank
 from rlcore.models.vision import MEDIA_COLUMNS
@@ -28,7 +28,7 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
     kwargs = dict(
         model_path=cfg.model.path, pad_token_id=pad_token_id, device=device,
         dtype="float32" if device.type == "cpu" else rollout.dtype,
-        override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True), seed=seed * 1000 + rank,
+        override_config=dict(cfg.model.override_config), seed=seed * 1000 + rank,
         hf_config_path=cfg.model.hf_config_path, trust_remote_code=cfg.model.trust_remote_code,
     )
     kwargs.update(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
@@ -38,15 +38,15 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
         sizes = rollout.cudagraph_capture_sizes
         kwargs.update(enforce_eager=rollout.enforce_eager, cudagraph_capture_sizes=None if sizes is None else list(sizes),
                       record_routes=rollout.enable_rollout_routing_replay)
-        kwargs.update(OmegaConf.to_container(rollout.engine_kwargs.native, resolve=True))
+        kwargs.update(rollout.engine_kwargs.native)
     else:
         kwargs.update(
             tensor_parallel_size=rollout.tensor_model_parallel_size,
             enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
             enforce_eager=rollout.enforce_eager, load_format=rollout.load_format, expert_parallel_size=rollout.expert_parallel_size,
-            disable_log_stats=rollout.disable_log_stats, engine_kwargs=OmegaConf.to_container(rollout.engine_kwargs.vllm, resolve=True),
+            disable_log_stats=rollout.disable_log_stats, engine_kwargs=dict(rollout.engine_kwargs.vllm),
             record_routes=rollout.enable_rollout_routing_replay,
-            lora_rank=unmerged_lora_rank(lambda key: OmegaConf.select(config, key)),  # vLLM's LoRA support, for the adapters
+            lora_rank=unmerged_lora_rank(dotted(config)),  # vLLM's LoRA support, for the adapters
         )
         kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
     return kwargs
@@ -70,13 +70,13 @@ def agent_loop(config, rollout: RolloutEngine, tokenizer) -> AgentLoop:
     settings = config.actor_rollout_ref.rollout
     mt = settings.multi_turn
     key = tool_config_key_of(config)
-    specs = load_tool_config(OmegaConf.select(config, key)) if key else []  # an interaction alone needs no tools
+    specs = load_tool_config(dotted(config)(key)) if key else []  # an interaction alone needs no tools
     interactions = build_interactions(load_interaction_config(mt.interaction_config_path)) if mt.interaction_config_path else None
     turns = MultiTurnSettings(max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
                               max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
                               tool_response_truncate_side=mt.tool_response_truncate_side, format=mt.format)
     return AgentLoop(rollout, tokenizer, ToolRunner(specs, settings.agent.num_workers, mt.tool_timeout_s), turns,
-                     OmegaConf.to_container(config.data.apply_chat_template_kwargs, resolve=True), interactions)
+                     dict(config.data.apply_chat_template_kwargs), interactions)
 
 
 def sampling_params(config, tokenizer, meta: dict) -> SamplingParams:

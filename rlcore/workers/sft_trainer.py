@@ -12,6 +12,7 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
+from rlcore.config.sft_schema import SFTTrainerConfig
 from rlcore.workers.common import SupervisedWorker, layout_of, mini_batch_counts
 
 
@@ -25,6 +26,8 @@ def deterministic_kernels() -> None:
 
 class SFTTrainerWorker(SupervisedWorker):
     """One process per device: a shard of the model being fine-tuned, and its optimizer."""
+
+    schema = SFTTrainerConfig
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import copy
 import time
+from types import SimpleNamespace
 
-from omegaconf import DictConfig, OmegaConf, open_dict
-
+from rlcore.config.distill_schema import TeacherModelConfig
+from rlcore.config.schema import PPOConfig
+from rlcore.config.typed import dotted
 from rlcore.config.validate_distill import teacher_entries, uses_topk
 from rlcore.controller.decorator import DataLayout, Dispatch, register
 from rlcore.engine.base import TokenRequest
@@ -27,21 +29,19 @@ from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, run_f
 TEACHER_COLUMNS = ("teacher_log_probs", "teacher_topk_log_probs", "teacher_topk_ids")
 
 
-def teacher_spec(cfg: DictConfig, teacher: DictConfig, total_steps: int):
+def teacher_spec(cfg: PPOConfig, teacher: TeacherModelConfig, total_steps: int):
     """The EngineSpec of a native teacher: the reference's FSDP2 settings (a frozen model, as the reference is) over the
     teacher's own model directory, in the teacher's dtype; packed like the student when the student packs."""
     model = copy.deepcopy(cfg.actor_rollout_ref.model)
-    with open_dict(model):
-        model.path, model.tokenizer_path, model.hf_config_path = teacher.model_path, None, None
-        model.override_config, model.trust_remote_code = {}, teacher.trust_remote_code
+    model.path, model.tokenizer_path, model.hf_config_path = teacher.model_path, None, None
+    model.override_config, model.trust_remote_code = {}, teacher.trust_remote_code
     role = copy.deepcopy(cfg.actor_rollout_ref.ref)
-    with open_dict(role):
-        role.fsdp_config.param_offload = teacher.inference.param_offload
-        role.fsdp_config.dtype = teacher.inference.dtype
-        role.fsdp_config.model_dtype = teacher.inference.dtype
-        role.fsdp_config.mixed_precision.param_dtype = None
-        role.ulysses_sequence_parallel_size, role.fsdp_config.ulysses_sequence_parallel_size = 1, 1
-        role.use_torch_compile = False
+    role.fsdp_config.param_offload = teacher.inference.param_offload
+    role.fsdp_config.dtype = teacher.inference.dtype
+    role.fsdp_config.model_dtype = teacher.inference.dtype
+    role.fsdp_config.mixed_precision.param_dtype = None
+    role.ulysses_sequence_parallel_size, role.fsdp_config.ulysses_sequence_parallel_size = 1, 1
+    role.use_torch_compile = False
     return engine_spec("fsdp2", model, role, None, 0.0, total_steps)
 
 
@@ -52,7 +52,7 @@ class TeacherWorker(RoleWorker):
     def init_model(self, total_steps: int) -> None:
         self.teachers = teacher_entries(self.config)
         loss = self.config.distillation.distillation_loss
-        self.topk = loss.topk if uses_topk(lambda key: OmegaConf.select(self.config, key)) else 0
+        self.topk = loss.topk if uses_topk(dotted(self.config)) else 0
         self.engines, self.vllm = {}, {}
         for name, teacher in self.teachers.items():
             key = f"distillation.teacher_models.{name}.model_path"
@@ -61,7 +61,7 @@ class TeacherWorker(RoleWorker):
                     from rlcore.rollout.vllm_teacher import VLLMTeacher
 
                     i = teacher.inference
-                    engine_kwargs = OmegaConf.to_container(i.engine_kwargs, resolve=True).get("vllm") or {}
+                    engine_kwargs = i.engine_kwargs.get("vllm") or {}
                     self.vllm[name] = VLLMTeacher(teacher.model_path, device=self.device, name=name, dtype=i.dtype,
                                                   max_model_len=i.max_model_len, topk=self.topk, seed=self.config.trainer.seed,
                                                   gpu_memory_utilization=i.gpu_memory_utilization, max_num_seqs=i.max_num_seqs,
@@ -93,7 +93,7 @@ class TeacherWorker(RoleWorker):
         else:
             engine = self.engines[teacher]
             # verl's deprecated global size, when the reference is given that way, is the reference's too
-            section = {**t.inference, "log_prob_micro_batch_size": self.config.actor_rollout_ref.ref.log_prob_micro_batch_size}
+            section = SimpleNamespace(**vars(t.inference), log_prob_micro_batch_size=self.config.actor_rollout_ref.ref.log_prob_micro_batch_size)
             micro = micro_batch_spec(section, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
                                      engine)
             request = TokenRequest(t.inference.temperature, topk=self.topk)

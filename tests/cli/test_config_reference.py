@@ -49,7 +49,7 @@ def test_a_row_has_the_fields_type_default_meaning_and_status():
     low = _row(PPO, "actor_rollout_ref.actor.clip_ratio_low")
     assert low.default == "follows `actor_rollout_ref.actor.clip_ratio`"  # a relative interpolation, resolved
     assert low.status == "as in verl (default differs: verl `0.2`)"
-    assert _row(PPO, "reward_model.rollout.name").default == "required"
+    assert _row(PPO, "reward_model.rollout.name").default == "`null`"  # verl's ??? (mandatory): nothing reads it here
     tokenizer = _row(PPO, "data.tokenizer")
     assert tokenizer.type == "str | None" and tokenizer.status.startswith("no effect: rlcore tokenizes the prompts")
     refused = _row(PPO, "critic.optim.optimizer")

@@ -19,6 +19,8 @@ REPO_ROOT = Path(CONFIG_DIR).parent
 VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
 # Defaults rlcore deliberately changes from verl's, with the reason.
 RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native",  # verl: ??? (mandatory); native is embedded
+                   # verl: ??? (mandatory); no effect here, and a run's typed config has no unset mandatory keys
+                   "reward_model.rollout.name": None,
                    # verl: 0.2 each, so that its clip_ratio alone changed nothing; rlcore's follow clip_ratio
                    "actor_rollout_ref.actor.clip_ratio_low": "${.clip_ratio}", "actor_rollout_ref.actor.clip_ratio_high": "${.clip_ratio}",
                    # verl: disabled, and never read (its reference does not replay); rlcore's follows the actor's

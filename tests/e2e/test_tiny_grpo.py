@@ -10,8 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, resume_overrides, tiny_cfg
-from rlcore.config.validate import diagnose
-from rlcore.plan import memory_plan
+from rlcore.plan.run_plan import plan_run
 from rlcore.train import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
@@ -77,8 +76,8 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     assert set(val[0]) == {"input", "output", "gts", "score", "step", "pred"} and val[0]["pred"] == val[0]["output"].strip()
     assert val[0]["input"] == prompt and int(val[0]["gts"]) == sum(map(int, prompt[len("<|user|>"):-len("=<|assistant|>")].split("+")))
     # rlcore-plan's estimate for this run against the measured peak RSS of the busiest rank (CPU: the process)
-    plan, _ = diagnose(cfg)
-    estimate = max(role.peak for role in memory_plan(cfg, plan).roles)
+    plan, _ = plan_run(cfg)
+    estimate = max(plan.planned_peaks.values())
     assert 0.5 < final["perf/max_memory_allocated_gb"] / estimate < 2, (final["perf/max_memory_allocated_gb"], estimate)
     hf_dir = tmp_path / "ckpt" / "global_step_2" / "actor" / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True)
@@ -86,6 +85,11 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     # The utilisation report: its per-step inputs, the per-rank detail, and what the end of the run wrote.
     run_dir = tmp_path / "run"
     assert {"perf.json", "ranks.jsonl", "report.txt", "plots.png"} <= set(os.listdir(run_dir))
+    # the step report's memory plan is the run plan's, handed to the trainer (not derived again)
+    with open(run_dir / "perf.json") as f:
+        planned = json.load(f)["memory_plan"]
+    assert planned == {"generate": plan.planned_peaks["rollout"], "update_actor": plan.planned_peaks["actor update"],
+                       "ref": plan.planned_peaks["reference log-probs"]}
     ranks = read_jsonl_file(run_dir / "ranks.jsonl")
     assert [r["step"] for r in ranks] == [1, 2]
     assert set(ranks[1]["phases"]) == {"gen", "old_log_prob", "ref", "update_actor", "testing", "save_checkpoint"}

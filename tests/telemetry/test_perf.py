@@ -121,5 +121,5 @@ def test_mfu_counts_forward_and_backward_whether_or_not_the_forward_is_recompute
     rank0 = SimpleNamespace(peak_flops=SimpleNamespace(remote=lambda: (1e12, "measured")))
     groups = {"actor_rollout": SimpleNamespace(workers=[rank0], world_size=1)}
     cfg = compose([f"actor_rollout_ref.model.enable_gradient_checkpointing={checkpointing}", "actor_rollout_ref.actor.ppo_epochs=2"])
-    step = perf.start_step_perf(cfg, groups, None)
+    step = perf.start_step_perf(cfg, groups, None, {})
     assert step.update_passes["update_actor"] == 6 and step.update_passes["update_critic"] == 3 * cfg.critic.ppo_epochs

@@ -8,6 +8,8 @@ import pytest
 
 from e2e_utils import tiny_cfg
 from rlcore.config import compose
+from rlcore.config.schema import PPOConfig
+from rlcore.config.typed import typed
 from rlcore.trainer.profiling import Profiling, group_specs, nsight_runtime_env
 
 ACTOR, ROLLOUT, REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
@@ -85,16 +87,14 @@ def test_no_tool_or_no_enabled_role_profiles_nothing():
 
 
 def test_nsys_runs_the_profiled_groups_under_nsight_with_the_worker_options():
-    from omegaconf import OmegaConf
-
     cfg = compose(["global_profiler.tool=nsys", "global_profiler.steps=[1]", f"{ACTOR}.profiler.enable=True",
                    "+global_profiler.global_tool_config.nsys.worker_nsight_options.sample=none"])
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = typed(cfg, PPOConfig)  # what the controller hands build_groups
     assert nsight_runtime_env(config, "actor_rollout") == {
         "trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true", "cuda-graph-trace": "graph",
         "capture-range": "cudaProfilerApi", "kill": "none", "sample": "none"}  # capture-range-end: null is left out
     assert nsight_runtime_env(config, "critic") is None  # the critic is not profiled
-    torch_cfg = OmegaConf.to_container(compose([f"{ACTOR}.profiler.enable=True", "global_profiler.tool=torch"]), resolve=True)
+    torch_cfg = typed(compose([f"{ACTOR}.profiler.enable=True", "global_profiler.tool=torch"]), PPOConfig)
     assert nsight_runtime_env(torch_cfg, "actor_rollout") is None
 
 

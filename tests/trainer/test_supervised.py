@@ -11,6 +11,8 @@ from rlcore.train_rm import compose_rm
 from rlcore.train_sft import compose_sft, sft_config_errors
 from rlcore.trainer.supervised import SupervisedTrainer, resume_point
 from rlcore.telemetry.tracking import Tracker
+from rlcore.workers.reward_trainer import RewardTrainerWorker
+from rlcore.workers.sft_trainer import SFTTrainerWorker
 
 
 class ScriptedGroup:
@@ -111,6 +113,7 @@ def test_verls_newer_sft_keys_are_checked_before_ray_starts():
 
 
 COMPOSE = {"sft": compose_sft, "rm": compose_rm}
+WORKERS = {"sft": SFTTrainerWorker, "rm": RewardTrainerWorker}  # (the faked group builds none: their schema types the config)
 
 
 @pytest.mark.parametrize("role", ["sft", "rm"])
@@ -223,6 +226,6 @@ def test_a_run_takes_its_steps_tracker_names_ray_cpus_and_placement_timeout_from
     cfg = COMPOSE[role]([f"model.path={model}", "data.train_batch_size=4", "trainer.logger=[]", "trainer.total_epochs=3",
                          "trainer.project_name=proj", "trainer.experiment_name=exp", "ray_kwargs.ray_init.num_cpus=3",
                          "trainer.placement_timeout_s=7.5"])
-    final = run_supervised(cfg, str(tmp_path / "run"), role, object, lambda cfg, tok: (Rows(10), None), [], ())
+    final = run_supervised(cfg, str(tmp_path / "run"), role, WORKERS[role], lambda cfg, tok: (Rows(10), None), [], ())
     assert seen == {"tracker": ("proj", "exp"), "num_cpus": 3, "placement_timeout_s": 7.5, "total_steps": 6}  # 3 epochs x 2 batches
     assert final["step"] == 6 and final["checkpoint"] == str(tmp_path / "checkpoints" / "proj" / "exp" / "global_step_6" / role / "huggingface")
