@@ -23,7 +23,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlcore.controller.worker import free_port
 from rlcore.data.micro_batches import MicroBatchSpec
-from rlcore.engine.base import EngineSpec
+from rlcore.engine.base import EngineSpec, FSDPSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.models.hf import quiet_transformers
 from rlcore.protocol import DataProto, position_ids_from_mask
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                              num_key_value_heads=args.hidden // 64, max_position_embeddings=args.prompt + args.response)
         torch.manual_seed(0)
         Qwen2ForCausalLM(config).save_pretrained(tmp)
-        engines = {name: FSDP2Engine(EngineSpec(model_path=tmp, use_remove_padding=True, prefix_grouper=name == "grouped", lr=1e-4),
+        engines = {name: FSDP2Engine(EngineSpec(model_path=tmp, use_remove_padding=True, fsdp=FSDPSpec(prefix_grouper=name == "grouped"), lr=1e-4),
                                      torch.device("cpu")) for name in ("plain", "grouped")}
     data, micro = grpo_batch(args), MicroBatchSpec(rows=args.n, packed=True)  # a micro-batch holds one prompt's group
     times = {(name, phase): [] for name in engines for phase in ("log_prob", "fwd_bwd")}

@@ -60,6 +60,22 @@ class TokenRequest:
 
 
 @dataclass
+class FSDPSpec:
+    """What only the FSDP2 engine reads: sharding, its precision and offload policy, its kernels (the role's
+    fsdp_config and FSDP-only keys). The Megatron engine's counterpart is the schema's MegatronConfig."""
+
+    reduce_dtype: str = "float32"         # gradients are reduced across ranks in this (mixed_precision.reduce_dtype)
+    offload_policy: bool = False          # torch's CPUOffloadPolicy: params live on CPU, streamed per block
+    reshard_after_forward: bool = True
+    fsdp_size: int = -1                   # ranks per shard group (HSDP: replicated across groups); -1 = all
+    forward_prefetch: bool = False        # each unit issues the next one's all-gather before its own forward
+    wrap_min_params: int = 0              # units: 0 = one per decoder block; N = FSDP1's size-based policy
+    activation_offload: bool = False      # checkpointed block inputs kept in host memory (model.enable_activation_offload)
+    use_torch_compile: bool = False       # the log-prob head's chunk kernels compiled (<role>.use_torch_compile)
+    prefix_grouper: bool = False          # pack each distinct prompt once, its responses after it (actor.use_prefix_grouper)
+
+
+@dataclass
 class EngineSpec:
     """What a worker asks of an engine; built from the role's config section."""
 
@@ -70,7 +86,6 @@ class EngineSpec:
     hf_config_path: str | None = None     # read the HF config from here instead of model_path (model.hf_config_path)
     trust_remote_code: bool = False       # let modeling code shipped in the model directory run (model.trust_remote_code)
     param_dtype: str = "float32"          # compute dtype under mixed precision (fsdp_config.dtype)
-    reduce_dtype: str = "float32"         # FSDP2: gradients are reduced across ranks in this (mixed_precision.reduce_dtype)
     model_dtype: str = "float32"          # storage of frozen weights: a frozen role (reference) or a LoRA base; full
                                           # fine-tuning keeps fp32 masters whatever it says
     lora: LoraSpec | None = None          # train LoRA adapters only (model.lora_rank > 0)
@@ -80,16 +95,8 @@ class EngineSpec:
     param_offload: bool = False           # move params off the device between phases (worker calls offload())
     grad_offload: bool = False            # move gradient buffers off the device between phases (Megatron)
     optimizer_offload: bool = False       # move optimizer state off the device between phases
-    offload_policy: bool = False          # FSDP2-native CPUOffloadPolicy: params live on CPU, streamed per block
-    reshard_after_forward: bool = True
-    fsdp_size: int = -1                   # FSDP2: ranks per shard group (HSDP: replicated across groups); -1 = all
-    forward_prefetch: bool = False        # FSDP2: each unit issues the next one's all-gather before its own forward
-    wrap_min_params: int = 0              # FSDP2 units: 0 = one per decoder block; N = FSDP1's size-based policy
-    activation_offload: bool = False      # checkpointed block inputs kept in host memory (model.enable_activation_offload)
-    use_torch_compile: bool = False       # FSDP2: the log-prob head's chunk kernels compiled (<role>.use_torch_compile)
     use_remove_padding: bool = False      # pack micro-batches (varlen attention) instead of computing on padding
-    prefix_grouper: bool = False          # pack each distinct prompt once, its responses after it (actor.use_prefix_grouper)
-    ulysses_sp: int = 1                   # sequence-parallel group size (FSDP2, packed only): each rank a slice of the tokens
+    ulysses_sp: int = 1                   # Ulysses group size (FSDP2, packed only; 1 under Megatron): each rank a slice of the tokens
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.01
@@ -100,6 +107,7 @@ class EngineSpec:
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
     grad_clip: float = 1.0
+    fsdp: FSDPSpec | None = field(default_factory=FSDPSpec)  # strategy=fsdp2's own settings (None under Megatron)
     megatron: MegatronConfig | None = None  # strategy=megatron: the role's `megatron` section, typed: a key the
                                             # section leaves out takes the schema's default, the engine has none
     load_weights: bool = True             # False: the architecture only, parameters left uninitialised (the memory

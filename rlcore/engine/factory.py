@@ -11,7 +11,7 @@ from rlcore.config.typed import plain
 from rlcore.config.validate_ulysses import sequence_parallel_size
 from rlcore.config.validate_engine import DEFAULT_GRAD_CLIP
 from rlcore.config.validate_optim import schedule_kind
-from rlcore.engine.base import EngineSpec, TrainEngine
+from rlcore.engine.base import EngineSpec, FSDPSpec, TrainEngine
 from rlcore.models.lora import LoraSpec
 
 
@@ -48,21 +48,22 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     )
     if strategy == "megatron":
         megatron = role_cfg.megatron
-        spec.megatron = megatron_section(megatron)
+        spec.megatron, spec.fsdp = megatron_section(megatron), None
         spec.use_remove_padding = model_cfg.use_remove_padding and megatron.use_remove_padding
         spec.param_dtype = megatron.dtype
         spec.param_offload, spec.grad_offload, spec.optimizer_offload = megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload
     else:
-        spec.param_dtype, spec.param_offload, spec.reshard_after_forward = compute_dtype(fsdp_cfg), fsdp_cfg.param_offload, fsdp_cfg.reshard_after_forward
-        if getattr(fsdp_cfg, "mixed_precision", None) is not None:
-            spec.reduce_dtype = fsdp_cfg.mixed_precision.reduce_dtype
-        spec.offload_policy = fsdp_cfg.offload_policy
-        spec.fsdp_size, spec.forward_prefetch = fsdp_cfg.fsdp_size, fsdp_cfg.forward_prefetch
-        spec.wrap_min_params = fsdp_cfg.wrap_policy.min_num_params
-        # Only the policy's model section has the key (verl's critic and reward model have none).
-        spec.activation_offload = spec.gradient_checkpointing and bool(getattr(model_cfg, "enable_activation_offload", False))
-        spec.use_torch_compile = bool(getattr(role_cfg, "use_torch_compile", False))  # the actor's and the reference's key
-        spec.prefix_grouper = bool(getattr(role_cfg, "use_prefix_grouper", False))  # the actor's key
+        spec.param_dtype, spec.param_offload = compute_dtype(fsdp_cfg), fsdp_cfg.param_offload
+        mixed = getattr(fsdp_cfg, "mixed_precision", None)
+        spec.fsdp = FSDPSpec(
+            reduce_dtype=mixed.reduce_dtype if mixed is not None else FSDPSpec.reduce_dtype,
+            offload_policy=fsdp_cfg.offload_policy, reshard_after_forward=fsdp_cfg.reshard_after_forward,
+            fsdp_size=fsdp_cfg.fsdp_size, forward_prefetch=fsdp_cfg.forward_prefetch, wrap_min_params=fsdp_cfg.wrap_policy.min_num_params,
+            # Only the policy's model section has the key (verl's critic and reward model have none).
+            activation_offload=spec.gradient_checkpointing and bool(getattr(model_cfg, "enable_activation_offload", False)),
+            use_torch_compile=bool(getattr(role_cfg, "use_torch_compile", False)),  # the actor's and the reference's key
+            prefix_grouper=bool(getattr(role_cfg, "use_prefix_grouper", False)),  # the actor's key
+        )
         # Ulysses: the role's key or its fsdp_config's (verl reads either); validation refuses two sizes.
         spec.ulysses_sp = sequence_parallel_size(getattr(role_cfg, "ulysses_sequence_parallel_size", None),
                                                 getattr(fsdp_cfg, "ulysses_sequence_parallel_size", None))

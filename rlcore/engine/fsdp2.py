@@ -56,20 +56,20 @@ def apply_fsdp2(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh, spec:
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if spec.activation_offload:
+        if spec.fsdp.activation_offload:
             offload_checkpointed_inputs(blocks)
-    mp = MixedPrecisionPolicy(param_dtype=to_torch_dtype(spec.param_dtype), reduce_dtype=to_torch_dtype(spec.reduce_dtype))
-    kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=spec.reshard_after_forward)
-    if spec.offload_policy:
+    mp = MixedPrecisionPolicy(param_dtype=to_torch_dtype(spec.param_dtype), reduce_dtype=to_torch_dtype(spec.fsdp.reduce_dtype))
+    kwargs = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=spec.fsdp.reshard_after_forward)
+    if spec.fsdp.offload_policy:
         # pin_memory needs an accelerator; on CPU-only torch it raises.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    units = fsdp_units(model, blocks, spec.wrap_min_params)
+    units = fsdp_units(model, blocks, spec.fsdp.wrap_min_params)
     if tower is not None:
         units = [*getattr(tower, "blocks", ()), tower, *units]
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
-    if spec.forward_prefetch:
+    if spec.fsdp.forward_prefetch:
         chain_forward_prefetch(units)
 
 
@@ -79,6 +79,8 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 class FSDP2Engine(TrainEngine):
     def __init__(self, spec: EngineSpec, device: torch.device) -> None:
+        if spec.fsdp is None:
+            raise ValueError("the FSDP2 engine needs the spec's FSDP settings (spec.fsdp); a spec built for strategy=megatron has none")
         self.spec = spec
         self.device = device
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -90,14 +92,14 @@ class FSDP2Engine(TrainEngine):
         self.dp_rank, self.dp_size, self.is_output_rank = rank // sp, world // sp, rank % sp == 0
         self.ulysses: Ulysses | None = None
         with unset_fake_temporarily():  # the mesh is rank bookkeeping on real tensors, also in a rehearsal's fake mode
-            self.mesh = fsdp_mesh(device.type, world, spec.fsdp_size)
+            self.mesh = fsdp_mesh(device.type, world, spec.fsdp.fsdp_size)
             if sp > 1:
                 groups = init_device_mesh(device.type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
                 self.dp_group, self.ulysses = groups.get_group("dp"), Ulysses(groups.get_group("sp"))
         self._exchange: Exchange | None = None  # how transient weight streams travel (shared memory on one host)
         load = load_causal_lm if spec.kind == "causal_lm" else load_value_model  # value / reward: a scalar head
         # The prefix grouper packs too (its groups ride on the packed attention), whatever use_remove_padding says
-        self.grouped = spec.prefix_grouper and spec.kind == "causal_lm"
+        self.grouped = spec.fsdp.prefix_grouper and spec.kind == "causal_lm"
         attn = attention_implementation(spec.use_remove_padding or self.grouped)
         # Full fine-tuning keeps fp32 masters; frozen weights (a reference, a LoRA base) are stored in model_dtype
         # (bf16: half the memory, as verl's reference).
@@ -137,7 +139,7 @@ class FSDP2Engine(TrainEngine):
             self._scalings = lora.scalings(self.model)
             if on_meta:
                 initial, rename = lora.initial_adapters(self.model), lora.hf_name
-        self.head = TokenHead(self.model, compiled=spec.use_torch_compile) if spec.kind == "causal_lm" else None
+        self.head = TokenHead(self.model, compiled=spec.fsdp.use_torch_compile) if spec.kind == "causal_lm" else None
         # A mixture of experts: hooks on its routers (router replay, load metrics, HF's load-balancing loss when its
         # config asks for it with output_router_logits).
         self.routing = Routing(self.model) if routers(self.model) else None
@@ -163,10 +165,10 @@ class FSDP2Engine(TrainEngine):
         if self.vision:
             self._anchor = TowerAnchor(self.model, device)
         if on_meta:
-            materialize(self.model, torch.device("cpu") if spec.offload_policy else device)
+            materialize(self.model, torch.device("cpu") if spec.fsdp.offload_policy else device)
             if files is not None:
                 load_shards(self.model, files, initial, rename)
-        if spec.offload_policy:
+        if spec.fsdp.offload_policy:
             # FSDP2 keeps the sharded parameters (and so their gradients and AdamW state) in host memory and streams
             # each block to the device for its compute: moving the model here would undo that. Buffers (rotary
             # frequencies) are small and computed with on the device.
@@ -396,7 +398,7 @@ class FSDP2Engine(TrainEngine):
         # Under CPUOffloadPolicy FSDP2 owns parameter placement (they already live on CPU); only move them here
         # when that policy is off.
         device = torch.device("cpu") if to_host else self.device
-        if "params" in kinds and not self.spec.offload_policy:
+        if "params" in kinds and not self.spec.fsdp.offload_policy:
             self.model.to(device)
         if "optimizer" in kinds and self.optimizer is not None:
             self._move_optimizer_state(device)

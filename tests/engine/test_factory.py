@@ -109,6 +109,7 @@ def test_megatrons_hybrid_cpu_optimizer_is_not_offloaded_again_between_phases():
     megatron.optimizer_offload together; the engine then has no optimizer state to move between phases."""
     megatron = [f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.megatron.optimizer_offload=True"]
     assert spec_of("actor", megatron).optimizer_offload
+    assert spec_of("actor", megatron).fsdp is None and spec_of("actor").megatron is None  # one backend part each
     hybrid = spec_of("actor", [*megatron, f"+{ARR}.actor.optim.override_optimizer_config.optimizer_cpu_offload=True"])
     assert not hybrid.optimizer_offload and hybrid.optimizer_overrides == {"optimizer_cpu_offload": True}
 
@@ -189,11 +190,11 @@ def test_verls_sft_engine_section_sets_the_sft_engine():
                        "engine.dtype=float32", "engine.wrap_policy.min_num_params=1000", "engine.use_torch_compile=False"])
     spec = engine_spec(cfg.model.strategy, cfg.model, cfg.model, cfg.optim, cfg.optim.clip_grad, TOTAL_STEPS)
     assert cfg.model.strategy == "fsdp2" and cfg.ulysses_sequence_parallel_size == 2 and spec.ulysses_sp == 2
-    assert (spec.fsdp_size, spec.param_offload, spec.optimizer_offload, spec.offload_policy) == (1, True, True, True)
-    assert (spec.reshard_after_forward, spec.forward_prefetch, spec.model_dtype, spec.param_dtype) == (False, True, "bf16", "float32")
-    assert (spec.wrap_min_params, spec.use_torch_compile) == (1000, False)
+    assert (spec.fsdp.fsdp_size, spec.param_offload, spec.optimizer_offload, spec.fsdp.offload_policy) == (1, True, True, True)
+    assert (spec.fsdp.reshard_after_forward, spec.fsdp.forward_prefetch, spec.model_dtype, spec.param_dtype) == (False, True, "bf16", "float32")
+    assert (spec.fsdp.wrap_min_params, spec.fsdp.use_torch_compile) == (1000, False)
     older = compose_sft(["model.fsdp_config.fsdp_size=1"])  # verl's fsdp_sft_trainer key still sets it
-    assert engine_spec(older.model.strategy, older.model, older.model, older.optim, 1.0, TOTAL_STEPS).fsdp_size == 1
+    assert engine_spec(older.model.strategy, older.model, older.model, older.optim, 1.0, TOTAL_STEPS).fsdp.fsdp_size == 1
 
 
 # LoRA's two key sets: verl's Megatron section (model.lora.*: what the adapters do, tests/engine/test_megatron_lora.py)

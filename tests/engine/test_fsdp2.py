@@ -6,7 +6,7 @@ import torch.distributed as dist
 from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, token_outputs
 from omegaconf import OmegaConf
 
-from rlcore.engine.base import EngineSpec, TokenRequest
+from rlcore.engine.base import EngineSpec, FSDPSpec, TokenRequest
 from rlcore.models.hf import load_causal_lm
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import make_policy_loss_fn
@@ -27,7 +27,7 @@ def spec(model_dir: str, **layout) -> EngineSpec:
 # Each layout must train as the single process does. hybrid: fsdp_size=1 on 2 ranks (HSDP: each rank holds the
 # whole model, gradients all-reduced over the 2 replicas), forward prefetch on, and size-based units (each MLP, the
 # rest in the root) instead of one per block.
-LAYOUTS = {"sharded": {}, "hybrid": dict(fsdp_size=1, forward_prefetch=True, wrap_min_params=20_000)}
+LAYOUTS = {"sharded": {}, "hybrid": dict(fsdp=FSDPSpec(fsdp_size=1, forward_prefetch=True, wrap_min_params=20_000))}
 
 
 def batch(vocab: int) -> DataProto:

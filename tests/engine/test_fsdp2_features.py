@@ -6,7 +6,7 @@ import pytest
 import torch
 from dist_utils import free_port, init_gloo, make_rollout_batch
 
-from rlcore.engine.base import EngineSpec
+from rlcore.engine.base import EngineSpec, FSDPSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.engine.optim import lr_factor
 from rlcore.protocol import DataProto
@@ -145,7 +145,7 @@ def test_activation_offload_keeps_each_checkpointed_block_input_as_a_host_copy(p
     plain = grads(FSDP2Engine(EngineSpec(model_path=tiny_model_dir, gradient_checkpointing=True), torch.device("cpu")), data)
     copies = []
     monkeypatch.setattr(activation_offload, "to_host", lambda t: copies.append(activation_offload.copy_to_host(t, pin=False)) or copies[-1])
-    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, gradient_checkpointing=True, activation_offload=True), torch.device("cpu"))
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, gradient_checkpointing=True, fsdp=FSDPSpec(activation_offload=True)), torch.device("cpu"))
     for a, b in zip(plain, grads(engine, data)):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-6)
     layers, hidden = engine.hf_config.num_hidden_layers, engine.hf_config.hidden_size

@@ -7,7 +7,7 @@ import torch
 from dist_utils import free_port, init_gloo, make_rollout_batch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlcore.engine.base import EngineSpec
+from rlcore.engine.base import EngineSpec, FSDPSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.engine.fsdp_units import fsdp_units
 from rlcore.protocol import DataProto
@@ -54,6 +54,6 @@ def test_forward_prefetch_gathers_the_next_block_before_the_current_one_runs(pg,
     data = DataProto.from_dict(make_rollout_batch(4, 6, 5, 100, seed=1))
     plain = _gather_order(FSDP2Engine(EngineSpec(model_path=tiny_model_dir), torch.device("cpu")), data)
     assert plain.index(("gather", 1)) > plain.index(("forward", 0))  # gathered when its own forward starts
-    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, forward_prefetch=True), torch.device("cpu"))
+    engine = FSDP2Engine(EngineSpec(model_path=tiny_model_dir, fsdp=FSDPSpec(forward_prefetch=True)), torch.device("cpu"))
     prefetched = _gather_order(engine, data)
     assert prefetched.index(("gather", 1)) < prefetched.index(("forward", 0))  # issued as block 0 starts

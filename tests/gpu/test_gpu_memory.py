@@ -119,7 +119,7 @@ def test_offload_policy_keeps_parameters_in_pinned_host_memory_on_cuda(nccl, hal
     from dist_utils import make_rollout_batch
 
     from rlcore.data.micro_batches import MicroBatchSpec
-    from rlcore.engine.base import EngineSpec
+    from rlcore.engine.base import EngineSpec, FSDPSpec
     from rlcore.engine.fsdp2 import FSDP2Engine
     from rlcore.protocol import DataProto
     from rlcore.workers.actor import compute_log_prob
@@ -129,7 +129,7 @@ def test_offload_policy_keeps_parameters_in_pinned_host_memory_on_cuda(nccl, hal
     out = {}
     for policy in (True, False):
         before = torch.cuda.memory_allocated()
-        engine = FSDP2Engine(EngineSpec(model_path=half_b_dir, param_dtype="bf16", offload_policy=policy), nccl)
+        engine = FSDP2Engine(EngineSpec(model_path=half_b_dir, param_dtype="bf16", fsdp=FSDPSpec(offload_policy=policy)), nccl)
         locals_ = [p.to_local() for p in engine.model.parameters()]
         on_device = torch.cuda.memory_allocated() - before
         if policy:

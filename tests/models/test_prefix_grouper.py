@@ -9,7 +9,7 @@ from dist_utils import free_port, init_gloo, make_rollout_batch, position_ids_fr
 from rlcore.config import compose
 from rlcore.config.validate import ConfigError, validate_config
 from rlcore.data.micro_batches import MicroBatchSpec
-from rlcore.engine.base import EngineSpec
+from rlcore.engine.base import EngineSpec, FSDPSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.models.prefix_grouper import pack_prefix_groups
 from rlcore.protocol import DataProto
@@ -53,7 +53,7 @@ def engines(tiny_model_dir):
     init_gloo(0, 1, free_port())  # torn down by conftest
     out = []
     for grouped in (False, True):
-        spec = EngineSpec(model_path=tiny_model_dir, use_remove_padding=True, prefix_grouper=grouped, lr=1e-3)
+        spec = EngineSpec(model_path=tiny_model_dir, use_remove_padding=True, fsdp=FSDPSpec(prefix_grouper=grouped), lr=1e-3)
         out.append(FSDP2Engine(spec, torch.device("cpu")))
     return out
 
@@ -67,7 +67,7 @@ def test_grouped_log_probs_entropy_and_gradients_equal_the_rows_packed_one_by_on
     from rlcore.engine.factory import engine_spec
 
     cfg = compose(["recipe=tiny_cpu", PG]).actor_rollout_ref
-    assert engine_spec("fsdp2", cfg.model, cfg.actor, cfg.actor.optim, 1.0, 10).prefix_grouper  # actor.use_prefix_grouper
+    assert engine_spec("fsdp2", cfg.model, cfg.actor, cfg.actor.optim, 1.0, 10).fsdp.prefix_grouper  # actor.use_prefix_grouper
     data = DataProto.from_dict(grouped_batch())
     packed, grouped = engines
     mask = data.batch["response_mask"].bool()
