@@ -23,7 +23,7 @@ from rlcore.config.validate import uses_critic, uses_reference
 from rlcore.config.key_status import ineffective_settings
 from rlcore.config.schema import PPOConfig
 from rlcore.config.typed import dotted, typed
-from rlcore.config.validate_async import async_warnings, derive_async_sizes
+from rlcore.config.async_schema import async_warnings, derive_async_sizes
 from rlcore.plan import format_memory
 from rlcore.plan.heads import policy_heads
 from rlcore.plan.run_plan import RunPlan, plan_run

@@ -310,7 +310,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
 
 def teacher_specs(cfg: DictConfig, workdir: str) -> dict:
     """The native distillation teachers' EngineSpecs (rlcore.workers.teacher), over config-only model directories."""
-    from rlcore.config.validate_distill import teacher_entries
+    from rlcore.config.distill_schema import teacher_entries
     from rlcore.workers.teacher import teacher_spec
 
     if not cfg.distillation.enabled:
@@ -328,7 +328,7 @@ def teacher_specs(cfg: DictConfig, workdir: str) -> dict:
 
 def teacher_pass(engine, est, cfg: DictConfig, name: str, vocab: int) -> Callable[[], None]:
     """One micro-batch of the teacher's scoring at its planned token budget, with the top-k it returns."""
-    from rlcore.config.validate_distill import uses_topk
+    from rlcore.config.distill_schema import uses_topk
     from rlcore.engine.base import TokenRequest
     from rlcore.plan.teacher_memory import teacher_phases
 

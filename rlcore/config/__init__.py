@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.schema import PPOConfig
 from rlcore.config.plan_table import format_plan
 from rlcore.config.validate import BatchPlan, ConfigError, validate_config
-from rlcore.config.validate_async import derive_async_sizes
+from rlcore.config.async_schema import derive_async_sizes
 
 # rlcore/config/__init__.py -> repository root -> config/ (present in a source checkout / editable install)
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.fsdp_schema import compute_dtype
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.constants import DTYPE_BYTES, LOGITS_CHUNK_BYTES
-from rlcore.config.validate_lora import adapter_rank
+from rlcore.config.lora_schema import adapter_rank
 from rlcore.plan.rollout_memory import rollout_memory
 from rlcore.plan.placement import placement
 from rlcore.plan.teacher_memory import teacher_phases

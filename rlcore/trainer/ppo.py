@@ -15,7 +15,7 @@ from rlcore.algos.pf_ppo import pf_ppo_rows
 from rlcore.config.tool_config import tools_enabled
 from rlcore.config.typed import dotted
 from rlcore.config.validate import uses_reference
-from rlcore.config.validate_async import always_fresh
+from rlcore.config.async_schema import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
 from rlcore.plan.run_plan import RunPlan

@@ -19,7 +19,7 @@ from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
 from rlcore.data.sampler import build_sampler
 from rlcore.data.row_checks import rule_score_problem
-from rlcore.config.validate_distill import teacher_entries
+from rlcore.config.distill_schema import teacher_entries
 from rlcore.models.hf import ModelLoadError, import_external_lib, load_tokenizer, policy_tokenizer
 from rlcore.models.vision import vision_processor
 from rlcore.reward.custom import load_custom_reward_fn

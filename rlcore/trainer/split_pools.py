@@ -3,7 +3,7 @@ scores in a background thread of the controller while the trainer pool trains, a
 rollout every `async_training.trigger_parameter_sync_step` steps.
 
 Staleness is bounded by counting generation batches per sync window: between two syncs the rollouter makes at most
-`staleness_window` trainer steps' worth (rlcore.config.validate_async), and the batches still queued at a sync count
+`staleness_window` trainer steps' worth (rlcore.config.async_schema), and the batches still queued at a sync count
 against the next window, so no sample is ever more than that many windows old. Every sample carries the version
 (trainer steps at the last sync) of the weights it was generated with; a step logs `async/staleness_{mean,max}` as
 the trainer's version minus the samples'. With staleness_threshold=0, trigger_parameter_sync_step=1 the window is
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from rlcore.config.typed import dotted
-from rlcore.config.validate_async import staleness_window
+from rlcore.config.async_schema import staleness_window
 from rlcore.protocol import DataProto
 
 

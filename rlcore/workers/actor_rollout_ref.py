@@ -10,7 +10,7 @@ import torch
 from rlcore.algos.custom import load_custom_algorithms
 from rlcore.config.typed import dotted
 from rlcore.config.validate import uses_reference
-from rlcore.config.validate_lora import unmerged_lora_rank
+from rlcore.config.lora_schema import unmerged_lora_rank
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import CHECKPOINT_STATE

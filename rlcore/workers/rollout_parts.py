@@ -10,7 +10,7 @@ from rlcore.config.agent_loop_config import load_agent_loop_config
 from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.typed import dotted
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
-from rlcore.config.validate_lora import unmerged_lora_rank
+from rlcore.config.lora_schema import unmerged_lora_rank
 from rlcore.models.vision import MEDIA_COLUMNS
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings

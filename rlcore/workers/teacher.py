@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from rlcore.config.distill_schema import TeacherModelConfig
 from rlcore.config.schema import PPOConfig
 from rlcore.config.typed import dotted
-from rlcore.config.validate_distill import teacher_entries, uses_topk
+from rlcore.config.distill_schema import teacher_entries, uses_topk
 from rlcore.controller.decorator import DataLayout, Dispatch, register
 from rlcore.engine.base import TokenRequest
 from rlcore.engine.factory import build_engine, engine_spec

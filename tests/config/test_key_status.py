@@ -47,9 +47,15 @@ def _status_patterns(key: str) -> list[str]:
 
 @lru_cache(maxsize=None)
 def _package_text() -> str:
-    """The package's source outside the schemas and this status list: where a wired key must be read."""
-    skip = ("schema.py", "key_status.py", "config_reference.py")  # the reference names keys to document them
-    return "\n".join(p.read_text() for p in (ROOT / "rlcore").rglob("*.py") if not p.name.endswith(skip))
+    """The package's source outside the schemas' fields and this status list: where a wired key must be read (a
+    schema module's rules, after its `rules` line, count: they read keys as the runtime does)."""
+    skip = ("key_status.py", "config_reference.py")  # the reference names keys to document them
+
+    def code(path) -> str:
+        text = path.read_text()
+        return text.partition(" rules\n")[2] if path.name.endswith("schema.py") else text
+
+    return "\n".join(code(p) for p in (ROOT / "rlcore").rglob("*.py") if not p.name.endswith(skip))
 
 
 def test_every_schema_key_is_wired_refused_or_reported():

@@ -56,7 +56,7 @@ ASYNC_SECTIONS = ("async_training.", "rollout.")
 # their own, key for key the actor's
 WHOLE_NODES = ("actor_rollout_ref.rollout.profiler.tool_config.", "reward_model.profiler.tool_config.")
 # verl's on-policy distillation section is newer than the reference key tree (its docs/algo/opd.md keys, checked in
-# tests/config/test_validate_distill.py)
+# tests/config/test_distill_schema.py)
 DISTILLATION_SECTIONS = ("distillation.",)
 
 

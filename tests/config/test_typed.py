@@ -9,7 +9,7 @@ from rlcore.config.distill_schema import TeacherModelConfig
 from rlcore.config.rm_schema import RMTrainerConfig
 from rlcore.config.schema import MegatronConfig, PPOConfig
 from rlcore.config.typed import as_dictconfig, dotted, plain, typed
-from rlcore.config.validate_distill import teacher_entries
+from rlcore.config.distill_schema import teacher_entries
 from rlcore.train_rm import compose_rm
 
 # one of each kind: FSDP2 with a critic, Megatron MoE, a vision-language model, distillation, split pools, tools

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from rlcore.config import compose
 from rlcore.config.validate import diagnose
-from rlcore.config.validate_async import always_fresh, async_warnings, derive_async_sizes, staleness_window
+from rlcore.config.async_schema import always_fresh, async_warnings, derive_async_sizes, staleness_window
 from rlcore.plan import memory_plan
 
 ARR = "actor_rollout_ref"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rlcore.config import ConfigError, compose, validate_config
-from rlcore.config.validate_distill import teacher_entries, teacher_of_rows
+from rlcore.config.distill_schema import teacher_entries, teacher_of_rows
 from rlcore.plan.placement import placement
 
 D = "distillation"
