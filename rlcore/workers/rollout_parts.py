@@ -8,54 +8,22 @@ import torch
 
 from rlcore.config.agent_loop_config import load_agent_loop_config
 from rlcore.config.interaction_config import load_interaction_config
-from rlcore.config.typed import dotted
 from rlcore.config.tool_config import load_tool_config, tool_config_key_of, tools_enabled
-from rlcore.config.lora_schema import unmerged_lora_rank
+from rlcore.config.typed import dotted
 from rlcore.models.vision import MEDIA_COLUMNS
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
 from rlcore.rollout.agent_runner import AgentRunner
 from rlcore.rollout.base import RolloutEngine, SamplingParams, assemble_sequences
-from rlcore.rollout.factory import build_rollout
+from rlcore.rollout.factory import build_rollout_from_config
 from rlcore.tools.interaction import build_interactions
 from rlcore.tools.runner import ToolRunner
-
-
-def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
-    """The rollout engine's arguments. Sampling seeds differ per data-parallel replica (vLLM's TP peers share one)."""
-    cfg, seed = config.actor_rollout_ref, config.trainer.seed
-    rollout = cfg.rollout
-    kwargs = dict(
-        model_path=cfg.model.path, pad_token_id=pad_token_id, device=device,
-        dtype="float32" if device.type == "cpu" else rollout.dtype,
-        override_config=dict(cfg.model.override_config), seed=seed * 1000 + rank,
-        hf_config_path=cfg.model.hf_config_path, trust_remote_code=cfg.model.trust_remote_code,
-    )
-    kwargs.update(max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                  gpu_memory_utilization=rollout.gpu_memory_utilization,
-                  max_model_len=rollout.max_model_len or rollout.prompt_length + rollout.response_length)
-    if rollout.name != "vllm":
-        sizes = rollout.cudagraph_capture_sizes
-        kwargs.update(enforce_eager=rollout.enforce_eager, cudagraph_capture_sizes=None if sizes is None else list(sizes),
-                      record_routes=rollout.enable_rollout_routing_replay)
-        kwargs.update(rollout.engine_kwargs.native)
-    else:
-        kwargs.update(
-            tensor_parallel_size=rollout.tensor_model_parallel_size,
-            enable_chunked_prefill=rollout.enable_chunked_prefill, enable_prefix_caching=rollout.enable_prefix_caching,
-            enforce_eager=rollout.enforce_eager, load_format=rollout.load_format, expert_parallel_size=rollout.expert_parallel_size,
-            disable_log_stats=rollout.disable_log_stats, engine_kwargs=dict(rollout.engine_kwargs.vllm),
-            record_routes=rollout.enable_rollout_routing_replay,
-            lora_rank=unmerged_lora_rank(dotted(config)),  # vLLM's LoRA support, for the adapters
-        )
-        kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
-    return kwargs
 
 
 def build_rollout_parts(config, tokenizer, device, rank: int) -> tuple[RolloutEngine, AgentLoop | AgentRunner | None]:
     """The rollout engine and, with tools configured, the agent loop around it; with custom agent loops, the runner
     that routes each row to its loop by name (the tool agent among them)."""
-    rollout = build_rollout(config.actor_rollout_ref.rollout.name, **rollout_kwargs(config, tokenizer.pad_token_id, device, rank))
+    rollout = build_rollout_from_config(config, tokenizer.pad_token_id, device, rank)
     tools = agent_loop(config, rollout, tokenizer) if tools_enabled(config) else None
     agent = config.actor_rollout_ref.rollout.agent
     if not agent.agent_loop_config_path:

@@ -1,43 +1,13 @@
-"""What a rollout-holding worker (hybrid or split pools) hands the native engine from `actor_rollout_ref.rollout.*`."""
+"""What a rollout-holding worker (hybrid or split pools) builds around its engine: sampling, the agent loops."""
 
 import torch
 
 from rlcore.config import compose
 from rlcore.rollout.agent_loop import truncate_text
 from rlcore.workers import rollout_parts
-from rlcore.workers.rollout_parts import rollout_kwargs, sampling_params
+from rlcore.workers.rollout_parts import sampling_params
 
 ROLLOUT = "actor_rollout_ref.rollout"
-
-
-def kwargs_for(overrides: list[str]) -> dict:
-    return rollout_kwargs(compose(["recipe=tiny_cpu", "trainer.seed=1", *overrides]), 0, torch.device("cpu"), rank=0)
-
-
-def test_graph_keys_reach_the_native_engine():
-    kwargs = kwargs_for([f"{ROLLOUT}.cudagraph_capture_sizes=[1,2,8]", f"{ROLLOUT}.enforce_eager=True"])
-    assert kwargs["cudagraph_capture_sizes"] == [1, 2, 8] and type(kwargs["cudagraph_capture_sizes"]) is list
-    assert kwargs["enforce_eager"] is True
-    defaults = kwargs_for([])
-    assert defaults["cudagraph_capture_sizes"] is None and defaults["enforce_eager"] is False  # verl's defaults
-
-
-def test_vllm_engine_keys_reach_the_vllm_adapter():
-    # What the adapter does with them: rlcore/rollout/vllm.py hands them to vllm.LLM (tests/rollout/test_vllm.py runs it).
-    vllm = [f"{ROLLOUT}.name=vllm"]
-    kwargs = kwargs_for([*vllm, f"{ROLLOUT}.enable_chunked_prefill=False", f"{ROLLOUT}.enable_prefix_caching=False",
-                         f"{ROLLOUT}.load_format=auto", f"{ROLLOUT}.disable_log_stats=False"])
-    assert (kwargs["enable_chunked_prefill"], kwargs["enable_prefix_caching"], kwargs["load_format"]) == (False, False, "auto")
-    assert kwargs["disable_log_stats"] is False  # vLLM's periodic engine stats on
-    defaults = kwargs_for(vllm)
-    assert (defaults["enable_chunked_prefill"], defaults["enable_prefix_caching"], defaults["disable_log_stats"]) == (True, True, True)
-    assert defaults["load_format"] != "auto"
-
-
-def test_prompt_and_response_length_size_the_engines_context():
-    kwargs = kwargs_for([f"{ROLLOUT}.prompt_length=100", f"{ROLLOUT}.response_length=28"])
-    assert kwargs["max_model_len"] == 128
-    assert kwargs_for([f"{ROLLOUT}.prompt_length=100", f"{ROLLOUT}.response_length=28", f"{ROLLOUT}.max_model_len=512"])["max_model_len"] == 512
 
 
 class _Tokenizer:
@@ -51,14 +21,6 @@ def test_response_length_and_ignore_eos_set_the_sampling():
     assert params.max_tokens == 13 and params.stop_token_ids == [7]  # a response ends at EOS or after 13 tokens
     ignoring = sampling_params(compose(["recipe=tiny_cpu", f"{ROLLOUT}.ignore_eos=True"]), _Tokenizer(), {})
     assert ignoring.stop_token_ids == []  # only max_tokens ends it
-
-
-def test_trainer_seed_seeds_each_replicas_sampling():
-    seeds = {(seed, rank): rollout_kwargs(compose(["recipe=tiny_cpu", f"trainer.seed={seed}"]), 0, torch.device("cpu"), rank)["seed"]
-             for seed in (1, 2) for rank in (0, 1)}
-    assert len(set(seeds.values())) == 4  # another run seed, or another replica, samples differently
-    assert seeds == {(s, r): rollout_kwargs(compose(["recipe=tiny_cpu", f"trainer.seed={s}"]), 0, torch.device("cpu"), r)["seed"]
-                     for s, r in seeds}  # and the same seed samples the same
 
 
 def test_tool_response_truncation_keys_reach_the_agent_loop(monkeypatch):
@@ -78,7 +40,7 @@ def test_tool_response_truncation_keys_reach_the_agent_loop(monkeypatch):
 
 
 def test_default_agent_loop_tool_agent_wraps_the_rollout_in_the_agent_loop(monkeypatch):
-    monkeypatch.setattr(rollout_parts, "build_rollout", lambda name, **kwargs: "engine")
+    monkeypatch.setattr(rollout_parts, "build_rollout_from_config", lambda config, pad, device, rank: "engine")
     monkeypatch.setattr(rollout_parts, "agent_loop", lambda config, rollout, tokenizer: ("agent loop around", rollout))
 
     def parts(loop, multi_turn=False):
@@ -102,7 +64,7 @@ def test_interaction_config_path_gives_the_agent_loop_its_interactions_without_t
 
 
 def test_agent_loop_config_path_routes_rows_to_their_loops(monkeypatch):
-    monkeypatch.setattr(rollout_parts, "build_rollout", lambda name, **kwargs: "engine")
+    monkeypatch.setattr(rollout_parts, "build_rollout_from_config", lambda config, pad, device, rank: "engine")
     cfg = compose(["recipe=tiny_cpu", f"{ROLLOUT}.agent.agent_loop_config_path=agent_loops/retry.yaml",
                    f"{ROLLOUT}.agent.default_agent_loop=retry_agent"])
     monkeypatch.syspath_prepend(".")  # agent_loops/ imports from the repository root (where tests run)

@@ -1,0 +1,49 @@
+"""rlcore/rollout/factory.py: what each rollout engine is handed from `actor_rollout_ref.rollout.*` of the run's
+typed config (as a worker holds it)."""
+
+import torch
+
+from rlcore.config import compose
+from rlcore.config.schema import PPOConfig
+from rlcore.config.typed import typed
+from rlcore.rollout.factory import rollout_kwargs
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def kwargs_for(overrides: list[str]) -> dict:
+    return rollout_kwargs(typed(compose(["recipe=tiny_cpu", "trainer.seed=1", *overrides]), PPOConfig), 0, torch.device("cpu"), rank=0)
+
+
+def test_graph_keys_reach_the_native_engine():
+    kwargs = kwargs_for([f"{ROLLOUT}.cudagraph_capture_sizes=[1,2,8]", f"{ROLLOUT}.enforce_eager=True"])
+    assert kwargs["cudagraph_capture_sizes"] == [1, 2, 8] and type(kwargs["cudagraph_capture_sizes"]) is list
+    assert kwargs["enforce_eager"] is True
+    defaults = kwargs_for([])
+    assert defaults["cudagraph_capture_sizes"] is None and defaults["enforce_eager"] is False  # verl's defaults
+
+
+def test_vllm_engine_keys_reach_the_vllm_adapter():
+    # What the adapter does with them: rlcore/rollout/vllm.py hands them to vllm.LLM (tests/rollout/test_vllm.py runs it).
+    vllm = [f"{ROLLOUT}.name=vllm"]
+    kwargs = kwargs_for([*vllm, f"{ROLLOUT}.enable_chunked_prefill=False", f"{ROLLOUT}.enable_prefix_caching=False",
+                         f"{ROLLOUT}.load_format=auto", f"{ROLLOUT}.disable_log_stats=False"])
+    assert (kwargs["enable_chunked_prefill"], kwargs["enable_prefix_caching"], kwargs["load_format"]) == (False, False, "auto")
+    assert kwargs["disable_log_stats"] is False  # vLLM's periodic engine stats on
+    defaults = kwargs_for(vllm)
+    assert (defaults["enable_chunked_prefill"], defaults["enable_prefix_caching"], defaults["disable_log_stats"]) == (True, True, True)
+    assert defaults["load_format"] != "auto"
+
+
+def test_prompt_and_response_length_size_the_engines_context():
+    kwargs = kwargs_for([f"{ROLLOUT}.prompt_length=100", f"{ROLLOUT}.response_length=28"])
+    assert kwargs["max_model_len"] == 128
+    assert kwargs_for([f"{ROLLOUT}.prompt_length=100", f"{ROLLOUT}.response_length=28", f"{ROLLOUT}.max_model_len=512"])["max_model_len"] == 512
+
+
+def test_trainer_seed_seeds_each_replicas_sampling():
+    seeds = {(seed, rank): rollout_kwargs(compose(["recipe=tiny_cpu", f"trainer.seed={seed}"]), 0, torch.device("cpu"), rank)["seed"]
+             for seed in (1, 2) for rank in (0, 1)}
+    assert len(set(seeds.values())) == 4  # another run seed, or another replica, samples differently
+    assert seeds == {(s, r): rollout_kwargs(compose(["recipe=tiny_cpu", f"trainer.seed={s}"]), 0, torch.device("cpu"), r)["seed"]
+                     for s, r in seeds}  # and the same seed samples the same
