@@ -27,9 +27,9 @@ from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, 
 from rlcore.cli.preflight import preflight
 from rlcore.config import compose, external_config_dir, format_plan
 from rlcore.config.key_status import ineffective_settings
-from rlcore.config.validate import diagnose
-from rlcore.plan import format_memory, memory_plan, supervised_memory_plan
+from rlcore.plan import format_memory, supervised_memory_plan
 from rlcore.plan.heads import policy_heads
+from rlcore.plan.run_plan import plan_run
 
 USAGE = ("usage: rlcore-plan [--config-path DIR] [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [-m] [--elsewhere] "
          "[--rehearse] [recipe=NAME] [key=value ...]")
@@ -103,10 +103,10 @@ def _report(cfg, errors: list[str], warnings: list[str], sections: list[str]) ->
 
 def doctor(cfg, where: str = "plan") -> Diagnosis:
     """The RL trainer's checks (what rlcore-train refuses) and plans for a composed config."""
-    plan, errors = diagnose(cfg, policy_heads(cfg))
-    mem = memory_plan(cfg, plan)
+    run, errors = plan_run(cfg, policy_heads(cfg))  # the plan rlcore-train derives and runs by
+    plan, mem = run.batch, run.memory
     checked = preflight(cfg, where, known=errors)
-    errors = errors + mem.errors + checked.errors
+    errors = errors + checked.errors
     sections = ([format_plan(plan)] if plan is not None else []) + [format_memory(mem)]
     return Diagnosis(errors, checked.warnings, mem, _report(cfg, errors, checked.warnings, sections))
 
@@ -220,13 +220,13 @@ def rehearsal_report(cfg) -> bool:
     """Prints the rehearsal beside the plan; whether every phase fits."""
     from rlcore.cli.rehearsal import format_rehearsal, rehearse
 
-    plan, _ = diagnose(cfg)
+    run, _ = plan_run(cfg)
     try:
-        rehearsal = rehearse(cfg, plan)
+        rehearsal = rehearse(cfg, run.batch)
     except (NotImplementedError, ValueError) as err:
         print(f"rlcore-plan: not rehearsed: {err}", file=sys.stderr)
         return False
-    text, fits = format_rehearsal(rehearsal, memory_plan(cfg, plan))
+    text, fits = format_rehearsal(rehearsal, run.memory)
     print(text)
     return fits
 
