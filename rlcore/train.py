@@ -13,7 +13,7 @@ import time
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rlcore.cli.overrides import (ComposeError, compose_explained, config_dir_of, expand_sweep, hydra_argv, schema_keys,
                                   set_existing_keys, split_argv)

@@ -37,7 +37,7 @@ def plain(value: Any) -> Any:
 
 def dotted(config: Any) -> Callable[[str], Any]:
     """`get(key)` over `config` (typed or a DictConfig) for the shared rules that read dotted keys
-    (rlcore.config.validate_*: unmerged_lora_rank, uses_topk, ...); None where a section lacks the key, as
+    (the sections' rules: unmerged_lora_rank, uses_topk, ...); None where a section lacks the key, as
     OmegaConf.select answers."""
 
     def get(key: str) -> Any:
