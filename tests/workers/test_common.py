@@ -50,3 +50,22 @@ def test_deprecated_global_micro_batch_keys_set_the_per_rank_size(section, base,
     assert micro_batch_spec(OmegaConf.select(cfg, section), base, dynamic, budget, _engine(dp=4)).rows == 8  # 32 over 4 ranks
     cfg = compose(["recipe=tiny_cpu", f"{section}.{base}=8", f"{section}.{base}_per_gpu=null", f"{section}.{dynamic}=False"])
     assert micro_batch_spec(OmegaConf.select(cfg, section), base, dynamic, budget, _engine(dp=4)).rows == 2
+
+
+def test_a_role_holds_the_run_config_as_the_schemas_objects():
+    """What the controller sends (the typed config) is kept as is; a dict of the composed config (as tests build
+    workers) becomes the same objects, the schema's defaults under what it leaves out."""
+    from rlcore.config import compose
+    from rlcore.config.schema import PPOConfig
+    from rlcore.config.sft_schema import SFTTrainerConfig
+    from rlcore.config.typed import typed
+    from rlcore.train_sft import compose_sft
+    from rlcore.workers.common import RoleWorker
+    from rlcore.workers.sft_trainer import SFTTrainerWorker
+
+    run = typed(compose(["recipe=tiny_cpu"]), PPOConfig)
+    assert RoleWorker(run).config is run
+    held = RoleWorker({"actor_rollout_ref": {"actor": {"ppo_epochs": 3}}}).config
+    assert isinstance(held, PPOConfig) and held.actor_rollout_ref.actor.ppo_epochs == 3
+    assert held.actor_rollout_ref.rollout.n == PPOConfig().actor_rollout_ref.rollout.n
+    assert isinstance(SFTTrainerWorker(OmegaConf.to_container(compose_sft([]), resolve=True)).config, SFTTrainerConfig)
