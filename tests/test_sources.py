@@ -22,3 +22,12 @@ def test_every_source_file_compiles_without_a_warning():
                 except (SyntaxError, SyntaxWarning, DeprecationWarning) as err:
                     problems.append(f"{path.relative_to(ROOT)}: {err}")
     assert not problems, "\n".join(problems)
+
+
+def test_no_two_test_modules_share_a_file_name():
+    """The test folders are no packages: pytest imports each test module by its file name, and a second
+    tests/<a>/test_x.py beside tests/<b>/test_x.py stops the whole run at collection ("import file mismatch")."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}
