@@ -8,6 +8,7 @@ from typing import Iterable
 
 import torch
 
+from rlcore.config.rollout_schema import RolloutConfig as _SCHEMA  # the engine's defaults are the config's
 from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
 from rlcore.models.router import ROUTE_DTYPE, Routing, to_routes
@@ -101,9 +102,10 @@ class NativeRollout(RolloutEngine):
     resumes_generation = True
 
     def __init__(self, model_path: str | None, pad_token_id: int, device: torch.device, dtype: str = "float32", override_config: dict | None = None,
-                 seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None,
-                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None, record_routes: bool = False,
+                 seed: int = 0, model: torch.nn.Module | None = None, max_num_seqs: int = _SCHEMA.max_num_seqs,
+                 max_num_batched_tokens: int = _SCHEMA.max_num_batched_tokens,
+                 gpu_memory_utilization: float = _SCHEMA.gpu_memory_utilization, kv_cache_memory_bytes: int | None = None, max_model_len: int | None = None,
+                 enforce_eager: bool = _SCHEMA.enforce_eager, cudagraph_capture_sizes: list[int] | None = None, record_routes: bool = False,
                  hf_config_path: str | None = None, trust_remote_code: bool = False, merge_adapters: bool = False) -> None:
         """Builds its own copy of the architecture at `model_path`, or decodes with `model` as given (no copy).
         `record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in

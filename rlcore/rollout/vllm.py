@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlcore.config.rollout_schema import RolloutConfig as _SCHEMA  # the adapter's defaults are the config's
 from rlcore.models.experts import splits_experts, to_checkpoint_names
 from rlcore.families import arch_of, family_of
 from rlcore.families import num_experts as experts_per_layer
@@ -217,11 +218,13 @@ class VLLMRollout(RolloutEngine):
         return self.device.type == "cpu"
 
     def __init__(self, model_path: str, pad_token_id: int, device: torch.device, dtype: str = "bfloat16", override_config: dict | None = None,
-                 seed: int = 0, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
-                 enable_prefix_caching: bool = True, enforce_eager: bool = False, load_format: str = "dummy", engine_kwargs: dict | None = None,
+                 seed: int = 0, tensor_parallel_size: int = 1, gpu_memory_utilization: float = _SCHEMA.gpu_memory_utilization,
+                 max_model_len: int | None = None, max_num_seqs: int = _SCHEMA.max_num_seqs,
+                 max_num_batched_tokens: int = _SCHEMA.max_num_batched_tokens, enable_chunked_prefill: bool = _SCHEMA.enable_chunked_prefill,
+                 enable_prefix_caching: bool = _SCHEMA.enable_prefix_caching, enforce_eager: bool = _SCHEMA.enforce_eager,
+                 load_format: str = _SCHEMA.load_format, engine_kwargs: dict | None = None,
                  expert_parallel_size: int = 1, hf_config_path: str | None = None, trust_remote_code: bool = False,
-                 disable_log_stats: bool = True, record_routes: bool = False, lora_rank: int = 0) -> None:
+                 disable_log_stats: bool = _SCHEMA.disable_log_stats, record_routes: bool = False, lora_rank: int = 0) -> None:
         """`record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in
         RolloutOutput.routed_experts; the engine then runs eager and without prefix caching (rlcore.rollout.vllm_routes).
         `lora_rank` > 0: adapters of that rank arrive by `load_adapters` (LoRA without merging; engine_kwargs'

@@ -47,3 +47,23 @@ def test_trainer_seed_seeds_each_replicas_sampling():
     assert len(set(seeds.values())) == 4  # another run seed, or another replica, samples differently
     assert seeds == {(s, r): rollout_kwargs(compose(["recipe=tiny_cpu", f"trainer.seed={s}"]), 0, torch.device("cpu"), r)["seed"]
                      for s, r in seeds}  # and the same seed samples the same
+
+
+def test_an_engine_built_without_the_config_takes_the_schemas_defaults():
+    # Benches and tests build engines directly: their defaults are the schema's, not a second copy that can drift
+    # (VLLMTeacher's max_num_seqs was 256 against the teacher section's 1024).
+    import inspect
+    from dataclasses import MISSING
+
+    from rlcore.config.distill_schema import TeacherInferenceConfig
+    from rlcore.config.rollout_schema import RolloutConfig
+    from rlcore.rollout.native import NativeRollout
+    from rlcore.rollout.vllm import VLLMRollout
+    from rlcore.rollout.vllm_teacher import VLLMTeacher
+
+    for engine, schema in ((NativeRollout, RolloutConfig), (VLLMRollout, RolloutConfig), (VLLMTeacher, TeacherInferenceConfig)):
+        params = inspect.signature(engine.__init__).parameters
+        fields = schema.__dataclass_fields__  # those with a plain default (name, dtype, max_model_len: not the same thing)
+        shared = [n for n in params if n in fields and fields[n].default is not MISSING and n not in ("name", "dtype", "max_model_len")]
+        assert "gpu_memory_utilization" in shared and "max_num_seqs" in shared
+        assert {n: params[n].default for n in shared} == {n: getattr(schema, n) for n in shared}, engine.__name__
