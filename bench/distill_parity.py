@@ -74,7 +74,8 @@ def teacher_parity() -> dict[str, float]:
     from rlcore.engine.factory import build_engine
     from rlcore.protocol import DataProto, position_ids_from_mask
     from rlcore.rollout.vllm_teacher import VLLMTeacher
-    from rlcore.workers.common import micro_batch_spec, run_forward
+    from rlcore.data.micro_batches import MicroBatchSpec
+    from rlcore.workers.common import run_forward
 
     path = tempfile.mkdtemp()
     torch.manual_seed(0)
@@ -93,7 +94,7 @@ def teacher_parity() -> dict[str, float]:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
     engine = build_engine("fsdp2", EngineSpec(model_path=path, trainable=False), torch.device("cpu"))
-    micro = micro_batch_spec({"log_prob_micro_batch_size_per_gpu": rows, "d": False}, "log_prob_micro_batch_size", "d", "d", engine)
+    micro = MicroBatchSpec(rows=rows)
     native = run_forward(engine, batch, micro, lambda o, mb: {k: o[k] for k in ("log_probs", "topk_log_probs", "topk_ids")},
                          TokenRequest(topk=K)).batch
     real = mask[:, prompt:].bool()

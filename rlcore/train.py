@@ -118,7 +118,7 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
 
 def build_worker_groups(cfg: PPOConfig, plan: RunPlan) -> tuple[dict, list]:
     """The actor/rollout/ref group and, when used, the critic, reward-model, rollout and teacher groups, each a
-    process per device of its pool (the plan's placement)."""
+    process per device of its pool (the plan's placement), each handed the plan's micro-batches."""
     from rlcore.trainer.lifecycle import build_groups
     from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
     from rlcore.workers.critic import CriticWorker
@@ -129,7 +129,7 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan) -> tuple[dict, list]:
     classes = {"actor_rollout": ActorRolloutRefWorker, "critic": CriticWorker, "reward_model": RewardModelWorker, "rollout": RolloutWorker,
                "teacher": TeacherWorker}
     check_dir = cfg.trainer.save_freq > 0 or cfg.trainer.resume_mode != "disable"
-    return build_groups(cfg.trainer, cfg, plan.pools, plan.where, classes, check_dir)
+    return build_groups(cfg.trainer, cfg, plan.pools, plan.where, classes, check_dir, plan.micro)
 
 
 def train_with_restarts(cfg: PPOConfig, plan: RunPlan, total_steps: int, make_trainer) -> dict[str, float]:

@@ -13,6 +13,7 @@ from typing import Optional
 
 from rlcore.config.validate import BatchPlan, diagnose
 from rlcore.plan.memory import MemoryPlan, memory_plan
+from rlcore.plan.micro_plan import MicroBatch, micro_batches
 from rlcore.plan.placement import placement
 
 
@@ -22,6 +23,7 @@ class RunPlan:
     pools: list[tuple[int, int]]  # device pools [(nnodes, n_gpus_per_node)]
     where: dict[str, int]  # the pool of each worker group
     memory: MemoryPlan  # each role's per-device peak
+    micro: dict[str, MicroBatch]  # each pass's micro-batches per rank, by pass (rlcore.plan.micro_plan); {} without a batch plan
 
     @property
     def planned_peaks(self) -> dict[str, float]:
@@ -35,4 +37,11 @@ def plan_run(cfg, heads: Optional[tuple[int, int]] = None) -> tuple[RunPlan, lis
     batch, errors = diagnose(cfg, heads)
     memory = memory_plan(cfg, batch)
     pools, where = placement(cfg)
-    return RunPlan(batch, pools, where, memory), errors + memory.errors
+    micro = micro_batches(cfg, pools, where) if batch is not None else {}
+    return RunPlan(batch, pools, where, memory, micro), errors + memory.errors
+
+
+def planned_micro_batches(cfg) -> dict[str, MicroBatch]:
+    """The passes' micro-batches of a PPO config (typed or composed) as plan_run derives them for a valid one, for a
+    worker built without the controller's plan (tests and tools, whose configs the validator may not have seen)."""
+    return micro_batches(cfg, *placement(cfg))

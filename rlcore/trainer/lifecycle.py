@@ -41,10 +41,11 @@ def cpus_per_rank(device: str, ranks: int) -> int:
 
 
 def build_groups(trainer_cfg, config, shapes: list[tuple[int, int]], where: dict[str, int], classes: dict[str, type],
-                 check_dir: bool) -> tuple[dict, list]:
+                 check_dir: bool, micro: dict | None = None) -> tuple[dict, list]:
     """One Ray worker group per role, a process per device of its pool: pools `shapes` [(nnodes, n_gpus_per_node)],
     `where[role]` the pool a role runs on (roles sharing a pool are colocated), `classes[role]` its worker class.
-    Prints the rank -> node map; `check_dir`: every rank must see trainer.default_local_dir. Torn down on failure."""
+    Prints the rank -> node map; `check_dir`: every rank must see trainer.default_local_dir. `micro`: the run plan's
+    micro-batches, sent to every role (rlcore.workers.common.RoleWorker). Torn down on failure."""
     from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
     from rlcore.controller.ray_group import RayWorkerGroup
     from rlcore.trainer.profiling import nsight_runtime_env
@@ -58,7 +59,7 @@ def build_groups(trainer_cfg, config, shapes: list[tuple[int, int]], where: dict
         for role, pool in where.items():
             groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=t.hang_timeout_s,
                                           collective_timeout_s=collective_timeout_s(config), config=config,
-                                          nsight=nsight_runtime_env(config, role))
+                                          nsight=nsight_runtime_env(config, role), micro=micro)
         if getattr(t, "verbosity", "full") == "full":
             print(placement_map(groups), flush=True)
         if check_dir:

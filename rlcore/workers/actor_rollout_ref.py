@@ -17,6 +17,7 @@ from rlcore.engine.base import CHECKPOINT_STATE
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.vision import vision_processor
 from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
+from rlcore.plan.micro_plan import ACTOR_LOG_PROB, ACTOR_UPDATE, REF_LOG_PROB
 from rlcore.protocol import DataProto
 from rlcore.models.hf_export import head_model_config
 from rlcore.rollout.weight_sync import send_weights, sync_adapters, sync_weights
@@ -25,15 +26,15 @@ from rlcore.utils.memory import peak_memory_gib
 from rlcore.workers.actor import compute_log_prob, update_policy
 from rlcore.workers import phases
 from rlcore.utils.dist import standalone_group
-from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, save_rng_state
+from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, save_rng_state
 from rlcore.workers.rollout_parts import build_rollout_parts, generate, sampling_params
 
 
 class ActorRolloutRefWorker(RoleWorker):
     """Owns, in one process per device: the trainable policy, its rollout engine, and the frozen reference."""
 
-    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
-        super().__init__(config, rank=rank, world_size=world_size, device=device)
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1, device: str = "cpu", micro: dict | None = None) -> None:
+        super().__init__(config, rank=rank, world_size=world_size, device=device, micro=micro)
         load_custom_algorithms(self.config.custom_algorithms.path)  # a user's policy loss runs here
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -116,12 +117,8 @@ class ActorRolloutRefWorker(RoleWorker):
         return {"actor": self.actor} | ({"ref": self.ref} if self.ref is not None else {})
 
     def _micro_batches(self, role: str) -> MicroBatchSpec:
-        """role: "actor" (the update), "rollout" (old log-probs) or "ref"."""
-        cfg = self.config.actor_rollout_ref
-        if role == "actor":
-            return micro_batch_spec(cfg.actor, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.actor)
-        return micro_batch_spec(getattr(cfg, role), "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-                                self.actor)
+        """role: "actor" (the update), "rollout" (old log-probs) or "ref"; each on the actor's engine."""
+        return self.micro_batches({"actor": ACTOR_UPDATE, "rollout": ACTOR_LOG_PROB, "ref": REF_LOG_PROB}[role], self.actor)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="actor")
     def compute_log_prob(self, data: DataProto) -> DataProto:

@@ -18,6 +18,8 @@ from rlcore.controller.worker import Worker
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, pad_responses, restore_order
 from rlcore.engine.base import CHECKPOINT_STATE, ForwardFn, LossFn, TokenRequest, TrainEngine
 from rlcore.models.hf import quiet_transformers
+from rlcore.plan.micro_plan import MicroBatch
+from rlcore.plan.run_plan import planned_micro_batches
 from rlcore.protocol import DataProto
 from rlcore.utils import checkpoint
 from rlcore.utils.checkpoint import checkpoint_load
@@ -32,10 +34,24 @@ class RoleWorker(Worker):
 
     schema: type = PPOConfig  # the trainer config this role runs under
 
-    def __init__(self, config: object, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+    def __init__(self, config: object, rank: int = 0, world_size: int = 1, device: str = "cpu",
+                 micro: dict[str, MicroBatch] | None = None) -> None:
+        """`micro`: each pass's micro-batches from the run plan (rlcore.plan.micro_plan), as the controller sends
+        them; None derives the same plan here on first use (a worker built by a test)."""
         super().__init__(rank=rank, world_size=world_size, device=device)
         self.config = typed(config, self.schema)
+        self._planned_micro = micro
         quiet_transformers()
+
+    def micro_batches(self, name: str, engine: TrainEngine) -> MicroBatchSpec:
+        """Pass `name`'s micro-batches (rlcore.plan.micro_plan's names) laid over `engine`: its token budget times
+        the engine's Ulysses size, packed iff the engine packs (use_remove_padding)."""
+        if self._planned_micro is None:
+            self._planned_micro = planned_micro_batches(self.config)
+        planned, packed = self._planned_micro[name], engine.spec.use_remove_padding
+        if planned.rows is not None:
+            return MicroBatchSpec(rows=planned.rows, packed=packed)
+        return MicroBatchSpec(max_tokens=planned.max_tokens * engine.spec.ulysses_sp, packed=packed)
 
 
 class SupervisedWorker(RoleWorker):
@@ -77,20 +93,6 @@ class SupervisedWorker(RoleWorker):
 def layout_of(engine: TrainEngine) -> DataLayout:
     """The data-parallel layout the worker group splits this engine's batches over."""
     return DataLayout(engine.dp_rank, engine.dp_size, engine.is_output_rank)
-
-
-def micro_batch_spec(section, base: str, dynamic_key: str, budget_key: str, engine: TrainEngine, dynamic: bool | None = None) -> MicroBatchSpec:
-    """A pass's micro-batching from its role's verl keys: `{base}_per_gpu` samples (ppo_micro_batch_size_per_gpu,
-    log_prob_micro_batch_size_per_gpu, forward_micro_batch_size_per_gpu, micro_batch_size_per_gpu; or the deprecated
-    global `{base}` over dp ranks), or, when the section's `dynamic_key`, the token budget `budget_key` per device,
-    times the Ulysses size (verl's rule: each of the sp ranks that share a micro-batch holds 1/sp of its tokens).
-    The engine packs iff its spec says use_remove_padding. `dynamic`, when given, decides token budgets instead of
-    the section's `dynamic_key` (the reward model's also under verl's reward loop)."""
-    packed = engine.spec.use_remove_padding
-    if getattr(section, dynamic_key) if dynamic is None else dynamic:
-        return MicroBatchSpec(max_tokens=getattr(section, budget_key) * engine.spec.ulysses_sp, packed=packed)
-    rows = getattr(section, f"{base}_per_gpu")
-    return MicroBatchSpec(rows=rows if rows is not None else getattr(section, base) // engine.dp_size, packed=packed)
 
 
 def run_forward(engine: TrainEngine, data: DataProto, spec: MicroBatchSpec, fn: ForwardFn, request: TokenRequest = TokenRequest()) -> DataProto:

@@ -13,9 +13,10 @@ from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import import_external_lib, named_load
+from rlcore.plan.micro_plan import CRITIC_UPDATE, CRITIC_VALUES
 from rlcore.protocol import DataProto
 from rlcore.workers import phases
-from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, micro_batch_spec, run_forward, run_ppo_updates, save_rng_state
+from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, run_forward, run_ppo_updates, save_rng_state
 
 
 def compute_values(engine: TrainEngine, data: DataProto, micro: MicroBatchSpec) -> DataProto:
@@ -72,7 +73,7 @@ class CriticWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="critic")
     def compute_values(self, data: DataProto) -> DataProto:
         cfg = self.config.critic
-        micro = micro_batch_spec(cfg, "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine)
+        micro = self.micro_batches(CRITIC_VALUES, self.engine)
         with phases.running(self.engine, "values"):
             return compute_values(self.engine, data, micro)
 
@@ -81,7 +82,7 @@ class CriticWorker(RoleWorker):
         cfg = self.config.critic
         start = time.perf_counter()
         phases.reset_peak(self.device)
-        micro = micro_batch_spec(cfg, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", self.engine)
+        micro = self.micro_batches(CRITIC_UPDATE, self.engine)
         with phases.running(self.engine, "update_critic"):
             metrics = update_value(self.engine, data, cfg, micro, self.config.actor_rollout_ref.rollout.n)
             metrics.update(phases.ledger("update_critic", {"critic": self.engine}, device=self.device))

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import time
 
-from rlcore.config.validate_reward_model import uses_token_budgets
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import import_external_lib, load_tokenizer, named_load
+from rlcore.plan.micro_plan import REWARD_MODEL
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import decode_responses
 from rlcore.data.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
 from rlcore.workers import phases
-from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, run_forward
+from rlcore.workers.common import RoleWorker, layout_of, run_forward
 
 
 class RewardModelWorker(RoleWorker):
@@ -49,7 +49,7 @@ class RewardModelWorker(RoleWorker):
         start = time.perf_counter()
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         inputs = DataProto.from_dict(right_aligned(self._sequences(data), pad, cfg.max_length))
-        micro = micro_batch_spec(cfg, "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu", self.engine, uses_token_budgets(cfg))
+        micro = self.micro_batches(REWARD_MODEL, self.engine)
         with phases.running(self.engine, "reward_model"):
             out = run_forward(self.engine, inputs, micro, lambda outputs, mb: {"scores": outputs["scores"]})
         if not len(out):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import time
-from types import SimpleNamespace
 
 from rlcore.config.distill_schema import TeacherModelConfig
 from rlcore.config.schema import PPOConfig
@@ -21,9 +20,10 @@ from rlcore.controller.decorator import DataLayout, Dispatch, register
 from rlcore.engine.base import TokenRequest
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import named_load
+from rlcore.plan.micro_plan import TEACHER
 from rlcore.protocol import DataProto
 from rlcore.workers import phases
-from rlcore.workers.common import RoleWorker, layout_of, micro_batch_spec, run_forward
+from rlcore.workers.common import RoleWorker, layout_of, run_forward
 
 # The columns a teacher adds: the sampled tokens' log-probs, and for the top-k losses its top-k tokens.
 TEACHER_COLUMNS = ("teacher_log_probs", "teacher_topk_log_probs", "teacher_topk_ids")
@@ -92,10 +92,7 @@ class TeacherWorker(RoleWorker):
                                               t.inference.temperature)
         else:
             engine = self.engines[teacher]
-            # verl's deprecated global size, when the reference is given that way, is the reference's too
-            section = SimpleNamespace(**vars(t.inference), log_prob_micro_batch_size=self.config.actor_rollout_ref.ref.log_prob_micro_batch_size)
-            micro = micro_batch_spec(section, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-                                     engine)
+            micro = self.micro_batches(TEACHER.format(name=teacher), engine)
             request = TokenRequest(t.inference.temperature, topk=self.topk)
             with phases.running(engine, "ref"):
                 scored = run_forward(engine, data, micro, lambda outputs, mb: {k: outputs[k] for k in outputs if k in

@@ -1,55 +1,38 @@
-"""How a role's verl keys become micro-batches: samples per rank, or a token budget per device that Ulysses scales."""
+"""What every role shares: its run config as the schema's objects, its passes' micro-batches from the run plan
+laid over its engine."""
 
 from types import SimpleNamespace
 
-import pytest
 from omegaconf import OmegaConf
 
+from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec
-from rlcore.workers.common import micro_batch_spec
+from rlcore.plan.micro_plan import MicroBatch
+from rlcore.workers.common import RoleWorker
 
-SECTION = OmegaConf.create({"ppo_micro_batch_size": 64, "ppo_micro_batch_size_per_gpu": None, "use_dynamic_bsz": False,
-                            "ppo_max_token_len_per_gpu": 4096})
-
-
-def _engine(sp: int = 1, dp: int = 4, packed: bool = True):
-    return SimpleNamespace(spec=EngineSpec(model_path="m", use_remove_padding=packed, ulysses_sp=sp), dp_size=dp)
+def _engine(sp: int = 1, packed: bool = True):
+    return SimpleNamespace(spec=EngineSpec(model_path="m", use_remove_padding=packed, ulysses_sp=sp))
 
 
-def _spec(engine, **changes):
-    section = OmegaConf.merge(SECTION, changes)
-    return micro_batch_spec(section, "ppo_micro_batch_size", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", engine)
+def test_a_planned_pass_laid_over_the_engine():
+    # The run plan says rows per rank or a budget per device (tests/plan/test_micro_plan.py); the engine adds
+    # its packing and, for a budget, its Ulysses size: each of the sp ranks sharing a micro-batch holds 1/sp of it.
+    role = RoleWorker({}, micro={"rows": MicroBatch(rows=8), "tokens": MicroBatch(max_tokens=4096)})
+    assert role.micro_batches("rows", _engine(sp=2)) == MicroBatchSpec(rows=8, packed=True)
+    assert role.micro_batches("tokens", _engine(packed=False)) == MicroBatchSpec(max_tokens=4096, packed=False)
+    assert role.micro_batches("tokens", _engine(sp=4)) == MicroBatchSpec(max_tokens=4 * 4096, packed=True)
 
 
-def test_rows_per_rank_from_either_key():
-    assert _spec(_engine()).rows == 16  # the deprecated global size over 4 data-parallel ranks
-    assert _spec(_engine(), ppo_micro_batch_size_per_gpu=8).rows == 8
-    # Ulysses: an sp group is one data-parallel rank, and its micro-batch is the per-gpu size (each rank a slice)
-    assert _spec(_engine(sp=2, dp=2), ppo_micro_batch_size_per_gpu=8).rows == 8
-
-
-def test_a_token_budget_per_device_times_the_ulysses_size():
-    assert _spec(_engine(), use_dynamic_bsz=True).max_tokens == 4096
-    spec = _spec(_engine(sp=4, dp=1), use_dynamic_bsz=True)
-    assert spec.max_tokens == 4 * 4096 and spec.packed  # verl: max_token_len x sp per micro-batch, 4096 per rank
-
-
-# Each worker's pass and the section it reads (rlcore/workers/actor_rollout_ref.py::_micro_batches, critic.py::
-# compute_values, reward_model.py::compute_rm_score): verl's deprecated global micro-batch keys, split over the ranks.
-DEPRECATED = [("actor_rollout_ref.ref", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
-              ("actor_rollout_ref.rollout", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
-              ("critic", "forward_micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
-              ("reward_model", "micro_batch_size", "use_dynamic_bsz", "forward_max_token_len_per_gpu")]
-
-
-@pytest.mark.parametrize("section, base, dynamic, budget", DEPRECATED)
-def test_deprecated_global_micro_batch_keys_set_the_per_rank_size(section, base, dynamic, budget):
+def test_a_role_built_without_the_plan_derives_the_same_one():
     from rlcore.config import compose
+    from rlcore.plan.micro_plan import ACTOR_LOG_PROB, ACTOR_UPDATE
+    from rlcore.plan.run_plan import plan_run
 
-    cfg = compose(["recipe=tiny_cpu", f"{section}.{base}=32", f"{section}.{base}_per_gpu=null", f"{section}.{dynamic}=False"])
-    assert micro_batch_spec(OmegaConf.select(cfg, section), base, dynamic, budget, _engine(dp=4)).rows == 8  # 32 over 4 ranks
-    cfg = compose(["recipe=tiny_cpu", f"{section}.{base}=8", f"{section}.{base}_per_gpu=null", f"{section}.{dynamic}=False"])
-    assert micro_batch_spec(OmegaConf.select(cfg, section), base, dynamic, budget, _engine(dp=4)).rows == 2
+    cfg = compose(["recipe=tiny_cpu", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    role = RoleWorker(OmegaConf.to_container(cfg, resolve=True))
+    planned = plan_run(cfg)[0].micro
+    assert role.micro_batches(ACTOR_UPDATE, _engine()).rows == planned[ACTOR_UPDATE].rows == 4
+    assert role.micro_batches(ACTOR_LOG_PROB, _engine()).rows == planned[ACTOR_LOG_PROB].rows == 128
 
 
 def test_a_role_holds_the_run_config_as_the_schemas_objects():
@@ -60,7 +43,6 @@ def test_a_role_holds_the_run_config_as_the_schemas_objects():
     from rlcore.config.sft_schema import SFTTrainerConfig
     from rlcore.config.typed import typed
     from rlcore.train_sft import compose_sft
-    from rlcore.workers.common import RoleWorker
     from rlcore.workers.sft_trainer import SFTTrainerWorker
 
     run = typed(compose(["recipe=tiny_cpu"]), PPOConfig)

@@ -133,7 +133,7 @@ def test_input_tokenizer_says_whose_tokens_the_batch_holds_and_max_length_keeps_
     monkeypatch.setattr(rmw, "engine_spec", lambda *args, **kwargs: None)
     monkeypatch.setattr(rmw, "build_engine", lambda *args, **kwargs: "engine")
     monkeypatch.setattr(rmw, "layout_of", lambda engine: None)
-    monkeypatch.setattr(rmw, "micro_batch_spec", lambda *args: None)
+    monkeypatch.setattr(rmw.RewardModelWorker, "micro_batches", lambda self, name, engine: None)
     monkeypatch.setattr(phases, "leave", lambda engine: None)
     monkeypatch.setattr(phases, "running", lambda engine, phase: contextlib.nullcontext())
     monkeypatch.setattr(rmw, "run_forward", lambda engine, inputs, micro, fn: scored.append(inputs) or DataProto.from_dict(
