@@ -18,12 +18,12 @@ LAYERS = [  # top to bottom
     ("telemetry", ("rlcore.telemetry",)),
     ("workers", ("rlcore.workers",)),
     ("training engines", ("rlcore.engine",)),
+    ("plans", ("rlcore.plan",)),  # the planner reads each engine's own terms (rlcore.rollout.sizing)
     ("rollout engines", ("rlcore.rollout",)),
     ("single controller", ("rlcore.controller",)),
     ("algorithms and rewards", ("rlcore.algos", "rlcore.reward", "rlcore.tools")),
     ("data", ("rlcore.data",)),
     ("models", ("rlcore.models",)),
-    ("plans", ("rlcore.plan",)),
     ("model families", ("rlcore.families",)),
     ("config", ("rlcore.config",)),
     ("batch type", ("rlcore.protocol",)),

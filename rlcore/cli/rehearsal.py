@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.validate import uses_reference
 from rlcore.plan.arch import Arch, hf_config, resolve_arch
 from rlcore.plan.memory import ARR, GIB, Estimator, MemoryPlan, _Role, device_capacity, runtime_gib
+from rlcore.rollout.sizing import rollout_sizing
 
 # Measured with megatron-core 0.16.1 under a fake world of 8: it creates gloo groups beside the default group (the
 # fake backend cannot back them; switchable), its optimizer exchanges parameter-group keys with all_gather_object
@@ -241,11 +242,7 @@ def rehearse(cfg: DictConfig, plan) -> Rehearsal:
     # The rollout engine is not rehearsed (vLLM allocates for itself): the plan's terms for it, its weights alone
     # while the sync streams into them.
     rollout_items = est.rollout(arch, world)[0]
-    if rollout.name == "vllm":
-        tp = rollout.tensor_model_parallel_size
-        woken = (f"vLLM weights woken for the sync ({rollout.dtype} / TP{tp})", arch.params() * (2 if rollout.dtype in ("bfloat16", "float16") else 4) / tp / GIB)
-    else:
-        woken = rollout_items[0]
+    woken = rollout_sizing(rollout.name).woken_for_sync(arch, rollout, rollout_items)
     runtime = (f"runtime (the plan's: {'CUDA context, NCCL' if t.device == 'cuda' else 'the Python/torch/Ray worker'})", runtime_gib(t.device))
     out = []
     with tempfile.TemporaryDirectory() as workdir, _fake_world(world), ExitStack() as stack:

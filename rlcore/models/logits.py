@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 
-from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.utils.sizes import LOGITS_CHUNK_BYTES
 from rlcore.utils.dist import all_gather_flat, all_reduce
 
 

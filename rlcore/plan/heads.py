@@ -1,4 +1,4 @@
-"""Attention heads against the ways a config splits them: rollout TP (vLLM), Megatron TP, Ulysses SP.
+"""Attention heads against the ways a config splits them: rollout TP (the engine's rule), Megatron TP, Ulysses SP.
 
 A split that does not divide the heads fails only when the engine builds (vLLM: "Total number of attention heads
 (28) must be divisible by tensor parallel size (8)"), minutes into a GPU job; the architecture is known here, so the
@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.validate_ulysses import role_sp, sp_key
 from rlcore.plan.arch import Arch, resolve_arch
+from rlcore.rollout.sizing import rollout_sizing
 
 ARR = "actor_rollout_ref"
 
@@ -37,16 +38,12 @@ def head_errors(cfg: DictConfig, arch: Arch, model_key: str) -> list[str]:
     errors, per_node = [], int(OmegaConf.select(cfg, "trainer.n_gpus_per_node"))
     heads = f"{model_key}'s {arch.heads} attention heads / {arch.kv_heads} KV heads"
 
-    def vllm_ok(tp: int) -> bool:  # vLLM splits query heads; KV heads split or are replicated
-        return arch.heads % tp == 0 and (arch.kv_heads % tp == 0 or tp % arch.kv_heads == 0)
-
-    if OmegaConf.select(cfg, f"{ARR}.rollout.name") == "vllm":
-        key = f"{ARR}.rollout.tensor_model_parallel_size"
-        tp = OmegaConf.select(cfg, key)
-        if tp and tp >= 1 and not vllm_ok(tp):
-            ok = [v for v in _divisors_up_to(per_node, per_node) if vllm_ok(v)]
-            errors.append(f"{key}={tp} does not split {heads} (vLLM needs heads % TP == 0, and KV heads % TP == 0 or "
-                          f"TP % KV heads == 0); " + _fix(key, _nearest(tp, ok)))
+    engine = rollout_sizing(OmegaConf.select(cfg, f"{ARR}.rollout.name"))  # its own rule for splitting heads over TP
+    key = f"{ARR}.rollout.tensor_model_parallel_size"
+    tp = OmegaConf.select(cfg, key)
+    if tp and tp >= 1 and not engine.splits_heads(arch.heads, arch.kv_heads, tp):
+        ok = [v for v in _divisors_up_to(per_node, per_node) if engine.splits_heads(arch.heads, arch.kv_heads, v)]
+        errors.append(f"{key}={tp} does not split {heads} ({engine.head_rule}); " + _fix(key, _nearest(tp, ok)))
     if OmegaConf.select(cfg, f"{ARR}.actor.strategy") == "megatron":
         for section in (f"{ARR}.actor.megatron", f"{ARR}.ref.megatron"):
             key = f"{section}.tensor_model_parallel_size"

@@ -26,7 +26,6 @@ Each role names the largest lever with its estimated saving. Imports neither tor
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -35,9 +34,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.fsdp_schema import compute_dtype
 from rlcore.plan.arch import Arch, resolve_arch
-from rlcore.plan.constants import DTYPE_BYTES, LOGITS_CHUNK_BYTES
+from rlcore.utils.sizes import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 from rlcore.config.lora_schema import adapter_rank
 from rlcore.plan.rollout_memory import rollout_memory
+from rlcore.rollout.sizing import rollout_sizing
 from rlcore.plan.placement import placement
 from rlcore.plan.teacher_memory import teacher_phases
 from rlcore.plan.tower_memory import tower_activations
@@ -514,12 +514,7 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     if archs["policy"] is not None:
         role = RoleMemory("rollout", f"{rollout_world} devices" + (", own pool" if split else ""),
                           rollout_items + others("rollout", rollout_pool) + [runtime(rollout_pool)], capacity, rollout_note, rollout_levers)
-        fit = capacity * FIT - (role.peak - rollout_items[0][1]) if c(f"{ARR}.rollout.name") == "vllm" else None
-        # Lowering vLLM's share helps only while it still holds its weights and one sequence's KV cache; below
-        # that the fix is to move what the other roles keep on the device.
-        if fit is not None and role.peak > capacity * FIT and fit / capacity >= getattr(est, "vllm_floor", 1.0):
-            role.levers.append((f"{ARR}.rollout.gpu_memory_utilization={math.floor(100 * fit / capacity) / 100:.2f}",
-                                role.peak - capacity * FIT))
+        role.levers += rollout_sizing(c(f"{ARR}.rollout.name")).share_levers(est, role.peak, rollout_items[0][1], FIT)
         role.levers += [lever for name, spec, pool in phases if pool == rollout_pool for lever in offload_levers(est, spec)]
         roles.append(role)
     for name, spec, pool in phases:

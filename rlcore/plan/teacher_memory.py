@@ -12,6 +12,8 @@ from omegaconf import OmegaConf
 
 from rlcore.config.distill_schema import teacher_entries
 from rlcore.plan.arch import resolve_arch
+from rlcore.rollout.sizing import rollout_sizing
+
 
 def teacher_phases(est, cfg, role_cls, pool: int, world: int, capacity: float) -> tuple[list, list, dict]:
     """(notes, phases [(name, role, pool)] of the native teachers' scoring passes, resident {name: (GiB, pool)} of
@@ -27,13 +29,14 @@ def teacher_phases(est, cfg, role_cls, pool: int, world: int, capacity: float) -
         if arch is None:
             notes.append(f"teacher {name}: not estimated: {where}; set {key}.model_path to a directory with config.json")
             continue
-        notes.append(f"teacher {name}: {arch.params(False) / 1e9:.2f}B params, {arch.layers} layers, hidden {arch.hidden} ({where}), "
-                     f"{'vLLM' if teacher.inference.name == 'vllm' else 'FSDP2 forward'} on "
-                     f"{'the actor devices' if pool == 0 else 'its own pool'}")
         i = teacher.inference
-        if i.name == "vllm":
-            resident[f"teacher {name} (vLLM, {key}.inference.gpu_memory_utilization={i.gpu_memory_utilization})"] = (
-                i.gpu_memory_utilization * capacity, pool)
+        engine = rollout_sizing(i.name)
+        notes.append(f"teacher {name}: {arch.params(False) / 1e9:.2f}B params, {arch.layers} layers, hidden {arch.hidden} ({where}), "
+                     f"{engine.teacher_runs_as} on {'the actor devices' if pool == 0 else 'its own pool'}")
+        held = engine.teacher_resident(key, i, capacity)
+        if held is not None:  # served by a rollout engine that keeps its share the whole run
+            label, gib = held
+            resident[f"teacher {name} ({label})"] = (gib, pool)
             continue
         fsdp = OmegaConf.merge(cfg.actor_rollout_ref.ref.fsdp_config, {"dtype": i.dtype, "model_dtype": i.dtype,
                                                                        "param_offload": i.param_offload})

@@ -25,6 +25,21 @@ def build_rollout(name: str, **kwargs) -> RolloutEngine:
     raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not supported by rlcore; use native or vllm")
 
 
+def build_teacher_scorer(teacher, name: str, device, topk: int, seed: int):
+    """A distillation teacher served by a rollout engine (`inference.name=vllm`: rlcore.rollout.vllm_teacher), or None
+    for one the teacher worker runs as a frozen training engine's forward (native). `teacher`: the entry as
+    rlcore.config.distill_schema.teacher_entries resolves it; `topk`: the most top-k tokens any score asks for."""
+    i = teacher.inference
+    if i.name != "vllm":
+        return None
+    from rlcore.rollout.vllm_teacher import VLLMTeacher
+
+    return VLLMTeacher(teacher.model_path, device=device, name=name, dtype=i.dtype, max_model_len=i.max_model_len, topk=topk,
+                       seed=seed, gpu_memory_utilization=i.gpu_memory_utilization, max_num_seqs=i.max_num_seqs,
+                       max_num_batched_tokens=i.max_num_batched_tokens, enforce_eager=i.enforce_eager,
+                       engine_kwargs=i.engine_kwargs.get("vllm") or {}, trust_remote_code=teacher.trust_remote_code)
+
+
 def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
     """The rollout engine's arguments from the run's config (`actor_rollout_ref.rollout.*`, the policy's model
     section): what both engines take, then each engine's own. Sampling seeds differ per data-parallel replica

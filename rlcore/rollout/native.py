@@ -15,7 +15,6 @@ from rlcore.models.router import ROUTE_DTYPE, Routing, to_routes
 from rlcore.models.vision import is_vision_config
 from rlcore.protocol import position_ids_from_mask
 from rlcore.models.lora import Adapters
-from rlcore.plan.rollout_memory import native_kv_slots
 from rlcore.rollout.adapters import HeldAdapters
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.fused import FusedDecoder, fusable
@@ -23,6 +22,7 @@ from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
 from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask
 from rlcore.rollout.native_batch import Requests, RunningBatch, Scheduler
 from rlcore.rollout.native_vision import ImageRows
+from rlcore.rollout.sizing import native_kv_slots
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -21,6 +21,7 @@ from rlcore.engine.base import TokenRequest
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import named_load
 from rlcore.plan.micro_plan import TEACHER
+from rlcore.rollout.factory import build_teacher_scorer
 from rlcore.protocol import DataProto
 from rlcore.workers import phases
 from rlcore.workers.common import RoleWorker, layout_of, run_forward
@@ -53,26 +54,19 @@ class TeacherWorker(RoleWorker):
         self.teachers = teacher_entries(self.config)
         loss = self.config.distillation.distillation_loss
         self.topk = loss.topk if uses_topk(dotted(self.config)) else 0
-        self.engines, self.vllm = {}, {}
+        self.engines, self.served = {}, {}  # native teachers' training engines; those a rollout engine serves
         for name, teacher in self.teachers.items():
             key = f"distillation.teacher_models.{name}.model_path"
             with named_load(key, teacher.model_path, f"teacher {name}"):
-                if teacher.inference.name == "vllm":
-                    from rlcore.rollout.vllm_teacher import VLLMTeacher
-
-                    i = teacher.inference
-                    engine_kwargs = i.engine_kwargs.get("vllm") or {}
-                    self.vllm[name] = VLLMTeacher(teacher.model_path, device=self.device, name=name, dtype=i.dtype,
-                                                  max_model_len=i.max_model_len, topk=self.topk, seed=self.config.trainer.seed,
-                                                  gpu_memory_utilization=i.gpu_memory_utilization, max_num_seqs=i.max_num_seqs,
-                                                  max_num_batched_tokens=i.max_num_batched_tokens, enforce_eager=i.enforce_eager,
-                                                  engine_kwargs=engine_kwargs, trust_remote_code=teacher.trust_remote_code)
+                served = build_teacher_scorer(teacher, name, self.device, self.topk, self.config.trainer.seed)
+                if served is not None:
+                    self.served[name] = served
                 else:
                     self.engines[name] = build_engine("fsdp2", teacher_spec(self.config, teacher, total_steps), self.device,
                                                       key=f"distillation.teacher_models.{name}.inference.name")
                     phases.leave(self.engines[name])
         # A topk beyond a teacher's vocabulary is its whole vocabulary (the student's forward does the same).
-        vocab = [engine.hf_config.vocab_size for engine in self.engines.values()] + [t.vocab_size for t in self.vllm.values()]
+        vocab = [engine.hf_config.vocab_size for engine in self.engines.values()] + [t.vocab_size for t in self.served.values()]
         self.topk = min([self.topk, *vocab])
         # Native teachers are sharded over the whole group (one data-parallel layout); vLLM ones are whole per rank.
         first = next(iter(self.engines.values()), None)
@@ -86,9 +80,9 @@ class TeacherWorker(RoleWorker):
         the teacher's temperature)."""
         start = time.perf_counter()
         t = self.teachers[teacher]
-        if teacher in self.vllm:
+        if teacher in self.served:
             mask = data.batch["attention_mask"]
-            scored = self.vllm[teacher].score(data.batch["input_ids"], mask, data.batch["responses"].shape[1], self.topk,
+            scored = self.served[teacher].score(data.batch["input_ids"], mask, data.batch["responses"].shape[1], self.topk,
                                               t.inference.temperature)
         else:
             engine = self.engines[teacher]

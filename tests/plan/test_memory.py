@@ -15,9 +15,9 @@ from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
 from rlcore.families import arch_of
 from rlcore.plan.arch import BUILTIN
-from rlcore.plan.constants import LOGITS_CHUNK_BYTES
+from rlcore.utils.sizes import LOGITS_CHUNK_BYTES
 from rlcore.plan.memory import GIB, _activations, _training_state
-from rlcore.plan.rollout_memory import adapted_params
+from rlcore.rollout.sizing import adapted_params
 
 ARR = "actor_rollout_ref"
 RECIPES = sorted((Path(CONFIG_DIR).parent / "recipes").glob("*.yaml"))
@@ -390,7 +390,7 @@ def test_the_critic_update_is_planned_with_the_batch_plans_micro_batch_as_the_wo
 
 
 def test_the_native_kv_pool_is_planned_as_the_engine_sizes_it(tiny_model_dir):
-    """The plan's slot count is the engine's own function (rlcore.plan.rollout_memory.native_kv_slots): the rank's
+    """The plan's slot count is the engine's own function (rlcore.rollout.sizing.native_kv_slots): the rank's
     samples, at most max_num_seqs, at most what the KV budget holds; the plan had every sample."""
     import torch
 
