@@ -28,7 +28,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlcore.config.schema import ActorConfig
+from rlcore.config.actor_schema import ActorConfig
 from rlcore.controller.worker import free_port
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec

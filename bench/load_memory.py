@@ -78,7 +78,7 @@ def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
 
 
 def _megatron_rank(rank, port, world, model_dir, out):
-    from rlcore.config.schema import MegatronConfig
+    from rlcore.config.megatron_schema import MegatronConfig
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.megatron import MegatronEngine
 

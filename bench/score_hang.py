@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from rlcore.config.schema import RewardModelConfig
+from rlcore.config.reward_model_schema import RewardModelConfig
 
 # torch and the reward manager are imported in main(): spawned scoring processes re-import this module, and a
 # trainer's main module (rlcore.train) imports neither, so neither may inflate the processes' set-up time here.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rlcore.config.validate_pf_ppo import REWEIGHT_METHODS
+from rlcore.config.algorithm_schema import REWEIGHT_METHODS
 
 
 def pf_ppo_weights(scores: torch.Tensor, method: str, weight_pow: float) -> torch.Tensor:

@@ -17,7 +17,7 @@ this module gives (all masked by `response_mask`, all returned under the `rollou
   `rollout_rs` modes rejects (verl's `<aggregation>_<statistic>`, comma-separated: `token_k1,seq_max_k2`). A mode's
   per-token statistic (k1 = -log rho, k2 = (log rho)^2 / 2, k3 = rho - 1 - log rho) is judged per token or by its
   sequence's sum, mean or max; k1 against a ratio band, k2 and k3 against an upper bound (`rollout_rs_threshold`,
-  one per mode, parsed by rlcore/config/validate_rollout_corr.py). rlcore's earlier `token`, `sequence` and
+  one per mode, parsed by rlcore/config/algorithm_schema.py). rlcore's earlier `token`, `sequence` and
   `geometric` are token_k1, seq_sum_k1 and seq_mean_k1: with a number t, ratios outside [1/t, t] are rejected.
 
 Ratios are formed in log space and exponentiated only after clamping to +-SAFETY_BOUND: a sequence product
@@ -32,7 +32,7 @@ from typing import Optional, Union
 import torch
 
 from rlcore.algos.registry import Registry
-from rlcore.config.validate_rollout_corr import RejectionRule, parse_rejection_rules
+from rlcore.config.algorithm_schema import RejectionRule, parse_rejection_rules
 
 SAFETY_BOUND = 20.0  # |log ratio| cap before exp: e^20 ~ 4.9e8
 

@@ -1,10 +1,18 @@
 """FSDP2 sharding, offload and precision of each role (`*.fsdp_config.*`, verl's engine/fsdp.yaml), and the frozen
-reward model's (`reward_model.model.fsdp_config.*`). rlcore/engine/factory.py turns them into an EngineSpec."""
+reward model's (`reward_model.model.fsdp_config.*`). rlcore/engine/factory.py turns them into an EngineSpec.
+Then the rules for what every trained role's engine reads (optimizer, sharding, gradient clip, activation offload,
+checkpoint contents) and for Ulysses sequence parallelism, the FSDP2 engine's (`<role>.ulysses_sequence_parallel_size`
+or its fsdp_config's).
+
+This module imports neither torch nor ray."""
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, List, Optional
 
 from omegaconf import II
+
+from rlcore.config.optim_schema import optim_errors
+from rlcore.utils.checkpoint_contents import CONTENTS as CHECKPOINT_CONTENTS, STATE
 
 
 @dataclass
@@ -74,3 +82,164 @@ def compute_dtype(fsdp) -> str:
     else dtype. The one reading of the two keys: the engine and the memory plan both ask here."""
     mixed = getattr(fsdp, "mixed_precision", None)  # the reward model's section has none
     return mixed.param_dtype if mixed is not None and mixed.param_dtype else fsdp.dtype
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+# Rules for the keys every training role's engine reads (optimizer, FSDP sharding, gradient clipping, activation
+# offload, checkpoint contents), shared by the PPO trainer's validation and the SFT / reward-model trainers'.
+# `get(key)` reads the composed config; each rule returns messages naming the key and what to use.
+
+
+DEFAULT_GRAD_CLIP = 1.0  # <role>.grad_clip's and optim.clip_grad's default in the schemas
+
+Get = Callable[[str], Any]
+
+
+def role_engine_errors(get: Get, optim: Optional[str], fsdp: str, world: int, grad_clip: Optional[str] = None,
+                       strategy: str = "fsdp2") -> List[str]:
+    """One role's optimizer (None: frozen), fsdp_config section and ranks; `grad_clip`: the role's verl key that
+    optim.clip_grad doubles (actor and critic); `strategy`: its backend."""
+    errors = []
+    if optim is not None:
+        errors += optim_errors(get, optim, strategy, get("trainer.device"))
+        name = get(f"{optim}.optimizer")
+        if str(name).lower() != "adamw":
+            errors.append(f"{optim}.optimizer={name}: rlcore trains with AdamW (torch's, decoupled weight decay, fp32 "
+                          f"moments), verl's default; use {optim}.optimizer=AdamW")
+        clip, role_clip = get(f"{optim}.clip_grad"), (get(grad_clip) if grad_clip else None)
+        if grad_clip and DEFAULT_GRAD_CLIP not in (clip, role_clip) and clip != role_clip:
+            errors.append(f"{grad_clip}={role_clip} and {optim}.clip_grad={clip} both set the gradient-norm clip (verl's "
+                          f"actor key and its engine key): keep one, e.g. {grad_clip}={role_clip}")
+    version = get(f"{fsdp}.strategy")  # verl's engine config names its FSDP version; the reward model's has none
+    if version is not None and version not in ("fsdp", "fsdp2"):
+        errors.append(f"{fsdp}.strategy={version} is not an FSDP version; use fsdp or fsdp2 (rlcore trains with FSDP2 either way)")
+    size = get(f"{fsdp}.fsdp_size")
+    if size != -1 and (size <= 0 or world % size):
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        errors.append(f"{fsdp}.fsdp_size={size} must be -1 (shard over all {world} ranks of the role) or divide them "
+                      f"(hybrid sharding: groups of fsdp_size ranks shard, the groups replicate); use one of -1, "
+                      f"{', '.join(map(str, divisors))}")
+    return errors
+
+
+def activation_offload_errors(get: Get, model: str, strategy: str) -> List[str]:
+    """model.enable_activation_offload moves the inputs that gradient checkpointing keeps: FSDP2 only, checkpointing on."""
+    if not get(f"{model}.enable_activation_offload"):
+        return []
+    if get(strategy) == "megatron":
+        return [f"{model}.enable_activation_offload=True works with the FSDP2 engine; under megatron ({strategy}=megatron) "
+                "use override_transformer_config.recompute_* to trade compute for activation memory"]
+    if not get(f"{model}.enable_gradient_checkpointing"):
+        return [f"{model}.enable_activation_offload=True moves the block inputs that gradient checkpointing keeps to host "
+                f"memory; set {model}.enable_gradient_checkpointing=True too"]
+    return []
+
+
+def checkpoint_contents_errors(get: Get, checkpoint: str, resume_mode: str) -> List[str]:
+    """save_contents / load_contents name verl's items, and a run that resumes its own checkpoints (resume_mode=auto)
+    loads only what it saves."""
+    errors = []
+    saved, loaded = (list(get(f"{checkpoint}.{k}") or []) for k in ("save_contents", "load_contents"))
+    for key, items in (("save_contents", saved), ("load_contents", loaded)):
+        unknown = [item for item in items if item not in CHECKPOINT_CONTENTS]
+        if unknown:
+            errors.append(f"{checkpoint}.{key}: unknown item(s) {unknown}; choose from {list(CHECKPOINT_CONTENTS)}")
+    never_saved = [item for item in loaded if item in STATE and item not in saved]
+    if never_saved and get(resume_mode) == "auto":
+        errors.append(f"{checkpoint}.load_contents asks for {never_saved}, which {checkpoint}.save_contents={saved} never "
+                      f"writes, and {resume_mode}=auto resumes from this run's own checkpoints: add them to save_contents "
+                      "or drop them from load_contents")
+    return errors
+
+
+def ppo_engine_errors(get: Get, critic: bool) -> List[str]:
+    """The PPO trainer's roles: actor and reference (the hybrid pool), critic (when used) and reward model (when
+    enabled), each on its own pool when it asks for one."""
+    arr = "actor_rollout_ref"
+    pool = lambda section: (get(f"{section}.nnodes") * get(f"{section}.n_gpus_per_node")  # noqa: E731
+                            if get(f"{section}.enable_resource_pool") else get("trainer.nnodes") * get("trainer.n_gpus_per_node"))
+    world = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
+    errors = role_engine_errors(get, f"{arr}.actor.optim", f"{arr}.actor.fsdp_config", world, f"{arr}.actor.grad_clip",
+                                get(f"{arr}.actor.strategy"))
+    errors += role_engine_errors(get, None, f"{arr}.ref.fsdp_config", world)
+    if critic:
+        errors += role_engine_errors(get, "critic.optim", "critic.model.fsdp_config", pool("critic"), "critic.grad_clip",
+                                     get("critic.strategy"))
+    if get("reward_model.enable"):
+        errors += role_engine_errors(get, None, "reward_model.model.fsdp_config", pool("reward_model"))
+    errors += activation_offload_errors(get, f"{arr}.model", f"{arr}.actor.strategy")
+    return errors + checkpoint_contents_errors(get, f"{arr}.actor.checkpoint", "trainer.resume_mode")
+
+
+def supervised_engine_errors(get: Get) -> List[str]:
+    """The SFT and reward-model trainers: one trained model (`model`, `optim`) over all ranks."""
+    return role_engine_errors(get, "optim", "model.fsdp_config", get("trainer.nnodes") * get("trainer.n_gpus_per_node"))
+
+
+# Rules for Ulysses sequence parallelism (`<role>.ulysses_sequence_parallel_size`, FSDP2 engine): a role's size,
+# read from either of verl's two places, and what it needs. `c` is validate's checker (get / error).
+
+ARR = "actor_rollout_ref"
+
+# role -> (the role's own key, its fsdp_config's key: verl's newer engine config reads the size there, its older
+# workers from the role's section; either sets it), the model section whose use_remove_padding it needs, strategy key
+SP_KEYS = {
+    "actor": (f"{ARR}.actor.ulysses_sequence_parallel_size", f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size",
+              f"{ARR}.model", f"{ARR}.actor.strategy"),
+    "ref": (f"{ARR}.ref.ulysses_sequence_parallel_size", f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size",
+            f"{ARR}.model", f"{ARR}.ref.strategy"),
+    "critic": ("critic.ulysses_sequence_parallel_size", "critic.model.fsdp_config.ulysses_sequence_parallel_size",
+               "critic.model", "critic.strategy"),
+    "reward_model": ("reward_model.ulysses_sequence_parallel_size", None, "reward_model.model", "reward_model.strategy"),
+}
+
+
+def sequence_parallel_size(*values) -> int:
+    """The size from a role's keys (None: a key the section does not have): the one that is not 1 (validation
+    refuses two different sizes)."""
+    return max((int(v) for v in values if v is not None and v > 1), default=1)
+
+
+def role_sp(get, role: str) -> int:
+    """A role's size (`get`: a config getter by dotted key); the reference's is the actor's unless set (it shares
+    the actor's processes and batches)."""
+    role_key, fsdp_key, _, _ = SP_KEYS[role]
+    own = sequence_parallel_size(get(role_key), get(fsdp_key) if fsdp_key else None)
+    return role_sp(get, "actor") if role == "ref" and own == 1 else own
+
+
+def sp_key(get, role: str) -> str:
+    """The key that sets a role's size, for messages (the role's own key when neither does)."""
+    sp = role_sp(get, role)
+    return next((k for k in SP_KEYS[role][:2] if k and get(k) == sp), SP_KEYS[role][0])
+
+
+def check_ulysses(c, role: str) -> None:
+    """A role's sequence parallelism: one size, FSDP2 only, on packed sequences (verl's rule: sp > 1 needs
+    use_remove_padding, since the slices are cut from the packed row)."""
+    role_key, fsdp_key, model, strategy_key = SP_KEYS[role]
+    values = {key: c.get(key) for key in (role_key, fsdp_key) if key}
+    if role == "ref" and values[role_key] == c.get(SP_KEYS["actor"][0]):
+        values.pop(role_key)  # the actor's value, interpolated (verl's default): the actor's checks cover it
+    for key, value in values.items():
+        if value is None or value < 1:
+            c.error(f"{key}={value} must be >= 1; use {key}=1")
+            return
+    if len({v for v in values.values() if v != 1}) > 1 and fsdp_key in values and role_key in values:
+        c.error(f"{role_key}={values[role_key]} and {fsdp_key}={values[fsdp_key]} disagree (verl reads either place); "
+                f"set one of them, e.g. {role_key}={values[role_key]} {fsdp_key}=1")
+        return
+    sp = sequence_parallel_size(*values.values())
+    if sp == 1:  # (a reference left at 1 follows the actor, whose checks cover it)
+        return
+    key = next(k for k, v in values.items() if v == sp)
+    if c.get(strategy_key) == "megatron":
+        c.error(f"{key}={sp} (Ulysses) runs on the FSDP2 engine; with {strategy_key}=megatron split sequences with "
+                f"megatron.context_parallel_size (refused by rlcore's megatron engine) or use {strategy_key}=fsdp2")
+    elif not c.get(f"{model}.use_remove_padding"):
+        c.error(f"{key}={sp} slices the packed sequence, which needs {model}.use_remove_padding=True (verl's rule too); "
+                f"use {model}.use_remove_padding=True or {key}=1")
+    if role == "ref" and sp != role_sp(c.get, "actor"):
+        actor = SP_KEYS["actor"][0]
+        c.error(f"{key}={sp} differs from the actor's {actor}={role_sp(c.get, 'actor')}: the reference runs in the actor's "
+                f"processes on the actor's data layout; use {key}={role_sp(c.get, 'actor')}")

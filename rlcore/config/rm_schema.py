@@ -9,14 +9,15 @@ rlcore's. Sizes count PAIRS (each is two sequences).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
 from rlcore.config.fsdp_schema import FSDPConfig
-from rlcore.config.schema import OptimConfig, RayKwargsConfig
+from rlcore.config.optim_schema import OptimConfig
+from rlcore.config.schema import RayKwargsConfig
 from rlcore.config.keys import unknown_key_errors
-from rlcore.config.validate_engine import supervised_engine_errors
+from rlcore.config.fsdp_schema import supervised_engine_errors
 
 
 @dataclass

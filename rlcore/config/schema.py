@@ -17,16 +17,20 @@ This module imports neither torch nor ray.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from omegaconf import II
 
+from rlcore.config.actor_schema import ActorConfig, RefConfig
+from rlcore.config.algorithm_schema import AlgorithmConfig
 from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
 from rlcore.config.distill_schema import DistillationConfig
-from rlcore.config.fsdp_schema import FSDPConfig, RewardModelFSDPConfig
+from rlcore.config.fsdp_schema import FSDPConfig
 from rlcore.config.lora_schema import MegatronLoraConfig
-from rlcore.config.moe_schema import RouterReplayConfig
+from rlcore.config.megatron_schema import MegatronConfig
+from rlcore.config.optim_schema import OptimConfig
 from rlcore.config.profiler_schema import GlobalProfilerConfig, ProfilerConfig
+from rlcore.config.reward_model_schema import RewardModelConfig
 from rlcore.config.rollout_schema import RolloutConfig
 from rlcore.config.sampler_schema import SamplerConfig
 
@@ -106,150 +110,6 @@ class ModelConfig:
 
 
 @dataclass
-class OptimConfig:
-    """Optimizer and learning-rate schedule (`*.optim.*`)."""
-
-    optimizer: str = "AdamW"  # optimizer class name
-    lr: float = 1e-6  # peak learning rate
-    lr_warmup_steps: int = -1  # linear warmup steps; -1 = lr_warmup_steps_ratio x total_training_steps
-    lr_warmup_steps_ratio: float = 0.0  # warmup as a fraction of total steps, in [0, 1]
-    total_training_steps: int = -1  # schedule length; -1 = filled in by the trainer
-    weight_decay: float = 0.01  # decoupled weight decay
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
-    clip_grad: float = 1.0  # max global grad norm
-    lr_scheduler_type: str = "constant"  # after warmup: constant | cosine | linear | inverse_square_root
-    min_lr_ratio: float = 0.0  # cosine and linear floor as a fraction of lr
-    num_cycles: float = 0.5  # cosine cycles over the schedule (0.5 = one half-cosine decay)
-    lr_decay_style: Optional[str] = None  # verl's Megatron name for lr_scheduler_type; set, it is the schedule
-    warmup_style: Optional[str] = None  # verl's deprecated FSDP name for lr_scheduler_type; set, it is the schedule
-    # extra optimizer arguments, as verl passes them: megatron-core OptimizerConfig fields (strategy=megatron, e.g.
-    # optimizer_cpu_offload), torch.optim.AdamW keywords (FSDP2, e.g. eps, amsgrad); {} as in verl's Megatron tree, so
-    # that its scripts' `+...override_optimizer_config.key=value` compose (a null would refuse them)
-    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class MegatronConfig:
-    """Megatron-core TP/PP layout and offloads (`<role>.megatron.*`, verl's engine/megatron.yaml), used with
-    strategy=megatron (rlcore/engine/megatron). Context and expert parallelism and dist-checkpoint loading are
-    refused before Ray starts."""
-
-    param_offload: bool = False  # parameters on CPU between uses
-    grad_offload: bool = False  # gradients on CPU between uses
-    optimizer_offload: bool = False  # optimizer state on CPU between steps
-    tensor_model_parallel_size: int = 1  # TP: each layer's matrices split over this many devices
-    expert_model_parallel_size: int = 1  # EP: MoE experts split over this many devices
-    expert_tensor_parallel_size: Optional[int] = None  # TP inside each expert; None = tensor_model_parallel_size
-    pipeline_model_parallel_size: int = 1  # PP: layers split into this many stages
-    virtual_pipeline_model_parallel_size: Optional[int] = None  # interleaved stages per device
-    context_parallel_size: int = 1  # CP: each sequence split over this many devices
-    sequence_parallel: bool = True  # shard norms/dropout activations over the TP group
-    use_distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks (ZeRO-1)
-    use_dist_checkpointing: bool = False  # load from a megatron dist checkpoint instead of HF weights (refused)
-    dist_checkpointing_path: Optional[str] = None  # that checkpoint
-    seed: int = 42  # megatron RNG seed
-    override_ddp_config: Dict[str, Any] = field(default_factory=dict)  # megatron DDP config fields
-    override_transformer_config: Dict[str, Any] = field(default_factory=lambda: {  # TransformerConfig fields
-        "recompute_granularity": None, "recompute_modules": ["core_attn"], "recompute_method": None,
-        "recompute_num_layers": None, "attention_backend": "flash"})
-    override_mcore_model_config: Dict[str, Any] = field(default_factory=dict)  # mcore GPTModel fields (refused: rlcore derives them from HF)
-    use_mbridge: bool = False  # verl: convert HF <-> megatron with mbridge; rlcore always uses its own converter
-    vanilla_mbridge: bool = True  # verl: mbridge's built-in model bridges (no effect in rlcore, as use_mbridge)
-    use_remove_padding: bool = True  # packed sequences (THD layout); packs only if model.use_remove_padding too
-    dtype: str = "bfloat16"  # compute dtype
-
-
-@dataclass
-class CheckpointConfig:
-    """What a checkpoint holds (`actor_rollout_ref.actor.checkpoint.*`)."""
-
-    save_contents: List[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # + "hf_model"
-    load_contents: List[str] = II(".save_contents")  # what to restore; default = save_contents
-
-
-@dataclass
-class PolicyLossConfig:
-    """Policy-gradient loss variant (`actor_rollout_ref.actor.policy_loss.*`)."""
-
-    loss_mode: str = "vanilla"  # registered loss name (vanilla = PPO clip); rlcore/algos checks the name
-    clip_cov_ratio: float = 0.0002  # clip_cov: fraction of tokens clipped
-    clip_cov_lb: float = 1.0  # clip_cov: covariance lower bound
-    clip_cov_ub: float = 5.0  # clip_cov: covariance upper bound
-    kl_cov_ratio: float = 0.0002  # kl_cov: fraction of tokens with a KL penalty
-    ppo_kl_coef: float = 0.1  # kl_cov: penalty coefficient
-
-
-@dataclass
-class ActorConfig:
-    """The trained policy: PPO update, losses, optimizer and sharding (`actor_rollout_ref.actor.*`)."""
-
-    strategy: str = "fsdp"  # fsdp | fsdp2 (both run FSDP2 in rlcore) | megatron (megatron-core TP/PP)
-    ppo_mini_batch_size: int = 256  # PROMPTS per optimizer step; samples = this x rollout.n
-    ppo_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
-    ppo_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward/backward per rank
-    use_dynamic_bsz: bool = False  # form micro-batches by token budget instead of sample count
-    ppo_max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank (use_dynamic_bsz)
-    ppo_epochs: int = 1  # passes over each step's samples
-    shuffle: bool = False  # shuffle samples between mini-batches
-    clip_ratio: float = 0.2  # PPO clip epsilon: clip_ratio_low and clip_ratio_high unless they are set
-    # rlcore: these follow clip_ratio (verl's YAML gives them their own 0.2, so clip_ratio alone changed nothing)
-    clip_ratio_low: float = II(".clip_ratio")  # lower clip: ratio >= 1 - clip_ratio_low
-    clip_ratio_high: float = II(".clip_ratio")  # upper clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher)
-    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; must be > 1
-    tau_pos: float = 1.0  # SAPO (loss_mode=sapo): the gate's temperature for tokens with a positive advantage
-    tau_neg: float = 1.05  # SAPO: the gate's temperature for the others
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # loss variant
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
-    entropy_coeff: float = 0.0  # entropy bonus weight (0 = off)
-    use_kl_loss: bool = False  # add KL(actor || ref) to the loss (GRPO style); needs the ref model
-    freeze_vision_tower: bool = False  # a vision-language policy's tower: no gradients, no optimizer state
-    kl_loss_coef: float = 0.001  # weight of that KL term
-    kl_loss_type: str = "low_var_kl"  # kl|k1 | abs | mse|k2 | low_var_kl|k3, each optionally with "+"
-    grad_clip: float = 1.0  # max global grad norm (verl's actor key; optim.clip_grad is the engine's)
-    ulysses_sequence_parallel_size: int = 1  # Ulysses: ranks sharing each sample's tokens (FSDP2, use_remove_padding)
-    use_torch_compile: bool = True  # torch.compile the log-prob/entropy helpers
-    entropy_from_logits_with_chunking: bool = False  # compute entropy in chunks to save memory
-    entropy_checkpointing: bool = False  # recompute entropy in backward to save memory
-    use_prefix_grouper: bool = False  # each distinct prompt's forward once per micro-batch, shared by its responses
-    # the old-log-prob pass also computes sum_v p(v)^2 per token: the optimal token baseline's score norm
-    calculate_sum_pi_squared: bool = False
-    sum_pi_squared_checkpointing: bool = False  # recompute that sum in backward to save memory
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # checkpoint contents
-    optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # strategy=megatron layout
-    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)  # MoE: replay recorded routes
-    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
-
-
-@dataclass
-class RefConfig:
-    """The frozen reference policy for the KL term (`actor_rollout_ref.ref.*`); built only when a KL uses it."""
-
-    strategy: str = II("actor_rollout_ref.actor.strategy")  # same choices as actor.strategy
-    log_prob_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
-    log_prob_use_dynamic_bsz: bool = II("oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false")  # token budgets
-    # token budget per forward per rank (log_prob_use_dynamic_bsz); as the actor's ppo_max_token_len_per_gpu
-    log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
-    # Ulysses: ranks sharing each sample's tokens; as the actor's
-    ulysses_sequence_parallel_size: int = II("oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1")
-    use_torch_compile: bool = II("oc.select:actor_rollout_ref.actor.use_torch_compile,true")  # as actor's
-    entropy_from_logits_with_chunking: bool = False  # compute entropy in chunks to save memory
-    entropy_checkpointing: bool = False  # recompute entropy in backward to save memory
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding (param_offload is the usual change)
-    megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(  # strategy=megatron layout
-        tensor_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.tensor_model_parallel_size,1"),
-        pipeline_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.pipeline_model_parallel_size,1"),
-        expert_model_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.expert_model_parallel_size,1"),
-        expert_tensor_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.expert_tensor_parallel_size,null"),
-        context_parallel_size=II("oc.select:actor_rollout_ref.actor.megatron.context_parallel_size,1")))
-    router_replay: RouterReplayConfig = field(default_factory=lambda: RouterReplayConfig(  # replays the actor's routes
-        mode=II("oc.select:actor_rollout_ref.actor.router_replay.mode,disabled")))
-    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
-
-
-@dataclass
 class ActorRolloutRefConfig:
     """Actor, rollout and reference colocated on the same devices (`actor_rollout_ref.*`)."""
 
@@ -309,160 +169,6 @@ class CriticConfig:
     n_gpus_per_node: int = II("trainer.n_gpus_per_node")  # rlcore addition: with enable_resource_pool
     nnodes: int = II("trainer.nnodes")  # rlcore addition: with enable_resource_pool
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
-
-
-@dataclass
-class RewardLoopRolloutConfig:
-    """verl's reward-loop engine serving the reward model (`reward_model.rollout.*`): accepted, with no effect: rlcore
-    runs the reward model's forward in its reward-model worker group (reward_model.use_reward_loop)."""
-
-    name: Optional[str] = None  # vllm | sglang (verl: mandatory; nothing reads it here)
-    dtype: str = "bfloat16"  # weights dtype
-    gpu_memory_utilization: float = 0.5  # device memory fraction
-    enforce_eager: bool = True  # no CUDA graphs
-    cudagraph_capture_sizes: Optional[List[int]] = None  # graph batch sizes
-    free_cache_engine: bool = True  # free the KV cache between uses
-    data_parallel_size: int = 1  # engine replicas
-    expert_parallel_size: int = 1  # MoE expert parallelism
-    tensor_model_parallel_size: int = 2  # engine TP
-    max_num_batched_tokens: int = 8192  # tokens per engine step
-    max_model_len: Optional[int] = None  # context limit
-    max_num_seqs: int = 1024  # concurrent sequences
-    load_format: str = "auto"  # weight loading
-    engine_kwargs: Dict[str, Any] = field(default_factory=dict)  # engine arguments
-    limit_images: Optional[int] = None  # multimodal limit
-    enable_chunked_prefill: bool = True  # chunked prefill
-    enable_prefix_caching: bool = True  # prefix cache
-    disable_log_stats: bool = True  # engine stats logging
-    skip_tokenizer_init: bool = False  # no tokenizer in the engine
-    prompt_length: int = 2048  # max prompt tokens
-    response_length: int = 2048  # max response tokens
-
-
-@dataclass
-class RewardModelModelConfig:
-    """Model-based reward's network (`reward_model.model.*`)."""
-
-    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"  # local HF *ForSequenceClassification (num_labels=1) directory
-    input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")  # the policy's tokenizer; re-rendered in the RM's template if they differ
-    external_lib: Optional[str] = II("actor_rollout_ref.model.external_lib")  # as the actor's
-    trust_remote_code: bool = False  # allow custom model code
-    override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
-    use_shm: bool = False  # copy the model to /dev/shm before loading
-    use_remove_padding: bool = False  # packed (varlen) sequences
-    use_fused_kernels: bool = II("actor_rollout_ref.model.use_fused_kernels")  # as the actor's
-    fsdp_config: RewardModelFSDPConfig = field(default_factory=lambda: RewardModelFSDPConfig())  # sharding of the frozen model
-
-
-@dataclass
-class OverlongBufferConfig:
-    """DAPO's soft overlong punishment in verl's DAPO-recipe form (`reward_model.overlong_buffer.*`): the same as
-    reward_kwargs.overlong_buffer_cfg with max_resp_len = data.max_response_length (reward_manager=dapo)."""
-
-    enable: bool = False  # punish responses that reach into the last `len` tokens
-    len: int = 0  # buffer length in tokens
-    penalty_factor: float = 0.0  # penalty at max_response_length
-    log: bool = False  # log the penalty per sample (reward_extra/overlong_reward)
-
-
-@dataclass
-class RewardModelConfig:
-    """Reward computation: rule scorers by default, optionally a reward model (`reward_model.*`)."""
-
-    enable: bool = False  # score with a reward model: its score replaces the rule score in training (verl)
-    enable_resource_pool: bool = False  # own devices (nnodes x n_gpus_per_node) instead of the critic's / actor's
-    n_gpus_per_node: int = 8  # with enable_resource_pool
-    nnodes: int = 0  # with enable_resource_pool
-    strategy: str = "fsdp"  # reward model backend: fsdp | fsdp2
-    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model
-    micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
-    micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
-    max_length: Optional[int] = None  # max tokens per scored sequence (longer ones keep their last max_length)
-    use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")  # token budgets instead of micro_batch_size_per_gpu
-    forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")  # token budget per forward
-    ulysses_sequence_parallel_size: int = 1  # Ulysses: ranks sharing each sample's tokens (use_remove_padding)
-    # verl's newer reward loop (an RM served by an inference engine, scored by reward workers): rlcore runs the same
-    # forward in its reward-model worker group, filled by tokens (forward_max_token_len_per_gpu) unless a
-    # micro-batch size is given, as the engine batches (rlcore.config.validate_reward_model.uses_token_budgets).
-    # True as in verl; False is verl's legacy worker path, which wants a micro-batch size or use_dynamic_bsz
-    use_reward_loop: bool = True
-    num_workers: int = 1  # reward-loop workers
-    rollout: RewardLoopRolloutConfig = field(default_factory=RewardLoopRolloutConfig)  # the reward loop's engine
-    reward_manager: str = "naive"  # naive | dapo (naive + DAPO's overlong punishment, set in reward_kwargs)
-    # Arguments of the reward manager; dapo: max_resp_len and overlong_buffer_cfg.{enable, len, penalty_factor,
-    # log}. Empty, so new keys need Hydra's `+` (as in verl's DAPO scripts: +reward_model.reward_kwargs.max_resp_len=...)
-    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # verl DAPO recipe's form
-    launch_reward_fn_async: bool = False  # score on the controller while the actor computes log-probs
-    # rlcore additions: rule/custom scorers run isolated (rlcore.reward.isolation)
-    score_workers: int = 2  # processes running compute_score; 0 = in the controller (no timeout; for debugging a scorer)
-    score_timeout_s: float = 60.0  # per sample: a call still running then scores error_score
-    error_score: float = 0.0  # the score of a sample whose compute_score raised or timed out
-    max_error_rate: float = 0.1  # stop the run when more than this fraction of a step's samples fail
-    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
-
-
-@dataclass
-class KLControlConfig:
-    """Coefficient schedule of the in-reward KL penalty (`algorithm.kl_ctrl.*`)."""
-
-    type: str = "fixed"  # fixed | adaptive
-    kl_coef: float = 0.001  # (initial) coefficient
-    horizon: int = 10000  # adaptive: steps over which the coefficient adapts
-    target_kl: float = 0.1  # adaptive: KL the controller steers towards
-
-
-@dataclass
-class FilterGroupsConfig:
-    """DAPO's dynamic sampling (`algorithm.filter_groups.*`, verl's DAPO recipe): groups whose samples all score the
-    same carry no advantage signal; they are dropped and generation batches are drawn until train_batch_size
-    prompts with differing scores are collected."""
-
-    enable: bool = False  # filter groups and keep generating
-    metric: Optional[str] = None  # what must differ within a group: acc | score | seq_reward | seq_final_reward
-    max_num_gen_batches: int = 0  # generation batches per step at most before the run stops; <= 0 = no limit
-
-
-@dataclass
-class RolloutCorrectionConfig:
-    """Train-inference mismatch correction (`algorithm.rollout_correction.*`, rlcore/algos/rollout_corr.py). The
-    mismatch metrics (`rollout_corr/*`) are logged every step whatever these say."""
-
-    rollout_is: Optional[str] = None  # truncated importance sampling level: token | sequence; null = off
-    rollout_is_threshold: float = 2.0  # IS weights are truncated here; also the line for rollout_corr/ratio_fraction_*
-    rollout_rs: Optional[str] = None  # rejection modes, comma-separated: token_k1 ... seq_max_k3; null = off
-    # needed with rollout_rs: one per mode, comma-separated ("0.6_1.6,2.5"), or one for all; a *_k1 mode takes a ratio
-    # band "lower_upper" or a number t for [1/t, t], a *_k2/*_k3 mode an upper bound. Any: a number or a string
-    # (OmegaConf has no Union[str, float]); rlcore/config/validate_rollout_corr.py parses and checks it
-    rollout_rs_threshold: Any = None
-    bypass_mode: bool = False  # use the rollout's log-probs as the old log-probs (no old-log-prob pass)
-    loss_type: str = "ppo_clip"  # bypass_mode loss: ppo_clip (PPO ratio to the rollout policy) | reinforce (-A w log pi)
-    rollout_is_batch_normalize: bool = False  # divide the IS weights by their batch mean
-
-
-@dataclass
-class PFPPOConfig:
-    """PF-PPO's sample weights (`algorithm.pf_ppo.*`), with use_pf_ppo."""
-
-    reweight_method: str = "pow"  # pow | max_min | max_random
-    weight_pow: float = 2.0  # pow: the weight is |score| ** weight_pow
-
-
-@dataclass
-class AlgorithmConfig:
-    """Advantage estimation and in-reward KL (`algorithm.*`)."""
-
-    gamma: float = 1.0  # discount factor
-    lam: float = 1.0  # GAE lambda
-    adv_estimator: str = "gae"  # registered estimator: gae (PPO, turns the critic on), grpo, rloo, remax, ...
-    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO)
-    use_kl_in_reward: bool = False  # subtract a KL penalty from the reward; needs the ref model
-    kl_penalty: str = "kl"  # KL estimator for the reward penalty; same choices as actor.kl_loss_type
-    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # coefficient schedule
-    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
-    use_pf_ppo: bool = False  # PF-PPO: redraw the step's samples by their score after GAE (rlcore/algos/pf_ppo.py)
-    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)  # its weighting
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # train-inference mismatch
 
 
 @dataclass

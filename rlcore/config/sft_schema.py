@@ -12,7 +12,9 @@ from omegaconf import II
 
 from rlcore.config.fsdp_schema import FSDPConfig, following
 from rlcore.config.rm_schema import RMModelConfig, RMTrainerSection
-from rlcore.config.schema import CheckpointConfig, OptimConfig, RayKwargsConfig
+from rlcore.config.actor_schema import CheckpointConfig
+from rlcore.config.optim_schema import OptimConfig
+from rlcore.config.schema import RayKwargsConfig
 
 TRUNCATIONS = ("error", "left", "right")  # data.truncation of SFT rows
 PAD_MODES = ("no_padding", "right", "left_right")  # verl's data.pad_mode (its SFT collators)

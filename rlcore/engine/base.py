@@ -12,7 +12,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore.config.schema import MegatronConfig
+from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.engine.optim import lr_factor
 from rlcore.models.experts import splits_experts
 from rlcore.models.hf_export import SHARD_BYTES, head_model_config, save_safetensors_stream

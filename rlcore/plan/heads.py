@@ -11,7 +11,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config.validate_ulysses import role_sp, sp_key
+from rlcore.config.fsdp_schema import role_sp, sp_key
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.rollout.sizing import rollout_sizing
 

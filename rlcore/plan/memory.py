@@ -41,8 +41,8 @@ from rlcore.rollout.sizing import rollout_sizing
 from rlcore.plan.placement import placement
 from rlcore.plan.teacher_memory import teacher_phases
 from rlcore.plan.tower_memory import tower_activations
-from rlcore.config.validate_reward_model import uses_token_budgets
-from rlcore.config.validate_ulysses import role_sp
+from rlcore.config.reward_model_schema import uses_token_budgets
+from rlcore.config.fsdp_schema import role_sp
 from rlcore.plan.heads import head_errors
 from rlcore.plan.megatron_layout import Layout
 
@@ -377,7 +377,7 @@ class Estimator:
                            f"DP{m['dp'] * 2})", s["optim"] / 2))
         if self.c("trainer.nnodes") * self.c("trainer.n_gpus_per_node") % (m["tp"] * m["pp"] * 2) == 0 \
                 and role.arch.layers % (m["pp"] * 2) == 0:
-            # actor and reference share one layout (validate_megatron): both move together
+            # actor and reference share one layout (megatron_schema): both move together
             pair = [f"{ARR}.actor.megatron", f"{ARR}.ref.megatron"]
             keys = pair if section in pair and self.c(f"{ARR}.ref.strategy") == "megatron" else [section]
             levers.append((" ".join(f"{k}.pipeline_model_parallel_size={m['pp'] * 2}" for k in keys), (s["weights"] + s["grads"]) / 2))

@@ -14,8 +14,8 @@ from typing import Optional
 
 from rlcore.config.distill_schema import teacher_entries
 from rlcore.config.typed import dotted
-from rlcore.config.validate_reward_model import uses_token_budgets
-from rlcore.config.validate_ulysses import role_sp
+from rlcore.config.reward_model_schema import uses_token_budgets
+from rlcore.config.fsdp_schema import role_sp
 from rlcore.plan.megatron_layout import Layout
 
 ACTOR_UPDATE, ACTOR_LOG_PROB, REF_LOG_PROB = "actor_update", "actor_log_prob", "ref_log_prob"

@@ -9,7 +9,7 @@ import torch
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
 from rlcore.algos.distill import ESTIMATORS, combined_loss, distillation_loss, token_losses
 from rlcore.algos.rollout_corr import bypass_mode_loss, mismatch_token_terms
-from rlcore.config.schema import RolloutCorrectionConfig
+from rlcore.config.algorithm_schema import RolloutCorrectionConfig
 from rlcore.config.typed import plain
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TokenRequest, TrainEngine

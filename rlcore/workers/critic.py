@@ -72,7 +72,6 @@ class CriticWorker(RoleWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, mesh="critic")
     def compute_values(self, data: DataProto) -> DataProto:
-        cfg = self.config.critic
         micro = self.micro_batches(CRITIC_VALUES, self.engine)
         with phases.running(self.engine, "values"):
             return compute_values(self.engine, data, micro)

@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from rlcore.config import CONFIG_DIR, PPOConfig, compose, register_configs
-from rlcore.config.schema import ActorConfig
+from rlcore.config.actor_schema import ActorConfig
 
 REPO_ROOT = Path(CONFIG_DIR).parent
 # CI clones the repo with shared/ beside it (../shared), as on developer machines.

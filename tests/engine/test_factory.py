@@ -130,7 +130,7 @@ def test_clip_grad_sets_the_trainers_gradient_clip(role):
 
 
 # verl's actor and critic have both keys: grad_clip (its worker's) and optim.clip_grad (its newer engine's); the one
-# moved from the shared default of 1.0 is meant, and two different settings are refused (rlcore/config/validate_engine.py).
+# moved from the shared default of 1.0 is meant, and two different settings are refused (rlcore/config/fsdp_schema.py).
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_optim_clip_grad_sets_the_clip_unless_grad_clip_does(role):
     from rlcore.config.validate import diagnose

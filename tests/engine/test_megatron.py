@@ -18,7 +18,7 @@ from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, t
 from omegaconf import OmegaConf
 from test_fsdp2 import adam_first_step_bound
 
-from rlcore.config.schema import MegatronConfig
+from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.models.hf import load_causal_lm, load_config, load_value_model
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import make_policy_loss_fn

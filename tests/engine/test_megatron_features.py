@@ -8,7 +8,7 @@ import pytest
 import torch
 from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks
 
-from rlcore.config.schema import MegatronConfig
+from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.protocol import DataProto
 
 pytest.importorskip("megatron.core")

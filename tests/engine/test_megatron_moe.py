@@ -31,7 +31,7 @@ from grpo_step import family_cfg, greedy_matches_training, grpo_batch, prompts_b
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from rlcore.config.schema import MegatronConfig
+from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.router import Routing, to_routes
 from rlcore.protocol import DataProto

@@ -109,7 +109,8 @@ def test_a_frozen_tower_gets_no_gradients_and_no_optimizer_state(vl):
     """actor_rollout_ref.actor.freeze_vision_tower=True through the engine's spec, as the actor builds it."""
     from omegaconf import OmegaConf
 
-    from rlcore.config.schema import ActorConfig, ModelConfig
+    from rlcore.config.actor_schema import ActorConfig
+    from rlcore.config.schema import ModelConfig
     from rlcore.engine.factory import engine_spec
     from rlcore.engine.fsdp2 import FSDP2Engine
 

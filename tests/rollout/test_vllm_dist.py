@@ -8,7 +8,7 @@ import torch
 from conftest import build_tiny_llama_dir, build_tiny_model_dir
 from dist_utils import close_gloo, init_gloo, spawn_ranks
 
-from rlcore.config.schema import MegatronConfig
+from rlcore.config.megatron_schema import MegatronConfig
 
 pytestmark = pytest.mark.vllm
 MAX_TOKENS = 6

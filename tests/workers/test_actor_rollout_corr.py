@@ -9,7 +9,7 @@ import torch
 from dist_utils import assert_split_invariant, free_port, init_gloo, make_rollout_batch, split_rows
 from omegaconf import OmegaConf
 
-from rlcore.config.schema import RolloutCorrectionConfig
+from rlcore.config.algorithm_schema import RolloutCorrectionConfig
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine

@@ -10,7 +10,7 @@ from dist_utils import close_gloo, free_port, init_gloo
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer, Qwen2ForSequenceClassification
 
-from rlcore.config.validate_reward_model import uses_token_budgets
+from rlcore.config.reward_model_schema import uses_token_budgets
 from rlcore.config import compose
 from rlcore.models.hf import load_config
 from rlcore.protocol import DataProto

@@ -17,8 +17,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-from rlcore.config.schema import MegatronConfig
-from rlcore.config.validate_megatron import MEGATRON_UNSUPPORTED
+from rlcore.config.megatron_schema import MegatronConfig
+from rlcore.config.megatron_schema import MEGATRON_UNSUPPORTED
 from rlcore.engine.base import CHECKPOINT_STATE, STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
 from rlcore.engine.megatron.attention import sum_latent_key_gradient_over_tp
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs

@@ -16,7 +16,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-from rlcore.config.validate_megatron import moe_override_problems
+from rlcore.config.megatron_schema import moe_override_problems
 from rlcore.engine.megatron import moe
 from rlcore.engine.megatron.attention import SDPACoreAttention
 from rlcore.families import family_of, family_problems, megatron_rope

@@ -1,18 +1,49 @@
-"""Rules for the optimizer and its learning-rate schedule (`<role>.optim.*`), cut the way verl cuts its optim config
-(its FSDP and Megatron optim sections share these keys). `get(key)` reads the composed config; each rule returns
-messages naming the key and what to use (validate_engine.role_engine_errors gathers them for every trained role).
+"""The optimizer and its learning-rate schedule of every trained role (`<role>.optim.*`), cut the way verl cuts its
+optim config (its FSDP and Megatron optim sections share these keys): the fields, then their rules.
 
-verl names the schedule after warmup `lr_scheduler_type` in its FSDP optim section and `lr_decay_style` in its
-Megatron one; rlcore reads one (`schedule_kind`) and refuses the two set to different schedules.
-`override_optimizer_config` passes extra arguments to the optimizer as verl does: megatron-core OptimizerConfig
-fields on Megatron, torch.optim.AdamW keywords on FSDP2.
+This module imports neither torch nor ray.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import inspect
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (`*.optim.*`)."""
+
+    optimizer: str = "AdamW"  # optimizer class name
+    lr: float = 1e-6  # peak learning rate
+    lr_warmup_steps: int = -1  # linear warmup steps; -1 = lr_warmup_steps_ratio x total_training_steps
+    lr_warmup_steps_ratio: float = 0.0  # warmup as a fraction of total steps, in [0, 1]
+    total_training_steps: int = -1  # schedule length; -1 = filled in by the trainer
+    weight_decay: float = 0.01  # decoupled weight decay
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas
+    clip_grad: float = 1.0  # max global grad norm
+    lr_scheduler_type: str = "constant"  # after warmup: constant | cosine | linear | inverse_square_root
+    min_lr_ratio: float = 0.0  # cosine and linear floor as a fraction of lr
+    num_cycles: float = 0.5  # cosine cycles over the schedule (0.5 = one half-cosine decay)
+    lr_decay_style: Optional[str] = None  # verl's Megatron name for lr_scheduler_type; set, it is the schedule
+    warmup_style: Optional[str] = None  # verl's deprecated FSDP name for lr_scheduler_type; set, it is the schedule
+    # extra optimizer arguments, as verl passes them: megatron-core OptimizerConfig fields (strategy=megatron, e.g.
+    # optimizer_cpu_offload), torch.optim.AdamW keywords (FSDP2, e.g. eps, amsgrad); {} as in verl's Megatron tree, so
+    # that its scripts' `+...override_optimizer_config.key=value` compose (a null would refuse them)
+    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+# Rules for the optimizer and its learning-rate schedule (`<role>.optim.*`), cut the way verl cuts its optim config
+# (its FSDP and Megatron optim sections share these keys). `get(key)` reads the composed config; each rule returns
+# messages naming the key and what to use (fsdp_schema.role_engine_errors gathers them for every trained role).
+#
+# verl names the schedule after warmup `lr_scheduler_type` in its FSDP optim section and `lr_decay_style` in its
+# Megatron one; rlcore reads one (`schedule_kind`) and refuses the two set to different schedules.
+# `override_optimizer_config` passes extra arguments to the optimizer as verl does: megatron-core OptimizerConfig
+# fields on Megatron, torch.optim.AdamW keywords on FSDP2.
+
 
 LR_SCHEDULERS = ("constant", "cosine", "linear", "inverse_square_root")
 # AdamW's arguments that rlcore's own optim keys set: an override of one would make two keys disagree silently

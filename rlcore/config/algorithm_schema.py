@@ -1,20 +1,163 @@
-"""Rules for verl's train-inference mismatch correction (`algorithm.rollout_correction.*`, applied by
-rlcore/algos/rollout_corr.py). `c` is validate's checker (get / error / choice). Imports neither torch nor ray, so
-the level and mode names are repeated here; tests/config/test_validate_rollout_corr.py checks them against the algos
-registries. The rejection rules (`rollout_rs` + `rollout_rs_threshold`) are parsed here, once, for both sides.
+"""The algorithm (`algorithm.*`): advantage estimator, KL control, DAPO's dynamic sampling, PF-PPO, the optimal
+token baseline and rollout correction; the fields, then their rules.
 
-verl's rejection modes (rollout_corr_helper.py, SUPPORTED_ROLLOUT_RS_OPTIONS) are `<aggregation>_<statistic>`: a
-per-token statistic of log rho = log(pi_train / pi_rollout), k1 = -log rho, k2 = (log rho)^2 / 2,
-k3 = rho - 1 - log rho, judged per token (`token`) or per sequence by its sum, mean or max (`seq_sum`, `seq_mean`,
-`seq_max`). `rollout_rs` lists one or more, comma-separated; a token stays only where every mode keeps it.
+This module imports neither torch nor ray.
 """
-
-from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass
-from typing import Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+
+@dataclass
+class KLControlConfig:
+    """Coefficient schedule of the in-reward KL penalty (`algorithm.kl_ctrl.*`)."""
+
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001  # (initial) coefficient
+    horizon: int = 10000  # adaptive: steps over which the coefficient adapts
+    target_kl: float = 0.1  # adaptive: KL the controller steers towards
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (`algorithm.filter_groups.*`, verl's DAPO recipe): groups whose samples all score the
+    same carry no advantage signal; they are dropped and generation batches are drawn until train_batch_size
+    prompts with differing scores are collected."""
+
+    enable: bool = False  # filter groups and keep generating
+    metric: Optional[str] = None  # what must differ within a group: acc | score | seq_reward | seq_final_reward
+    max_num_gen_batches: int = 0  # generation batches per step at most before the run stops; <= 0 = no limit
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Train-inference mismatch correction (`algorithm.rollout_correction.*`, rlcore/algos/rollout_corr.py). The
+    mismatch metrics (`rollout_corr/*`) are logged every step whatever these say."""
+
+    rollout_is: Optional[str] = None  # truncated importance sampling level: token | sequence; null = off
+    rollout_is_threshold: float = 2.0  # IS weights are truncated here; also the line for rollout_corr/ratio_fraction_*
+    rollout_rs: Optional[str] = None  # rejection modes, comma-separated: token_k1 ... seq_max_k3; null = off
+    # needed with rollout_rs: one per mode, comma-separated ("0.6_1.6,2.5"), or one for all; a *_k1 mode takes a ratio
+    # band "lower_upper" or a number t for [1/t, t], a *_k2/*_k3 mode an upper bound. Any: a number or a string
+    # (OmegaConf has no Union[str, float]); its rules below parse and check it
+    rollout_rs_threshold: Any = None
+    bypass_mode: bool = False  # use the rollout's log-probs as the old log-probs (no old-log-prob pass)
+    loss_type: str = "ppo_clip"  # bypass_mode loss: ppo_clip (PPO ratio to the rollout policy) | reinforce (-A w log pi)
+    rollout_is_batch_normalize: bool = False  # divide the IS weights by their batch mean
+
+
+@dataclass
+class PFPPOConfig:
+    """PF-PPO's sample weights (`algorithm.pf_ppo.*`), with use_pf_ppo."""
+
+    reweight_method: str = "pow"  # pow | max_min | max_random
+    weight_pow: float = 2.0  # pow: the weight is |score| ** weight_pow
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and in-reward KL (`algorithm.*`)."""
+
+    gamma: float = 1.0  # discount factor
+    lam: float = 1.0  # GAE lambda
+    adv_estimator: str = "gae"  # registered estimator: gae (PPO, turns the critic on), grpo, rloo, remax, ...
+    norm_adv_by_std_in_grpo: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO)
+    use_kl_in_reward: bool = False  # subtract a KL penalty from the reward; needs the ref model
+    kl_penalty: str = "kl"  # KL estimator for the reward penalty; same choices as actor.kl_loss_type
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # coefficient schedule
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO dynamic sampling
+    use_pf_ppo: bool = False  # PF-PPO: redraw the step's samples by their score after GAE (rlcore/algos/pf_ppo.py)
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)  # its weighting
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # train-inference mismatch
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+# Rules for verl's DAPO-recipe keys: dynamic sampling (`algorithm.filter_groups`, `data.gen_batch_size`) and the
+# overlong buffer in its `reward_model.overlong_buffer` form. `c` is validate's checker (get / error).
+
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # verl's names; any scorer extra works too
+
+
+def check_dynamic_sampling(c) -> None:
+    train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
+    if not c.get("algorithm.filter_groups.enable"):
+        if gen != train and c.get("actor_rollout_ref.hybrid_engine") is not False:  # split pools: prompts per rollout call
+            c.error(f"data.gen_batch_size={gen} differs from data.train_batch_size={train} but only applies with DAPO's dynamic "
+                    "sampling; set algorithm.filter_groups.enable=True, or drop data.gen_batch_size")
+        return
+    if c.get("algorithm.filter_groups.metric") is None:
+        c.error(f"algorithm.filter_groups.enable=True needs the value whose spread marks a useful group: set "
+                f"algorithm.filter_groups.metric to one of {', '.join(FILTER_METRICS)} (acc: a key your compute_score returns)")
+    n = c.get("actor_rollout_ref.rollout.n")
+    if n < 2:
+        c.error(f"algorithm.filter_groups compares the scores within each prompt's group, and actor_rollout_ref.rollout.n={n} "
+                "gives groups of one; use actor_rollout_ref.rollout.n=8 (or more than 1)")
+    if gen is None or gen < 1:
+        c.error(f"data.gen_batch_size={gen} must be >= 1; use data.gen_batch_size={train} (or a multiple, to waste fewer rounds)")
+
+
+def check_overlong_buffer(c) -> None:
+    if not c.get("reward_model.overlong_buffer.enable"):
+        return
+    if c.get("reward_model.reward_manager") != "dapo":
+        c.error("reward_model.overlong_buffer.enable=True is DAPO's punishment; set reward_model.reward_manager=dapo")
+    if (c.get("reward_model.reward_kwargs") or {}).get("overlong_buffer_cfg"):
+        c.error("the overlong buffer is set twice (reward_model.overlong_buffer and reward_model.reward_kwargs.overlong_buffer_cfg); "
+                "keep one")
+    buffer, max_len = c.get("reward_model.overlong_buffer.len"), c.get("data.max_response_length")
+    if not 0 < buffer <= max_len:
+        c.error(f"reward_model.overlong_buffer.len={buffer} must be in 1..data.max_response_length ({max_len}); "
+                f"use reward_model.overlong_buffer.len={max(1, max_len // 4)}")
+
+
+# Rules for the optimal token baseline (`algorithm.adv_estimator=optimal_token_baseline` and its multi-turn form;
+# rlcore/algos/otb.py). `c` is validate's checker (get / error).
+
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+SUM_PI_SQUARED = "actor_rollout_ref.actor.calculate_sum_pi_squared"
+
+
+def check_otb(c) -> None:
+    estimator = c.get("algorithm.adv_estimator")
+    if estimator not in OTB_ESTIMATORS:
+        return
+    if not c.get(SUM_PI_SQUARED):
+        c.error(f"algorithm.adv_estimator={estimator} weighs each token by 1 - 2 pi + sum pi^2, and the sum comes from the "
+                f"old-log-prob pass only when {SUM_PI_SQUARED}=True; set it (verl's OTB scripts do)")
+    if c.get("algorithm.rollout_correction.bypass_mode"):
+        c.error(f"algorithm.adv_estimator={estimator} needs the old-log-prob pass (its log-probs and sum pi^2), which "
+                "algorithm.rollout_correction.bypass_mode=True skips; use bypass_mode=False")
+
+
+# Rules for PF-PPO (`algorithm.use_pf_ppo`, `algorithm.pf_ppo.*`; rlcore/algos/pf_ppo.py). `c` is validate's
+# checker (get / error / choice).
+
+REWEIGHT_METHODS = ("pow", "max_min", "max_random")
+
+
+def check_pf_ppo(c) -> None:
+    if not c.get("algorithm.use_pf_ppo"):
+        return
+    c.choice("algorithm.pf_ppo.reweight_method", REWEIGHT_METHODS)
+    estimator = c.get("algorithm.adv_estimator")
+    if estimator != "gae":
+        # verl redraws the batch inside its GAE branch only: elsewhere the key would be accepted and do nothing
+        c.error(f"algorithm.use_pf_ppo=True redraws the batch after GAE (verl's PF-PPO is part of its GAE path), so with "
+                f"algorithm.adv_estimator={estimator} it would do nothing; use algorithm.adv_estimator=gae or drop use_pf_ppo")
+
+
+# Rules for verl's train-inference mismatch correction (`algorithm.rollout_correction.*`, applied by
+# rlcore/algos/rollout_corr.py). `c` is validate's checker (get / error / choice). Imports neither torch nor ray, so
+# the level and mode names are repeated here; tests/config/test_algorithm_schema.py checks them against the algos
+# registries. The rejection rules (`rollout_rs` + `rollout_rs_threshold`) are parsed here, once, for both sides.
+#
+# verl's rejection modes (rollout_corr_helper.py, SUPPORTED_ROLLOUT_RS_OPTIONS) are `<aggregation>_<statistic>`: a
+# per-token statistic of log rho = log(pi_train / pi_rollout), k1 = -log rho, k2 = (log rho)^2 / 2,
+# k3 = rho - 1 - log rho, judged per token (`token`) or per sequence by its sum, mean or max (`seq_sum`, `seq_mean`,
+# `seq_max`). `rollout_rs` lists one or more, comma-separated; a token stays only where every mode keeps it.
+
 
 RC = "algorithm.rollout_correction"
 RS, RS_THRESHOLD = f"{RC}.rollout_rs", f"{RC}.rollout_rs_threshold"

@@ -1,4 +1,4 @@
-"""rlcore/config/validate_optim.py: the schedule's two names and the optimizer overrides, refused with the key and
+"""rlcore/config/optim_schema.py: the schedule's two names and the optimizer overrides, refused with the key and
 the fix, through the PPO trainer's validation and the SFT trainer's alike."""
 
 import pytest

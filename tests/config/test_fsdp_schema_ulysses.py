@@ -5,7 +5,7 @@ import pytest
 
 from rlcore.config import compose
 from rlcore.config.validate import diagnose
-from rlcore.config.validate_ulysses import role_sp
+from rlcore.config.fsdp_schema import role_sp
 
 ARR = "actor_rollout_ref"
 PACKED = [f"{ARR}.model.use_remove_padding=True"]  # the default; spelled out where a test turns it off

@@ -1,4 +1,4 @@
-"""The rules on every role's engine keys (rlcore/config/validate_engine.py): each refusal names the key and the fix."""
+"""The rules on every role's engine keys (rlcore/config/fsdp_schema.py): each refusal names the key and the fix."""
 
 import pytest
 

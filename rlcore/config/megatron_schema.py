@@ -1,16 +1,55 @@
-"""Rules for `<role>.megatron.*` (strategy=megatron): what rlcore's megatron engine does not do, refused before Ray
-starts and naming the key. `c` is validate's checker (get / error). The engine re-checks MEGATRON_UNSUPPORTED and
-moe_override_problems for callers that build it directly.
+"""Megatron-core layout and offloads of a role trained with strategy=megatron (`<role>.megatron.*`, verl's
+engine/megatron.yaml): the fields, then the rules for what rlcore's megatron engine does not do.
 
-Expert parallelism is a layout rule here (megatron-core's: TP x PP x CP divides the world, and so does expert-TP x
-EP x PP); whether the model has experts to split is known only from its config.json, which the engine checks
-(rlcore.engine.megatron.model: a dense model with expert_model_parallel_size > 1 is refused with the reason)."""
+This module imports neither torch nor ray.
+"""
 
-from __future__ import annotations
-
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 from rlcore.config.suggest import _nearest, _suggest, _use
+
+
+@dataclass
+class MegatronConfig:
+    """Megatron-core TP/PP layout and offloads (`<role>.megatron.*`, verl's engine/megatron.yaml), used with
+    strategy=megatron (rlcore/engine/megatron). Context and expert parallelism and dist-checkpoint loading are
+    refused before Ray starts."""
+
+    param_offload: bool = False  # parameters on CPU between uses
+    grad_offload: bool = False  # gradients on CPU between uses
+    optimizer_offload: bool = False  # optimizer state on CPU between steps
+    tensor_model_parallel_size: int = 1  # TP: each layer's matrices split over this many devices
+    expert_model_parallel_size: int = 1  # EP: MoE experts split over this many devices
+    expert_tensor_parallel_size: Optional[int] = None  # TP inside each expert; None = tensor_model_parallel_size
+    pipeline_model_parallel_size: int = 1  # PP: layers split into this many stages
+    virtual_pipeline_model_parallel_size: Optional[int] = None  # interleaved stages per device
+    context_parallel_size: int = 1  # CP: each sequence split over this many devices
+    sequence_parallel: bool = True  # shard norms/dropout activations over the TP group
+    use_distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks (ZeRO-1)
+    use_dist_checkpointing: bool = False  # load from a megatron dist checkpoint instead of HF weights (refused)
+    dist_checkpointing_path: Optional[str] = None  # that checkpoint
+    seed: int = 42  # megatron RNG seed
+    override_ddp_config: Dict[str, Any] = field(default_factory=dict)  # megatron DDP config fields
+    override_transformer_config: Dict[str, Any] = field(default_factory=lambda: {  # TransformerConfig fields
+        "recompute_granularity": None, "recompute_modules": ["core_attn"], "recompute_method": None,
+        "recompute_num_layers": None, "attention_backend": "flash"})
+    override_mcore_model_config: Dict[str, Any] = field(default_factory=dict)  # mcore GPTModel fields (refused: rlcore derives them from HF)
+    use_mbridge: bool = False  # verl: convert HF <-> megatron with mbridge; rlcore always uses its own converter
+    vanilla_mbridge: bool = True  # verl: mbridge's built-in model bridges (no effect in rlcore, as use_mbridge)
+    use_remove_padding: bool = True  # packed sequences (THD layout); packs only if model.use_remove_padding too
+    dtype: str = "bfloat16"  # compute dtype
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+# Rules for `<role>.megatron.*` (strategy=megatron): what rlcore's megatron engine does not do, refused before Ray
+# starts and naming the key. `c` is validate's checker (get / error). The engine re-checks MEGATRON_UNSUPPORTED and
+# moe_override_problems for callers that build it directly.
+#
+# Expert parallelism is a layout rule here (megatron-core's: TP x PP x CP divides the world, and so does expert-TP x
+# EP x PP); whether the model has experts to split is known only from its config.json, which the engine checks
+# (rlcore.engine.megatron.model: a dense model with expert_model_parallel_size > 1 is refused with the reason).
+
 
 # <role>.megatron.<key>: (the value rlcore supports, what any other value would ask for)
 MEGATRON_UNSUPPORTED = {
@@ -84,7 +123,7 @@ def check_same_layout(c, ref: str, actor: str) -> None:
                     f"runs in the actor's processes, which hold one megatron layout; use {ref}.{key}={c.get(f'{actor}.{key}')}")
 
 
-def _megatron_model_parallel(c: _Checker, section: str, world: int, per_node: int) -> Optional[int]:
+def _megatron_model_parallel(c, section: str, world: int, per_node: int) -> Optional[int]:
     """Megatron's layout: world = TP x PP x CP x DP. Returns TP x PP x CP (devices per model replica)."""
     keys = [f"{section}.{name}_parallel_size" for name in ("tensor_model", "pipeline_model", "context")]
     if not all([c.at_least(key, 1) for key in keys]):
@@ -108,7 +147,7 @@ def _megatron_model_parallel(c: _Checker, section: str, world: int, per_node: in
     return tp * pp * cp
 
 
-def _check_expert_layout(c: _Checker, section: str, world: int, tp: int, pp: int) -> None:
+def _check_expert_layout(c, section: str, world: int, tp: int, pp: int) -> None:
     """megatron-core's expert grid: expert-TP x EP x PP divides the world (with expert-TP = TP: EP divides the
     data-parallel size), the routed experts' gradients then averaged over the remaining expert-data-parallel ranks."""
     ep_key, etp_key = f"{section}.expert_model_parallel_size", f"{section}.expert_tensor_parallel_size"
@@ -125,7 +164,7 @@ def _check_expert_layout(c: _Checker, section: str, world: int, tp: int, pp: int
             f"data-parallel size {world // (tp * pp)}); " + _use(ep_key, fixes))
 
 
-def _both(c: _Checker, keys: List[str], tp: int, room: int) -> str:
+def _both(c, keys: List[str], tp: int, room: int) -> str:
     """TP and PP together, when no change of one alone divides the world: the largest TP (up to the current one)
     that splits the heads, with the largest PP that then fits."""
     for v in range(min(tp, room), 0, -1):

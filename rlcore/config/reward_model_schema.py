@@ -1,0 +1,147 @@
+"""The reward model (`reward_model.*`): a frozen scoring model in its own worker group, verl's reward loop
+keys, the DAPO overlong buffer; the fields, then their rules.
+
+This module imports neither torch nor ray.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II
+
+from rlcore.config.fsdp_schema import RewardModelFSDPConfig
+from rlcore.config.profiler_schema import ProfilerConfig
+
+
+@dataclass
+class RewardLoopRolloutConfig:
+    """verl's reward-loop engine serving the reward model (`reward_model.rollout.*`): accepted, with no effect: rlcore
+    runs the reward model's forward in its reward-model worker group (reward_model.use_reward_loop)."""
+
+    name: Optional[str] = None  # vllm | sglang (verl: mandatory; nothing reads it here)
+    dtype: str = "bfloat16"  # weights dtype
+    gpu_memory_utilization: float = 0.5  # device memory fraction
+    enforce_eager: bool = True  # no CUDA graphs
+    cudagraph_capture_sizes: Optional[List[int]] = None  # graph batch sizes
+    free_cache_engine: bool = True  # free the KV cache between uses
+    data_parallel_size: int = 1  # engine replicas
+    expert_parallel_size: int = 1  # MoE expert parallelism
+    tensor_model_parallel_size: int = 2  # engine TP
+    max_num_batched_tokens: int = 8192  # tokens per engine step
+    max_model_len: Optional[int] = None  # context limit
+    max_num_seqs: int = 1024  # concurrent sequences
+    load_format: str = "auto"  # weight loading
+    engine_kwargs: Dict[str, Any] = field(default_factory=dict)  # engine arguments
+    limit_images: Optional[int] = None  # multimodal limit
+    enable_chunked_prefill: bool = True  # chunked prefill
+    enable_prefix_caching: bool = True  # prefix cache
+    disable_log_stats: bool = True  # engine stats logging
+    skip_tokenizer_init: bool = False  # no tokenizer in the engine
+    prompt_length: int = 2048  # max prompt tokens
+    response_length: int = 2048  # max response tokens
+
+
+@dataclass
+class RewardModelModelConfig:
+    """Model-based reward's network (`reward_model.model.*`)."""
+
+    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"  # local HF *ForSequenceClassification (num_labels=1) directory
+    input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")  # the policy's tokenizer; re-rendered in the RM's template if they differ
+    external_lib: Optional[str] = II("actor_rollout_ref.model.external_lib")  # as the actor's
+    trust_remote_code: bool = False  # allow custom model code
+    override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
+    use_shm: bool = False  # copy the model to /dev/shm before loading
+    use_remove_padding: bool = False  # packed (varlen) sequences
+    use_fused_kernels: bool = II("actor_rollout_ref.model.use_fused_kernels")  # as the actor's
+    fsdp_config: RewardModelFSDPConfig = field(default_factory=lambda: RewardModelFSDPConfig())  # sharding of the frozen model
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment in verl's DAPO-recipe form (`reward_model.overlong_buffer.*`): the same as
+    reward_kwargs.overlong_buffer_cfg with max_resp_len = data.max_response_length (reward_manager=dapo)."""
+
+    enable: bool = False  # punish responses that reach into the last `len` tokens
+    len: int = 0  # buffer length in tokens
+    penalty_factor: float = 0.0  # penalty at max_response_length
+    log: bool = False  # log the penalty per sample (reward_extra/overlong_reward)
+
+
+@dataclass
+class RewardModelConfig:
+    """Reward computation: rule scorers by default, optionally a reward model (`reward_model.*`)."""
+
+    enable: bool = False  # score with a reward model: its score replaces the rule score in training (verl)
+    enable_resource_pool: bool = False  # own devices (nnodes x n_gpus_per_node) instead of the critic's / actor's
+    n_gpus_per_node: int = 8  # with enable_resource_pool
+    nnodes: int = 0  # with enable_resource_pool
+    strategy: str = "fsdp"  # reward model backend: fsdp | fsdp2
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model
+    micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
+    micro_batch_size_per_gpu: Optional[int] = None  # SAMPLES per forward per rank
+    max_length: Optional[int] = None  # max tokens per scored sequence (longer ones keep their last max_length)
+    use_dynamic_bsz: bool = II("critic.use_dynamic_bsz")  # token budgets instead of micro_batch_size_per_gpu
+    forward_max_token_len_per_gpu: int = II("critic.forward_max_token_len_per_gpu")  # token budget per forward
+    ulysses_sequence_parallel_size: int = 1  # Ulysses: ranks sharing each sample's tokens (use_remove_padding)
+    # verl's newer reward loop (an RM served by an inference engine, scored by reward workers): rlcore runs the same
+    # forward in its reward-model worker group, filled by tokens (forward_max_token_len_per_gpu) unless a
+    # micro-batch size is given, as the engine batches (rlcore.config.reward_model_schema.uses_token_budgets).
+    # True as in verl; False is verl's legacy worker path, which wants a micro-batch size or use_dynamic_bsz
+    use_reward_loop: bool = True
+    num_workers: int = 1  # reward-loop workers
+    rollout: RewardLoopRolloutConfig = field(default_factory=RewardLoopRolloutConfig)  # the reward loop's engine
+    reward_manager: str = "naive"  # naive | dapo (naive + DAPO's overlong punishment, set in reward_kwargs)
+    # Arguments of the reward manager; dapo: max_resp_len and overlong_buffer_cfg.{enable, len, penalty_factor,
+    # log}. Empty, so new keys need Hydra's `+` (as in verl's DAPO scripts: +reward_model.reward_kwargs.max_resp_len=...)
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # verl DAPO recipe's form
+    launch_reward_fn_async: bool = False  # score on the controller while the actor computes log-probs
+    # rlcore additions: rule/custom scorers run isolated (rlcore.reward.isolation)
+    score_workers: int = 2  # processes running compute_score; 0 = in the controller (no timeout; for debugging a scorer)
+    score_timeout_s: float = 60.0  # per sample: a call still running then scores error_score
+    error_score: float = 0.0  # the score of a sample whose compute_score raised or timed out
+    max_error_rate: float = 0.1  # stop the run when more than this fraction of a step's samples fail
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+# Rules for the reward-model worker (`reward_model.enable=True` and verl's `reward_model.*` keys) and verl's
+# worker-implementation switch. `c` is validate's checker (get / error / choice / at_least).
+
+RM = "reward_model"
+
+
+def uses_token_budgets(rm) -> bool:
+    """Whether the reward model's forwards are filled by tokens (`reward_model.forward_max_token_len_per_gpu`) rather
+    than by samples (`micro_batch_size_per_gpu`): with use_dynamic_bsz, and under verl's reward loop when no
+    micro-batch size is given. verl's reward loop hands the reward model to an inference engine, which batches by
+    tokens and takes no micro-batch size, so its scripts set none; rlcore runs the same forward in its reward-model
+    worker group and fills it the engine's way. `rm` is the reward_model section."""
+    return bool(rm.use_dynamic_bsz or (rm.use_reward_loop and rm.micro_batch_size_per_gpu is None and rm.micro_batch_size is None))
+
+
+def check_reward_model(c) -> None:
+    c.choice("trainer.use_legacy_worker_impl", ("auto", "enable", "disable"))
+    if not c.get(f"{RM}.enable"):
+        return
+    if c.get(f"{RM}.strategy") not in ("fsdp", "fsdp2"):
+        c.error(f"{RM}.strategy={c.get(f'{RM}.strategy')} is not supported for the reward model (a frozen forward-only model, "
+                f"which FSDP2 shards well); use {RM}.strategy=fsdp2")
+    if c.get("trainer.use_legacy_worker_impl") == "disable":
+        c.error("trainer.use_legacy_worker_impl=disable selects verl's new worker implementation for the reward model, which rlcore "
+                "does not have; use trainer.use_legacy_worker_impl=auto")
+    max_length = c.get(f"{RM}.max_length")
+    if max_length is not None:
+        c.at_least(f"{RM}.max_length", 2, fix=c.get("data.max_prompt_length") + c.get("data.max_response_length"))
+    if uses_token_budgets(c.get(RM)):
+        longest = max_length or c.get("data.max_prompt_length") + c.get("data.max_response_length")
+        budget = c.get(f"{RM}.forward_max_token_len_per_gpu")
+        if budget < longest:
+            c.error(f"{RM}.forward_max_token_len_per_gpu={budget} is smaller than the longest scored sequence ({longest} tokens: "
+                    f"{RM}.max_length or data.max_prompt_length + data.max_response_length); use {RM}.forward_max_token_len_per_gpu={longest}")
+    elif c.get(f"{RM}.micro_batch_size_per_gpu") is None and c.get(f"{RM}.micro_batch_size") is None:
+        c.error(f"{RM}.micro_batch_size_per_gpu is required unless {RM}.use_dynamic_bsz=True or {RM}.use_reward_loop=True (either fills "
+                f"each forward with {RM}.forward_max_token_len_per_gpu tokens); use e.g. {RM}.micro_batch_size_per_gpu=8")
+    if c.get(f"{RM}.enable_resource_pool"):
+        c.at_least(f"{RM}.nnodes", 1, fix=1)
+        c.at_least(f"{RM}.n_gpus_per_node", 1, fix=c.get("trainer.n_gpus_per_node"))
