@@ -81,16 +81,16 @@ FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # verl's na
 
 
 def check_dynamic_sampling(c) -> None:
-    train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
-    if not c.get("algorithm.filter_groups.enable"):
-        if gen != train and c.get("actor_rollout_ref.hybrid_engine") is not False:  # split pools: prompts per rollout call
+    train, gen = c.cfg.data.train_batch_size, c.cfg.data.gen_batch_size
+    if not c.cfg.algorithm.filter_groups.enable:
+        if gen != train and c.cfg.actor_rollout_ref.hybrid_engine is not False:  # split pools: prompts per rollout call
             c.error(f"data.gen_batch_size={gen} differs from data.train_batch_size={train} but only applies with DAPO's dynamic "
                     "sampling; set algorithm.filter_groups.enable=True, or drop data.gen_batch_size")
         return
-    if c.get("algorithm.filter_groups.metric") is None:
+    if c.cfg.algorithm.filter_groups.metric is None:
         c.error(f"algorithm.filter_groups.enable=True needs the value whose spread marks a useful group: set "
                 f"algorithm.filter_groups.metric to one of {', '.join(FILTER_METRICS)} (acc: a key your compute_score returns)")
-    n = c.get("actor_rollout_ref.rollout.n")
+    n = c.cfg.actor_rollout_ref.rollout.n
     if n < 2:
         c.error(f"algorithm.filter_groups compares the scores within each prompt's group, and actor_rollout_ref.rollout.n={n} "
                 "gives groups of one; use actor_rollout_ref.rollout.n=8 (or more than 1)")
@@ -99,14 +99,14 @@ def check_dynamic_sampling(c) -> None:
 
 
 def check_overlong_buffer(c) -> None:
-    if not c.get("reward_model.overlong_buffer.enable"):
+    if not c.cfg.reward_model.overlong_buffer.enable:
         return
-    if c.get("reward_model.reward_manager") != "dapo":
+    if c.cfg.reward_model.reward_manager != "dapo":
         c.error("reward_model.overlong_buffer.enable=True is DAPO's punishment; set reward_model.reward_manager=dapo")
-    if (c.get("reward_model.reward_kwargs") or {}).get("overlong_buffer_cfg"):
+    if (c.cfg.reward_model.reward_kwargs or {}).get("overlong_buffer_cfg"):
         c.error("the overlong buffer is set twice (reward_model.overlong_buffer and reward_model.reward_kwargs.overlong_buffer_cfg); "
                 "keep one")
-    buffer, max_len = c.get("reward_model.overlong_buffer.len"), c.get("data.max_response_length")
+    buffer, max_len = c.cfg.reward_model.overlong_buffer.len, c.cfg.data.max_response_length
     if not 0 < buffer <= max_len:
         c.error(f"reward_model.overlong_buffer.len={buffer} must be in 1..data.max_response_length ({max_len}); "
                 f"use reward_model.overlong_buffer.len={max(1, max_len // 4)}")
@@ -120,13 +120,13 @@ SUM_PI_SQUARED = "actor_rollout_ref.actor.calculate_sum_pi_squared"
 
 
 def check_otb(c) -> None:
-    estimator = c.get("algorithm.adv_estimator")
+    estimator = c.cfg.algorithm.adv_estimator
     if estimator not in OTB_ESTIMATORS:
         return
     if not c.get(SUM_PI_SQUARED):
         c.error(f"algorithm.adv_estimator={estimator} weighs each token by 1 - 2 pi + sum pi^2, and the sum comes from the "
                 f"old-log-prob pass only when {SUM_PI_SQUARED}=True; set it (verl's OTB scripts do)")
-    if c.get("algorithm.rollout_correction.bypass_mode"):
+    if c.cfg.algorithm.rollout_correction.bypass_mode:
         c.error(f"algorithm.adv_estimator={estimator} needs the old-log-prob pass (its log-probs and sum pi^2), which "
                 "algorithm.rollout_correction.bypass_mode=True skips; use bypass_mode=False")
 
@@ -138,10 +138,10 @@ REWEIGHT_METHODS = ("pow", "max_min", "max_random")
 
 
 def check_pf_ppo(c) -> None:
-    if not c.get("algorithm.use_pf_ppo"):
+    if not c.cfg.algorithm.use_pf_ppo:
         return
     c.choice("algorithm.pf_ppo.reweight_method", REWEIGHT_METHODS)
-    estimator = c.get("algorithm.adv_estimator")
+    estimator = c.cfg.algorithm.adv_estimator
     if estimator != "gae":
         # verl redraws the batch inside its GAE branch only: elsewhere the key would be accepted and do nothing
         c.error(f"algorithm.use_pf_ppo=True redraws the batch after GAE (verl's PF-PPO is part of its GAE path), so with "
@@ -191,41 +191,41 @@ class RejectionRule:
 
 
 def check_rollout_correction(c) -> None:
-    rollout_is, rollout_rs = c.get(f"{RC}.rollout_is"), c.get(f"{RC}.rollout_rs")
+    rollout_is, rollout_rs = c.cfg.algorithm.rollout_correction.rollout_is, c.cfg.algorithm.rollout_correction.rollout_rs
     if rollout_is is not None:
         c.choice(f"{RC}.rollout_is", IS_LEVELS)
     if rollout_rs is not None:
         for problem in rejection_rules(rollout_rs, c.get(RS_THRESHOLD))[1]:
             c.error(problem)
     c.choice(f"{RC}.loss_type", LOSS_TYPES)
-    threshold = c.get(f"{RC}.rollout_is_threshold")
+    threshold = c.cfg.algorithm.rollout_correction.rollout_is_threshold
     if threshold is None or threshold <= 1:  # at or below 1 every ratio above 1 is truncated and the band is empty
         c.error(f"{RC}.rollout_is_threshold={threshold} must be > 1 (IS weights are truncated there, and ratios past it or "
                 f"below its inverse are counted); use {RC}.rollout_is_threshold=2.0")
-    if c.get(f"{RC}.rollout_is_batch_normalize") and rollout_is is None:
+    if c.cfg.algorithm.rollout_correction.rollout_is_batch_normalize and rollout_is is None:
         c.error(f"{RC}.rollout_is_batch_normalize=True normalises IS weights, but {RC}.rollout_is=null computes none; "
                 f"set {RC}.rollout_is=token (or sequence), or drop rollout_is_batch_normalize")
-    if rollout_is is not None and not c.get(f"{RC}.bypass_mode") and c.get("actor_rollout_ref.actor.policy_loss.loss_mode") == "geo_mean":
+    if rollout_is is not None and not c.cfg.algorithm.rollout_correction.bypass_mode and c.cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "geo_mean":
         # verl weighs GMPO's sequence loss by the geometric mean of the token weights; rlcore's weights scale tokens
         c.error(f"{RC}.rollout_is={rollout_is} with actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean (GMPO): its loss is "
                 "per sequence and rlcore's IS weights are per token; use rollout_rs (rejection) or bypass_mode instead")
-    if c.get(f"{RC}.bypass_mode"):
+    if c.cfg.algorithm.rollout_correction.bypass_mode:
         _check_bypass(c, rollout_is)
-    elif c.get(f"{RC}.loss_type") == "reinforce":
-        c.error(f"{RC}.loss_type={c.get(f'{RC}.loss_type')} is bypass mode's loss and has no effect without it; set "
+    elif c.cfg.algorithm.rollout_correction.loss_type == "reinforce":
+        c.error(f"{RC}.loss_type={c.cfg.algorithm.rollout_correction.loss_type} is bypass mode's loss and has no effect without it; set "
                 f"{RC}.bypass_mode=True, or {RC}.loss_type=ppo_clip")
 
 
 def _check_bypass(c, rollout_is) -> None:
     """bypass_mode replaces the policy loss (rlcore.algos.rollout_corr.bypass_mode_loss), as in verl."""
-    mode = c.get("actor_rollout_ref.actor.policy_loss.loss_mode")
+    mode = c.cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if mode != "vanilla":
         c.error(f"{RC}.bypass_mode=True uses PPO's clipped loss (or loss_type=reinforce) in place of "
                 f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}; use loss_mode=vanilla, or bypass_mode=False")
-    if rollout_is is not None and c.get(f"{RC}.loss_type") == "ppo_clip":
+    if rollout_is is not None and c.cfg.algorithm.rollout_correction.loss_type == "ppo_clip":
         c.error(f"{RC}.rollout_is={rollout_is} has no effect with bypass_mode and loss_type=ppo_clip (the PPO ratio to the "
                 f"rollout policy already is the importance weight); use {RC}.loss_type=reinforce, or rollout_is=null")
-    if c.get(f"{RC}.rollout_is_batch_normalize"):
+    if c.cfg.algorithm.rollout_correction.rollout_is_batch_normalize:
         c.error(f"{RC}.rollout_is_batch_normalize=True: in bypass mode rlcore forms the IS weights per micro-batch, where a "
                 f"batch mean would depend on the split; use {RC}.rollout_is_batch_normalize=False, or bypass_mode=False")
 

@@ -99,22 +99,22 @@ def check_async(c) -> None:
         return
     for key in ("rollout.nnodes", "rollout.n_gpus_per_node", "async_training.trigger_parameter_sync_step", "async_training.require_batches"):
         c.at_least(key, 1)
-    if c.get("async_training.staleness_threshold") < 0:
-        c.error(f"async_training.staleness_threshold={c.get('async_training.staleness_threshold')} must be >= 0 "
+    if c.cfg.async_training.staleness_threshold < 0:
+        c.error(f"async_training.staleness_threshold={c.cfg.async_training.staleness_threshold} must be >= 0 "
                 "(0: the rollout waits for every sync); use async_training.staleness_threshold=0.1")
-    train, mini, need = c.get("data.train_batch_size"), c.get(f"{ARR}.actor.ppo_mini_batch_size"), c.get("async_training.require_batches")
+    train, mini, need = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.actor.ppo_mini_batch_size, c.cfg.async_training.require_batches
     if isinstance(mini, int) and isinstance(need, int) and train != need * mini:
         c.error(f"data.train_batch_size={train}: with {ARR}.hybrid_engine=False a trainer step consumes async_training.require_batches="
                 f"{need} x {ARR}.actor.ppo_mini_batch_size={mini} = {need * mini} prompts; use data.train_batch_size={need * mini}")
-    gen = c.get("data.gen_batch_size")
+    gen = c.cfg.data.gen_batch_size
     if not isinstance(gen, int) or gen < 1 or train % gen:
         c.error(f"data.gen_batch_size={gen} (prompts per rollout call) must divide data.train_batch_size={train} so a step takes "
                 f"whole generation batches; use data.gen_batch_size={train} or a divisor of it")
-    n, copy = c.get(f"{ARR}.rollout.n"), c.get("rollout.n")
+    n, copy = c.cfg.actor_rollout_ref.rollout.n, c.cfg.rollout.n
     if copy is not None and copy != n:
         c.error(f"rollout.n={copy} differs from {ARR}.rollout.n={n}: rlcore samples {ARR}.rollout.n responses per prompt; "
                 f"drop rollout.n or set both to the same value")
-    if c.get("algorithm.filter_groups.enable"):
+    if c.cfg.algorithm.filter_groups.enable:
         c.error("algorithm.filter_groups (dynamic sampling) with actor_rollout_ref.hybrid_engine=False is not supported yet: "
                 "set algorithm.filter_groups.enable=False, or actor_rollout_ref.hybrid_engine=True")
 

@@ -229,7 +229,7 @@ def _check_teachers(c, teachers: dict[str, TeacherModelConfig]) -> None:
     keys = [t.key for t in teachers.values()]
     if len(teachers) > 1 and (None in keys or len(set(keys)) != len(keys)):
         c.error(f"{len(teachers)} teachers ({', '.join(teachers)}) need a distinct {D}.teacher_models.<name>.key each: the "
-                f"value of {D}.teacher_key={c.get(f'{D}.teacher_key')} whose rows it scores (keys now: {keys})")
+                f"value of {D}.teacher_key={c.cfg.distillation.teacher_key} whose rows it scores (keys now: {keys})")
     for name, t in teachers.items():
         prefix = f"{D}.teacher_models.{name}.inference"
         if t.inference.name not in TEACHER_ENGINES:
@@ -249,7 +249,7 @@ def _check_teachers(c, teachers: dict[str, TeacherModelConfig]) -> None:
 
 def _check_pool(c, teachers: dict[str, TeacherModelConfig]) -> None:
     """verl's pool arithmetic: replicas x per-replica world size fill the pool, and no replica straddles a node."""
-    per_node, nodes = c.get(f"{D}.n_gpus_per_node"), c.get(f"{D}.nnodes")
+    per_node, nodes = c.cfg.distillation.n_gpus_per_node, c.cfg.distillation.nnodes
     if not per_node and not nodes:
         return  # colocated with the actor (the doctor says so)
     if not per_node or not nodes:

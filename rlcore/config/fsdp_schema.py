@@ -236,7 +236,7 @@ def check_ulysses(c, role: str) -> None:
     if c.get(strategy_key) == "megatron":
         c.error(f"{key}={sp} (Ulysses) runs on the FSDP2 engine; with {strategy_key}=megatron split sequences with "
                 f"megatron.context_parallel_size (refused by rlcore's megatron engine) or use {strategy_key}=fsdp2")
-    elif not c.get(f"{model}.use_remove_padding"):
+    elif not c.get(model).use_remove_padding:
         c.error(f"{key}={sp} slices the packed sequence, which needs {model}.use_remove_padding=True (verl's rule too); "
                 f"use {model}.use_remove_padding=True or {key}=1")
     if role == "ref" and sp != role_sp(c.get, "actor"):

@@ -61,15 +61,16 @@ def unmerged_lora_rank(get) -> int:
 
 def check_lora(c, model: str, strategy: str) -> None:
     """`model`: the section holding lora_rank (actor_rollout_ref.model or critic.model); `strategy`: its role's backend."""
-    rank = c.get(f"{model}.lora_rank")
+    m = c.get(model)
+    rank = m.lora_rank
     megatron = c.get(strategy) == "megatron"
-    if c.get(f"{model}.lora.rank") is not None:  # the policy's section only
+    if getattr(m, "lora", None) is not None and m.lora.rank is not None:  # the policy's model section only
         _check_megatron_lora(c, model, strategy, megatron)
     if rank < 0:
         c.error(f"{model}.lora_rank={rank} must be >= 0 (0 = full fine-tuning)")
     if rank <= 0:
         return
-    if model == "actor_rollout_ref.model" and c.get("actor_rollout_ref.rollout.name") == "vllm" and unmerged_lora_rank(c.get) \
+    if model == "actor_rollout_ref.model" and c.cfg.actor_rollout_ref.rollout.name == "vllm" and unmerged_lora_rank(c.get) \
             and vllm_max_lora_rank(rank) is None:
         c.error(f"{model}.lora_rank={rank}: vLLM applies adapters of rank <= {VLLM_LORA_RANKS[-1]} only; set {model}.lora.merge=True "
                 "(the rollout then gets merged weights) or a smaller rank")
@@ -77,17 +78,18 @@ def check_lora(c, model: str, strategy: str) -> None:
         # verl's Megatron LoRA has its own section; lora_rank is its FSDP key
         c.error(f"{model}.lora_rank={rank} is the FSDP LoRA key; with {strategy}=megatron set {model}.lora.rank={rank} and "
                 f"{model}.lora.alpha (verl's Megatron keys), and {model}.lora_rank=0")
-    if c.get(f"{model}.lora_alpha") <= 0:
-        c.error(f"{model}.lora_alpha={c.get(f'{model}.lora_alpha')} must be > 0 (scaling = lora_alpha / lora_rank; verl's examples use "
+    if m.lora_alpha <= 0:
+        c.error(f"{model}.lora_alpha={m.lora_alpha} must be > 0 (scaling = lora_alpha / lora_rank; verl's examples use "
                 f"lora_alpha={2 * rank} for lora_rank={rank})")
-    targets = c.get(f"{model}.target_modules")
+    targets = m.target_modules
     if isinstance(targets, str) and targets != "all-linear" or not isinstance(targets, str) and not (targets and all(isinstance(t, str) for t in targets)):
         c.error(f"{model}.target_modules={targets!r}: use all-linear or a list of module names, e.g. [q_proj,k_proj,v_proj,o_proj]")
 
 
 def _check_megatron_lora(c, model: str, strategy: str, megatron: bool) -> None:
     lora = f"{model}.lora"
-    rank = c.get(f"{lora}.rank")
+    section = c.get(lora)
+    rank = section.rank
     if rank < 0:
         c.error(f"{lora}.rank={rank} must be >= 0 (0 = full fine-tuning)")
     if rank <= 0:
@@ -95,17 +97,17 @@ def _check_megatron_lora(c, model: str, strategy: str, megatron: bool) -> None:
     if not megatron:
         c.error(f"{lora}.rank={rank} is verl's Megatron LoRA section; with {strategy}={c.get(strategy)} use {model}.lora_rank={rank} "
                 f"and {model}.lora_alpha (the FSDP keys), or {strategy}=megatron")
-    if c.get(f"{lora}.alpha") <= 0:
-        c.error(f"{lora}.alpha={c.get(f'{lora}.alpha')} must be > 0 (scaling = alpha / rank)")
-    if c.get(f"{lora}.type") != "lora":
-        c.error(f"{lora}.type={c.get(f'{lora}.type')}: rlcore's Megatron adapters are plain LoRA; use {lora}.type=lora")
-    if c.get(f"{lora}.dropout") != 0:
-        c.error(f"{lora}.dropout={c.get(f'{lora}.dropout')}: rlcore's Megatron LoRA has no dropout (its RNG would have to agree "
+    if section.alpha <= 0:
+        c.error(f"{lora}.alpha={section.alpha} must be > 0 (scaling = alpha / rank)")
+    if section.type != "lora":
+        c.error(f"{lora}.type={section.type}: rlcore's Megatron adapters are plain LoRA; use {lora}.type=lora")
+    if section.dropout != 0:
+        c.error(f"{lora}.dropout={section.dropout}: rlcore's Megatron LoRA has no dropout (its RNG would have to agree "
                 f"over tensor-parallel ranks); use {lora}.dropout=0")
     c.choice(f"{lora}.lora_A_init_method", LORA_A_INITS)
-    if c.get(f"{lora}.lora_B_init_method") != "zero":
-        c.error(f"{lora}.lora_B_init_method={c.get(f'{lora}.lora_B_init_method')}: B starts at zero (the adapted model starts as "
+    if section.lora_B_init_method != "zero":
+        c.error(f"{lora}.lora_B_init_method={section.lora_B_init_method}: B starts at zero (the adapted model starts as "
                 f"the base); use {lora}.lora_B_init_method=zero")
-    if c.get(f"{lora}.exclude_modules") and c.get(f"{lora}.target_modules"):
+    if section.exclude_modules and section.target_modules:
         c.error(f"{lora}.exclude_modules adapts every dense linear except those, so {lora}.target_modules must be empty (as in "
                 f"verl): set {lora}.target_modules=[]")

@@ -97,18 +97,18 @@ def moe_override_problems(overrides: dict, pipeline_parallel: int, expert_parall
 
 def check_megatron(c, section: str) -> None:
     """What rlcore's megatron engine does not do, refused before Ray starts, naming the key."""
+    m = c.get(section)
     for key, (ok, what) in MEGATRON_UNSUPPORTED.items():
-        if c.get(f"{section}.{key}") != ok:
-            c.error(f"{section}.{key}={c.get(f'{section}.{key}')} ({what}) is not supported by rlcore; use {section}.{key}={ok}")
-    overrides = c.get(f"{section}.override_transformer_config") or {}
-    for problem in moe_override_problems(overrides, c.get(f"{section}.pipeline_model_parallel_size"),
-                                         c.get(f"{section}.expert_model_parallel_size")):
+        if getattr(m, key) != ok:
+            c.error(f"{section}.{key}={getattr(m, key)} ({what}) is not supported by rlcore; use {section}.{key}={ok}")
+    overrides = m.override_transformer_config or {}
+    for problem in moe_override_problems(overrides, m.pipeline_model_parallel_size, m.expert_model_parallel_size):
         c.error(f"{section}.{problem}")
-    if c.get(f"{section}.override_mcore_model_config"):
+    if m.override_mcore_model_config:
         c.error(f"{section}.override_mcore_model_config is not supported by rlcore: its megatron engine derives the GPTModel "
                 "from the HF config.json; change the model with actor_rollout_ref.model.override_config (HF keys) and "
                 f"the layers with {section}.override_transformer_config")
-    pp, vpp = c.get(f"{section}.pipeline_model_parallel_size"), c.get(f"{section}.virtual_pipeline_model_parallel_size")
+    pp, vpp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size
     if vpp is not None and vpp > 1 and pp < 2:
         c.error(f"{section}.virtual_pipeline_model_parallel_size={vpp} interleaves pipeline stages and needs "
                 f"pipeline_model_parallel_size >= 2 (it is {pp}); use {section}.virtual_pipeline_model_parallel_size=null")
@@ -116,11 +116,12 @@ def check_megatron(c, section: str) -> None:
 
 def check_same_layout(c, ref: str, actor: str) -> None:
     """The reference shares the actor's processes, and megatron-core one layout per process."""
+    a, r = c.get(actor), c.get(ref)
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                 "expert_model_parallel_size", "expert_tensor_parallel_size"):
-        if c.get(f"{ref}.{key}") != c.get(f"{actor}.{key}"):
-            c.error(f"{ref}.{key}={c.get(f'{ref}.{key}')} differs from {actor}.{key}={c.get(f'{actor}.{key}')}: the reference "
-                    f"runs in the actor's processes, which hold one megatron layout; use {ref}.{key}={c.get(f'{actor}.{key}')}")
+        if getattr(r, key) != getattr(a, key):
+            c.error(f"{ref}.{key}={getattr(r, key)} differs from {actor}.{key}={getattr(a, key)}: the reference "
+                    f"runs in the actor's processes, which hold one megatron layout; use {ref}.{key}={getattr(a, key)}")
 
 
 def _megatron_model_parallel(c, section: str, world: int, per_node: int) -> Optional[int]:

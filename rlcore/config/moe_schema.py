@@ -41,14 +41,14 @@ RECORD = f"{ARR}.rollout.enable_rollout_routing_replay"
 
 def check_router_replay(c) -> None:
     c.choice(f"{RR}.mode", ROUTER_REPLAY_MODES)
-    mode = c.get(f"{RR}.mode")
+    mode = c.cfg.actor_rollout_ref.actor.router_replay.mode
     for role in ("actor", "ref"):
         for key in ("record_file", "replay_file"):
-            if c.get(f"{ARR}.{role}.router_replay.{key}") is not None:
+            if getattr(getattr(c.cfg.actor_rollout_ref, role).router_replay, key) is not None:
                 c.error(f"{ARR}.{role}.router_replay.{key}: verl declares it and never reads it; rlcore carries routes in the batch "
                         f"(routed_experts), not in files: drop it")
-    if c.get(f"{ARR}.ref.router_replay.mode") != mode:
-        c.error(f"{ARR}.ref.router_replay.mode={c.get(f'{ARR}.ref.router_replay.mode')}: the reference replays the actor's routes "
+    if c.cfg.actor_rollout_ref.ref.router_replay.mode != mode:
+        c.error(f"{ARR}.ref.router_replay.mode={c.cfg.actor_rollout_ref.ref.router_replay.mode}: the reference replays the actor's routes "
                 f"({RR}.mode={mode}); drop the ref key (it follows the actor's)")
     if mode == "R3" and not c.get(RECORD):
         c.error(f"{RR}.mode=R3 replays the rollout's routes, which the rollout records only with {RECORD}=True; set it, or use mode=R2")

@@ -71,7 +71,8 @@ def check_multi_turn(c) -> None:
         if c.get(key):
             c.error(f"{key}={c.get(key)} ({feature}) is not supported yet by rlcore; unset it ({key}=null)")
     key = tool_config_key_of(c.cfg)
-    interactions = c.get(f"{MT}.interaction_config_path")
+    mt = c.cfg.actor_rollout_ref.rollout.multi_turn
+    interactions = mt.interaction_config_path
     if not tools_enabled(c.cfg):
         if key:
             c.error(f"{key}={c.get(key)} gives tools, but multi-turn rollouts are off; set {MT}.enable=True to let the model "
@@ -100,22 +101,22 @@ def check_multi_turn(c) -> None:
     c.choice(f"{MT}.tool_response_truncate_side", TRUNCATE_SIDES)
     c.at_least(f"{MT}.max_tool_response_length", 1, fix=256)
     c.at_least(f"{MT}.max_parallel_calls", 1)
-    timeout = c.get(f"{MT}.tool_timeout_s")
+    timeout = mt.tool_timeout_s
     if timeout is None or timeout <= 0:
         c.error(f"{MT}.tool_timeout_s={timeout} must be > 0 (seconds a tool call may run); use {MT}.tool_timeout_s=30")
     c.at_least(f"{AGENT}.num_workers", 1, fix=8)
     for turns in ("max_assistant_turns", "max_user_turns"):
-        if c.get(f"{MT}.{turns}") is not None:
+        if getattr(mt, turns) is not None:
             c.at_least(f"{MT}.{turns}", 1, fix=5)
 
 
 def custom_loop_names(c) -> list[str] | None:
     """The loops of agent.agent_loop_config_path (checked here: its problems are errors), and the combinations with
     them that are not built yet, refused with why."""
-    path = c.get(f"{AGENT}.agent_loop_config_path")
+    path = c.cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path
     if not path:
         return []
-    if c.get("actor_rollout_ref.rollout.enable_rollout_routing_replay"):
+    if c.cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay:
         c.error(f"{AGENT}.agent_loop_config_path with actor_rollout_ref.rollout.enable_rollout_routing_replay=True: custom loops "
                 "do not return the routes of their calls yet (the tool agent does); drop one of them")
     if split_pools(c.get):

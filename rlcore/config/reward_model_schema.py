@@ -122,26 +122,26 @@ def uses_token_budgets(rm) -> bool:
 
 def check_reward_model(c) -> None:
     c.choice("trainer.use_legacy_worker_impl", ("auto", "enable", "disable"))
-    if not c.get(f"{RM}.enable"):
+    if not c.cfg.reward_model.enable:
         return
-    if c.get(f"{RM}.strategy") not in ("fsdp", "fsdp2"):
-        c.error(f"{RM}.strategy={c.get(f'{RM}.strategy')} is not supported for the reward model (a frozen forward-only model, "
+    if c.cfg.reward_model.strategy not in ("fsdp", "fsdp2"):
+        c.error(f"{RM}.strategy={c.cfg.reward_model.strategy} is not supported for the reward model (a frozen forward-only model, "
                 f"which FSDP2 shards well); use {RM}.strategy=fsdp2")
-    if c.get("trainer.use_legacy_worker_impl") == "disable":
+    if c.cfg.trainer.use_legacy_worker_impl == "disable":
         c.error("trainer.use_legacy_worker_impl=disable selects verl's new worker implementation for the reward model, which rlcore "
                 "does not have; use trainer.use_legacy_worker_impl=auto")
-    max_length = c.get(f"{RM}.max_length")
+    max_length = c.cfg.reward_model.max_length
     if max_length is not None:
-        c.at_least(f"{RM}.max_length", 2, fix=c.get("data.max_prompt_length") + c.get("data.max_response_length"))
+        c.at_least(f"{RM}.max_length", 2, fix=c.cfg.data.max_prompt_length + c.cfg.data.max_response_length)
     if uses_token_budgets(c.get(RM)):
-        longest = max_length or c.get("data.max_prompt_length") + c.get("data.max_response_length")
-        budget = c.get(f"{RM}.forward_max_token_len_per_gpu")
+        longest = max_length or c.cfg.data.max_prompt_length + c.cfg.data.max_response_length
+        budget = c.cfg.reward_model.forward_max_token_len_per_gpu
         if budget < longest:
             c.error(f"{RM}.forward_max_token_len_per_gpu={budget} is smaller than the longest scored sequence ({longest} tokens: "
                     f"{RM}.max_length or data.max_prompt_length + data.max_response_length); use {RM}.forward_max_token_len_per_gpu={longest}")
-    elif c.get(f"{RM}.micro_batch_size_per_gpu") is None and c.get(f"{RM}.micro_batch_size") is None:
+    elif c.cfg.reward_model.micro_batch_size_per_gpu is None and c.cfg.reward_model.micro_batch_size is None:
         c.error(f"{RM}.micro_batch_size_per_gpu is required unless {RM}.use_dynamic_bsz=True or {RM}.use_reward_loop=True (either fills "
                 f"each forward with {RM}.forward_max_token_len_per_gpu tokens); use e.g. {RM}.micro_batch_size_per_gpu=8")
-    if c.get(f"{RM}.enable_resource_pool"):
+    if c.cfg.reward_model.enable_resource_pool:
         c.at_least(f"{RM}.nnodes", 1, fix=1)
-        c.at_least(f"{RM}.n_gpus_per_node", 1, fix=c.get("trainer.n_gpus_per_node"))
+        c.at_least(f"{RM}.n_gpus_per_node", 1, fix=c.cfg.trainer.n_gpus_per_node)

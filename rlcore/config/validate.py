@@ -157,7 +157,7 @@ class _Checker:
 
 def _check_choices(c: _Checker) -> None:
     c.choice(f"{ARR}.actor.strategy", STRATEGIES)
-    if c.get(f"{ARR}.ref.strategy") != c.get(f"{ARR}.actor.strategy"):
+    if c.cfg.actor_rollout_ref.ref.strategy != c.cfg.actor_rollout_ref.actor.strategy:
         c.choice(f"{ARR}.ref.strategy", STRATEGIES)
     c.choice(f"{ARR}.rollout.name", ROLLOUT_NAMES, _UNSUPPORTED_ROLLOUT)
     c.choice(f"{ARR}.rollout.checkpoint_engine.backend", ("naive",))
@@ -177,7 +177,7 @@ def _check_choices(c: _Checker) -> None:
         c.choice(f"{ARR}.{role}.fsdp_config.dtype", DTYPES)
         c.choice(f"{ARR}.{role}.fsdp_config.model_dtype", DTYPES)
         for name in ("param_dtype", "reduce_dtype"):
-            if c.get(f"{ARR}.{role}.fsdp_config.mixed_precision.{name}") is not None:
+            if getattr(getattr(c.cfg.actor_rollout_ref, role).fsdp_config.mixed_precision, name) is not None:
                 c.choice(f"{ARR}.{role}.fsdp_config.mixed_precision.{name}", DTYPES)
     c.choice(f"{ARR}.rollout.dtype", DTYPES)
     _check_reward_manager(c)
@@ -192,7 +192,7 @@ def _check_choices(c: _Checker) -> None:
     check_profiler(c)
     check_native_rollout(c)
     check_over_sample_rate(c)
-    if c.get(f"{ARR}.actor.strategy") == "megatron":
+    if c.cfg.actor_rollout_ref.actor.strategy == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")
         # The reference is built by the same engine from its own section: what the engine cannot do is refused
         # there too, whether or not this run uses a reference (a key set and ignored is worse than a refusal).
@@ -202,7 +202,7 @@ def _check_choices(c: _Checker) -> None:
             check_same_layout(c, f"{ARR}.ref.megatron", f"{ARR}.actor.megatron")
     if uses_critic(c.cfg):
         c.choice("critic.strategy", STRATEGIES)
-        if c.get("critic.strategy") == "megatron":
+        if c.cfg.critic.strategy == "megatron":
             check_megatron(c, "critic.megatron")
             c.choice("critic.megatron.dtype", DTYPES)
         c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
@@ -212,14 +212,14 @@ def _check_choices(c: _Checker) -> None:
 def _check_reward_manager(c: _Checker) -> None:
     """reward_model.reward_manager and the reward_kwargs it takes (dapo: the overlong buffer)."""
     c.choice("reward_model.reward_manager", REWARD_MANAGERS, _UNSUPPORTED_REWARD_MANAGER)
-    if c.get("reward_model.reward_manager") not in REWARD_MANAGERS:
+    if c.cfg.reward_model.reward_manager not in REWARD_MANAGERS:
         return
-    kwargs = c.get("reward_model.reward_kwargs") or {}
-    allowed = ("max_resp_len", "overlong_buffer_cfg") if c.get("reward_model.reward_manager") == "dapo" else ()
+    kwargs = c.cfg.reward_model.reward_kwargs or {}
+    allowed = ("max_resp_len", "overlong_buffer_cfg") if c.cfg.reward_model.reward_manager == "dapo" else ()
     for key in kwargs:
         if key not in allowed:
             c.error(f"reward_model.reward_kwargs.{key} is not an argument of reward_model.reward_manager="
-                    f"{c.get('reward_model.reward_manager')}; it takes: {', '.join(allowed) or 'none'}")
+                    f"{c.cfg.reward_model.reward_manager}; it takes: {', '.join(allowed) or 'none'}")
     overlong = kwargs.get("overlong_buffer_cfg") or {}
     for key in overlong:
         if key not in _OVERLONG_KEYS:
@@ -228,21 +228,21 @@ def _check_reward_manager(c: _Checker) -> None:
         buffer, max_len = overlong.get("len"), kwargs.get("max_resp_len")
         if not isinstance(max_len, int) or not isinstance(buffer, int) or not 0 < buffer <= max_len:
             c.error(f"the overlong buffer needs 0 < overlong_buffer_cfg.len ({buffer}) <= max_resp_len ({max_len}); use e.g. "
-                    f"+reward_model.reward_kwargs.max_resp_len={c.get('data.max_response_length')} "
-                    f"+reward_model.reward_kwargs.overlong_buffer_cfg.len={max(1, c.get('data.max_response_length') // 4)}")
+                    f"+reward_model.reward_kwargs.max_resp_len={c.cfg.data.max_response_length} "
+                    f"+reward_model.reward_kwargs.overlong_buffer_cfg.len={max(1, c.cfg.data.max_response_length // 4)}")
         if "penalty_factor" not in overlong:
             c.error("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor is required with enable=True; use 1.0")
 
 
 def _check_unsupported(c: _Checker) -> None:
     for role in ("actor", "ref", "critic", "reward_model"):
-        if (role != "critic" or uses_critic(c.cfg)) and (role != "reward_model" or c.get("reward_model.enable")):
+        if (role != "critic" or uses_critic(c.cfg)) and (role != "reward_model" or c.cfg.reward_model.enable):
             check_ulysses(c, role)
     for model, strategy in ((f"{ARR}.model", f"{ARR}.actor.strategy"), ("critic.model", "critic.strategy")):
         if model == "critic.model" and not uses_critic(c.cfg):
             continue
         check_lora(c, model, strategy)
-    if c.get("algorithm.adv_estimator") == "gae" and c.get("critic.enable") is False:
+    if c.cfg.algorithm.adv_estimator == "gae" and c.cfg.critic.enable is False:
         c.error("algorithm.adv_estimator=gae needs the critic's values but critic.enable=False; use critic.enable=null "
                 "(on for gae) or a critic-free estimator such as algorithm.adv_estimator=grpo")
     c.errors += ppo_engine_errors(c.get, uses_critic(c.cfg))
@@ -268,7 +268,7 @@ def _check_sampling(c: _Checker, prefix: str) -> None:
 
 def _check_ranges(c: _Checker) -> None:
     rollout, actor = f"{ARR}.rollout", f"{ARR}.actor"
-    estimator, n = c.get("algorithm.adv_estimator"), c.get(f"{rollout}.n")
+    estimator, n = c.cfg.algorithm.adv_estimator, c.cfg.actor_rollout_ref.rollout.n
     if estimator in GROUP_ESTIMATORS and n == 1:
         c.error(f"algorithm.adv_estimator={estimator} scores each sample against the other samples of its prompt, "
                 f"so {rollout}.n=1 leaves it without a baseline; use {rollout}.n=4 or more")
@@ -293,13 +293,13 @@ def _check_ranges(c: _Checker) -> None:
     c.at_least(f"{actor}.ppo_epochs", 1)
     c.at_least("data.max_prompt_length", 1, fix=512)
     c.at_least("data.max_response_length", 1, fix=512)
-    if c.get("data.val_batch_size") is not None:
+    if c.cfg.data.val_batch_size is not None:
         c.at_least("data.val_batch_size", 1)
     _check_trainer(c)
 
 
 def _check_trainer(c: _Checker) -> None:
-    steps, epochs = c.get("trainer.total_training_steps"), c.get("trainer.total_epochs")
+    steps, epochs = c.cfg.trainer.total_training_steps, c.cfg.trainer.total_epochs
     if steps is not None and steps <= 0:
         c.error(f"trainer.total_training_steps={steps} must be > 0, or null to run trainer.total_epochs; "
                 "use trainer.total_training_steps=null or e.g. trainer.total_training_steps=100")
@@ -308,7 +308,7 @@ def _check_trainer(c: _Checker) -> None:
                 "use trainer.total_epochs=1 or set trainer.total_training_steps")
     c.minus_one_or_positive("trainer.test_freq")
     c.minus_one_or_positive("trainer.save_freq")
-    if c.get("trainer.resume_mode") == "resume_path" and not c.get("trainer.resume_from_path"):
+    if c.cfg.trainer.resume_mode == "resume_path" and not c.cfg.trainer.resume_from_path:
         c.error("trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint folder such as "
                 "<default_local_dir>/global_step_100); set it or use trainer.resume_mode=auto")
     for key in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"):
@@ -360,14 +360,15 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
     ok = all([c.at_least("trainer.nnodes", 1), c.at_least("trainer.n_gpus_per_node", 1),
               c.at_least("data.train_batch_size", 1),
               c.at_least(f"{actor}.ppo_mini_batch_size", 1)])
-    nodes, per_node = c.get("trainer.nnodes"), c.get("trainer.n_gpus_per_node")
+    nodes, per_node = c.cfg.trainer.nnodes, c.cfg.trainer.n_gpus_per_node
     sp = role_sp(c.get, "actor")
-    n, epochs = c.get(f"{rollout}.n"), c.get(f"{actor}.ppo_epochs")
+    a = c.cfg.actor_rollout_ref.actor
+    n, epochs = c.cfg.actor_rollout_ref.rollout.n, a.ppo_epochs
     if not ok or n < 1 or epochs < 1:  # n and ppo_epochs are reported by _check_ranges
         return None
     world = nodes * per_node
     _check_rollout_tp(c, per_node)
-    if c.get(f"{actor}.strategy") == "megatron":
+    if a.strategy == "megatron":
         sp = _megatron_model_parallel(c, f"{actor}.megatron", world, per_node)
         if sp is None:
             return None
@@ -379,7 +380,7 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
                 + _use(key, _nearest(sp, lambda v: world % v == 0 and per_node % v == 0, 1, per_node)))
         return None
     dp = world // sp
-    tbs, mini = c.get("data.train_batch_size"), c.get(f"{actor}.ppo_mini_batch_size")
+    tbs, mini = c.cfg.data.train_batch_size, a.ppo_mini_batch_size
     step_ok = tbs * n % dp == 0
     if not step_ok:
         fixes = _suggest(tbs, [lambda t: t * n % dp == 0 and t % mini == 0, lambda t: t * n % dp == 0],
@@ -392,7 +393,7 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
     log_prob_micro, ref_micro, use_ref = _check_log_prob_sizes(c, dp, per_rank_step)
     use_critic = uses_critic(c.cfg)
     critic_micro, critic_rows = _plan_critic(c, world, tbs, n) if use_critic else (None, None)
-    dynamic = c.get(f"{actor}.use_dynamic_bsz")
+    dynamic = a.use_dynamic_bsz
     if not step_ok or mini_batches is None or (not dynamic and micro_batches is None):
         return None
     return BatchPlan(
@@ -403,8 +404,8 @@ def _plan(c: _Checker) -> Optional[BatchPlan]:
         ppo_micro_batch_size_per_rank=micro, log_prob_micro_batch_size_per_rank=log_prob_micro,
         ref_log_prob_micro_batch_size_per_rank=ref_micro, use_reference_policy=use_ref,
         use_critic=use_critic, critic_micro_batches_per_mini_batch_per_rank=critic_micro, critic_micro_batch_size_per_rank=critic_rows,
-        ppo_max_token_len_per_rank=c.get(f"{actor}.ppo_max_token_len_per_gpu") if dynamic else None,
-        max_sequence_length=c.get("data.max_prompt_length") + c.get("data.max_response_length"),
+        ppo_max_token_len_per_rank=a.ppo_max_token_len_per_gpu if dynamic else None,
+        max_sequence_length=c.cfg.data.max_prompt_length + c.cfg.data.max_response_length,
     )
 
 
@@ -443,7 +444,7 @@ def _plan_mini_batches(c: _Checker, dp: int, tbs: int, mini: int, n: int, actor:
         else:
             per_gpu_key = f"{actor}.ppo_micro_batch_size_per_gpu"
             source = (f"{per_gpu_key}={micro}" if c.get(per_gpu_key) is not None else
-                      f"{actor}.ppo_micro_batch_size={c.get(f'{actor}.ppo_micro_batch_size')} / {dp} ranks = {micro}")
+                      f"{actor}.ppo_micro_batch_size={c.get(actor).ppo_micro_batch_size} / {dp} ranks = {micro}")
             fixes = _suggest(micro, [lambda m: per_rank_mini % m == 0], 1, per_rank_mini)
             c.error(f"{mini_key}={mini} x {rollout}.n={n} / {dp} ranks = {per_rank_mini} samples per rank per "
                     f"mini-batch is not divisible by {source}; " + _use(per_gpu_key, fixes))
@@ -479,14 +480,15 @@ def _check_log_prob_sizes(c: _Checker, dp: int, per_rank_step: Optional[int]):
     if use_ref:
         ref_micro = _micro_per_rank(c, ref, "log_prob_micro_batch_size", f"{ref}.log_prob_use_dynamic_bsz",
                                     dp, per_rank_step, default_cap=32)
-    need = c.get("data.max_prompt_length") + c.get("data.max_response_length")
-    if c.get(f"{actor}.use_dynamic_bsz"):
+    need = c.cfg.data.max_prompt_length + c.cfg.data.max_response_length
+    arr = c.cfg.actor_rollout_ref
+    if arr.actor.use_dynamic_bsz:
         _check_token_budget(c, f"{actor}.ppo_max_token_len_per_gpu", need)
-    if c.get(f"{rollout}.log_prob_use_dynamic_bsz"):
+    if arr.rollout.log_prob_use_dynamic_bsz:
         _check_token_budget(c, f"{rollout}.log_prob_max_token_len_per_gpu", need)
-    if use_ref and c.get(f"{ref}.log_prob_use_dynamic_bsz"):
+    if use_ref and arr.ref.log_prob_use_dynamic_bsz:
         _check_token_budget(c, f"{ref}.log_prob_max_token_len_per_gpu", need)
-    max_len = c.get(f"{rollout}.max_model_len")
+    max_len = arr.rollout.max_model_len
     if max_len is not None and max_len < need:
         c.error(f"{rollout}.max_model_len={max_len} is smaller than data.max_prompt_length + data.max_response_length "
                 f"= {need}; use {rollout}.max_model_len={need} or null")
@@ -513,12 +515,12 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> tuple[Optional[in
     """The critic's batch arithmetic on its own ranks (the actor's, or critic.nnodes x critic.n_gpus_per_node
     with critic.enable_resource_pool). Returns the critic's (micro-batches per mini-batch, samples per micro-batch)
     per rank, each None where it cannot be derived (or token budgets decide)."""
-    if c.get("critic.enable_resource_pool"):
+    if c.cfg.critic.enable_resource_pool:
         if not (c.at_least("critic.nnodes", 1) and c.at_least("critic.n_gpus_per_node", 1)):
             return None, None
-        world = c.get("critic.nnodes") * c.get("critic.n_gpus_per_node")
-    if c.get("critic.strategy") == "megatron":
-        per_node = c.get("critic.n_gpus_per_node") if c.get("critic.enable_resource_pool") else c.get("trainer.n_gpus_per_node")
+        world = c.cfg.critic.nnodes * c.cfg.critic.n_gpus_per_node
+    if c.cfg.critic.strategy == "megatron":
+        per_node = c.cfg.critic.n_gpus_per_node if c.cfg.critic.enable_resource_pool else c.cfg.trainer.n_gpus_per_node
         model_parallel = _megatron_model_parallel(c, "critic.megatron", world, per_node)
         if model_parallel is None:
             return None, None
@@ -537,19 +539,19 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> tuple[Optional[in
     if tbs * n % world:
         c.error(f"data.train_batch_size={tbs} x rollout.n={n} samples per step is not divisible by the critic's "
                 f"{world} ranks; use critic.n_gpus_per_node (with critic.enable_resource_pool) dividing {tbs * n}")
-        _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")  # shown now, not after the fix
+        _plan_mini_batches(c, world, tbs, c.cfg.critic.ppo_mini_batch_size, n, actor="critic")  # shown now, not after the fix
         return None, None
     _micro_per_rank(c, "critic", "forward_micro_batch_size", "critic.use_dynamic_bsz", world, tbs * n // world, 32)
-    if c.get("critic.use_dynamic_bsz"):
+    if c.cfg.critic.use_dynamic_bsz:
         for key in ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"):
-            _check_token_budget(c, key, c.get("data.max_prompt_length") + c.get("data.max_response_length"))
-    _, _, rows, micro_batches = _plan_mini_batches(c, world, tbs, c.get("critic.ppo_mini_batch_size"), n, actor="critic")
+            _check_token_budget(c, key, c.cfg.data.max_prompt_length + c.cfg.data.max_response_length)
+    _, _, rows, micro_batches = _plan_mini_batches(c, world, tbs, c.cfg.critic.ppo_mini_batch_size, n, actor="critic")
     return micro_batches, rows
 
 
 def _check_rollout_tp(c: _Checker, per_node: int) -> None:
     if split_pools(c.get):  # the rollout's own pool
-        per_node, pool_key = c.get("rollout.n_gpus_per_node"), "rollout.n_gpus_per_node"
+        per_node, pool_key = c.cfg.rollout.n_gpus_per_node, "rollout.n_gpus_per_node"
     else:
         pool_key = "trainer.n_gpus_per_node"
     key = f"{ARR}.rollout.tensor_model_parallel_size"
