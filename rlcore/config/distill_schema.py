@@ -176,8 +176,9 @@ def replica_world_size(teacher: TeacherModelConfig) -> int:
 def distillation_warnings(get: Callable[[str], Any]) -> list[str]:
     """verl's warning: a top-k loss as a policy-gradient reward uses only the sampled token's gradient."""
     loss = f"{D}.distillation_loss"
-    if uses_topk(get) and get(f"{loss}.use_policy_gradient"):
-        return [f"{loss}.loss_mode={get(f'{loss}.loss_mode')} with {loss}.use_policy_gradient=True: the update moves only the "
+    lo = get(loss)
+    if uses_topk(get) and lo.use_policy_gradient:
+        return [f"{loss}.loss_mode={lo.loss_mode} with {loss}.use_policy_gradient=True: the update moves only the "
                 "sampled token's log-prob, so the teacher's top-k (how the other logits should move) is mostly unused; "
                 f"{loss}.use_policy_gradient=False backpropagates it (verl's advice)"]
     return []
@@ -189,18 +190,19 @@ def check_distillation(c) -> None:
     if not distillation_enabled(get):
         return
     loss = f"{D}.distillation_loss"
+    lo = get(loss)
     c.choice(f"{loss}.loss_mode", LOSS_MODES)
-    mode, pg = get(f"{loss}.loss_mode"), get(f"{loss}.use_policy_gradient")
+    mode, pg = lo.loss_mode, lo.use_policy_gradient
     if mode in ("k1", "kl") and not pg:
         # verl's rule: d(log pi - log teacher)/d theta = d log pi / d theta, whatever the teacher says
         c.error(f"{loss}.loss_mode={mode} with {loss}.use_policy_gradient=False: the gradient of k1 does not depend on the "
                 f"teacher's log-probs, so it would not distil; use {loss}.use_policy_gradient=True or {loss}.loss_mode=k3")
-    if mode in TOPK_MODES and (get(f"{loss}.topk") or 0) < 1:
-        c.error(f"{loss}.topk={get(f'{loss}.topk')}: {mode} needs the teacher's top-k tokens; use {loss}.topk=64")
-    if get(f"{loss}.policy_loss_mode") != "vanilla":
-        c.error(f"{loss}.policy_loss_mode={get(f'{loss}.policy_loss_mode')}: the policy-gradient form uses the vanilla PPO "
+    if mode in TOPK_MODES and (lo.topk or 0) < 1:
+        c.error(f"{loss}.topk={lo.topk}: {mode} needs the teacher's top-k tokens; use {loss}.topk=64")
+    if lo.policy_loss_mode != "vanilla":
+        c.error(f"{loss}.policy_loss_mode={lo.policy_loss_mode}: the policy-gradient form uses the vanilla PPO "
                 f"loss (verl's only one); use {loss}.policy_loss_mode=vanilla")
-    if not get(f"{loss}.use_task_rewards") and get(f"{loss}.distillation_loss_coef") != 1.0:
+    if not lo.use_task_rewards and lo.distillation_loss_coef != 1.0:
         c.error(f"{loss}.distillation_loss_coef weighs the distillation loss beside the task rewards; with "
                 f"{loss}.use_task_rewards=False it would do nothing: drop it or set {loss}.use_task_rewards=True")
     if mode in TOPK_MODES and get("actor_rollout_ref.actor.strategy") == "megatron":

@@ -124,12 +124,13 @@ def role_engine_errors(get: Get, optim: Optional[str], fsdp: str, world: int, gr
 
 def activation_offload_errors(get: Get, model: str, strategy: str) -> List[str]:
     """model.enable_activation_offload moves the inputs that gradient checkpointing keeps: FSDP2 only, checkpointing on."""
-    if not get(f"{model}.enable_activation_offload"):
+    m = get(model)
+    if not m.enable_activation_offload:
         return []
     if get(strategy) == "megatron":
         return [f"{model}.enable_activation_offload=True works with the FSDP2 engine; under megatron ({strategy}=megatron) "
                 "use override_transformer_config.recompute_* to trade compute for activation memory"]
-    if not get(f"{model}.enable_gradient_checkpointing"):
+    if not m.enable_gradient_checkpointing:
         return [f"{model}.enable_activation_offload=True moves the block inputs that gradient checkpointing keeps to host "
                 f"memory; set {model}.enable_gradient_checkpointing=True too"]
     return []
@@ -138,8 +139,9 @@ def activation_offload_errors(get: Get, model: str, strategy: str) -> List[str]:
 def checkpoint_contents_errors(get: Get, checkpoint: str, resume_mode: str) -> List[str]:
     """save_contents / load_contents name verl's items, and a run that resumes its own checkpoints (resume_mode=auto)
     loads only what it saves."""
+    ck = get(checkpoint)
     errors = []
-    saved, loaded = (list(get(f"{checkpoint}.{k}") or []) for k in ("save_contents", "load_contents"))
+    saved, loaded = (list(getattr(ck, k) or []) for k in ("save_contents", "load_contents"))
     for key, items in (("save_contents", saved), ("load_contents", loaded)):
         unknown = [item for item in items if item not in CHECKPOINT_CONTENTS]
         if unknown:

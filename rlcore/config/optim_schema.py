@@ -62,21 +62,22 @@ def schedule_kind(optim) -> str:
 
 def optim_errors(get, optim: str, strategy: str, device: str) -> list[str]:
     """`optim` is a trained role's optim section (e.g. actor_rollout_ref.actor.optim), trained with `strategy`."""
+    o = get(optim)
     errors = []
     for key in SCHEDULE_KEYS:
-        value = get(f"{optim}.{key}")
+        value = getattr(o, key)
         if value is not None and value not in LR_SCHEDULERS:
             errors.append(f"{optim}.{key}={value} is not one of {', '.join(LR_SCHEDULERS)}")
-    kind = get(f"{optim}.lr_scheduler_type")
+    kind = o.lr_scheduler_type
     for key in SCHEDULE_KEYS[:2]:  # an alias set beside a different lr_scheduler_type (constant is its default)
-        alias = get(f"{optim}.{key}")
+        alias = getattr(o, key)
         if alias is not None and kind not in ("constant", alias):
             errors.append(f"{optim}.{key}={alias} and {optim}.lr_scheduler_type={kind} name two schedules (verl's names for "
                           f"the same thing); set one of them")
-    decay, style = get(f"{optim}.lr_decay_style"), get(f"{optim}.warmup_style")
+    decay, style = o.lr_decay_style, o.warmup_style
     if decay is not None and style is not None and decay != style:
         errors.append(f"{optim}.lr_decay_style={decay} and {optim}.warmup_style={style} name two schedules; set one of them")
-    overrides = dict(get(f"{optim}.override_optimizer_config") or {})
+    overrides = dict(o.override_optimizer_config or {})
     if strategy == "megatron":
         return errors + _megatron_override_errors(optim, overrides, device)
     return errors + _adamw_override_errors(optim, overrides)

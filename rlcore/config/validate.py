@@ -19,7 +19,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.keys import unknown_key_errors
 from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
-from rlcore.config.typed import dotted
 from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES, REWARD_MANAGERS
 from rlcore.config.async_schema import check_async, derive_async_sizes, split_pools
 from rlcore.config.fsdp_schema import ppo_engine_errors
@@ -500,15 +499,13 @@ def uses_reference(cfg) -> bool:
     reward (algorithm.use_kl_in_reward). The one answer the controller, the workers, the memory plan and the rehearsal
     read (two of their own copies had dropped use_kl_in_reward). With LoRA the reference is the actor's base with the
     adapters off: the caller decides whether that needs weights of its own."""
-    get = dotted(cfg)
-    return bool(get("actor_rollout_ref.actor.use_kl_loss") or get("algorithm.use_kl_in_reward"))
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
 def uses_critic(cfg) -> bool:
     """critic.enable, or when it is null (verl's default) whether the estimator needs values (gae)."""
-    get = dotted(cfg)
-    enable = get("critic.enable")
-    return bool(enable) if enable is not None else get("algorithm.adv_estimator") == "gae"
+    enable = cfg.critic.enable
+    return bool(enable) if enable is not None else cfg.algorithm.adv_estimator == "gae"
 
 
 def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> tuple[Optional[int], Optional[int]]:
