@@ -11,6 +11,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.engine.optim import lr_factor
@@ -267,15 +268,45 @@ class TrainEngine(ABC):
         Gradients count as they are allocated during an update; optimizer state as it exists (AdamW allocates
         its moments at the first step)."""
 
-    @abstractmethod
     def save(self, path: str, hf_dir: str | None = None, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
-        """Into `path`, the states named in `contents`: "model" (sharded weights; LoRA: the adapters), "optimizer"
-        (its state), "extra" (the lr schedule's position); HF safetensors + config into `hf_dir` (rank 0)."""
+        """Into `path`, the states named in `contents`, in the one layout every engine writes: "model" (its sharded
+        weights) and "optimizer" (its state) as one torch distributed checkpoint (DCP: `.metadata` and a file per
+        rank, each engine's shards under its own keys: _checkpoint_state), "extra" the lr schedule's position
+        (scheduler.pt), then what the engine adds (_saved: LoRA's adapter in peft's format, Megatron's layout); HF
+        safetensors + config into `hf_dir` (rank 0)."""
+        os.makedirs(path, exist_ok=True)
+        state = self._checkpoint_state(contents, loading=False)
+        if state:
+            dcp.save(state, checkpoint_id=path)
+        self._save_schedule(path, contents)
+        self._saved(path, contents)
+        if hf_dir is not None:
+            self.save_hf(hf_dir)
 
-    @abstractmethod
     def load(self, path: str, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
         """Restores the states named in `contents` from `path`; the others stay as built (a fresh optimizer, the
-        schedule at step 0, model.path's weights)."""
+        schedule at step 0, model.path's weights). The engine first checks the checkpoint is one it can resume."""
+        self._check_checkpoint(path)
+        state = self._checkpoint_state(contents, loading=True)
+        if state:
+            dcp.load(state, checkpoint_id=path)
+        self._restore(state, contents)
+        self._load_schedule(path, contents)
+
+    @abstractmethod
+    def _checkpoint_state(self, contents: frozenset[str], loading: bool) -> dict:
+        """{"model": ..., "optim": ...} as far as `contents` names them: what DCP writes, or (loading) the tensors it
+        reads into, allocated as the saved ones were (an optimizer's moments included)."""
+
+    @abstractmethod
+    def _restore(self, state: dict, contents: frozenset[str]) -> None:
+        """Applies the state DCP read into _checkpoint_state's tensors."""
+
+    def _saved(self, path: str, contents: frozenset[str]) -> None:
+        """What the engine writes beside the DCP state (nothing by default)."""
+
+    def _check_checkpoint(self, path: str) -> None:
+        """Refuses, naming why, a checkpoint this engine cannot resume (none by default)."""
 
 
 def _chosen(params: bool, grads: bool, optimizer: bool) -> frozenset[str]:

@@ -11,7 +11,6 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
@@ -19,7 +18,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from rlcore.engine.base import CHECKPOINT_STATE, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
+from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
 from rlcore.engine.activation_offload import offload_checkpointed_inputs
 from rlcore.engine.fsdp_units import chain_forward_prefetch, fsdp_mesh, fsdp_units
 from rlcore.engine.gather import Exchange, gather_full_tensors
@@ -422,7 +421,8 @@ class FSDP2Engine(TrainEngine):
         # A LoRA checkpoint holds the adapters and their optimizer state; the frozen base is model.path's.
         return StateDictOptions(ignore_frozen_params=self.spec.lora is not None, strict=self.spec.lora is None)
 
-    def _state(self, contents: frozenset[str]) -> dict:
+    def _checkpoint_state(self, contents: frozenset[str], loading: bool) -> dict:
+        """Sharded DTensors (a load reshards them to this run's ranks)."""
         state = {}
         if "model" in contents:
             state["model"] = get_model_state_dict(self.model, options=self._state_options())
@@ -431,16 +431,9 @@ class FSDP2Engine(TrainEngine):
             state["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=self._state_options())
         return state
 
-    def save(self, path: str, hf_dir: str | None = None, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
-        os.makedirs(path, exist_ok=True)
-        state = self._state(contents)
-        if state:
-            dcp.save(state, checkpoint_id=path)
-        self._save_schedule(path, contents)
+    def _saved(self, path: str, contents: frozenset[str]) -> None:
         if "model" in contents and self.spec.lora is not None:
             self.save_adapter(os.path.join(path, "lora_adapter"))
-        if hf_dir is not None:
-            self.save_hf(hf_dir)
 
     def save_adapter(self, out_dir: str) -> None:
         """The adapters in peft's format (collective; rank 0 writes)."""
@@ -449,12 +442,8 @@ class FSDP2Engine(TrainEngine):
         if dist.get_rank() == 0:
             lora.save_adapter(self.model, lora.adapter_state(self.model, full), out_dir, self.spec.model_path)
 
-    def load(self, path: str, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
-        state = self._state(contents)
-        if state:
-            dcp.load(state, checkpoint_id=path)
+    def _restore(self, state: dict, contents: frozenset[str]) -> None:
         if "model" in state:
             set_model_state_dict(self.model, state["model"], options=self._state_options())
         if "optim" in state:
             set_optimizer_state_dict(self.model, self.optimizer, state["optim"], options=self._state_options())
-        self._load_schedule(path, contents)

@@ -1,6 +1,6 @@
 """Checkpoint layout and atomic publication.
 
-    {default_local_dir}/global_step_{N}/actor/          sharded model + optimizer (DCP), scheduler, per-rank RNG
+    {default_local_dir}/global_step_{N}/actor/          sharded model + optimizer (DCP, both engines), scheduler, per-rank RNG
     {default_local_dir}/global_step_{N}/actor/contents.json  what the actor's folder holds (its save_contents)
     {default_local_dir}/global_step_{N}/actor/huggingface/   HF config + tokenizer; the safetensors with "hf_model"
     {default_local_dir}/global_step_{N}/data.pt         dataloader position, controller RNG, KL controller

@@ -204,3 +204,13 @@ def test_override_optimizer_config_reaches_megatron_cores_optimizer(dp2):
     with pytest.raises(ValueError, match="optimizer_cpu_ofload not field"):
         optimizer_config({"lr": 1.0}, {"optimizer_cpu_ofload": True})
 
+
+
+def test_a_checkpoint_in_the_old_per_rank_files_is_refused_with_the_reason(tmp_path):
+    # Before both engines wrote one layout (a torch distributed checkpoint), Megatron's were per-rank torch.save files.
+    from rlcore.engine.megatron.engine import MegatronEngine
+
+    (tmp_path / "model_tp0_pp0.pt").write_bytes(b"")
+    engine = MegatronEngine.__new__(MegatronEngine)  # only the check runs: no process group needed
+    with pytest.raises(ValueError, match=r"per-rank model_tp.* files.*resume it with that rlcore, or start a new run from its HF export"):
+        engine.load(str(tmp_path))

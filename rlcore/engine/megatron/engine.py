@@ -17,9 +17,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-from rlcore.config.megatron_schema import MegatronConfig
-from rlcore.config.megatron_schema import MEGATRON_UNSUPPORTED
-from rlcore.engine.base import CHECKPOINT_STATE, STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
+from rlcore.config.megatron_schema import MEGATRON_UNSUPPORTED, MegatronConfig
+from rlcore.engine.base import STATE_KINDS, WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, read_metrics
 from rlcore.engine.megatron.attention import sum_latent_key_gradient_over_tp
 from rlcore.engine.megatron.inputs import ModelInputs, model_inputs
 from rlcore.engine.megatron.lora import apply_lora, disabled
@@ -33,6 +32,9 @@ from rlcore.models.lora import Adapters
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
 from rlcore.models.router import ROUTES
 from rlcore.utils.dist import ReduceOp, all_reduce_values, collective_timeout_minutes
+
+LAYOUT_FILE = "megatron_layout.json"  # beside a checkpoint: the layout it was written with (a resume needs the same)
+
 
 def init_model_parallel(layout: Layout, seed: int, device: torch.device) -> None:
     """megatron-core's process groups for this layout (once per process; every engine of a process shares them,
@@ -318,59 +320,87 @@ class MegatronEngine(TrainEngine):
     def _layout_meta(self) -> dict[str, int | None]:
         return {"tp": self.layout.tp, "pp": self.layout.pp, "vpp": self.layout.vpp, "dp": self.dp_size}
 
-    def _files(self, path: str) -> tuple[str, str]:
-        tp, pp = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
-        return os.path.join(path, f"model_tp{tp}_pp{pp}.pt"), os.path.join(path, f"optim_tp{tp}_pp{pp}_dp{self.dp_rank}.pt")
-
     def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
         return [opt.optimizer for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
 
-    def save(self, path: str, hf_dir: str | None = None, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
-        """Per-rank files: "model", this TP x PP piece of the model (written by data-parallel rank 0; replicas are
-        equal); "optimizer", this rank's optimizer state (its shard under the distributed optimizer) with the fp32
-        main weights; "extra", the lr schedule's position (the optimizer steps taken)."""
-        os.makedirs(path, exist_ok=True)
-        model_file, optim_file = self._files(path)
-        if "model" in contents and self.dp_rank == 0:
-            torch.save({f"{c}.{n}": p.detach() for c, chunk in enumerate(self.modules) for n, p in chunk.named_parameters()}, model_file)
+    def _checkpoint_state(self, contents: frozenset[str], loading: bool) -> dict:
+        """Plain tensors under keys of this rank's place in the layout: "model" the TP x PP piece (its data-parallel
+        replicas hold the same keys, which DCP writes once), "optim" each inner optimizer's state (this rank's shard
+        under the distributed optimizer), its param groups, and its fp32 main weights."""
+        state = {}
+        if "model" in contents:
+            state["model"] = {f"{self._piece()}.{c}.{n}": p.detach() for c, chunk in enumerate(self.modules) for n, p in chunk.named_parameters()}
         if "optimizer" in contents and self.optimizer is not None:
-            inner = self._inner_optimizers()
-            torch.save({"optimizers": [o.state_dict() for o in inner],
-                        "main_params": [[p.detach() for g in o.param_groups for p in g["params"]] for o in inner]}, optim_file)
-        self._save_schedule(path, contents)
-        if dist.get_rank() == 0:
-            with open(os.path.join(path, "megatron_layout.json"), "w") as f:
-                json.dump(self._layout_meta(), f)
-        dist.barrier()
-        if hf_dir is not None:
-            self.save_hf(hf_dir)
+            optim = {}
+            for i, opt in enumerate(self._inner_optimizers()):
+                if loading:
+                    _materialise_state(opt)
+                sd, shard = opt.state_dict(), self._shard(i)
+                optim.update({f"{shard}.state.{index}.{name}": value for index, values in sd["state"].items() for name, value in values.items()})
+                optim[f"{shard}.param_groups"] = sd["param_groups"]
+                # Loading the optimizer alone leaves the main weights as built (model.path's): read into copies then
+                mains = [p.detach() for g in opt.param_groups for p in g["params"]]
+                optim.update({f"{shard}.main.{j}": m if not loading or "model" in contents else m.clone() for j, m in enumerate(mains)})
+            state["optim"] = optim
+        return state
+
+    def _piece(self) -> str:
+        """This rank's TP x PP piece of the model."""
+        return f"tp{mpu.get_tensor_model_parallel_rank()}_pp{mpu.get_pipeline_model_parallel_rank()}"
+
+    def _shard(self, i: int) -> str:
+        """Inner optimizer `i`'s state on this rank (its data-parallel shard of the piece's)."""
+        return f"{self._piece()}_dp{self.dp_rank}.{i}"
 
     @torch.no_grad()
-    def load(self, path: str, contents: frozenset[str] = CHECKPOINT_STATE) -> None:
-        with open(os.path.join(path, "megatron_layout.json")) as f:
+    def _restore(self, state: dict, contents: frozenset[str]) -> None:
+        """The model's tensors and the main weights were read in place; each optimizer takes its state back whole."""
+        if "optim" in state:
+            optim = state["optim"]
+            for i, opt in enumerate(self._inner_optimizers()):
+                shard = self._shard(i)
+                opt.load_state_dict({"param_groups": optim[f"{shard}.param_groups"],
+                                     "state": {index: {name: optim[f"{shard}.state.{index}.{name}"] for name in values}
+                                               for index, values in opt.state_dict()["state"].items()}})
+        if self.optimizer is not None and not {"model", "optimizer"} <= contents:
+            # The main weights must be the model's: the checkpoint's without their optimizer, or model.path's under
+            # a restored optimizer; else the next step would write back the weights they were built from.
+            self.optimizer.reload_model_params()
+
+    def _saved(self, path: str, contents: frozenset[str]) -> None:
+        """The layout beside the state: a resume must use the same one (DCP holds plain tensors, not resharded)."""
+        if dist.get_rank() == 0:
+            with open(os.path.join(path, LAYOUT_FILE), "w") as f:
+                json.dump(self._layout_meta(), f)
+        dist.barrier()
+
+    def _check_checkpoint(self, path: str) -> None:
+        if not os.path.isfile(os.path.join(path, ".metadata")) and any(f.startswith("model_tp") for f in os.listdir(path)):
+            raise ValueError(f"checkpoint {path} holds per-rank model_tp*/optim_tp* files, the layout rlcore's Megatron engine wrote "
+                             "before both engines shared one (a torch distributed checkpoint): resume it with that rlcore, or start a "
+                             "new run from its HF export (actor/huggingface) as actor_rollout_ref.model.path")
+        with open(os.path.join(path, LAYOUT_FILE)) as f:
             saved = json.load(f)
         if saved != self._layout_meta():
             raise ValueError(f"checkpoint {path} was written with megatron layout {saved}, this run has {self._layout_meta()}: resume with "
                              "the same tensor/pipeline/virtual-pipeline/data-parallel sizes, or start a new run from its HF export "
                              "(actor/huggingface) as actor_rollout_ref.model.path")
-        model_file, optim_file = self._files(path)
-        if "model" in contents:
-            weights = torch.load(model_file, weights_only=True, map_location=self.device)
-            for c, chunk in enumerate(self.modules):
-                for n, p in chunk.named_parameters():
-                    p.copy_(weights[f"{c}.{n}"])
-        if self.optimizer is None:
-            return
-        if "optimizer" in contents:
-            state = torch.load(optim_file, weights_only=True, map_location=self.device)
-            for opt, opt_state, mains in zip(self._inner_optimizers(), state["optimizers"], state["main_params"]):
-                opt.load_state_dict(opt_state)
-                if "model" in contents:  # the fp32 main weights are the saved model's (bf16 params are their rounding)
-                    for p, saved_p in zip((p for g in opt.param_groups for p in g["params"]), mains):
-                        p.copy_(saved_p)
-        if not {"model", "optimizer"} <= contents:
-            # The main weights must be the model's: the checkpoint's without their optimizer, or model.path's under
-            # a restored optimizer; else the next step would write back the weights they were built from.
-            self.optimizer.reload_model_params()
-        self._load_schedule(path, contents)
 
+
+def _materialise_state(opt: torch.optim.Optimizer) -> None:
+    """A fresh optimizer's state as its first step would create it (moments, step), for a load to read into: one
+    step at lr 0 and weight decay 0 over zero gradients, which moves no weight."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    if all(p in opt.state for p in params):
+        return
+    kept = [(g["lr"], g.get("weight_decay", 0.0)) for g in opt.param_groups]
+    grads = [p.grad for p in params]
+    for g in opt.param_groups:
+        g["lr"], g["weight_decay"] = 0.0, 0.0
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for p, grad in zip(params, grads):
+        p.grad = grad
+    for g, (lr, decay) in zip(opt.param_groups, kept):
+        g["lr"], g["weight_decay"] = lr, decay
