@@ -18,7 +18,7 @@ from rlcore.config.validate import uses_reference
 from rlcore.config.async_schema import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
-from rlcore.plan.run_plan import RunPlan
+from rlcore.plan.run_plan import RunPlan, on_policy
 from rlcore.models.vision import MEDIA_COLUMNS, MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto
 from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
@@ -77,30 +77,22 @@ class PPOTrainer:
         self.train_loader, self.val_loader = train_loader, val_loader
         self.tracker = tracker
         self.total_steps = total_steps
-        actor = cfg.actor_rollout_ref.actor
         self.use_ref = uses_reference(cfg)
-        # Exactly on-policy: the rollout sampled with the weights the actor is about to update, and they are updated
-        # once, on the whole batch. An old-log-prob pass would only recompute the update's own log-probs (ratio 1),
-        # so it is skipped and the loss uses them detached (verl's actor does the same on-policy, after running the
-        # pass anyway). Only a KL penalty in the reward needs them before the update.
-        # Rollout correction's IS weights and rejection come from that pass too, before the update, and so does
-        # sum_pi_squared (the optimal token baseline's).
+        # Exactly on-policy (rlcore.plan.run_plan.on_policy, the run plan's): the old-log-prob pass is skipped and the
+        # loss uses the update's own log-probs detached (verl's actor does the same on-policy, after running the
+        # pass anyway).
         rc = cfg.algorithm.rollout_correction
         self.rollout_corr, self.bypass = rc, rc.bypass_mode
-        self.on_policy = (cfg.data.train_batch_size == actor.ppo_mini_batch_size and actor.ppo_epochs == 1
-                          and not cfg.algorithm.use_kl_in_reward and rc.rollout_is is None and rc.rollout_rs is None
-                          and not actor.calculate_sum_pi_squared)
+        self.on_policy = plan.on_policy if plan is not None else on_policy(cfg)
         # Split pools: the rollout group generates (a background thread; rlcore.trainer.split_pools). Samples may
-        # then be stale, so the step is on-policy only when every sample is fresh (staleness 0, a sync every
-        # step, no partial rollouts: the synchronous trainer); otherwise the old policy is the rollout's own
-        # log-probs (use_rollout_log_probs: bypass) or a pass with the trainer's weights (compute_prox_log_prob).
+        # then be stale; the old policy is then the rollout's own log-probs (use_rollout_log_probs: bypass) or a
+        # pass with the trainer's weights (compute_prox_log_prob).
         self.rollout_group = groups.get("rollout")
         self.split = None
         if self.rollout_group is not None:
             self.split = SplitPools(cfg, self.actor_rollout, self.rollout_group, lambda m: self.generate_and_score(self.next_batch(), m, timer)[0])
             a = cfg.async_training
             if not always_fresh(dotted(cfg)):
-                self.on_policy = False
                 self.bypass = self.bypass or (a.use_rollout_log_probs and not a.compute_prox_log_prob)
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.multi_turn = tools_enabled(cfg)  # rollouts run the agent loop: rows carry their tools_kwargs
