@@ -13,11 +13,10 @@ from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
-from rlcore.config.fsdp_schema import FSDPConfig
+from rlcore.config.fsdp_schema import FSDPConfig, supervised_engine_errors
 from rlcore.config.optim_schema import OptimConfig
 from rlcore.config.schema import RayKwargsConfig
 from rlcore.config.keys import unknown_key_errors
-from rlcore.config.fsdp_schema import supervised_engine_errors
 
 
 @dataclass

@@ -17,26 +17,22 @@ from typing import Any, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config.keys import unknown_key_errors
-from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
-from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES, REWARD_MANAGERS
-from rlcore.config.async_schema import check_async, derive_async_sizes, split_pools
-from rlcore.config.fsdp_schema import ppo_engine_errors
-from rlcore.config.algorithm_schema import check_dynamic_sampling, check_overlong_buffer
-from rlcore.config.distill_schema import check_distillation
-from rlcore.config.lora_schema import check_lora
-from rlcore.config.profiler_schema import check_profiler
-from rlcore.config.megatron_schema import _megatron_model_parallel, check_megatron, check_same_layout
-from rlcore.config.multi_turn_schema import check_multi_turn
-from rlcore.config.algorithm_schema import OTB_ESTIMATORS, check_otb
-from rlcore.config.algorithm_schema import check_pf_ppo
 from rlcore.config.actor_schema import check_prefix_grouper
+from rlcore.config.algorithm_schema import OTB_ESTIMATORS, check_dynamic_sampling, check_otb, check_overlong_buffer, check_pf_ppo, check_rollout_correction
+from rlcore.config.async_schema import check_async, derive_async_sizes, split_pools
+from rlcore.config.distill_schema import check_distillation
+from rlcore.config.fsdp_schema import check_ulysses, ppo_engine_errors, role_sp, sp_key
+from rlcore.config.keys import unknown_key_errors
+from rlcore.config.lora_schema import check_lora
+from rlcore.config.megatron_schema import _megatron_model_parallel, check_megatron, check_same_layout
+from rlcore.config.moe_schema import check_router_replay
+from rlcore.config.multi_turn_schema import check_multi_turn
+from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES, REWARD_MANAGERS
+from rlcore.config.profiler_schema import check_profiler
 from rlcore.config.reward_model_schema import check_reward_model
 from rlcore.config.rollout_schema import (check_native_rollout, check_over_sample_rate, check_rollout_expert_parallel,
-                                            check_vllm_rollout)
-from rlcore.config.moe_schema import check_router_replay
-from rlcore.config.algorithm_schema import check_rollout_correction
-from rlcore.config.fsdp_schema import check_ulysses, role_sp, sp_key
+                                          check_vllm_rollout)
+from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
 
 ARR = "actor_rollout_ref"
 STRATEGIES = ("fsdp", "fsdp2", "megatron")

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from rlcore.config.fsdp_schema import compute_dtype
+from rlcore.config.fsdp_schema import DEFAULT_GRAD_CLIP, compute_dtype, sequence_parallel_size
 from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.config.typed import plain
-from rlcore.config.fsdp_schema import sequence_parallel_size
-from rlcore.config.fsdp_schema import DEFAULT_GRAD_CLIP
 from rlcore.config.optim_schema import schedule_kind
 from rlcore.engine.base import EngineSpec, FSDPSpec, TrainEngine
 from rlcore.models.lora import LoraSpec

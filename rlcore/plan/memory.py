@@ -32,7 +32,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config.fsdp_schema import compute_dtype
+from rlcore.config.fsdp_schema import compute_dtype, role_sp
 from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.utils.sizes import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 from rlcore.config.lora_schema import adapter_rank
@@ -42,7 +42,6 @@ from rlcore.plan.placement import placement
 from rlcore.plan.teacher_memory import teacher_phases
 from rlcore.plan.tower_memory import tower_activations
 from rlcore.config.reward_model_schema import uses_token_budgets
-from rlcore.config.fsdp_schema import role_sp
 from rlcore.plan.heads import head_errors
 from rlcore.plan.megatron_layout import Layout
 

@@ -2,7 +2,7 @@
 workers, which only lay them over their engine: verl's keys (`ppo_micro_batch_size_per_gpu`, the deprecated global
 `ppo_micro_batch_size` over the role's data-parallel ranks, or `use_dynamic_bsz`'s token budgets) are read here and
 nowhere else at run time, each over the data-parallel ranks of the group that runs the pass. The validator's batch
-plan checks the same sizes (tests/plan/test_micro_batches.py holds the two to the same numbers for every recipe).
+plan checks the same sizes (tests/plan/test_micro_plan.py holds the two to the same numbers on recipes of every kind).
 
 This module imports neither torch nor ray.
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from rlcore.config.distill_schema import teacher_entries
-from rlcore.config.typed import dotted
-from rlcore.config.reward_model_schema import uses_token_budgets
 from rlcore.config.fsdp_schema import role_sp
+from rlcore.config.reward_model_schema import uses_token_budgets
+from rlcore.config.typed import dotted
 from rlcore.plan.megatron_layout import Layout
 
 ACTOR_UPDATE, ACTOR_LOG_PROB, REF_LOG_PROB = "actor_update", "actor_log_prob", "ref_log_prob"
