@@ -12,6 +12,18 @@ shapes and the same buffers every time. So the static step:
   and nothing asks the device for it (`int(pos.max())` is a host sync); a graph per (batch, key-length) bucket;
 - writes its logits into a persistent output buffer `[num_slots, vocab]`.
 
+Not every bucket earns a capture. A rollout's shrinking tail passes through many buckets for a few steps each: the
+GPU bench's rollout (64 prompts x 8 samples x <= 256 tokens over 256 slots, its scheduling replayed on a CPU with a
+tiny random model: bench/decode_buckets.py) needs 31 buckets in 355 steps, 20 of them for 8 steps or fewer; and the
+engine captures again after every sleep. A capture costs about three eager steps (the warm-up, the recording, the check below), so about 12
+graph steps (an H200 replayed the step 4.19x faster than eager at 256 rows: docs/rollout.md), while replaying a
+larger captured bucket wastes at most its padding rows' share of a step. So a step whose bucket has no graph yet replays the least
+captured bucket that holds it (as many slots and key positions, or more) until its own bucket has been needed
+`capture_after` = 12 steps, and only then captures it: a bucket's padding never costs more than about one capture
+(the rent-or-buy rule, at most twice the best choice in hindsight). A step that no captured bucket holds captures
+its own at once. That replay of the bench's rollout captures 8 buckets instead of 31 (7 instead of 45 over 512
+slots).
+
 A captured graph holds the addresses of the pool and of the weights. Weight updates copy into the same storage, so
 the graphs stay valid across them, and an engine that never sleeps captures each bucket once. sleep() frees the
 pool (and at level 2 the weights): `release()` drops the graphs with their private memory pool and static buffers,
@@ -22,6 +34,7 @@ differs makes the engine warn once and decode eagerly from then on.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Callable
 
@@ -47,14 +60,18 @@ class DecodeGraphs:
     `rows` (the caller then decodes eagerly). `capture=False` runs the static step eagerly (CPU: graphs are
     CUDA-only, but the static maths and the bookkeeping are the same and tested there)."""
 
-    def __init__(self, decoder: Callable, pool: KVPool, vocab_size: int, sizes: list[int], capture: bool, kv_block: int = 256) -> None:
+    def __init__(self, decoder: Callable, pool: KVPool, vocab_size: int, sizes: list[int], capture: bool, kv_block: int = 256,
+                 capture_after: int = 12) -> None:
         self.decoder, self.pool, self.vocab_size, self.kv_block = decoder, pool, vocab_size, kv_block
+        self.capture_after = capture_after  # steps a bucket is needed, riding a larger captured one, before its own capture
         self.sizes, self.capture = sorted(set(sizes)), capture
         self.disabled = False  # set once, by the safety net: this engine decodes eagerly from then on
         self.verified: set[tuple[int, int]] = set()  # buckets whose current graph's replay matched the eager decode
         self.check_first_replay = True  # tests turn it off to see every step take the static path
         self.graphs: dict[tuple[int, int], Callable[[], None]] = {}  # (batch, key length) bucket -> replay
         self.num_captures = 0  # over the engine's life: a rollout's share shows what re-capturing costs
+        self.capture_seconds = 0.0  # over the engine's life: host seconds capturing and checking (the check waits for the device)
+        self.needed: dict[tuple[int, int], int] = {}  # uncaptured bucket -> steps it was needed since the graphs were last dropped
         self._pool_key: tuple | None = None
         self._mempool = None  # one private memory pool shared by every bucket's graph (they never run at once)
         self._stream = None  # the side stream graphs are captured on
@@ -74,26 +91,42 @@ class DecodeGraphs:
         if size is None:
             return None
         self._follow_pool()
-        self._fill_inputs(token, pos, size)
-        key = (size, self.kv_bucket(kv_len))
+        key = self._replayed((size, self.kv_bucket(kv_len)))
+        self._fill_inputs(token, pos, key[0])
         if key not in self.graphs:
+            started = time.perf_counter()
             try:
                 self.graphs[key] = self._capture(*key)
                 self.num_captures += 1
             except Exception as err:  # noqa: BLE001 - any capture failure means: decode eagerly, loudly
-                return self._give_up(f"capturing the decode step for batch {size} raised {type(err).__name__}: {err}", eager)
+                return self._give_up(f"capturing the decode step for batch {key[0]} raised {type(err).__name__}: {err}", eager)
+            finally:
+                self.capture_seconds += time.perf_counter() - started
         if key in self.verified or not self.check_first_replay:
             self.graphs[key]()
             return self.out[:rows]  # overwritten by the next step: sampling consumes it first
         return self._verify(key, rows, eager)
 
+    def _replayed(self, key: tuple[int, int]) -> tuple[int, int]:
+        """The bucket a step of bucket `key` replays (the module's docstring says why): its own once captured; else
+        the least captured bucket holding it, until `key` has been needed `capture_after` steps; else `key`."""
+        if key in self.graphs:
+            return key
+        self.needed[key] = needed = self.needed.get(key, 0) + 1
+        holders = [k for k in self.graphs if k[0] >= key[0] and k[1] >= key[1]]
+        if holders and needed < self.capture_after:
+            return min(holders, key=lambda k: (k[0] * k[1], k))
+        return key
+
     def _verify(self, key: tuple[int, int], rows: int, eager: Callable[[], torch.Tensor]) -> torch.Tensor | None:
         """First replay of a bucket against the eager decode of the same step; the eager logits are returned (its
         KV write, the same step's, comes last)."""
+        started = time.perf_counter()
         self.graphs[key]()
         replayed = self.out[:rows].float().clone()
         expected = eager()
         error = float((replayed - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1.0))
+        self.capture_seconds += time.perf_counter() - started
         if not error <= replay_tolerance(expected.dtype):  # `not <=`: a NaN error fails too
             self._give_up(f"the decode step for batch {key[0]} differs from the eager decode by {error:.2e} (relative)", None)
         else:
@@ -103,7 +136,7 @@ class DecodeGraphs:
     def _give_up(self, why: str, eager: Callable[[], torch.Tensor] | None) -> torch.Tensor | None:
         warnings.warn(f"native rollout: {why}; decoding eagerly from now on (set actor_rollout_ref.rollout.enforce_eager=True "
                       f"to skip the capture)", RuntimeWarning, stacklevel=3)
-        self.disabled, self.graphs = True, {}
+        self.disabled, self.graphs, self.needed = True, {}, {}
         return None if eager is None else eager()
 
     def _follow_pool(self) -> None:
@@ -112,7 +145,7 @@ class DecodeGraphs:
         key = (pool.num_slots, pool.max_len, tuple(t.data_ptr() for t in (*pool.keys, *pool.values)))
         if key == self._pool_key:
             return
-        self.graphs, self.verified, self._pool_key = {}, set(), key
+        self.graphs, self.verified, self.needed, self._pool_key = {}, set(), {}, key
         slots, device = pool.num_slots, pool.device
         self.token, self.pos, self.start = (torch.zeros(slots, dtype=torch.long, device=device) for _ in range(3))
         self.out = torch.zeros(slots, self.vocab_size, dtype=pool.geometry.dtype, device=device)
@@ -120,7 +153,7 @@ class DecodeGraphs:
     def release(self) -> None:
         """Drops every graph, their memory pool and the static buffers (the engine's sleep: what they point at is
         freed); the next decode captures again, each bucket checked against the eager decode again."""
-        self.graphs, self.verified, self._pool_key, self._mempool = {}, set(), None, None
+        self.graphs, self.verified, self.needed, self._pool_key, self._mempool = {}, set(), {}, None, None
         self.token = self.pos = self.start = self.out = None
 
     def _fill_inputs(self, token: torch.Tensor, pos: torch.Tensor, size: int) -> None:

@@ -153,7 +153,7 @@ class NativeRollout(RolloutEngine):
         self.finish_check_every = 1 if device.type == "cpu" else 4
         dtype_ = next(self.model.parameters()).dtype
         self.pool = KVPool(KVGeometry.of(self.model, dtype_), device)
-        self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running (graph_captures on CUDA)
+        self.stats: dict[str, int] = {}  # the last generate(): kv_slots, prefills, peak_running (graph_captures, graph_capture_s on CUDA)
         self.kept: list[KeptKV | None] | None = None  # per row of the last generate(keep_kv=True)
         self.kept_under: int | None = None  # the weights version the kept KV was computed with
         # Graphs need the fused decoder (the HF-module path builds masks and caches in Python each step) and CUDA.
@@ -271,7 +271,8 @@ class NativeRollout(RolloutEngine):
         running = RunningBatch.empty(self.model.config.get_text_config().vocab_size, self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0, "prefill_tokens": 0, "reused_tokens": 0,
                       "resumed_rows": 0, "rebuilt_tokens": 0}
-        num_steps, captures_before = 0, self.graphs.num_captures if self.graphs is not None else 0
+        num_steps = 0
+        captures_before = (self.graphs.num_captures, self.graphs.capture_seconds) if self.graphs is not None else None
         while scheduler or len(running):
             admitted = scheduler.admit(len(running), pool.num_slots)
             if admitted:
@@ -287,7 +288,8 @@ class NativeRollout(RolloutEngine):
             if self.gate.park():  # new weights were loaded meanwhile: the running rows go on under them
                 self._resume(requests, running, keep_kv)
         if self.graphs is not None:
-            self.stats["graph_captures"] = self.graphs.num_captures - captures_before
+            self.stats["graph_captures"] = self.graphs.num_captures - captures_before[0]
+            self.stats["graph_capture_s"] = round(self.graphs.capture_seconds - captures_before[1], 4)
         routes, self._routes = self._routes, None
         return requests.output(routes)
 

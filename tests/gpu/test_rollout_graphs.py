@@ -38,6 +38,7 @@ def test_graph_decode_equals_eager_decode_on_cuda(tmp_path, shape):
     path = build_model_dir(str(tmp_path / shape), shape, build_char_tokenizer())
     torch.cuda.set_device(0)
     pair = engines(path, "float32", max_num_seqs=48)
+    pair["graphs"].graphs.capture_after = 1  # every bucket captured at first use: several captures to check
     prompts = torch.randint(6, 40, (12, 8), generator=torch.Generator().manual_seed(0))
     prompts[2, :3] = 0
     ids, mask = prompts.repeat_interleave(4, 0), (prompts != 0).long().repeat_interleave(4, 0)
@@ -50,6 +51,9 @@ def test_graph_decode_equals_eager_decode_on_cuda(tmp_path, shape):
     torch.testing.assert_close(graphs.response_log_probs, eager.response_log_probs, atol=1e-3, rtol=1e-3)
     again = pair["graphs"].generate(ids, mask, sampling)  # replays only: the pool and the graphs are kept
     assert torch.equal(again.responses, eager.responses)
+    riding = engines(path, "float32", max_num_seqs=48)["graphs"]  # the default: the tail rides larger captured buckets
+    assert torch.equal(riding.generate(ids, mask, sampling).responses, eager.responses)
+    assert 0 < riding.stats["graph_captures"] <= len(state.verified), (riding.stats, state.verified)
 
 
 def test_graph_decode_throughput_on_cuda(tmp_path):

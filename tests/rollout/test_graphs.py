@@ -28,12 +28,14 @@ def model_dir(request, tiny_model_dir, tmp_path_factory):
     return tiny_model_dir if request.param == "qwen2" else build_tiny_llama_dir(str(tmp_path_factory.mktemp("llama")))
 
 
-def engine(model_dir: str, static: bool, max_num_seqs: int = 12) -> NativeRollout:
+def engine(model_dir: str, static: bool, max_num_seqs: int = 12, capture_after: int = 1) -> NativeRollout:
+    """`capture_after=1`: every bucket is captured at first use (the engine's default rides larger ones first)."""
     rollout = NativeRollout(model_dir, pad_token_id=0, device=torch.device("cpu"), max_num_seqs=max_num_seqs)
     rollout.update_weights(load_causal_lm(model_dir).named_parameters())
     if static:
         # Key lengths in blocks of 4 (256 on CUDA): the tiny slots of 18 positions see several key-length buckets.
-        rollout.graphs = DecodeGraphs(rollout.decoder, rollout.pool, rollout.model.config.vocab_size, SIZES, capture=False, kv_block=4)
+        rollout.graphs = DecodeGraphs(rollout.decoder, rollout.pool, rollout.model.config.vocab_size, SIZES, capture=False, kv_block=4,
+                                      capture_after=capture_after)
     return rollout
 
 
@@ -71,6 +73,39 @@ def test_first_use_check_passes_and_greedy_matches(model_dir):
     out = static.generate(ids, mask, greedy)
     assert static.graphs.verified and not static.graphs.disabled
     expected = engine(model_dir, static=False).generate(ids, mask, greedy)
+    assert torch.equal(out.responses, expected.responses)
+    torch.testing.assert_close(out.response_log_probs, expected.response_log_probs, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bucket_rides_a_larger_captured_one_until_it_was_needed_capture_after_steps(model_dir):
+    """The rent-or-buy rule (graphs.py's docstring): the shrinking batch replays the least captured bucket holding it,
+    and a bucket is captured on its third step; the tokens are the eager decode's."""
+    ids, mask = batch()
+    static = engine(model_dir, static=True, capture_after=3)
+    graphs, needed_keys, replayed = static.graphs, [], []
+    choose = graphs._replayed
+
+    def spy(key):
+        needed_keys.append(key)
+        replayed.append(choose(key))
+        return replayed[-1]
+
+    graphs._replayed = spy
+    out = static.generate(ids, mask, SAMPLING)
+    captured, seen = set(), {}
+    for key, played in zip(needed_keys, replayed):  # each step's choice, replayed against the rule
+        seen[key] = seen.get(key, 0) + 1
+        holders = [c for c in captured if c[0] >= key[0] and c[1] >= key[1]]
+        if key in captured or not holders or seen[key] >= 3:
+            assert played == key
+        else:
+            assert played == min(holders, key=lambda c: (c[0] * c[1], c)), (key, played, holders)
+        captured.add(played)
+    assert captured == set(graphs.graphs) and len(captured) < len(seen)  # fewer captures than buckets needed
+    assert any(played != key for key, played in zip(needed_keys, replayed))  # some steps rode a larger bucket
+    assert static.stats["graph_captures"] == len(graphs.graphs)
+    assert static.stats["graph_capture_s"] > 0  # host seconds capturing and checking
+    expected = engine(model_dir, static=False).generate(ids, mask, SAMPLING)
     assert torch.equal(out.responses, expected.responses)
     torch.testing.assert_close(out.response_log_probs, expected.response_log_probs, atol=1e-5, rtol=1e-5)
 
