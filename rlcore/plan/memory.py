@@ -504,11 +504,16 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     if archs["policy"] is not None:
         rollout_items, rollout_note, rollout_levers, rollout_asleep = est.rollout(archs["policy"], rollout_world)
         rollout_asleep = 0.0 if split else rollout_asleep
+    # free_cache_engine=False: the engine never sleeps, so all it holds stays beside every training phase.
+    awake = not c(f"{ARR}.rollout.free_cache_engine")
+    if awake and not split:
+        rollout_asleep = sum(gib for _, gib in rollout_items)
+    kept_rollout = "rollout engine awake (free_cache_engine=False)" if awake else "rollout engine asleep"
 
     def others(me: str, pool: int) -> list:
         shared = [(f"{name.split()[0] if name != 'reward model scores' else 'reward model'} state kept between phases", gib)
                   for name, (gib, where) in resident.items() if name != me and gib > 0 and where == pool]
-        return shared + ([("rollout engine asleep", rollout_asleep)] if pool == 0 and me != "rollout" and rollout_asleep else [])
+        return shared + ([(kept_rollout, rollout_asleep)] if pool == 0 and me != "rollout" and rollout_asleep else [])
 
     if archs["policy"] is not None:
         role = RoleMemory("rollout", f"{rollout_world} devices" + (", own pool" if split else ""),

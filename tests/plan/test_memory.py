@@ -227,6 +227,22 @@ def test_vllm_without_room_for_its_weights_is_oom():
     assert rollout.verdict == "OOM" and rollout.note.startswith("OOM: vLLM needs weights 7.1")
 
 
+def test_a_rollout_that_never_sleeps_is_planned_beside_every_training_phase():
+    """free_cache_engine=False: vLLM keeps its whole budget (weights and KV cache) through the update; the native
+    engine its weight copy, KV pool and graphs' buffers, where asleep it would keep its weight copy alone."""
+    verdicts = {}
+    for name in ("vllm", "native"):
+        asleep, awake = (_plan(f"{ARR}.rollout.name={name}", f"{ARR}.rollout.free_cache_engine={keep}", recipe="qwen2_7b_grpo")
+                         for keep in (True, False))
+        engine = sum(gib for what, gib in _role(awake, "rollout").items if what not in ("runtime",) and "kept between phases" not in what)
+        update = dict(_role(awake, "actor update").items)
+        assert update["rollout engine awake (free_cache_engine=False)"] == pytest.approx(engine)
+        kept = dict(_role(asleep, "actor update").items).get("rollout engine asleep", 0.0)
+        assert _role(awake, "actor update").peak == pytest.approx(_role(asleep, "actor update").peak - kept + engine)
+        verdicts[name] = (_role(asleep, "actor update").verdict, _role(awake, "actor update").verdict)
+    assert verdicts["vllm"] == ("fits", "tight")  # vLLM's 48 GiB beside a 7B's update on 80 GiB
+
+
 def test_max_length_beyond_the_models_positions_is_an_error():
     mem = _plan("data.max_response_length=8000", recipe="llama_70b_multinode")
     assert mem.errors == ["data.max_prompt_length + data.max_response_length = 9024 exceeds actor_rollout_ref.model.path's "
