@@ -191,6 +191,9 @@ def run_facts(cfg, world_size: int, peak: tuple[float, str], shapes: dict, plann
             "actor_rollout_ref.rollout.tensor_model_parallel_size": arr.rollout.tensor_model_parallel_size,
             "actor_rollout_ref.rollout.gpu_memory_utilization": arr.rollout.gpu_memory_utilization,
             "actor_rollout_ref.rollout.max_num_seqs": arr.rollout.max_num_seqs,
+            "actor_rollout_ref.rollout.free_cache_engine": arr.rollout.free_cache_engine,
+            "actor_rollout_ref.rollout.cudagraph_capture_sizes": (None if arr.rollout.cudagraph_capture_sizes is None
+                                                                   else list(arr.rollout.cudagraph_capture_sizes)),
             "trainer.balance_batch": cfg.trainer.balance_batch, "actor_rollout_ref.actor.use_dynamic_bsz": arr.actor.use_dynamic_bsz,
             "trainer.test_freq": cfg.trainer.test_freq, "trainer.save_freq": cfg.trainer.save_freq,
             "reward_model.score_workers": cfg.reward_model.score_workers,

@@ -83,7 +83,8 @@ def summarise(rows: list[dict], ranks: dict[int, dict]) -> Summary | None:
         total_s = sum(s for _, s in series)
         if total_s > 0:  # FLOP-weighted: total FLOPs over total seconds
             flops[name] = sum(g * s for g, s in series) / total_s * 1e9
-    rollout = {key[len("rollout/"):]: mean(key) for key in ("rollout/kv_slots", "rollout/prefills", "rollout/peak_running") if key in steps[-1]}
+    rollout = {key[len("rollout/"):]: mean(key) for key in ("rollout/kv_slots", "rollout/prefills", "rollout/peak_running",
+                                                            "rollout/graph_capture_s") if key in steps[-1]}
     return Summary([row["step"] for row in steps], wall, {k: v / wall for k, v in seconds.items()}, seconds, flops,
                    _rank_shares([ranks[row["step"]] for row in steps if row["step"] in ranks]), rollout,
                    sum("timing_s/save_checkpoint" in row for row in steps))
@@ -127,6 +128,14 @@ def levers(summary: Summary, facts: dict) -> list[tuple[float, str]]:
                         f"({tbs} prompts x rollout.n={n} over {replicas} replica{'s' if replicas > 1 else ''}): a decode step "
                         "reads every weight once for all its sequences, so more sequences per step cost little more time "
                         "each: raise data.train_batch_size or actor_rollout_ref.rollout.n"))
+    capture = s.rollout.get("graph_capture_s", 0.0) / s.wall_s if s.wall_s else 0.0
+    if capture >= 0.05:  # the native engine captures its decode graphs again after every sleep (rollout/graphs.py)
+        keep = ("set actor_rollout_ref.rollout.free_cache_engine=False where the training phases fit beside the KV cache "
+                "(rlcore-plan shows both), so the engine never sleeps and captures once; or "
+                if settings.get("actor_rollout_ref.rollout.free_cache_engine", True) else "")
+        out.append((capture, f"capturing the rollout's decode graphs takes {capture:.0%} of the step "
+                    f"({s.rollout['graph_capture_s']:.2f} s): {keep}list fewer actor_rollout_ref.rollout.cudagraph_capture_sizes "
+                    f"(now {settings.get('actor_rollout_ref.rollout.cudagraph_capture_sizes') or 'every 8 up to max_num_seqs'})"))
     wait = sum(r["wait"] for r in s.ranks) / len(s.ranks) if s.ranks else 0.0
     if wait >= 0.05:
         fix = ("enable trainer.balance_batch" if not settings.get("trainer.balance_batch") else

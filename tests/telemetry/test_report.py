@@ -74,6 +74,20 @@ def test_a_small_rollout_batch_and_a_waiting_rank_are_named():
     assert texts[1] == "ranks wait 38% of the step for the slowest rank: enable trainer.balance_batch"
 
 
+def test_decode_graph_captures_name_free_cache_engine():
+    """A rollout that captures its decode graphs again after every sleep (the H200 bench's shape: 31 captures a step)."""
+    from rlcore.telemetry.report import Summary
+
+    s = Summary([2], 8.0, {"gen": 0.7, "update actor": 0.3}, {}, rollout={"graph_capture_s": 1.6})
+    [(share, text)] = levers(s, {"world_size": 1, "settings": {}})
+    assert share == pytest.approx(0.2) and text.startswith("capturing the rollout's decode graphs takes 20% of the step (1.60 s): "
+                                                           "set actor_rollout_ref.rollout.free_cache_engine=False where")
+    [(_, text)] = levers(s, {"world_size": 1, "settings": {"actor_rollout_ref.rollout.free_cache_engine": False,
+                                                           "actor_rollout_ref.rollout.cudagraph_capture_sizes": [1, 8, 64]}})
+    assert text.endswith("(1.60 s): list fewer actor_rollout_ref.rollout.cudagraph_capture_sizes (now [1, 8, 64])")
+    assert levers(Summary([2], 8.0, {}, {}, rollout={"graph_capture_s": 0.3}), {"settings": {}}) == []  # 4%: not fired
+
+
 def test_the_report_and_the_cli(run_dir, capsys):
     text = format_report(str(run_dir))
     assert text.splitlines()[1] == "devices: 2 x cpu, peak 4.0 GFLOP/s per device (measured fp32 GEMM on rank 0 (1 thread))"
