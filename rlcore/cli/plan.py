@@ -30,6 +30,7 @@ from rlcore.config.key_status import ineffective_settings
 from rlcore.plan import format_memory, supervised_memory_plan
 from rlcore.plan.heads import policy_heads
 from rlcore.plan.run_plan import plan_run
+from rlcore.plan.speed import speed_hints
 
 USAGE = ("usage: rlcore-plan [--config-path DIR] [--config-name ppo_trainer|ppo_megatron_trainer|rm_trainer|sft_trainer|...] [-m] [--elsewhere] "
          "[--rehearse] [recipe=NAME] [key=value ...]")
@@ -108,6 +109,7 @@ def doctor(cfg, where: str = "plan") -> Diagnosis:
     checked = preflight(cfg, where, known=errors)
     errors = errors + checked.errors
     sections = ([format_plan(plan)] if plan is not None else []) + [format_memory(mem)]
+    sections += [f"speed: {hint}" for hint in (speed_hints(cfg, plan, mem) if not errors else [])]
     return Diagnosis(errors, checked.warnings, mem, _report(cfg, errors, checked.warnings, sections))
 
 
