@@ -5,15 +5,16 @@
 # runs in one command, in order of value, each stage under its own time limit and skipped when too little of the
 # budget is left; each writes its log under $OUT (the device tool returns it), so a stage that fails or times out
 # costs only itself:
-#   trl        bench/vs_trl.py on the GPU workload: rlcore against TRL's GRPOTrainer, alternating, same settings
 #   step       bench/gpu_step.py: GRPO steps on a Qwen2.5-0.5B shape, FSDP2 packed, native rollout (and vLLM when its
 #              kit is installed): phases, MFU against a measured bf16 peak, memory, generated tokens/s against HF
-#              generate; then the same with what the update's MFU evidence points at (no gradient checkpointing, one
-#              micro-batch per mini-batch) against verl's defaults, and that with all 512 samples decoding at once
+#              generate, the decode graphs' captures and their seconds; then the same with every lever the evidence
+#              points at (no recomputation, one micro-batch per mini-batch, 512 samples at once, an engine that never
+#              sleeps) against verl's defaults
+#   gpu_tests  the GPU regression and decode-graph tests (tests/gpu); the memory ledger's at the very end
+#   trl        bench/vs_trl.py on the GPU workload: rlcore against TRL's GRPOTrainer, alternating, same settings
 #   vllm_tests tests/rollout/test_vllm.py on CUDA (the adapter's parity tests; only with the vLLM kit)
 #   moe        bench/moe_rollout.py: a Qwen3-30B-A3B layer shape (8 layers) in bf16 through the native engine, greedy
 #              parity with HF generate and the training forward, tokens/s against HF generate, with R3 recording
-#   gpu_tests  the GPU regression tests (tests/gpu), the memory ledger's last
 #
 # The call carries .gpu (`bash ../shared/gpu/build_bundle.sh`: rlcore's packages for CPython 3.12) and .whl (TRL
 # 1.16.0, datasets 5.2.0, dill, multiprocess wheels: docs/benchmarks.md has the download command), then runs
@@ -22,7 +23,7 @@
 # also runs vLLM and the vllm_tests stage runs. STAGES="step trl" picks stages (default: all, in the order above).
 # GPU_SESSION_DRY=1 runs every stage on this CPU with tiny shapes and the current python (tests/test_gpu_session.py).
 set -u
-STAGES=${STAGES:-trl step vllm_tests moe gpu_tests}
+STAGES=${STAGES:-step gpu_tests trl vllm_tests moe}
 BUDGET=${1:-560}
 END=$((SECONDS + BUDGET))
 LOGS=${OUT:-/tmp/gpu_session}
@@ -85,17 +86,21 @@ fi
 cat "$SUMMARY"
 ROLLOUTS=native; [ $VLLM_READY = 1 ] && ROLLOUTS=vllm,native
 STEP=($VLLM $RLCORE $PY bench/gpu_step.py "${SHAPE[@]}" --engines fsdp2 --modes packed --out "$STEP_OUT")
-# What the update's MFU evidence points at (docs/benchmarks.md): a 0.5B model's activations fit the GPU without
-# recomputation, and one micro-batch per mini-batch (128 samples x <= 272 tokens) launches 3x fewer, larger kernels.
-FAST=(--override actor_rollout_ref.model.enable_gradient_checkpointing=False
-      --override actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40960 --tag no-ckpt-40k --skip-hf)
+# Every lever the evidence points at, at once (docs/benchmarks.md): a 0.5B model's activations fit the GPU without
+# recomputation; one micro-batch per mini-batch (128 samples x <= 272 tokens) launches 3x fewer, larger kernels;
+# all 512 samples decode together (one prefill, no second wave); and the engine never sleeps (free_cache_engine=False:
+# its weights, 1.7 GiB of KV and its decode graphs stay, so the graphs are captured once, not after every wake-up).
+LEVERS=(--override actor_rollout_ref.model.enable_gradient_checkpointing=False
+        --override actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40960
+        --override actor_rollout_ref.rollout.max_num_seqs=512
+        --override actor_rollout_ref.rollout.free_cache_engine=False --tag levers --skip-hf)
 
-stage trl 120 240 "${TRL[@]}"
+# The step first: it measures what changed since the last loan (the decode graphs' captures, the levers); the ratio
+# against TRL (1.31x on the H200 at 2f86cfb) after it, then the GPU tests of the changed decode.
 stage step 90 170 "${STEP[@]}" --rollouts $ROLLOUTS --json "$LOGS/step.json"
-stage step 70 120 "${STEP[@]}" --rollouts native "${FAST[@]}" --json "$LOGS/step_fast.json"
-# The lever the H200 run's report named for generation (71% of the step): all 512 samples decoding at once.
-stage step 70 120 "${STEP[@]}" --rollouts native "${FAST[@]/no-ckpt-40k/no-ckpt-40k-512seqs}" \
-  --override actor_rollout_ref.rollout.max_num_seqs=512 --json "$LOGS/step_512seqs.json"
+stage step 70 120 "${STEP[@]}" --rollouts native "${LEVERS[@]}" --json "$LOGS/step_levers.json"
+stage gpu_tests 45 120 "${GPU_TESTS[@]}" tests/gpu/test_gpu_regressions.py tests/gpu/test_rollout_graphs.py
+stage trl 120 240 "${TRL[@]}"
 if [ $VLLM_READY = 1 ]; then
   # -x -rf: the first failure and its traceback are printed at once (a run stopped at its limit printed only "F")
   stage vllm_tests 60 150 $VLLM $RLCORE python3 -m pytest -x -rf --tb=short -p no:cacheprovider -m vllm tests/rollout/test_vllm.py
@@ -103,8 +108,6 @@ else
   echo "== vllm_tests: skipped, no vLLM kit on this machine" | tee -a "$SUMMARY"
 fi
 stage moe 60 120 "${MOE[@]}"
-# The regression and graph tests first (seconds each); the memory ledger's runs train the 0.5B shape (the H200 at
-# 2f86cfb spent over 120 s in its first case), so they go last.
-stage gpu_tests 45 150 "${GPU_TESTS[@]}" tests/gpu/test_gpu_regressions.py tests/gpu/test_rollout_graphs.py
+# The memory ledger's runs train the 0.5B shape (the H200 at 2f86cfb spent over 120 s in its first case): last.
 stage gpu_tests 90 300 "${GPU_TESTS[@]}" tests/gpu/test_gpu_memory.py
 echo "== done: $((SECONDS)) s" | tee -a "$SUMMARY"

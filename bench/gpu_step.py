@@ -93,6 +93,9 @@ def run_one(args, model_dir: str, data_dir: str, out_dir: str, engine: str, pack
         "asleep_device_gib": last.get("perf/memory/rollout_asleep/device_used_gib", float("nan")),
         "before_rollout_device_gib": last.get("perf/memory/before_rollout/device_used_gib", float("nan")),
         "log_ppl_abs_diff": med("rollout_corr/log_ppl_abs_diff"), "k3_kl": med("rollout_corr/k3_kl"),
+        # The native engine's scheduling: prefills (one per admitted wave of prompt groups), decode-graph captures after
+        # each wake-up and the seconds they took (rollout/graphs.py), against the generation phase's seconds.
+        "prefills": med("rollout/prefills"), "graph_captures": med("rollout/graph_captures"), "graph_capture_s": med("rollout/graph_capture_s"),
     }
 
 
@@ -197,6 +200,9 @@ def report(args, device_name: str, measured: float | None, results: list) -> Non
     for name, r, _ in results:
         print(f"{name:41} {r['sync_gib']:8.3f} {r['gen_ledger_gib']:10.2f} {r['gen_allocated_gib']:9.2f} {r['gen_device_gib']:15.2f} "
               f"{r['asleep_device_gib']:7.2f} {r['before_rollout_device_gib']:7.2f} {r['log_ppl_abs_diff']:9.2e} {r['k3_kl']:8.2e}")
+    print(f"\n{'run':41} {'prefills':>8} {'captures':>8} {'capture s':>9} {'of gen':>6}")
+    for name, r, _ in results:
+        print(f"{name:41} {r['prefills']:8.0f} {r['graph_captures']:8.0f} {r['graph_capture_s']:9.2f} {r['graph_capture_s'] / r['gen']:6.1%}")
     for model in args.models.split(","):  # the packed-vs-padded target: packed update no slower than padded
         for engine in args.engines.split(","):
             for rollout in args.rollouts.split(","):

@@ -79,6 +79,16 @@ def test_vs_trl_benchmark_times_rlcore_on_the_spec_and_prints_the_flop_bound(cap
     assert step and float(step.group(1)) > 0, out
 
 
+def test_decode_buckets_benchmark_counts_the_buckets_and_captures(capsys):
+    """bench/decode_buckets.py on a small rollout: capture_after=1 captures every bucket it needs, 12 at most as many
+    (fewer on the GPU bench's shape: docs/rollout.md; tests/rollout/test_graphs.py checks the rule step by step)."""
+    out = bench(capsys, "decode_buckets", "--prompts", "8", "--n", "4", "--max_tokens", "64", "--slots", "16", "--capture_after", "1,12")
+    rows = [[int(float(x)) for x in r] for r in re.findall(r"^\s+16\s+(\d+)\s+[\d.]+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", out, re.MULTILINE)]
+    assert [r[0] for r in rows] == [1, 12], out
+    (_, prefills, steps, buckets, captures, _), (_, _, _, buckets_12, captures_12, _) = rows
+    assert prefills > 1 and steps >= 64 and captures == buckets >= 2 and 1 <= captures_12 <= buckets_12, out
+
+
 @pytest.mark.slow
 def test_rollout_benchmark_prints_both_length_cases_against_hf_generate(capsys):
     out = bench(capsys, "rollout", "--prompts", "4", "--max_tokens", "16", "--reps", "1")
@@ -166,7 +176,7 @@ def test_the_gpu_session_runs_every_stage_dry_on_cpu(tmp_path, ray_cluster):
                    stdout=subprocess.DEVNULL)
     summary = (tmp_path / "summary.txt").read_text()
     assert re.findall(r"^== (\w+): exit (\d+)", summary, re.MULTILINE) == [
-        ("trl", "0"), ("step", "0"), ("step", "0"), ("step", "0"), ("moe", "0"), ("gpu_tests", "0"), ("gpu_tests", "0")], summary
+        ("step", "0"), ("step", "0"), ("gpu_tests", "0"), ("trl", "0"), ("moe", "0"), ("gpu_tests", "0")], summary
     assert "== vllm_tests: skipped, no vLLM kit" in summary, summary
     # vs_trl.py: the FLOP bound of the CPU spec (~64 GFLOP of forward + backward) and rlcore's step with its phases.
     trl = (tmp_path / "trl.log").read_text()
@@ -175,13 +185,13 @@ def test_the_gpu_session_runs_every_stage_dry_on_cpu(tmp_path, ray_cluster):
     step = re.search(r"rlcore\s+([\d.]+) s/step .*gen [\d.]+.*ref [\d.]+.*update_actor [\d.]+", trl)
     assert step and float(step.group(1)) > 0, trl
     assert json.loads(re.search(r"^rlcore run: (.*)$", trl, re.MULTILINE).group(1))["mean_length"] > 0, trl
-    # gpu_step.py: verl's GPU defaults, then the same with the variant's overrides, each a row with the step's seconds.
+    # gpu_step.py: verl's GPU defaults, then the same with every lever (an engine that never sleeps among them), each
+    # a row with the step's seconds and the rollout's prefills (CPU: eager, no graph captures).
     runs = {}
-    for name in ("step.json", "step_fast.json", "step_512seqs.json"):
+    for name in ("step.json", "step_levers.json"):
         runs.update(json.loads((tmp_path / name).read_text())["runs"])
-    assert sorted(runs) == ["tiny-qwen3 fsdp2 packed native", "tiny-qwen3 fsdp2 packed native no-ckpt-40k",
-                            "tiny-qwen3 fsdp2 packed native no-ckpt-40k-512seqs"], runs
-    assert all(r["step"] > 0 and r["update_actor"] > 0 and r["gen_tokens_per_s"] > 0 for r in runs.values()), runs
+    assert sorted(runs) == ["tiny-qwen3 fsdp2 packed native", "tiny-qwen3 fsdp2 packed native levers"], runs
+    assert all(r["step"] > 0 and r["update_actor"] > 0 and r["gen_tokens_per_s"] > 0 and r["prefills"] >= 1 for r in runs.values()), runs
     # moe_rollout.py: greedy rows equal HF's and log-probs the training forward's (fp32: exact), with and without R3.
     moe = (tmp_path / "moe.log").read_text()
     parity = re.findall(r"greedy rows equal to HF generate ([\d.]+), .* max \|log-prob - training forward\| ([\d.e+-]+)", moe)
