@@ -79,6 +79,17 @@ def test_vs_trl_benchmark_times_rlcore_on_the_spec_and_prints_the_flop_bound(cap
     assert step and float(step.group(1)) > 0, out
 
 
+def test_optimizer_step_benchmark_times_every_adamw_kernel(capsys):
+    """bench/optimizer_step.py on 2 layers: a row per kernel over the same 26 tensors (times: printed, not asserted)."""
+    from dist_utils import free_port, init_gloo
+
+    init_gloo(0, 1, free_port())  # the bench joins this group (conftest tears it down)
+    out = bench(capsys, "optimizer_step", "--layers", "2", "--reps", "1")
+    rows = re.findall(r"^(per-parameter loop|foreach|fused|rlcore's default here)\s+(\d+)\s+([\d.]+)$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["per-parameter loop", "foreach", "fused", "rlcore's default here"], out
+    assert {r[1] for r in rows} == {"26"} and all(float(r[2]) > 0 for r in rows), out
+
+
 def test_decode_buckets_benchmark_counts_the_buckets_and_captures(capsys):
     """bench/decode_buckets.py on a small rollout: capture_after=1 captures every bucket it needs, 12 at most as many
     (fewer on the GPU bench's shape: docs/rollout.md; tests/rollout/test_graphs.py checks the rule step by step)."""

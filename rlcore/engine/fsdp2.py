@@ -25,7 +25,7 @@ from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
 from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, renamed_checkpoint, safetensors_files, value_head_init
 from rlcore.engine.shm_exchange import SharedMemoryExchange
-from rlcore.engine.optim import lr_factor
+from rlcore.engine.optim import adamw_kernel, lr_factor
 from rlcore.families import family_of
 from rlcore.models import lora
 from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
@@ -184,8 +184,9 @@ class FSDP2Engine(TrainEngine):
         self.optimizer = None
         if spec.trainable:
             self.trained = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters only
+            kernel = adamw_kernel(self.trained[0].device.type if self.trained else device.type, spec.optimizer_overrides)
             self.optimizer = torch.optim.AdamW(self.trained, lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay,
-                                               **spec.optimizer_overrides)  # optim.override_optimizer_config
+                                               **kernel, **spec.optimizer_overrides)  # optim.override_optimizer_config
             lr_factor(0, spec.warmup_steps, spec.total_steps, spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles)  # a bad kind fails now
         else:
             self.model.requires_grad_(False)

@@ -1,4 +1,4 @@
-"""Learning-rate schedules shared by all engines."""
+"""Learning-rate schedules shared by all engines, and the FSDP2 engine's AdamW kernel."""
 
 from __future__ import annotations
 
@@ -22,3 +22,14 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, kind: str, min_lr_
         return 1.0 - (1.0 - min_lr_ratio) * min(progress, 1.0)
     cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * min(progress, 1.0)))
     return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
+
+
+def adamw_kernel(device: str, overrides: dict) -> dict:
+    """The AdamW implementation for FSDP2's DTensor parameters on `device`, unless optim.override_optimizer_config
+    names one (`foreach` / `fused`): fused on CUDA (one kernel per chunk of parameters, torchtitan's default with
+    FSDP2; torch's default there is foreach, ~10 passes over the state), foreach elsewhere (torch's CPU default is a
+    loop over the parameters, and every op on a DTensor pays its dispatch: a 24-layer model's 290 parameters took
+    149 ms of host time a step that way and 23 ms with foreach on a 2-core AMD EPYC; bench/optimizer_step.py)."""
+    if {"foreach", "fused"} & set(overrides):
+        return {}
+    return {"fused": True} if device == "cuda" else {"foreach": True}
