@@ -12,17 +12,17 @@ shapes and the same buffers every time. So the static step:
   and nothing asks the device for it (`int(pos.max())` is a host sync); a graph per (batch, key-length) bucket;
 - writes its logits into a persistent output buffer `[num_slots, vocab]`.
 
-Not every bucket earns a capture. A rollout's shrinking tail passes through many buckets for a few steps each: the
-GPU bench's rollout (64 prompts x 8 samples x <= 256 tokens over 256 slots, its scheduling replayed on a CPU with a
-tiny random model: bench/decode_buckets.py) needs 31 buckets in 355 steps, 20 of them for 8 steps or fewer; and the
-engine captures again after every sleep. A capture costs about three eager steps (the warm-up, the recording, the check below), so about 12
-graph steps (an H200 replayed the step 4.19x faster than eager at 256 rows: docs/rollout.md), while replaying a
-larger captured bucket wastes at most its padding rows' share of a step. So a step whose bucket has no graph yet replays the least
-captured bucket that holds it (as many slots and key positions, or more) until its own bucket has been needed
-`capture_after` = 12 steps, and only then captures it: a bucket's padding never costs more than about one capture
-(the rent-or-buy rule, at most twice the best choice in hindsight). A step that no captured bucket holds captures
-its own at once. That replay of the bench's rollout captures 8 buckets instead of 31 (7 instead of 45 over 512
-slots).
+Not every bucket earns a capture. A rollout's shrinking tail passes through many buckets for a few steps each: the GPU
+bench's rollout (64 prompts x 8 samples x <= 256 tokens over 256 slots, its scheduling replayed on a CPU with a tiny
+random model: bench/decode_buckets.py) needs 31 buckets in 355 steps, 20 of them for 8 steps or fewer; and the engine
+captures again after every sleep. A capture costs about three eager steps (the warm-up, the recording, the check
+below), so about 12 graph steps (an H200 replayed the step 4.19x faster than eager at 256 rows: docs/rollout.md),
+while replaying a larger captured bucket wastes at most its padding rows' share of a step. So a step whose bucket has
+no graph yet replays the least captured bucket that holds it (as many slots and key positions, or more) until its own
+bucket has been needed `capture_after` = 12 steps, and only then captures it: a bucket's padding never costs more than
+about one capture (the rent-or-buy rule, at most twice the best choice in hindsight). A step that no captured bucket
+holds captures its own at once. That replay of the bench's rollout captures 8 buckets instead of 31 (7 instead of 45
+over 512 slots).
 
 A captured graph holds the addresses of the pool and of the weights. Weight updates copy into the same storage, so
 the graphs stay valid across them, and an engine that never sleeps captures each bucket once. sleep() frees the
