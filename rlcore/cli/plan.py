@@ -76,6 +76,7 @@ class Diagnosis:
     warnings: list[str]
     memory: object  # rlcore.plan.MemoryPlan
     report: str
+    batch: object = None  # the BatchPlan of a PPO config that has one
 
     @property
     def ok(self) -> bool:
@@ -109,8 +110,7 @@ def doctor(cfg, where: str = "plan") -> Diagnosis:
     checked = preflight(cfg, where, known=errors)
     errors = errors + checked.errors
     sections = ([format_plan(plan)] if plan is not None else []) + [format_memory(mem)]
-    sections += [f"speed: {hint}" for hint in (speed_hints(cfg, plan, mem) if not errors else [])]
-    return Diagnosis(errors, checked.warnings, mem, _report(cfg, errors, checked.warnings, sections))
+    return Diagnosis(errors, checked.warnings, mem, _report(cfg, errors, checked.warnings, sections), plan)
 
 
 def supervised_doctor(cfg, pairs: bool) -> Diagnosis:
@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     result = check(cfg, where)
     print(result.report, flush=True)
     ok = result.ok
+    if check is doctor and ok:  # what spare memory could buy: a few more plans each, so one config's check only
+        for hint in speed_hints(cfg, result.batch, result.memory):
+            print(f"speed: {hint}", flush=True)
     if args.rehearse:
         if check is not doctor:
             print("rlcore-plan: --rehearse runs the RL trainer's phases; rm_* and sft_* configs have none to rehearse", file=sys.stderr)

@@ -24,7 +24,7 @@ ARR = "actor_rollout_ref"
 def speed_hints(cfg, batch, memory) -> list[str]:
     """Hints for a composed PPO config on CUDA with its BatchPlan and MemoryPlan; [] elsewhere (CPU runs are not
     bound by these)."""
-    if cfg.trainer.device != "cuda" or batch is None or not memory.ok:
+    if cfg.trainer.device != "cuda" or batch is None or not memory.ok or not memory.roles:  # no roles: no model to plan
         return []
     arr, hints = cfg.actor_rollout_ref, []
     key = f"{ARR}.model.enable_gradient_checkpointing"
@@ -51,7 +51,7 @@ def _fits(cfg, changes: dict) -> str | None:
         OmegaConf.update(changed, key, value, merge=False)
     batch, errors = diagnose(changed)
     memory = memory_plan(changed, batch)
-    if errors or not memory.ok or any(role.verdict != "fits" for role in memory.roles):
+    if errors or not memory.ok or not memory.roles or any(role.verdict != "fits" for role in memory.roles):
         return None
     fullest = max(memory.roles, key=lambda role: role.peak / role.capacity)
     return f"then {fullest.role} plans {fullest.peak:.1f} of {fullest.capacity:.0f} GiB"

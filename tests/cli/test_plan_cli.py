@@ -21,6 +21,10 @@ def test_recipe_report_has_every_section_and_passes(capsys):
     for role in ("rollout", "actor update", "reference log-probs"):
         assert any(line.startswith(f"memory plan: {role} ") and line.rstrip().endswith("fits") for line in out.splitlines())
     assert out.splitlines()[-1] == "rlcore-plan: OK, 0 errors, every phase fits"  # the verdict, last
+    assert "speed:" not in out  # 80 GiB: nothing to spare for speed (tests/plan/test_speed.py)
+    assert main(["--elsewhere", "recipe=qwen2_7b_grpo", "trainer.device_memory_gb=141"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("speed: actor_rollout_ref.actor.ppo_max_token_len_per_gpu=") and lines[-1].startswith("rlcore-plan: OK")
 
 
 def test_every_violation_at_once_and_failing_status(capsys):

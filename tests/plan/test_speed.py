@@ -39,3 +39,8 @@ def test_checkpointing_and_a_sleeping_native_engine_are_named_where_the_device_h
     assert [h.split(":")[0] for h in eager] == [f"{ARR}.model.enable_gradient_checkpointing=False"]
     assert hints(*tiny[:1], "trainer.device_memory_gb=2", f"{ARR}.model.enable_gradient_checkpointing=True")[0] == []  # CPU
     assert hints(*tiny[:2], "trainer.device_memory_gb=0.5")[0] == []  # a run that does not fit gets no speed hints
+    unplanned = ["trainer.device=cuda", "algorithm.adv_estimator=grpo", f"{ARR}.model.path=/nowhere/model",
+                 f"{ARR}.model.enable_gradient_checkpointing=True"]
+    cfg = compose(unplanned)  # a model the plan cannot read (rlcore-plan --elsewhere): no roles, no hints
+    run, _ = plan_run(cfg)
+    assert run.memory.roles == [] and speed_hints(cfg, run.batch, run.memory) == []
