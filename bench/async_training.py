@@ -46,7 +46,7 @@ def run_mode(name: str, extra: list[str], args, workdir: str, assets: str) -> di
     run_dir = os.path.join(workdir, name.split()[0])
     overrides = [*demo_overrides(assets), f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}",
                  "trainer.save_freq=-1", f"data.val_max_samples={args.val}", "trainer.logger=['jsonl']",
-                 f"custom_reward_function.path={workdir}/scorer.py", "custom_reward_function.name=compute_score",
+                 f"reward.custom_reward_function.path={workdir}/scorer.py", "reward.custom_reward_function.name=compute_score",
                  f"trainer.default_local_dir={run_dir}/ckpt", *extra]
     rows = [r for r in train(overrides, run_dir) if "val_generations" not in r]
     steps = [r for r in rows if r["step"] >= 1]

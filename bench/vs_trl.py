@@ -63,7 +63,7 @@ def rlcore_overrides(spec: dict, assets: str, steps: int, beta: float, ranks: in
         f"actor_rollout_ref.rollout.dtype={g['dtype']}", "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={samples_per_rank}",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
-        f"custom_reward_function.path={assets}/exact_sum.py", "custom_reward_function.name=exact_sum",
+        f"reward.custom_reward_function.path={assets}/exact_sum.py", "reward.custom_reward_function.name=exact_sum",
         f"trainer.device={device}", "trainer.nnodes=1", f"trainer.n_gpus_per_node={ranks}", f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
         f"trainer.default_local_dir={out}/ckpt", f"trainer.seed={spec['seed']}",

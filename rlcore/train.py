@@ -18,12 +18,13 @@ from omegaconf import DictConfig
 from rlcore.cli.overrides import (ComposeError, compose_explained, config_dir_of, expand_sweep, hydra_argv, schema_keys,
                                   set_existing_keys, split_argv)
 from rlcore.cli.preflight import preflight
-from rlcore.config import CONFIG_DIR, ConfigError, compose, format_plan, register_configs
+from rlcore.config import CONFIG_DIR, ConfigError, compose, finish_composition, format_plan, register_configs
 from rlcore.config.validate import uses_critic, uses_reference
 from rlcore.config.key_status import ineffective_settings
+from rlcore.config.renamed import renamed_notes
 from rlcore.config.schema import PPOConfig
 from rlcore.config.typed import dotted, typed
-from rlcore.config.async_schema import async_warnings, derive_async_sizes
+from rlcore.config.async_schema import async_warnings
 from rlcore.plan import format_memory
 from rlcore.plan.heads import policy_heads
 from rlcore.plan.run_plan import RunPlan, plan_run
@@ -45,7 +46,7 @@ def checked_plan(cfg: DictConfig) -> tuple[RunPlan, str]:
     errors += checked.errors
     if errors:
         raise ConfigError(errors)
-    report = [f"WARNING rlcore: {line}" for line in ineffective_settings(cfg)]
+    report = [f"WARNING rlcore: {line}" for line in ineffective_settings(cfg) + renamed_notes(cfg)]
     # Parts under 10 MiB share a line here (a tiny model's were most of them); `rlcore-plan` lists each.
     report += [format_plan(plan), format_memory(memory, fold_below=0.01)] + [f"WARNING rlcore: {w}" for w in checked.warnings]
     for role in memory.roles:
@@ -79,7 +80,8 @@ def absolute_paths(cfg: DictConfig) -> None:
         model.path = full(model.path)
         if model.tokenizer_path:
             model.tokenizer_path = full(model.tokenizer_path)
-    cfg.reward_model.model.path = full(cfg.reward_model.model.path)
+    if cfg.reward.reward_model.model_path:
+        cfg.reward.reward_model.model_path = full(cfg.reward.reward_model.model_path)
     if cfg.reward_model.model.input_tokenizer:
         cfg.reward_model.model.input_tokenizer = full(cfg.reward_model.model.input_tokenizer)
     for teacher in cfg.distillation.teacher_models.values():
@@ -90,9 +92,16 @@ def absolute_paths(cfg: DictConfig) -> None:
         cfg.custom_algorithms.path = full(cfg.custom_algorithms.path)
 
 
+def _command_line() -> list[str]:
+    """The overrides of the job Hydra runs (none when run() is called with a composed config: compose() saw them)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:
     """Trains with a composed config; returns the final step's metrics. Cleans up Ray and workers on any exit."""
-    derive_async_sizes(cfg)  # Hydra composed it (rlcore.config.compose derives the same for tests and tools)
+    finish_composition(cfg, _command_line())  # Hydra composed it (rlcore.config.compose finishes the same for tests and tools)
     plan, report = checked_plan(cfg)  # derived once: the groups' placement and the step report's memory plan read it
     if cfg.trainer.verbosity == "short":  # the plans stay with rlcore-plan; what may go wrong is still said
         report = "\n".join(line for line in report.splitlines() if line.startswith("WARNING"))

@@ -41,14 +41,20 @@ def sft_config_errors(cfg: DictConfig) -> list[str]:
 
 
 def load_rows(cfg: DictConfig, tokenizer):
-    from rlcore.data.sft_rows import read_sft
+    from rlcore.config.sft_schema import conversation_columns
+    from rlcore.data.sft_rows import TemplateArgs, read_sft
     from rlcore.models.vision import vision_processor
 
     d = cfg.data
     processor = vision_processor(cfg.model.path)  # None: a text-only model
-    read = lambda files: read_sft(file_list(files), tokenizer, d.prompt_key, d.response_key, d.max_length, d.truncation,  # noqa: E731
-                                  d.prompt_dict_keys or [], d.response_dict_keys or [], d.multiturn, processor, d.image_key)
-    return read(d.train_files), (read(d.val_files) if d.val_files else None)
+    template = TemplateArgs(dict(d.apply_chat_template_kwargs or {}), d.enable_thinking_default)
+
+    def read(files, max_rows: int):
+        return read_sft(file_list(files), tokenizer, d.prompt_key, d.response_key, d.max_length, d.truncation,
+                        d.prompt_dict_keys or [], d.response_dict_keys or [], conversation_columns(d), processor, d.image_key,
+                        template, max_rows if max_rows >= 0 else None)
+
+    return read(d.train_files, d.train_max_samples), (read(d.val_files, d.val_max_samples) if d.val_files else None)
 
 
 def run(cfg: DictConfig, run_dir: str) -> dict[str, float]:

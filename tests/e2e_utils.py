@@ -45,6 +45,20 @@ def assert_same_steps(resumed: list[dict], straight: list[dict], keys, first: in
             assert row[key] == pytest.approx(by_step[row["step"]][key], rel=1e-4, abs=1e-6), (row["step"], key)
 
 
+# What a run measures of its machine rather than computes: seconds, memory, and the rates derived from them.
+MEASURED = ("timing_s/", "perf/")
+
+
+def assert_repeated_bit_for_bit(again: list[dict], first: list[dict]) -> None:
+    """Two runs from scratch with the same seeds: every computed metric of every step equal, bit for bit."""
+    assert [row["step"] for row in again] == [row["step"] for row in first]
+    for a, b in zip(again, first):
+        computed = sorted(k for k in b if not k.startswith(MEASURED))
+        assert sorted(k for k in a if not k.startswith(MEASURED)) == computed, a["step"]
+        differ = {k: (a[k], b[k]) for k in computed if a[k] != b[k]}
+        assert not differ, (a["step"], differ)
+
+
 COMM_LEN = 15  # the kernel keeps a process's name in 15 characters (/proc/<pid>/comm)
 
 

@@ -6,7 +6,7 @@ from rlcore.train import check_config
 
 def test_schema_and_runtime_problems_are_reported_together():
     cfg = compose(["recipe=tiny_cpu", "actor_rollout_ref.actor.ppo_mini_batch_size=7", "algorithm.adv_estimator=foo",
-                   "actor_rollout_ref.actor.loss_agg_mode=token-sum"])
+                   "actor_rollout_ref.actor.loss_agg_mode=token-max"])
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
     text = str(err.value)
@@ -82,11 +82,11 @@ def test_a_family_rlcore_cannot_run_is_refused_before_ray_starts(tiny_model_dir,
 
 @pytest.mark.parametrize("overrides, pools, where", [
     ([], [(1, 2)], {"actor_rollout": 0}),
-    (["reward_model.enable=True"], [(1, 2)], {"actor_rollout": 0, "reward_model": 0}),
+    (["reward.reward_model.enable=True"], [(1, 2)], {"actor_rollout": 0, "reward_model": 0}),
     # colocated with the critic by default (OpenRLHF's --colocate_critic_reward), wherever the critic is
-    (["reward_model.enable=True", "algorithm.adv_estimator=gae", "critic.enable_resource_pool=True", "critic.nnodes=1",
+    (["reward.reward_model.enable=True", "algorithm.adv_estimator=gae", "critic.enable_resource_pool=True", "critic.nnodes=1",
       "critic.n_gpus_per_node=1"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 1, "reward_model": 1}),
-    (["reward_model.enable=True", "reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1",
+    (["reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=1",
       "algorithm.adv_estimator=gae"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 0, "reward_model": 1}),
     # the critic's own pool spans critic.nnodes x critic.n_gpus_per_node
     (["algorithm.adv_estimator=gae", "critic.enable_resource_pool=True", "critic.nnodes=2", "critic.n_gpus_per_node=1"],

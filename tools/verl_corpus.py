@@ -35,6 +35,11 @@ for __p in python python3 torchrun ray accelerate deepspeed nvidia-smi pip pip3 
     eval "$__p() { __record $__p \"\$@\"; }"
 done
 command_not_found_handle() { __record "$@"; return 0; }
+# verl 0.9's scripts pick their device with `python3 -c 'import torch_npu'`: on the GPU machine the corpus stands for
+# that import fails, so the probe gets the GPU branch of their `case` blocks (a stub that succeeded chose Ascend's).
+for __p in python python3; do
+    eval "$__p() { [[ \$1 == -c && \$2 == *'import torch_npu'* ]] && return 1; __record $__p \"\$@\"; }"
+done
 # A script stops at the first missing file it sources or unset variable it reads (an Ascend toolkit, SLURM_*):
 # on the user's machine they exist, so here -e and -u are dropped and a missing file is skipped. -x goes too: its
 # trace of a `python3 ... 2>&1 | tee` call is written into the pipe the tee stub closes at once, which kills the call.
@@ -44,7 +49,7 @@ source() { [[ -f $1 ]] && builtin source "$@"; return 0; }
 # The positional arguments of a script that needs them: a device count and a save path for those that read $1 and $2;
 # a script's `$@` passes them on to the trainer, where they are no override, so the bare words are dropped again.
 PLACEHOLDERS = ("8", "/tmp/verl_corpus_save", "__corpus_arg3__", "__corpus_arg4__")
-TRAINER = re.compile(r"(?:^|[./])(main_ppo|main_generation|fsdp_sft_trainer|sft_trainer|main_[a-z_]+|[a-z_]*trainer[a-z_]*)(?:\.py)?$")
+TRAINER = re.compile(r"(?:^|[./])(fully_async_main|main_ppo|main_generation|fsdp_sft_trainer|sft_trainer|main_[a-z_]+|[a-z_]*trainer[a-z_]*)(?:\.py)?$")
 
 
 def run_script(script: Path, scratch: Path, positional: bool) -> list[list[str]]:
@@ -55,7 +60,10 @@ def run_script(script: Path, scratch: Path, positional: bool) -> list[list[str]]
     # HOME names no directory: the corpus must not depend on where it was extracted (a redirection there fails)
     env = {"PATH": str(scratch / "bin"), "HOME": "/home/user", "CORPUS_OUT": str(out)}
     args = " ".join(PLACEHOLDERS) if positional else ""
-    wrapper = STUBS + f'\nRANDOM=0\nbuiltin set -- {args}\nbuiltin source "{script}"\n'
+    # `${LORA_ADAPTER_PATH:?must set ...}`: a variable the user must export (a path of theirs); one stands in for it
+    required = sorted(set(re.findall(r"\$\{(\w+):\?", script.read_text(errors="replace"))))
+    exports = "".join(f"export {name}=/home/user/{name.lower()}\n" for name in required)
+    wrapper = STUBS + f'\nRANDOM=0\n{exports}builtin set -- {args}\nbuiltin source "{script}"\n'
     subprocess.run(["/bin/bash", "-c", wrapper], cwd=scratch, env=env, capture_output=True, timeout=30)
     calls = [path.read_bytes() for path in sorted(out.iterdir(), key=lambda p: int(p.name.split(".")[0]))]
     return [[w.decode() for w in call.split(b"\0") if w] for call in calls]

@@ -38,7 +38,14 @@ def grpo_outcome_advantage(
     std is the unbiased sample std (torch.std). A group of one sample gets mean 0 and std 1 (A_i = s_i), as in
     verl. With `norm_adv_by_std_in_grpo=False` (Dr. GRPO) A_i = s_i - mean_g. A_i is broadcast over the mask.
     """
-    scores = token_level_rewards.sum(dim=-1)
+    advantages = group_normalised_scores(token_level_rewards.sum(dim=-1), index, norm_adv_by_std_in_grpo, epsilon)
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def group_normalised_scores(scores: torch.Tensor, index: np.ndarray, norm_by_std: bool = True, epsilon: float = 1e-6) -> torch.Tensor:
+    """GRPO's normalisation of one score per sample `[batch]` within its uid group: (s - mean_g) / (std_g + eps),
+    unbiased std; a group of one gets mean 0 and std 1 (s itself), as in verl; without norm_by_std, s - mean_g."""
     advantages = torch.zeros_like(scores)
     for rows in group_indices(index).values():
         group = scores[rows]
@@ -47,9 +54,8 @@ def grpo_outcome_advantage(
         else:
             mean, std = group.mean(), group.std()
         centered = group - mean
-        advantages[rows] = centered / (std + epsilon) if norm_adv_by_std_in_grpo else centered
-    advantages = advantages.unsqueeze(-1) * response_mask
-    return advantages, advantages
+        advantages[rows] = centered / (std + epsilon) if norm_by_std else centered
+    return advantages
 
 
 def compute_advantage(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,3 +187,26 @@ def gae_advantage(token_level_rewards, response_mask, values, config, **_) -> tu
         advantages[:, t] = next_adv
     returns = advantages + values * response_mask
     return masked_whiten(advantages, response_mask) * response_mask, returns
+
+
+
+@ADV_ESTIMATORS.register("gdpo")
+def gdpo_outcome_advantage(token_level_rewards, response_mask, index, reward_components=None, reward_weights=None,
+                           norm_adv_by_std_in_grpo=True, epsilon=1e-6, **_):
+    """GDPO (group reward-decoupled normalisation, arXiv 2601.05242): GRPO per reward dimension, then a weighted sum.
+
+    `reward_components` `[batch, num_dims]`: each sample's score in each dimension (the values the reward function
+    returned at algorithm.gdpo_reward_keys, in that order); `reward_weights` `[num_dims]` (algorithm.
+    gdpo_reward_weights; None: all 1). Per dimension k, within each uid group g: A_k = (s_k - mean_g s_k) /
+    (std_g s_k + eps) with GRPO's rules (group_normalised_scores); A = sum_k w_k A_k broadcast over the mask, then
+    whitened over the batch's valid tokens. Summing the dimensions before normalising (GRPO) lets the one with the
+    widest spread drown the others; normalising each first does not. `token_level_rewards` gives only the dtype.
+    """
+    if reward_components is None:
+        raise ValueError("algorithm.adv_estimator=gdpo needs the reward's components: set algorithm.gdpo_reward_keys to the "
+                         "keys of the dict your compute_score returns")
+    components = torch.as_tensor(reward_components, dtype=token_level_rewards.dtype)
+    weights = [1.0] * components.shape[1] if reward_weights is None else list(reward_weights)
+    combined = sum(w * group_normalised_scores(components[:, k], index, norm_adv_by_std_in_grpo, epsilon) for k, w in enumerate(weights))
+    advantages = masked_whiten(combined.unsqueeze(-1) * response_mask, response_mask) * response_mask
+    return advantages, advantages

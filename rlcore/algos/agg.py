@@ -29,6 +29,14 @@ def _token_mean(loss_mat, mask, global_tokens, global_seqs, horizon):
     return (loss_mat * mask).sum() / global_tokens
 
 
+@LOSS_AGGREGATIONS.register("token-sum")
+def _token_sum(loss_mat, mask, global_tokens, global_seqs, horizon):
+    """sum over all valid tokens of the mini-batch, no normaliser (verl 0.9): each micro-batch's share is its own
+    token sum, and agg_loss's dp_size factor undoes the data-parallel gradient mean, so the shares add up to the
+    mini-batch's sum. The loss (and the gradient) grows with the number of tokens: scale the lr accordingly."""
+    return (loss_mat * mask).sum()
+
+
 @LOSS_AGGREGATIONS.register("seq-mean-token-sum")
 def _seq_mean_token_sum(loss_mat, mask, global_tokens, global_seqs, horizon):
     """mean over sequences of the per-sequence token sum."""
@@ -48,6 +56,13 @@ def _seq_mean_token_sum_norm(loss_mat, mask, global_tokens, global_seqs, horizon
     return (loss_mat * mask).sum() / (global_seqs * horizon)
 
 
+def statistic_mode(loss_agg_mode: str) -> str:
+    """How a loss's per-token statistics (clip fractions, ppo_kl, value means) aggregate: as the loss does, except
+    under token-sum, whose sum would turn an average into a count that grows with the batch: there a token mean
+    (verl logs them as masked means whatever the aggregation)."""
+    return "token-mean" if loss_agg_mode == "token-sum" else loss_agg_mode
+
+
 def agg_loss(
     loss_mat: torch.Tensor,
     mask: torch.Tensor,
@@ -55,14 +70,17 @@ def agg_loss(
     global_tokens: float | None = None,
     global_seqs: float | None = None,
     dp_size: int = 1,
+    loss_scale_factor: int | None = None,
 ) -> torch.Tensor:
     """Aggregates `loss_mat` `[batch, response_len]` over `mask` (same shape, 0/1) into a scalar.
 
     Without global counts this is the plain loss of this batch alone. Counts as mini_batch_counts gives them: valid
-    tokens, and sequences with at least one valid token.
+    tokens, and sequences with at least one valid token. `loss_scale_factor` (verl 0.9's `<role>.loss_scale_factor`):
+    seq-mean-token-sum-norm's divisor; None = response_len, the batch's response width.
     """
     mask = mask.to(loss_mat.dtype)
     global_tokens = mask.sum().item() if global_tokens is None else global_tokens
     global_seqs = (mask.sum(-1) > 0).sum().item() if global_seqs is None else global_seqs
     global_tokens, global_seqs = max(global_tokens, 1.0), max(global_seqs, 1.0)
-    return LOSS_AGGREGATIONS.get(mode)(loss_mat, mask, global_tokens, global_seqs, mask.shape[-1]) * dp_size
+    horizon = loss_scale_factor if loss_scale_factor is not None else mask.shape[-1]
+    return LOSS_AGGREGATIONS.get(mode)(loss_mat, mask, global_tokens, global_seqs, horizon) * dp_size

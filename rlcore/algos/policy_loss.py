@@ -197,3 +197,66 @@ def kl_cov_loss(old_log_prob, log_prob, advantages, response_mask, kl_cov_ratio=
         loss_mat = loss_mat + ppo_kl_coef * (log_prob - old_log_prob).abs() * penalty.view_as(ratio)
     zeros = torch.zeros_like(ratio)
     return loss_mat, {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": (-log_ratio).detach()}
+
+
+def _dppo_loss(old_log_prob, log_prob, advantages, trusted, clip_ratio_c):
+    """DPPO's shared body: L = -A sg[min(r, c)] log_prob sg[m] `[batch, response_len]`, m = `trusted` (0/1, the
+    variant's trust region).
+
+    Instead of PPO's clip (whose ratio test over-penalises rare tokens and under-penalises frequent ones) the mask
+    drops a token only when its probability moved too far in the direction its advantage pushes; the truncated ratio
+    (clip_ratio_c, verl's TIS in place of dual clip) keeps the kept tokens' weights bounded.
+    """
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    weight = ratio.clamp(max=clip_ratio_c).detach()
+    keep = trusted.detach().to(log_prob.dtype)
+    stats = {
+        "actor/pg_clipfrac": (1.0 - keep).detach(),  # tokens outside the trust region
+        "actor/pg_clipfrac_lower": ((ratio > clip_ratio_c).to(log_prob.dtype) * keep).detach(),  # kept, ratio truncated
+        "actor/ppo_kl": (-log_ratio).detach(),
+    }
+    return -advantages * weight * log_prob * keep, stats
+
+
+@POLICY_LOSSES.register("dppo_tv")
+def dppo_tv_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, **_):
+    """DPPO-Binary-TV (Qi et al. 2026, arXiv 2602.04879): a trust region on the probability itself.
+
+    p = exp(log_prob), p_old = exp(old_log_prob) `[batch, response_len]`; a token is kept where
+    A > 0: p - p_old <= delta_high,  else: p - p_old >= -delta_low
+    (delta = actor.clip_ratio_low / clip_ratio_high, here total-variation thresholds, not ratio bounds: verl's script
+    uses 0.15), and L = -A sg[min(r, clip_ratio_c)] log_prob on the kept tokens, 0 elsewhere.
+    """
+    moved = torch.exp(log_prob) - torch.exp(old_log_prob)
+    trusted = torch.where(advantages > 0, moved <= clip_ratio_high, moved >= -clip_ratio_low)
+    return _dppo_loss(old_log_prob, log_prob, advantages, trusted, clip_ratio_c)
+
+
+@POLICY_LOSSES.register("dppo_kl")
+def dppo_kl_loss(old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, **_):
+    """DPPO-Binary-KL (Qi et al. 2026): the trust region in the KL of the token's binary distribution {a, not a}.
+
+    D = p_old (log p_old - log p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8)) `[batch, response_len]`;
+    a token is kept where A > 0: D <= delta_high or p <= p_old,  else: D <= delta_low or p >= p_old
+    (only a move in the direction the advantage pushes is bounded; verl's script uses delta = 0.05), and
+    L = -A sg[min(r, clip_ratio_c)] log_prob on the kept tokens, 0 elsewhere.
+    """
+    p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
+    binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    trusted = torch.where(advantages > 0, (binary_kl <= clip_ratio_high) | (p <= p_old), (binary_kl <= clip_ratio_low) | (p >= p_old))
+    return _dppo_loss(old_log_prob, log_prob, advantages, trusted, clip_ratio_c)
+
+
+@POLICY_LOSSES.register("dro")
+def dro_loss(old_log_prob, log_prob, advantages, response_mask, dro_beta=None, **_):
+    """DRO (Direct Reward Optimisation, Richemond et al. 2024), verl's form: a policy gradient with a quadratic
+    penalty on the log-ratio instead of a clip.
+
+    L = -(A log_prob - beta / 2 (log_prob - old_log_prob)^2) per token `[batch, response_len]`, beta =
+    actor.policy_loss.dro_beta > 0 (the validator refuses a missing one). No ratio clamp; only actor/ppo_kl is logged.
+    """
+    if dro_beta is None or dro_beta <= 0:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.dro_beta={dro_beta} must be > 0 with loss_mode=dro")
+    log_ratio = log_prob - old_log_prob
+    return -(advantages * log_prob - 0.5 * dro_beta * log_ratio.square()), {"actor/ppo_kl": (-log_ratio).detach()}

@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from rlcore.config import compose
 from rlcore.config.key_status import REFUSED, matching, no_effect_reason
+from rlcore.config.renamed import renamed_from
+from rlcore.config.verl_features import not_a_verl_key, verl_feature
 from rlcore.config.rm_schema import RMTrainerConfig, rm_config_errors
 from rlcore.config.schema import PPOConfig
 from rlcore.config.sft_schema import SFTTrainerConfig
@@ -40,10 +42,12 @@ from rlcore.train_sft import compose_sft, sft_config_errors
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCS_DIR = REPO_ROOT / "docs" / "reference"
-# CI clones the repo with shared/ beside it, as on developer machines (tests/config/test_schema.py reads it too)
-VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
+# CI clones the repo with shared/ beside it, as on developer machines (tests/config/test_schema.py reads them too):
+# verl 0.9's tree, the one rlcore's keys follow, and verl 0.8's, whose names rlcore still accepts
+VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_0.9_config_keys.txt"
+VERL_08_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
 COMMAND = "python -m rlcore.cli.config_reference"
-FAMILIES = ("as in verl", "rlcore only", "refused", "no effect", "not compared")
+FAMILIES = ("as in verl", "renamed", "rlcore only", "refused", "no effect", "not compared")
 
 # verl trees other than the one verl_config_keys.txt lists: verl's key names, defaults not listed there, so not
 # compared (the sections tests/config/test_schema.py exempts from its default check, and verl's DAPO recipe keys)
@@ -171,10 +175,18 @@ def default_text(value: Any, key: str) -> str:
 
 @lru_cache(maxsize=None)
 def load_verl(path: Path) -> dict[str, str]:
-    """verl's keys with their defaults as written (`key=default` lines)."""
+    """verl's keys with their defaults as written (`key=default` lines; `#` lines are comments)."""
     if not path.is_file():
         raise SystemExit(f"verl's key list is not at {path}: clone the repo with shared/ beside it")
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line.strip())
+    # `_target_` keys name verl's own config dataclasses (for its instantiate): no knob, in neither tree's comparison
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
+    return {key: value for key, value in pairs if key.rpartition(".")[2] != "_target_"}
+
+
+def verl_versions(key: str) -> str:
+    """Which of verl's trees have the key: "verl 0.8, 0.9", "verl 0.9", "verl 0.8" or ""."""
+    found = [v for v, path in (("0.8", VERL_08_KEYS), ("0.9", VERL_KEYS)) if key in load_verl(path)]
+    return f"verl {', '.join(found)}" if found else ""
 
 
 def same_default(ours: Any, verl: str) -> bool:
@@ -203,16 +215,24 @@ def refusals(page: Page, keys: list) -> dict[str, str]:
 
 
 def status(key: str, default: Any, note: str, verl: Optional[dict]) -> tuple[str, str]:
-    """(family, cell) of a key that is neither refused nor without effect. With verl's list, the list decides (a
-    verl key's comment may say "rlcore addition" of a value, as trainer.device's does of cpu); without, the comment."""
+    """(family, cell) of a key that is neither refused nor without effect. With verl's lists, the lists decide (a
+    verl key's comment may say "rlcore addition" of a value, as trainer.device's does of cpu): the 0.9 tree's default is
+    compared, else the 0.8 tree's for a key 0.9 dropped; verl 0.8's name of a key 0.9 renamed reads as that key.
+    Without, the comment."""
     if verl is None:
         if "rlcore addition" in note:
             return "rlcore only", "rlcore only"
         return "not compared", "not compared"
-    if key in verl:
-        if same_default(default, verl[key]):
-            return "as in verl", "as in verl"
-        return "as in verl", f"as in verl (default differs: verl `{verl[key]}`)"
+    new = renamed_from(key)
+    if new:
+        return "renamed", f"verl 0.8's name of `{new}` (verl 0.9): read as that key, with a note"
+    versions = verl_versions(key)
+    tree = verl if key in verl else load_verl(VERL_08_KEYS)
+    if key in tree:
+        dropped = "" if key in verl else "; verl 0.9 dropped it"
+        if same_default(default, tree[key]):
+            return "as in verl", f"as in {versions}{dropped}"
+        return "as in verl", f"as in {versions}{dropped} (default differs: verl `{tree[key]}`)"
     tree = next((tree for tree, patterns in OTHER_VERL_TREES.items()
                  if any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)), None)
     if tree:
@@ -228,10 +248,12 @@ def rows(page: Page) -> tuple[Row, ...]:
     out = []
     for key, hint, value, owner, name in leaves:
         note = meaning(owner, name)
+        # a refused or no-effect key of verl's says which verl has it
+        versions = f" ({verl_versions(key)})" if verl is not None and verl_versions(key) else ""
         if key in refused:
-            family, said = "refused", refused[key]
+            family, said = "refused", refused[key] + versions
         elif no_effect_reason(key):
-            family, said = "no effect", f"no effect: {no_effect_reason(key)}"
+            family, said = "no effect", f"no effect: {no_effect_reason(key)}{versions}"
         elif page.verl_lacks:
             family, said = "rlcore only", "rlcore only"
         else:
@@ -244,7 +266,8 @@ def uncovered(verl: dict[str, str], leaves: dict[str, str]) -> list[str]:
     """verl's keys that no rlcore leaf covers; `leaves` maps rlcore's keys to their types. A dict-typed (or any)
     leaf (HF config overrides, engine kwargs) takes every key beneath it, as Hydra's `+key.sub=value` does."""
     containers = {key for key, kind in leaves.items() if kind in ("dict", "any")}
-    return [key for key in verl if key not in leaves
+    sections = {".".join(key.split(".")[:n]) for key in leaves for n in range(1, key.count(".") + 1)}
+    return [key for key in verl if key not in leaves and key not in sections  # a verl node rlcore has as a section
             and not any(".".join(key.split(".")[:n]) in containers for n in range(1, key.count(".") + 1))]
 
 
@@ -296,11 +319,26 @@ def _section_doc(schema: type, group: str) -> str:
     return "" if doc.startswith(type(node).__name__ + "(") else cell(inspect.cleandoc(doc).split("\n\n")[0])
 
 
+def verl_trees(page: Page) -> dict[str, str]:
+    """verl's keys of both trees (0.9's default where both have one)."""
+    return {**load_verl(VERL_08_KEYS), **load_verl(page.verl_keys)}
+
+
 def tally(page: Page) -> tuple[Counter, Optional[list]]:
-    """Keys by status family, and verl's keys no rlcore key covers (None without a verl list)."""
+    """Keys by status family, and verl's keys (0.8's or 0.9's) no rlcore key covers (None without a verl list)."""
     table = rows(page)
-    missing = uncovered(load_verl(page.verl_keys), {r.key: r.type for r in table}) if page.verl_keys else None
+    missing = uncovered(verl_trees(page), {r.key: r.type for r in table}) if page.verl_keys else None
     return Counter(r.family for r in table), missing
+
+
+def absent_status(key: str) -> str:
+    """What rlcore does with a verl key its schema lacks: refused naming verl's feature, or as a misspelled key."""
+    feature = verl_feature(key)
+    if feature:
+        return f"refused: verl's {feature[0]}: {feature[1]}"
+    if not_a_verl_key(key):
+        return f"refused: verl 0.9 refuses it too: {not_a_verl_key(key)}"
+    return "refused as a misspelled key is, with the closest key named"
 
 
 def summary(page: Page) -> str:
@@ -312,7 +350,9 @@ def summary(page: Page) -> str:
 
 def _intro(page: Page) -> list[str]:
     source = Path(inspect.getsourcefile(page.schema)).relative_to(REPO_ROOT)
-    verl = (f"verl's keys and defaults are those of `shared/reference/{page.verl_keys.name}` (beside the repository)"
+    verl = (f"verl's keys and defaults are those of verl 0.9's tree, `shared/reference/{page.verl_keys.name}`, and of "
+            f"verl 0.8's for the keys 0.9 dropped, `shared/reference/{VERL_08_KEYS.name}` (beside the repository); each "
+            "verl key says which versions have it"
             if page.verl_keys else page.verl_lacks if page.verl_lacks else "rlcore holds no list of verl's keys for this trainer (`shared/reference` has the "
             "PPO trainer's), so the others are not compared with verl's")
     return [
@@ -326,7 +366,9 @@ def _intro(page: Page) -> list[str]:
         "(`REFUSED` in `rlcore/config/key_status.py`); the validator's message is quoted;",
         "- **no effect**: accepted so that verl command lines compose; set to anything but its default, it is "
         "reported with the reason at the start of the run and by `rlcore-plan` (`NO_EFFECT`);",
-        *(["- **rlcore only**: verl has no such key;",
+        *(["- **renamed**: verl 0.8's name of a key verl 0.9 renamed (`rlcore/config/renamed.py`): its value is read "
+           "as the 0.9 key's, with a one-line note naming that key; both set to different values is refused;",
+           "- **rlcore only**: verl has no such key;",
            "- **as in verl**: verl's key; where rlcore's default differs, verl's is given."] if page.verl_keys else
           ["- **rlcore only**: any other key."] if page.verl_lacks else
           ["- **rlcore only**: its comment says rlcore addition;",
@@ -347,14 +389,15 @@ def render(page: Page) -> str:
             (f"**{cell(r.key.rpartition('.')[2])}** `{r.key}`", *map(cell, (r.type, r.default, r.meaning, r.status)))
             for r in map(by_key.get, keys)])
     if missing is not None:
-        verl = load_verl(page.verl_keys)
+        verl = verl_trees(page)
         lines += ["## verl keys not in rlcore", "",
-                  f"{len(missing)} keys of verl's tree that no rlcore key covers (a dict-typed rlcore key, such as "
-                  "the HF config overrides, covers the keys beneath it), by section, with verl's default; composing "
-                  "one fails as a misspelled key does.", ""]
+                  f"{len(missing)} keys of verl's trees (0.8's and 0.9's) that no rlcore key covers (a dict-typed rlcore "
+                  "key, such as the HF config overrides, covers the keys beneath it), by section, with verl's default, "
+                  "which versions have it, and what composing it does: refused before anything runs, with verl's "
+                  "feature and why rlcore lacks it where it is one of verl's features.", ""]
         for group, keys in _grouped(missing).items():
-            lines += [f"### `{group}`", ""] + _table(("verl key", "verl default"),
-                                                     [(cell(f"`{k}`"), cell(f"`{verl[k]}`")) for k in keys])
+            lines += [f"### `{group}`", ""] + _table(("verl key", "verl default", "in", "rlcore"), [
+                (cell(f"`{k}`"), cell(f"`{verl[k]}`"), cell(verl_versions(k)), cell(absent_status(k))) for k in keys])
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -14,6 +14,9 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
+# verl 0.9's SFT engines rlcore's SFT trainer does not have (engine=<name>, optim=<name>)
+SFT_ENGINES = {"megatron": "Megatron", "automodel": "NeMo AutoModel", "veomni": "VeOmni", "torchtitan": "TorchTitan",
+               "mlite": "Megatron-Lite"}
 HYDRA_FLAGS_WITH_VALUE = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
 SWEEP_FLAGS = ("-m", "--multirun")
 
@@ -145,8 +148,8 @@ def explain(message: str, key_tree: Callable[[], DictConfig | None]) -> str:
         group, name = missing.groups()
         listing = message.split("Available options in", 1)[1].split("Config search path", 1)[0]
         options = [line.strip() for line in listing.splitlines()[1:] if line.strip()]
-        if group in ("engine", "optim") and name == "megatron":  # verl's SFT trainer's other engine
-            return f"{group}={name} is verl's Megatron SFT engine; rlcore's SFT trainer trains with FSDP2: use {group}=fsdp"
+        if group in ("engine", "optim") and name in SFT_ENGINES:  # verl's SFT trainer's other engines
+            return f"{group}={name} is verl's {SFT_ENGINES[name]} SFT engine; rlcore's SFT trainer trains with FSDP2: use {group}=fsdp"
         close = difflib.get_close_matches(name, options, n=1)
         hint = f"did you mean {group}={close[0]}? " if close else ""
         return f"{group}={name} is not one of the {group} options; {hint}available: {', '.join(options)}"

@@ -27,6 +27,7 @@ from rlcore.cli.overrides import ComposeError, compose_explained, expand_sweep, 
 from rlcore.cli.preflight import preflight
 from rlcore.config import compose, external_config_dir, format_plan
 from rlcore.config.key_status import ineffective_settings
+from rlcore.config.renamed import renamed_notes
 from rlcore.plan import format_memory, supervised_memory_plan
 from rlcore.plan.heads import policy_heads
 from rlcore.plan.run_plan import plan_run
@@ -96,8 +97,9 @@ class Diagnosis:
 
 def _report(cfg, errors: list[str], warnings: list[str], sections: list[str]) -> str:
     """Keys set to no effect first (the user expects theirs), then errors, warnings and the plans."""
-    ignored = ineffective_settings(cfg)
+    ignored, renamed = ineffective_settings(cfg), renamed_notes(cfg)
     lines = [f"{len(ignored)} key(s) set with no effect:"] + [f"  - {line}" for line in ignored] if ignored else []
+    lines += [f"{len(renamed)} key(s) under verl 0.8's names:"] + [f"  - {line}" for line in renamed] if renamed else []
     lines += [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
     lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines + sections)

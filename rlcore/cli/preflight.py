@@ -45,7 +45,9 @@ def preflight(cfg: DictConfig, where: str, known: list[str] = ()) -> Preflight:
 
     out.errors += logger_errors(logger_names(cfg.trainer.logger))
     if "distillation" in cfg:  # the PPO trainer's (the SFT and reward-model trainers have none)
-        out.warnings += distillation_warnings(lambda key: OmegaConf.select(cfg, key))
+        from rlcore.config.validate import config_warnings
+
+        out.warnings += distillation_warnings(lambda key: OmegaConf.select(cfg, key)) + config_warnings(cfg)
     if where == "train" and cfg.trainer.device == "cuda":
         import torch
 
@@ -111,8 +113,8 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
     models = [("actor_rollout_ref.model.path", ar.model.path, ar.actor.strategy, ar.rollout.name, tp(ar.actor))]
     if uses_critic(cfg):
         models.append(("critic.model.path", cfg.critic.model.path, cfg.critic.strategy, None, tp(cfg.critic)))
-    if cfg.reward_model.enable:
-        models.append(("reward_model.model.path", cfg.reward_model.model.path, cfg.reward_model.strategy, None, 1))
+    if cfg.reward.reward_model.enable:
+        models.append(("reward.reward_model.model_path", cfg.reward.reward_model.model_path, cfg.reward_model.strategy, None, 1))
     for key, path, strategy, rollout, tensor_parallel in models:
         _model_dir(key, path, strategy, rollout, tensor_parallel, missing, out)
     tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if ar.model.tokenizer_path else "actor_rollout_ref.model.path"
@@ -122,7 +124,7 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
         missing(tokenizer_key, tokenizer_dir, f"no tokenizer in {full} (none of {', '.join(TOKENIZER_FILES)})")
     elif ar.model.tokenizer_path and not os.path.isdir(full):
         missing(tokenizer_key, tokenizer_dir, "no such directory")
-    if cfg.reward_model.enable and cfg.reward_model.model.input_tokenizer:
+    if cfg.reward.reward_model.enable and cfg.reward_model.model.input_tokenizer:
         value = cfg.reward_model.model.input_tokenizer  # the policy's tokenizer, read by the reward model's workers
         if not os.path.isdir(os.path.expanduser(str(value))):
             missing("reward_model.model.input_tokenizer", value, "no such directory")
@@ -142,15 +144,15 @@ def _paths(cfg: DictConfig, where: str, out: Preflight) -> None:
         if value and not os.path.isfile(os.path.expanduser(str(value))):
             missing(f"actor_rollout_ref.rollout.{key}", value, "no such file")
     _sampler(cfg.data.sampler, missing, out)
-    reward_file = cfg.custom_reward_function.path
+    reward_file = cfg.reward.custom_reward_function.path
     if reward_file:
         if not os.path.isfile(os.path.expanduser(str(reward_file))):
-            missing("custom_reward_function.path", reward_file, "no such file")
+            missing("reward.custom_reward_function.path", reward_file, "no such file")
         else:
             from rlcore.reward.custom import load_custom_reward_fn
 
             try:
-                load_custom_reward_fn(reward_file, cfg.custom_reward_function.name)
+                load_custom_reward_fn(reward_file, cfg.reward.custom_reward_function.name)
             except (OSError, ImportError, ValueError) as err:
                 out.errors.append(_one_line(err))
 
@@ -200,6 +202,13 @@ def _model_dir(key: str, path, strategy: str, rollout: str | None, tensor_parall
         out.errors.append(f"{key}={path}: a vision-language checkpoint ({config.get('model_type')}) as a value or reward model is not "
                           "supported yet (rlcore's scalar heads sit on text models: transformers has no token-classification "
                           "class for it); use a text-only checkpoint there, or a critic-free estimator (algorithm.adv_estimator=grpo)")
+    generative = [a for a in config.get("architectures") or [] if a.endswith(("ForCausalLM", "ForConditionalGeneration"))]
+    if key == "reward.reward_model.model_path" and generative and len(generative) == len(config["architectures"]):
+        # its score head would be built at random: every score noise, and the run would train on it
+        out.errors.append(f"{key}={path}: a generative model ({generative[0]}), not a reward model: verl 0.9 runs such a judge "
+                          "through its reward loop only for a reward function of yours that prompts it; rlcore's reward model "
+                          "is a *ForSequenceClassification (one label) scored at the last token. Use such a model (rlcore-rm "
+                          "trains one), or call your judge from a reward.custom_reward_function")
     if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(full)):
         # a config-only copy is how a model is planned on a laptop (--elsewhere): a warning there
         missing(key, path, f"no weights in {os.path.abspath(full)} (no *.safetensors or *.bin: a download of the config alone?)")

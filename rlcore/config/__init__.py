@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from rlcore.config.schema import PPOConfig
 from rlcore.config.plan_table import format_plan
 from rlcore.config.validate import BatchPlan, ConfigError, validate_config
-from rlcore.config.async_schema import derive_async_sizes
+from rlcore.config.async_schema import apply_trainer_mode, derive_async_sizes
+from rlcore.config.renamed import move_renamed
 
 # rlcore/config/__init__.py -> repository root -> config/ (present in a source checkout / editable install)
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")
@@ -22,7 +23,7 @@ SCHEMA_NAME = "rlcore_ppo_schema"
 
 __all__ = [
     "CONFIG_DIR", "SCHEMA_NAME", "BatchPlan", "ConfigError", "PPOConfig",
-    "compose", "format_plan", "register_configs", "run_cli", "schema_registrar", "validate_config",
+    "compose", "finish_composition", "format_plan", "register_configs", "run_cli", "schema_registrar", "validate_config",
 ]
 
 
@@ -64,9 +65,18 @@ def compose(overrides: Sequence[str] = (), config_name: str = "ppo_trainer", reg
     with initialize_config_dir(config_dir=os.path.abspath(config_dir or CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=[*overrides, *extra])
     OmegaConf.set_struct(cfg, True)
-    if "async_training" in cfg:  # the RL trainer's configs: the sizes verl derives, derived before anything reads them
-        derive_async_sizes(cfg)
+    finish_composition(cfg, overrides)
     return cfg
+
+
+def finish_composition(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """What follows Hydra's composition before anything reads the config (compose() for tests and tools, rlcore-train
+    on the config Hydra hands it, with its command line's `overrides`): verl 0.8's renamed keys read as their 0.9
+    names, and the RL trainer's sizes verl derives (async_training)."""
+    move_renamed(cfg, overrides)
+    if "async_training" in cfg:  # the RL trainer's: verl 0.9's trainer mode as split-pool keys, then their sizes
+        apply_trainer_mode(cfg)
+        derive_async_sizes(cfg)
 
 
 # verl's scripts name its own trainer config folder (next to main_ppo) so; rlcore's CONFIG_DIR holds the same names

@@ -7,7 +7,7 @@ This module imports neither torch nor ray.
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Union
 
 
 @dataclass
@@ -29,6 +29,7 @@ class FilterGroupsConfig:
     enable: bool = False  # filter groups and keep generating
     metric: Optional[str] = None  # what must differ within a group: acc | score | seq_reward | seq_final_reward
     max_num_gen_batches: int = 0  # generation batches per step at most before the run stops; <= 0 = no limit
+    max_inflight_gen_batches: int = 1  # verl's bound on concurrent refill generation (train_batch_size units); >= 1
 
 
 @dataclass
@@ -71,6 +72,9 @@ class AlgorithmConfig:
     use_pf_ppo: bool = False  # PF-PPO: redraw the step's samples by their score after GAE (rlcore/algos/pf_ppo.py)
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)  # its weighting
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # train-inference mismatch
+    # GDPO (adv_estimator=gdpo): keys of the dict compute_score returns, one reward dimension each, normalised apart
+    gdpo_reward_keys: Optional[List[str]] = None
+    gdpo_reward_weights: Optional[List[float]] = None  # GDPO: each dimension's weight in the sum; null = all 1
 
 
 # ---------------------------------------------------------------------------------------------------- rules
@@ -96,15 +100,49 @@ def check_dynamic_sampling(c) -> None:
                 "gives groups of one; use actor_rollout_ref.rollout.n=8 (or more than 1)")
     if gen is None or gen < 1:
         c.error(f"data.gen_batch_size={gen} must be >= 1; use data.gen_batch_size={train} (or a multiple, to waste fewer rounds)")
+    inflight = c.cfg.algorithm.filter_groups.max_inflight_gen_batches
+    if inflight < 1:  # verl refuses it too; rlcore's loop has one batch in flight whatever it says (key_status.py)
+        c.error(f"algorithm.filter_groups.max_inflight_gen_batches={inflight} must be a positive integer; use 1")
+
+
+# Rules for GDPO (`algorithm.adv_estimator=gdpo`, `algorithm.gdpo_reward_keys` / `gdpo_reward_weights`;
+# rlcore/algos/advantages.py). `c` is validate's checker (get / error).
+
+GDPO_KEYS, GDPO_WEIGHTS = "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights"
+
+
+def check_gdpo(c) -> None:
+    algo = c.cfg.algorithm
+    keys, weights = algo.gdpo_reward_keys, algo.gdpo_reward_weights
+    if algo.adv_estimator != "gdpo":
+        for key, value in ((GDPO_KEYS, keys), (GDPO_WEIGHTS, weights)):
+            if value is not None:
+                c.error(f"{key}={list(value)} is read only by algorithm.adv_estimator=gdpo (here {algo.adv_estimator}); set "
+                        f"algorithm.adv_estimator=gdpo, or drop {key}")
+        return
+    if not keys:
+        c.error(f"algorithm.adv_estimator=gdpo normalises each reward dimension apart and needs their names: set {GDPO_KEYS} to "
+                "keys of the dict your compute_score returns, e.g. +algorithm.gdpo_reward_keys='[accuracy_reward,format_reward]'")
+    elif weights is not None and len(weights) != len(keys):
+        c.error(f"{GDPO_WEIGHTS} has {len(weights)} weight(s) for the {len(keys)} key(s) of {GDPO_KEYS}={list(keys)}; give one "
+                f"weight per key, or drop {GDPO_WEIGHTS} (all 1)")
+    if algo.use_kl_in_reward:  # verl's GDPO reads only the components: the penalised reward would be computed and dropped
+        c.error("algorithm.use_kl_in_reward=True with algorithm.adv_estimator=gdpo: GDPO's advantages come from the reward "
+                "components alone, so the in-reward KL penalty would change nothing; use actor_rollout_ref.actor.use_kl_loss=True "
+                "for a KL term, or use_kl_in_reward=False")
+    if c.cfg.reward.reward_model.enable:
+        c.error("algorithm.adv_estimator=gdpo reads the components from the dict compute_score returns, and with "
+                "reward.reward_model.enable=True the reward model's single score replaces the rule scorer; use "
+                "reward.reward_model.enable=False")
 
 
 def check_overlong_buffer(c) -> None:
     if not c.cfg.reward_model.overlong_buffer.enable:
         return
-    if c.cfg.reward_model.reward_manager != "dapo":
-        c.error("reward_model.overlong_buffer.enable=True is DAPO's punishment; set reward_model.reward_manager=dapo")
-    if (c.cfg.reward_model.reward_kwargs or {}).get("overlong_buffer_cfg"):
-        c.error("the overlong buffer is set twice (reward_model.overlong_buffer and reward_model.reward_kwargs.overlong_buffer_cfg); "
+    if c.cfg.reward.reward_manager.name != "dapo":
+        c.error("reward_model.overlong_buffer.enable=True is DAPO's punishment; set reward.reward_manager.name=dapo")
+    if (c.cfg.reward.reward_kwargs or {}).get("overlong_buffer_cfg"):
+        c.error("the overlong buffer is set twice (reward_model.overlong_buffer and reward.reward_kwargs.overlong_buffer_cfg); "
                 "keep one")
     buffer, max_len = c.cfg.reward_model.overlong_buffer.len, c.cfg.data.max_response_length
     if not 0 < buffer <= max_len:

@@ -11,8 +11,8 @@ synchronous trainer the case staleness_threshold=0, trigger_parameter_sync_step=
 This module imports neither torch nor ray.
 """
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
 
 
 @dataclass
@@ -45,6 +45,100 @@ class RolloutPoolConfig:
     total_epochs: Optional[int] = None  # when set, trainer.total_epochs
     # when set, validation every test_freq weight syncs (trainer.test_freq = this x trigger_parameter_sync_step)
     test_freq: Optional[int] = None
+
+
+@dataclass
+class HybridRolloutConfig:
+    """verl 0.9: lend the trainer's idle devices to the rollout (`trainer.v1.separate_async.hybrid_rollout.*`)."""
+
+    enable_switch: bool = False  # switch the trainer's devices to generation while it waits for samples (refused)
+    switch_threshold_ratio: float = 0.4  # share of train_batch_size sampleable before the devices come back
+    adaptive_switch_threshold: bool = True  # adapt that share to the trainer's idle time
+    switch_threshold_step_up: float = 0.05  # added after sustained idle
+    switch_threshold_step_down: float = 0.03  # taken off after a calm period
+    switch_threshold_release_steps: int = 2  # steps of idle or calm before a change
+    switch_cost_window_size: int = 3  # switches averaged for their cost
+
+
+@dataclass
+class SeparateAsyncConfig:
+    """verl 0.9's trainer_mode=separate_async (`trainer.v1.separate_async.*`): the rollout on devices of its own."""
+
+    num_warmup_batches: int = 1  # generation batches queued before training starts
+    parameter_sync_step: int = 4  # mini-batches per step, one weight sync per step (train_batch_size = this x mini)
+    hybrid_rollout: HybridRolloutConfig = field(default_factory=HybridRolloutConfig)  # the trainer's devices lent out
+
+
+@dataclass
+class ColocateAsyncConfig:
+    """verl 0.9's trainer_mode=colocate_async (`trainer.v1.colocate_async.*`)."""
+
+    num_warmup_batches: int = 1  # generation batches queued before training starts
+
+
+@dataclass
+class CustomSamplerConfig:
+    """A replay-buffer sampler of the user's (`trainer.v1.sampler.custom_sampler.*`): refused."""
+
+    path: Optional[str] = None  # Python file defining the sampler
+    name: Optional[str] = None  # its class's name
+
+
+@dataclass
+class OffPolicySamplerConfig:
+    """Which samples an asynchronous step trains on (`trainer.v1.sampler.*`, verl 0.9)."""
+
+    max_off_policy_threshold: int = 8  # weight versions a sample may span, from the version it started under (> 0)
+    # drop: a sample past the threshold is dropped and its prompt generated again; wait: the trainer waits for the
+    # oldest samples and trains on them (nothing dropped)
+    max_off_policy_strategy: str = "drop"
+    sync_refill_failed_groups: bool = False  # verl's sync mode: generate again the groups whose samples all failed
+    custom_sampler: CustomSamplerConfig = field(default_factory=CustomSamplerConfig)  # refused
+    sampler_kwargs: Dict[str, Any] = field(default_factory=dict)  # the custom sampler's arguments
+
+
+@dataclass
+class TrainerV1Config:
+    """verl 0.9's trainer modes (`trainer.v1.*`), on rlcore's one loop: sync is the hybrid engine's loop,
+    separate_async its split pools (the rollout on actor_rollout_ref.rollout.nnodes x n_gpus_per_node devices)."""
+
+    trainer_mode: str = "sync"  # sync | separate_async | colocate_async (refused)
+    sync: Dict[str, Any] = field(default_factory=dict)  # verl's sync trainer's options (none)
+    colocate_async: ColocateAsyncConfig = field(default_factory=ColocateAsyncConfig)  # trainer_mode=colocate_async
+    separate_async: SeparateAsyncConfig = field(default_factory=SeparateAsyncConfig)  # trainer_mode=separate_async
+    sampler: OffPolicySamplerConfig = field(default_factory=OffPolicySamplerConfig)  # the samples a step trains on
+
+
+TRAINER_MODES = ("sync", "separate_async", "colocate_async")
+OFF_POLICY_STRATEGIES = ("drop", "wait")
+
+
+def separate_async_keys(cfg) -> dict[str, Any]:
+    """The split-pool keys verl 0.9's trainer_mode=separate_async stands for: the rollout on its own devices
+    (actor_rollout_ref.rollout.nnodes x n_gpus_per_node), a step of parameter_sync_step mini-batches and one weight
+    sync after it, partial rollouts, and the rollout at most max_off_policy_threshold - 1 steps ahead (a sample then
+    spans at most max_off_policy_threshold weight versions when it is not resumed across a sync; the drop strategy
+    removes those that are: rlcore.trainer.split_pools)."""
+    v1, rollout = cfg.trainer.v1, cfg.actor_rollout_ref.rollout
+    pool = {"rollout.nnodes": rollout.nnodes, "rollout.n_gpus_per_node": rollout.n_gpus_per_node} if rollout.nnodes >= 1 else {}
+    return {f"{ARR}.hybrid_engine": False, **pool,  # no pool given (verl's nnodes=0): check_trainer_mode names the keys
+            "async_training.require_batches": v1.separate_async.parameter_sync_step,
+            "async_training.trigger_parameter_sync_step": 1, "async_training.partial_rollout": True,
+            "async_training.staleness_threshold": float(max(v1.sampler.max_off_policy_threshold, 1) - 1)}
+
+
+def apply_trainer_mode(cfg) -> None:
+    """Writes what verl 0.9's trainer_mode=separate_async stands for into the split-pool keys a run reads, where they
+    are left at their defaults (a value of the user's that disagrees is reported by check_trainer_mode), as the config
+    is composed: once, before anything reads them."""
+    from omegaconf import OmegaConf
+
+    if cfg.trainer.v1.trainer_mode != "separate_async":
+        return
+    defaults = OmegaConf.structured(OmegaConf.get_type(cfg))
+    for key, value in separate_async_keys(cfg).items():
+        if OmegaConf.select(cfg, key) == OmegaConf.select(defaults, key):
+            OmegaConf.update(cfg, key, value, merge=False)
 
 
 # ---------------------------------------------------------------------------------------------------- rules
@@ -104,7 +198,10 @@ def check_async(c) -> None:
                 "(0: the rollout waits for every sync); use async_training.staleness_threshold=0.1")
     train, mini, need = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.actor.ppo_mini_batch_size, c.cfg.async_training.require_batches
     if isinstance(mini, int) and isinstance(need, int) and train != need * mini:
-        c.error(f"data.train_batch_size={train}: with {ARR}.hybrid_engine=False a trainer step consumes async_training.require_batches="
+        # verl 0.9's separate_async states the same rule with its own key
+        key = ("trainer.v1.separate_async.parameter_sync_step" if c.cfg.trainer.v1.trainer_mode == "separate_async"
+               else "async_training.require_batches")
+        c.error(f"data.train_batch_size={train}: with {ARR}.hybrid_engine=False a trainer step consumes {key}="
                 f"{need} x {ARR}.actor.ppo_mini_batch_size={mini} = {need * mini} prompts; use data.train_batch_size={need * mini}")
     gen = c.cfg.data.gen_batch_size
     if not isinstance(gen, int) or gen < 1 or train % gen:
@@ -117,6 +214,36 @@ def check_async(c) -> None:
     if c.cfg.algorithm.filter_groups.enable:
         c.error("algorithm.filter_groups (dynamic sampling) with actor_rollout_ref.hybrid_engine=False is not supported yet: "
                 "set algorithm.filter_groups.enable=False, or actor_rollout_ref.hybrid_engine=True")
+
+
+def check_trainer_mode(c) -> None:
+    """verl 0.9's trainer.v1.*: its modes on rlcore's loop, what it cannot do refused with the reason."""
+    v1 = c.cfg.trainer.v1
+    c.choice("trainer.v1.trainer_mode", TRAINER_MODES)
+    c.choice("trainer.v1.sampler.max_off_policy_strategy", OFF_POLICY_STRATEGIES)
+    c.at_least("trainer.v1.sampler.max_off_policy_threshold", 1)
+    for key in ("path", "name"):
+        if getattr(v1.sampler.custom_sampler, key):
+            c.error(f"trainer.v1.sampler.custom_sampler.{key}={getattr(v1.sampler.custom_sampler, key)}: a replay-buffer sampler "
+                    "of your own is not supported by rlcore; its rollouter trains on whole generation batches in order "
+                    "(trainer.v1.sampler.max_off_policy_* bound them)")
+    if v1.trainer_mode == "colocate_async":
+        c.error("trainer.v1.trainer_mode=colocate_async (rollout and training taking turns on the same devices, with "
+                "generations carried across steps) is not supported yet by rlcore: its asynchronous training runs the "
+                "rollout on devices of its own; use trainer.v1.trainer_mode=separate_async with "
+                f"{ARR}.rollout.nnodes / n_gpus_per_node for those devices, or trainer_mode=sync")
+    if v1.trainer_mode != "separate_async":
+        return
+    if v1.separate_async.hybrid_rollout.enable_switch:
+        c.error("trainer.v1.separate_async.hybrid_rollout.enable_switch=True (lending the trainer's idle devices to the "
+                "rollout) is not supported by rlcore; drop it (the rollout keeps its own devices)")
+    if c.cfg.actor_rollout_ref.rollout.nnodes < 1:
+        c.error(f"trainer.v1.trainer_mode=separate_async runs the rollout on devices of its own: set {ARR}.rollout.nnodes "
+                f"(>= 1) and {ARR}.rollout.n_gpus_per_node (verl asserts the same)")
+    for key, value in separate_async_keys(c.cfg).items():
+        if c.get(key) != value:  # apply_trainer_mode wrote every one left at its default: the user set this one
+            c.error(f"{key}={c.get(key)} and trainer.v1.trainer_mode=separate_async disagree (verl 0.9's mode sets {key}={value}); "
+                    f"keep one dialect: drop {key}, or the v1 keys")
 
 
 def async_warnings(get) -> list[str]:

@@ -61,17 +61,17 @@ class DistillationLossConfig:
     """The distillation loss (`distillation.distillation_loss.*`): rlcore.algos.distill."""
 
     loss_mode: str = "k3"  # k1 | k2 | k3 | low_var_kl | abs | mse | forward_kl_topk | forward_kl_topk_tail
-    topk: Optional[int] = 128  # teacher tokens per position for the top-k losses
+    topk: Optional[int] = 32  # teacher tokens per position for the top-k losses
     # True: loss = policy loss + distillation_loss_coef x distillation loss (task rewards drive the policy loss).
     # False: the distillation loss alone.
     use_task_rewards: bool = True
     distillation_loss_coef: float = 1.0  # the distillation loss's weight beside task rewards
-    loss_max_clamp: Optional[float] = 10.0  # per-token loss clamped to [-this, this]; None = not clamped
-    log_prob_min_clamp: Optional[float] = -10.0  # top-k losses: log-probs floored here; None = not floored
+    loss_max_clamp: Optional[float] = None  # per-token loss clamped to [-this, this]; None = not clamped
+    log_prob_min_clamp: Optional[float] = None  # top-k losses: log-probs floored here; None = not floored
     tail_mass_eps: float = 1e-7  # forward_kl_topk_tail: the student's tail mass is at least this (log guard)
     # True: the negative per-token loss is a reward for a PPO-clipped policy gradient (Thinking Machines' OPD;
     # recommended with k1). False: the loss is backpropagated directly (GKD; k3 or forward_kl_topk).
-    use_policy_gradient: bool = True
+    use_policy_gradient: bool = False
     policy_loss_mode: str = "vanilla"  # the policy loss of the policy-gradient form (verl: vanilla only)
     clip_ratio: float = 0.2  # verl's key; the clip range is clip_ratio_low / clip_ratio_high
     clip_ratio_low: float = 0.2  # PPO clip of the policy-gradient form

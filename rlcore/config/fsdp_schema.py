@@ -49,11 +49,23 @@ class FSDPConfig:
     strategy: str = "fsdp"  # verl's FSDP version for its newer engine: fsdp | fsdp2 (rlcore trains with FSDP2)
     use_orig_params: bool = False  # FSDP1's flat-parameter switch
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)  # verl's per-dtype form
+    # verl 0.9's engine keys (its newer engine reads the role's settings from here):
+    seed: int = 42  # verl's engine seed (rlcore seeds every worker from trainer.seed)
+    full_determinism: bool = False  # deterministic torch kernels in this role's training engine
+    entropy_from_logits_with_chunking: bool = False  # verl's chunked entropy (rlcore's head always works in chunks)
+    entropy_from_logits_chunk_size: int = 2048  # verl's entropy chunk, in tokens
+    entropy_checkpointing: bool = False  # recompute the entropy in backward (rlcore's head always does)
+    use_torch_compile: bool = True  # verl's engine compile switch (the role's use_torch_compile decides in rlcore)
+    pad_to_length: bool = False  # pad each packed micro-batch to a multiple of pad_to_length_bucket tokens
+    pad_to_length_bucket: int = 1024  # that multiple
+    forward_only: bool = False  # verl's inference-only engine (rlcore builds frozen roles without an optimizer itself)
 
 
 # The fields verl's newer engine section (engine/fsdp.yaml) shares with an fsdp_config, nested ones dotted
 ENGINE_FIELDS = ("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "fsdp_size",
-                 "ulysses_sequence_parallel_size", "forward_prefetch", "model_dtype", "dtype", "strategy", "use_orig_params")
+                 "ulysses_sequence_parallel_size", "forward_prefetch", "model_dtype", "dtype", "strategy", "use_orig_params",
+                 "seed", "full_determinism", "entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size",
+                 "entropy_checkpointing", "use_torch_compile", "pad_to_length", "pad_to_length_bucket", "forward_only")
 
 
 def following(section: str) -> FSDPConfig:
@@ -103,9 +115,14 @@ def role_engine_errors(get: Get, optim: Optional[str], fsdp: str, world: int, gr
     if optim is not None:
         errors += optim_errors(get, optim, strategy, get("trainer.device"))
         name = get(f"{optim}.optimizer")
-        if str(name).lower() != "adamw":
+        # megatron-core's "adam" (verl's Megatron default) is AdamW too: its weight decay is decoupled
+        if str(name).lower() != "adamw" and not (strategy == "megatron" and name == "adam"):
             errors.append(f"{optim}.optimizer={name}: rlcore trains with AdamW (torch's, decoupled weight decay, fp32 "
                           f"moments), verl's default; use {optim}.optimizer=AdamW")
+        impl = get(f"{optim}.optimizer_impl")
+        if impl != "torch.optim":
+            errors.append(f"{optim}.optimizer_impl={impl}: rlcore's engines build torch.optim's AdamW (fused on CUDA, foreach "
+                          f"on the CPU, or megatron-core's distributed optimizer); use {optim}.optimizer_impl=torch.optim")
         clip, role_clip = get(f"{optim}.clip_grad"), (get(grad_clip) if grad_clip else None)
         if grad_clip and DEFAULT_GRAD_CLIP not in (clip, role_clip) and clip != role_clip:
             errors.append(f"{grad_clip}={role_clip} and {optim}.clip_grad={clip} both set the gradient-norm clip (verl's "
@@ -165,10 +182,15 @@ def ppo_engine_errors(get: Get, critic: bool) -> List[str]:
                                 get(f"{arr}.actor.strategy"))
     errors += role_engine_errors(get, None, f"{arr}.ref.fsdp_config", world)
     if critic:
-        errors += role_engine_errors(get, "critic.optim", "critic.model.fsdp_config", pool("critic"), "critic.grad_clip",
+        errors += role_engine_errors(get, "critic.optim", "critic.fsdp", pool("critic"), "critic.grad_clip",
                                      get("critic.strategy"))
-    if get("reward_model.enable"):
-        errors += role_engine_errors(get, None, "reward_model.model.fsdp_config", pool("reward_model"))
+        errors += checkpoint_contents_errors(get, "critic.checkpoint", "trainer.resume_mode")
+        if get("critic.model.enable_activation_offload"):
+            errors.append("critic.model.enable_activation_offload=True: rlcore offloads the policy's checkpointed activations "
+                          "only (actor_rollout_ref.model.enable_activation_offload); for the critic use "
+                          "critic.fsdp.param_offload / optimizer_offload, or drop it")
+    if get("reward.reward_model.enable"):
+        errors += role_engine_errors(get, None, "reward_model.model.fsdp_config", pool("reward.reward_model"))
     errors += activation_offload_errors(get, f"{arr}.model", f"{arr}.actor.strategy")
     return errors + checkpoint_contents_errors(get, f"{arr}.actor.checkpoint", "trainer.resume_mode")
 
@@ -190,7 +212,7 @@ SP_KEYS = {
               f"{ARR}.model", f"{ARR}.actor.strategy"),
     "ref": (f"{ARR}.ref.ulysses_sequence_parallel_size", f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size",
             f"{ARR}.model", f"{ARR}.ref.strategy"),
-    "critic": ("critic.ulysses_sequence_parallel_size", "critic.model.fsdp_config.ulysses_sequence_parallel_size",
+    "critic": ("critic.ulysses_sequence_parallel_size", "critic.fsdp.ulysses_sequence_parallel_size",
                "critic.model", "critic.strategy"),
     "reward_model": ("reward_model.ulysses_sequence_parallel_size", None, "reward_model.model", "reward_model.strategy"),
 }

@@ -53,7 +53,7 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": "the naive backend, the only one, takes no options",
     "actor_rollout_ref.rollout.agent.custom_async_server.name": "it names the class in custom_async_server.path, which is "
                                                                 "refused (no custom rollout servers)",
-    "*.fsdp_config.strategy": "rlcore trains every FSDP role with FSDP2, whichever version is named here (as "
+    "*.fsdp*.strategy": "rlcore trains every FSDP role with FSDP2, whichever version is named here (as "
                               "<role>.strategy=fsdp does); fsdp and fsdp2 are accepted",
     "*use_orig_params": "FSDP2 always shards the original parameters (FSDP1's flat parameters do not exist "
                                      "there)",
@@ -105,11 +105,11 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "verl's SGLang-era key for repeating interaction "
                                                                 "rollouts; rlcore repeats every prompt rollout.n times, "
                                                                 "interactions or not",
-    "reward_model.rollout.*": "they configure the inference engine verl's reward loop serves the reward model with; "
+    "reward.reward_model.rollout.*": "they configure the inference engine verl's reward loop serves the reward model with; "
                               "rlcore runs the same forward (the last token's score, as vLLM's classify endpoint "
                               "returns it) in its reward-model worker group, batched by reward_model."
                               "forward_max_token_len_per_gpu",
-    "reward_model.num_workers": "it counts verl's reward-loop workers, which send samples to the reward model's "
+    "reward.num_workers": "it counts verl's reward-loop workers, which send samples to the reward model's "
                                 "server; rlcore hands the batch to its reward-model worker group directly (rule "
                                 "scorers run in reward_model.score_workers processes)",
     "reward_model.launch_reward_fn_async": "not implemented: rlcore scores right after generation, in "
@@ -123,10 +123,80 @@ NO_EFFECT: dict[str, str] = {
     "*.torch_memory.stack_depth": "torch's allocator history records whole stacks (stacks=python or all) and takes no depth",
     "data.micro_batch_size": "verl's SFT trainer marks it deprecated and reads only data.micro_batch_size_per_gpu, as "
                              "rlcore does",
+    "*fsdp*.seed": "rlcore seeds every worker's initialisation and sampling from trainer.seed (the SFT trainer: engine.seed)",
+    "*entropy_from_logits_chunk_size": "rlcore's log-prob head sizes its chunk of tokens from the vocabulary, so that one "
+                                       "float32 [chunk, vocab] block stays under a fixed size (rlcore/models/logits.py)",
+    "*fsdp*.use_torch_compile": "the role's use_torch_compile decides what rlcore compiles (the log-prob head's per-chunk "
+                                "kernels; the SFT trainer: engine.use_torch_compile)",
+    "*pad_to_length": "rlcore's packed forward takes any total length (varlen attention), so nothing is padded to a bucket",
+    "*pad_to_length_bucket": "rlcore's packed forward takes any total length (varlen attention), so nothing is padded to a "
+                             "bucket",
+    "*fsdp*.forward_only": "rlcore builds each frozen role (reference, reward model, teachers) without an optimizer and "
+                           "each trained role with one, whatever this says",
+    "actor_rollout_ref.actor.calculate_entropy": "rlcore logs actor/entropy every step from the old-log-prob pass (or the "
+                                                 "update's own forward when that pass is skipped)",
+    "actor_rollout_ref.*.rollout_n": "rlcore reads actor_rollout_ref.rollout.n, which this key follows (as in verl)",
+    "actor_rollout_ref.actor.use_remove_padding": "actor_rollout_ref.model.use_remove_padding decides for every role of the "
+                                                  "policy (this key follows it, as in verl)",
+    "*checkpoint.strict": "rlcore checks that a step folder holds every state it loads before it loads any, and stops "
+                          "on a partial one naming what is missing (verl with strict=False loads what is there)",
+    "*checkpoint.async_save": "rlcore writes a checkpoint before the next step starts (a background save would race the "
+                              "next update's writes to the same parameters)",
+    "critic.model.custom_chat_template": "the critic reads the policy's token ids, rendered in the policy's template "
+                                         "(actor_rollout_ref.model.custom_chat_template)",
+    "*.profiler.tool_config.torch.schedule.*": "rlcore's torch profiler records every worker call of each profiled step "
+                                               "(global_profiler.steps; tool_config.torch.discrete: one trace per call)",
+    "*.profiler.tool_config.torch.profile_token_*": "rlcore profiles whole rollout calls, not a window of decoded tokens",
+    "*finish_hook_*": "rlcore runs no command after a trace is written: the traces are under global_profiler.save_path "
+                      "when the run ends",
+    "*relocate_results": "rlcore writes each trace where it stays, under global_profiler.save_path",
+    "actor_rollout_ref.rollout.nnodes": "verl 0.9 places a standalone rollout so (its separate_async trainer); rlcore's "
+                                        "rollout pool of its own is rollout.nnodes x rollout.n_gpus_per_node "
+                                        "(actor_rollout_ref.hybrid_engine=False)",
+    "actor_rollout_ref.rollout.n_gpus_per_node": "verl 0.9 places a standalone rollout so (its separate_async trainer); "
+                                                 "rlcore's rollout pool of its own is rollout.nnodes x "
+                                                 "rollout.n_gpus_per_node (actor_rollout_ref.hybrid_engine=False)",
+    "actor_rollout_ref.rollout.scheduling_policy": "rlcore's engines admit a step's requests in the order they come (verl's "
+                                                   "fcfs)",
+    "actor_rollout_ref.rollout.skip_tokenizer_init": "rlcore's engines always take and return token ids",
+    "actor_rollout_ref.rollout.moe_load_balance_metrics_interval": "rlcore logs the routers' load from the training "
+                                                                   "forward every step (actor/moe/*)",
+    "data.audio_key": "rlcore's multimodal rows carry images (data.image_key); it reads no audio column",
+    "trainer.esi_redundant_time": "rlcore watches no cloud instance's expiry: trainer.save_freq, and the checkpoint a "
+                                  "SIGTERM'd run writes before it stops, keep its progress (docs/reliability.md)",
+    "trainer.ray_wait_register_center_timeout": "rlcore's workers join through Ray placement groups, whose wait "
+                                                "trainer.placement_timeout_s bounds",
+    "actor_rollout_ref.model.lora.freeze_*": "rlcore's Megatron engine trains text models, whose base weights LoRA always "
+                                             "freezes: there is no vision tower or projection to freeze",
+    "trainer.use_v1": "rlcore has one trainer loop for verl's v0 and v1 trainers (its modes: trainer.v1.trainer_mode)",
+    "trainer.v1.sync": "verl's sync trainer takes no options",
+    "trainer.v1.*.num_warmup_batches": "rlcore's rollouter fills its whole staleness window from the start (the rollout "
+                                       "runs up to max_off_policy_threshold - 1 steps ahead)",
+    "trainer.v1.separate_async.hybrid_rollout.switch_*": "read only with hybrid_rollout.enable_switch=True, which rlcore "
+                                                         "refuses",
+    "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold": "read only with hybrid_rollout.enable_switch="
+                                                                          "True, which rlcore refuses",
+    "trainer.v1.sampler.sync_refill_failed_groups": "rlcore scores a sample whose scorer failed reward_model.error_score "
+                                                    "and trains on its group; no group is generated again",
+    "trainer.v1.sampler.sampler_kwargs": "the arguments of trainer.v1.sampler.custom_sampler, which rlcore refuses",
+    "reward.reward_manager.module.*": "read only with reward.reward_manager.source=importlib (a reward-manager class of "
+                                      "your own), which rlcore refuses",
+    "data.ignore_input_ids_mismatch": "rlcore never tokenizes a conversation's turns one by one: each turn's tokens are "
+                                      "what rendering it adds to the turns before, so there is no concatenation to "
+                                      "compare; a chat template that rewrites earlier turns is refused at load, naming the row",
+    "data.num_workers": "rlcore tokenizes every row once at start and a batch only pads in-memory lists, so there is no "
+                        "per-batch work for loader processes to overlap",
+    "data.balance_dp_token": "verl's own SFT trainer does not implement it either (\"to be implemented\"); rlcore's "
+                             "use_dynamic_bsz fills every rank's micro-batches up to max_token_len_per_gpu",
     "critic.model.tokenizer_path": "the critic reads the policy's token ids, which actor_rollout_ref.model's tokenizer "
                                    "made; a tokenizer of its own is never loaded",
     "trainer.max_critic_ckpt_to_keep": "rlcore keeps the actor and the critic in one global_step_N folder, pruned by "
                                        "trainer.max_actor_ckpt_to_keep",
+    "algorithm.filter_groups.max_inflight_gen_batches": "verl's v1 replay buffer bounds by it how many refill prompts "
+                                                        "generate at once while filtered groups are replaced; rlcore's "
+                                                        "loop generates and scores one batch of data.gen_batch_size "
+                                                        "prompts at a time before it draws the next, so one batch is "
+                                                        "in flight whatever it says (data.gen_batch_size sets the size)",
     "distillation.distillation_loss.clip_ratio": "the policy-gradient form clips with clip_ratio_low and clip_ratio_high "
                                                  "(distillation.distillation_loss.*), as verl's vanilla policy loss reads them",
 }
@@ -143,6 +213,18 @@ REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "actor_rollout_ref.model.lora.dropout": (0.1, MEGATRON_LORA),
     "actor_rollout_ref.model.lora.lora_B_init_method": ("kaiming", MEGATRON_LORA),
     "*optim.optimizer": ("SGD", ()),
+    "*optim.optimizer_impl": ("torchao.optim", ()),
+    "reward.reward_manager.source": ("importlib", ()),
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch": (True, ("trainer.v1.trainer_mode=separate_async",)),
+    "trainer.v1.sampler.custom_sampler.*": ("my_sampler.py", ()),
+    "actor_rollout_ref.model.lora.adapter_path": ("adapter", MEGATRON_LORA),
+    "critic.model.enable_activation_offload": (True, ("algorithm.adv_estimator=gae",)),
+    "actor_rollout_ref.rollout.logprobs_mode": ("raw_logprobs", ()),
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": ("my_backend", ()),
+    "actor_rollout_ref.rollout.multi_turn.function_tool_path": ("tools.py", ()),
+    "data.function_tool_path": ("tools.py", ()),
+    "data.mm_processor_kwargs": ({"max_pixels": 1024}, ()),
+    "trainer.default_hdfs_dir": ("hdfs://checkpoints", ()),
     "*.megatron.override_mcore_model_config": ({"num_layers": 2}, MEGATRON),
     "actor_rollout_ref.rollout.checkpoint_engine.backend": ("nccl", ()),
     "actor_rollout_ref.rollout.over_sample_rate": (0.1, ()),

@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config.verl_features import verl_feature
+from rlcore.config.verl_features import not_a_verl_key, verl_feature
 
 
 def _typed_children(node: DictConfig, prefix: str) -> Iterator[tuple[str, DictConfig, type]]:
@@ -68,6 +68,9 @@ def unknown_key_message(key: str, cfg: DictConfig, added: bool = False) -> str:
     feature = verl_feature(key)
     if feature:  # a verl key, not a typo: "did you mean" would point at a key that does something else
         return f"{key} is verl's {feature[0]}; not supported by rlcore: {feature[1]}"
+    meant = not_a_verl_key(key)
+    if meant:
+        return f"{key} is not a config key in verl 0.9 either (verl's Hydra refuses it too); {meant}"
     close = closest_key(key, cfg)
     hint = f"did you mean {close}?" if close else "see rlcore/config/*schema.py (or verl's key tree) for the keys"
     how = " (`+` adds a key, but this section's keys are fixed)" if added else ""

@@ -26,6 +26,10 @@ class MegatronLoraConfig:
     lora_B_init_method: str = "zero"  # zero: the adapted model starts as the base
     a2a_experimental: bool = False  # Megatron-Bridge's all-to-all LoRA communication
     dtype: Optional[Any] = None  # the adapters' dtype; rlcore: the model's params dtype (Megatron's fp32 main copy trains them)
+    adapter_path: Optional[str] = None  # verl 0.9: start from this saved adapter (refused: use the FSDP2 lora_adapter_path)
+    freeze_vision_model: bool = True  # verl 0.9, a vision-language model's: freeze its vision tower under LoRA
+    freeze_vision_projection: bool = True  # verl 0.9: freeze the projection from the tower into the language model
+    freeze_language_model: bool = True  # verl 0.9: freeze the language model's base weights under LoRA
 
 
 # ---------------------------------------------------------------------------------------------------- rules
@@ -108,6 +112,10 @@ def _check_megatron_lora(c, model: str, strategy: str, megatron: bool) -> None:
     if section.lora_B_init_method != "zero":
         c.error(f"{lora}.lora_B_init_method={section.lora_B_init_method}: B starts at zero (the adapted model starts as "
                 f"the base); use {lora}.lora_B_init_method=zero")
+    if section.adapter_path:
+        c.error(f"{lora}.adapter_path={section.adapter_path}: rlcore's Megatron adapters start at zero (B) and are saved "
+                f"in its checkpoints; resume from a checkpoint (trainer.resume_mode), or train with FSDP2 from a peft "
+                f"adapter ({model}.lora_adapter_path)")
     if section.exclude_modules and section.target_modules:
         c.error(f"{lora}.exclude_modules adapts every dense linear except those, so {lora}.target_modules must be empty (as in "
                 f"verl): set {lora}.target_modules=[]")

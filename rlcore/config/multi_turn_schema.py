@@ -22,6 +22,7 @@ class MultiTurnConfig:
     enable: bool = False  # multi-turn generation with tool calls (same as agent.default_agent_loop=tool_agent)
     max_assistant_turns: Optional[int] = None  # cap on assistant turns per sample; None = until response_length
     tool_config_path: Optional[str] = None  # verl tool-config YAML (tool_configs/*.yaml)
+    function_tool_path: Optional[str] = None  # verl 0.9: a Python file of plain functions made tools (refused: use tool_config_path)
     max_user_turns: Optional[int] = None  # cap on user (tool-result) turns per sample; None = no cap
     max_parallel_calls: int = 1  # tool calls of one turn that are executed; later ones are dropped
     max_tool_response_length: int = 256  # CHARACTERS of a tool's response text kept (verl truncates the text)
@@ -70,6 +71,12 @@ def check_multi_turn(c) -> None:
     for key, feature in _UNSUPPORTED.items():
         if c.get(key):
             c.error(f"{key}={c.get(key)} ({feature}) is not supported yet by rlcore; unset it ({key}=null)")
+    for key in (f"{MT}.function_tool_path", "data.function_tool_path"):  # data's follows the rollout's: one message
+        if c.get(key):
+            c.error(f"{key}={c.get(key)}: verl 0.9's tools made from a Python file's plain functions are not supported yet "
+                    f"by rlcore; describe them in a tool config (verl's YAML, e.g. tool_configs/gsm8k_calculator.yaml) and "
+                    f"set {MT}.tool_config_path")
+            break
     key = tool_config_key_of(c.cfg)
     mt = c.cfg.actor_rollout_ref.rollout.multi_turn
     interactions = mt.interaction_config_path

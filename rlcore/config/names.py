@@ -10,7 +10,7 @@ from __future__ import annotations
 
 _KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_ESTIMATORS = _KL_BASE + tuple(name + "+" for name in _KL_BASE)  # "+": straight-through k2 gradient (rlcore.algos.kl)
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # rlcore.algos.agg
-REWARD_MANAGERS = ("naive", "dapo")  # rlcore.reward.manager
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # rlcore.algos.agg
+REWARD_MANAGERS = ("naive", "dapo", "gdpo")  # rlcore.reward.manager
 TOOL_CALL_FORMATS = ("hermes", "qwen")  # rlcore.rollout.agent_loop.PARSERS (qwen: SGLang's name for hermes' format)
 LORA_A_INITS = ("xavier", "kaiming")  # rlcore.engine.megatron.lora: model.lora.lora_A_init_method

@@ -28,6 +28,13 @@ class OptimConfig:
     num_cycles: float = 0.5  # cosine cycles over the schedule (0.5 = one half-cosine decay)
     lr_decay_style: Optional[str] = None  # verl's Megatron name for lr_scheduler_type; set, it is the schedule
     warmup_style: Optional[str] = None  # verl's deprecated FSDP name for lr_scheduler_type; set, it is the schedule
+    # The first update is the schedule's step 1 (torchtitan's count: no update runs at a warmup's lr_warmup_init, 0
+    # by default); True counts it as step 0 as verl does (verl 0.9's default; its constant schedule always does)
+    zero_indexed_step: bool = False
+    optimizer_impl: str = "torch.optim"  # verl 0.9's optimizer module: rlcore's engines build torch.optim's AdamW
+    min_lr: Optional[float] = None  # verl's Megatron floor of the decay, in lr units; set, it is min_lr_ratio x lr
+    lr_warmup_init: float = 0.0  # verl's Megatron lr at the warmup's start (rlcore: on either engine)
+    lr_decay_steps: Optional[int] = None  # verl's Megatron decay length in optimizer steps; None = the run's steps
     # extra optimizer arguments, as verl passes them: megatron-core OptimizerConfig fields (strategy=megatron, e.g.
     # optimizer_cpu_offload), torch.optim.AdamW keywords (FSDP2, e.g. eps, amsgrad); {} as in verl's Megatron tree, so
     # that its scripts' `+...override_optimizer_config.key=value` compose (a null would refuse them)

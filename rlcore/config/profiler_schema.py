@@ -36,10 +36,22 @@ class NpuToolConfig:
 
 
 @dataclass
+class TorchScheduleConfig:
+    """verl 0.9's torch.profiler schedule within a profiled step (`<role>.profiler.tool_config.torch.schedule.*`)."""
+
+    skip_first: int = 0  # calls skipped before the schedule starts
+    wait: int = 0  # calls idle per cycle
+    warmup: int = 0  # calls traced and dropped per cycle
+    active: int = 0  # calls recorded per cycle; 0 = every call of the step
+    repeat: int = 0  # cycles; 0 = until the step ends
+
+
+@dataclass
 class TorchToolConfig:
     # what the trace records: cpu, cuda (kernels), memory (allocations), shapes, stack; [] = cpu and, on CUDA, cuda
     contents: List[str] = field(default_factory=list)
     discrete: bool = False  # one trace per worker call instead of one per profiled step
+    schedule: TorchScheduleConfig = field(default_factory=TorchScheduleConfig)  # verl 0.9's profiler schedule
 
 
 @dataclass
@@ -68,6 +80,29 @@ class ProfilerConfig:
     ranks: List[int] = field(default_factory=list)  # the ranks profiled; [] = rank 0
     save_path: Optional[str] = II("oc.select:global_profiler.save_path,null")  # as global_profiler.save_path
     tool_config: ProfilerToolConfig = field(default_factory=ProfilerToolConfig)  # per-tool options
+    # verl 0.9: a command run on the profiled ranks when a trace is written, and moving the results; as the global ones
+    finish_hook_cmd: Optional[str] = II("oc.select:global_profiler.finish_hook_cmd,null")
+    finish_hook_ranks: List[int] = II("oc.select:global_profiler.finish_hook_ranks,[]")  # the ranks that run it
+    finish_hook_all_ranks: bool = II("oc.select:global_profiler.finish_hook_all_ranks,false")  # every profiled rank runs it
+    relocate_results: bool = II("oc.select:global_profiler.relocate_results,false")  # move the results after the hook
+
+
+@dataclass
+class RolloutNpuToolConfig(NpuToolConfig):
+    profile_token_start: Optional[int] = None  # verl 0.9: start tracing at this decoded token
+    profile_token_end: Optional[int] = None  # verl 0.9: stop tracing at this decoded token
+
+
+@dataclass
+class RolloutTorchToolConfig(TorchToolConfig):
+    profile_token_start: Optional[int] = None  # verl 0.9: start tracing at this decoded token
+    profile_token_end: Optional[int] = None  # verl 0.9: stop tracing at this decoded token
+
+
+@dataclass
+class RolloutToolConfig(ProfilerToolConfig):
+    npu: RolloutNpuToolConfig = field(default_factory=RolloutNpuToolConfig)  # tool=npu (refused)
+    torch: RolloutTorchToolConfig = field(default_factory=RolloutTorchToolConfig)  # tool=torch
 
 
 @dataclass
@@ -77,6 +112,11 @@ class RolloutProfilerConfig(ProfilerConfig):
     enable: bool = II("oc.select:actor_rollout_ref.actor.profiler.enable,false")  # as the actor's
     all_ranks: bool = II("oc.select:actor_rollout_ref.actor.profiler.all_ranks,false")  # as the actor's
     ranks: List[int] = II("oc.select:actor_rollout_ref.actor.profiler.ranks,[]")  # as the actor's
+    finish_hook_cmd: Optional[str] = II("oc.select:actor_rollout_ref.actor.profiler.finish_hook_cmd,null")  # as the actor's
+    finish_hook_ranks: List[int] = II("oc.select:actor_rollout_ref.actor.profiler.finish_hook_ranks,[]")  # as the actor's
+    finish_hook_all_ranks: bool = II("oc.select:actor_rollout_ref.actor.profiler.finish_hook_all_ranks,false")  # as the actor's
+    relocate_results: bool = II("oc.select:actor_rollout_ref.actor.profiler.relocate_results,false")  # as the actor's
+    tool_config: RolloutToolConfig = field(default_factory=RolloutToolConfig)  # per-tool options
 
 
 @dataclass
@@ -115,6 +155,10 @@ class GlobalProfilerConfig:
     profile_continuous_steps: bool = False  # consecutive listed steps go into one trace
     save_path: str = "outputs/profile"  # traces and snapshots go under this directory, one folder per step
     global_tool_config: GlobalToolConfig = field(default_factory=GlobalToolConfig)  # per-tool options
+    finish_hook_cmd: Optional[str] = None  # verl 0.9: a command run when a trace is written
+    finish_hook_ranks: List[int] = field(default_factory=list)  # verl 0.9: the ranks that run it
+    finish_hook_all_ranks: bool = False  # verl 0.9: every profiled rank runs it
+    relocate_results: bool = False  # verl 0.9: move the results after the hook
 
 
 # ---------------------------------------------------------------------------------------------------- rules

@@ -1,5 +1,7 @@
-"""The reward model (`reward_model.*`): a frozen scoring model in its own worker group, verl's reward loop
-keys, the DAPO overlong buffer; the fields, then their rules.
+"""Rewards: verl 0.9's `reward.*` tree (the reward manager, its kwargs, a custom reward function, a reward model),
+and the reward-model worker's own keys under `reward_model.*` (a frozen scoring model in its own worker group),
+where verl 0.8's names of the `reward.*` keys are accepted too (rlcore/config/renamed.py reads them as the 0.9
+keys); the fields, then their rules.
 
 This module imports neither torch nor ray.
 """
@@ -10,13 +12,15 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II
 
 from rlcore.config.fsdp_schema import RewardModelFSDPConfig
+from rlcore.config.names import REWARD_MANAGERS
 from rlcore.config.profiler_schema import ProfilerConfig
 
 
 @dataclass
 class RewardLoopRolloutConfig:
-    """verl's reward-loop engine serving the reward model (`reward_model.rollout.*`): accepted, with no effect: rlcore
-    runs the reward model's forward in its reward-model worker group (reward_model.use_reward_loop)."""
+    """verl's reward-loop engine serving the reward model (`reward.reward_model.rollout.*`; verl 0.8:
+    `reward_model.rollout.*`): accepted, with no effect: rlcore runs the reward model's forward in its reward-model
+    worker group (reward_model.use_reward_loop)."""
 
     name: Optional[str] = None  # vllm | sglang (verl: mandatory; nothing reads it here)
     dtype: str = "bfloat16"  # weights dtype
@@ -39,13 +43,26 @@ class RewardLoopRolloutConfig:
     skip_tokenizer_init: bool = False  # no tokenizer in the engine
     prompt_length: int = 2048  # max prompt tokens
     response_length: int = 2048  # max response tokens
+    # verl 0.9's further engine keys (a generative judge's sampling among them)
+    pipeline_model_parallel_size: int = 1  # engine PP
+    layered_summon: bool = False  # gather weights layer by layer
+    scheduling_policy: str = "fcfs"  # request order
+    full_determinism: bool = False  # deterministic engine kernels
+    seed: int = 42  # engine seed
+    multi_stage_wake_up: bool = False  # wake weights and KV cache in stages
+    ignore_eos: bool = False  # keep sampling past EOS
+    temperature: float = 1.0  # a judge's sampling temperature
+    top_k: int = -1  # a judge's top-k
+    top_p: float = 1.0  # a judge's top-p
+    do_sample: bool = True  # a judge samples (False: greedy)
+    n: int = 1  # a judge's samples per request
 
 
 @dataclass
 class RewardModelModelConfig:
     """Model-based reward's network (`reward_model.model.*`)."""
 
-    path: str = "~/models/FsfairX-LLaMA3-RM-v0.1"  # local HF *ForSequenceClassification (num_labels=1) directory
+    path: Optional[str] = None  # verl 0.8's name of reward.reward_model.model_path (read as that)
     input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")  # the policy's tokenizer; re-rendered in the RM's template if they differ
     external_lib: Optional[str] = II("actor_rollout_ref.model.external_lib")  # as the actor's
     trust_remote_code: bool = False  # allow custom model code
@@ -69,12 +86,13 @@ class OverlongBufferConfig:
 
 @dataclass
 class RewardModelConfig:
-    """Reward computation: rule scorers by default, optionally a reward model (`reward_model.*`)."""
+    """The reward-model worker (`reward_model.*`): how rlcore's reward-model worker group runs the model that
+    reward.reward_model enables, and how rule / custom scorers run; verl 0.8's names of reward.* keys (None: unset)."""
 
-    enable: bool = False  # score with a reward model: its score replaces the rule score in training (verl)
-    enable_resource_pool: bool = False  # own devices (nnodes x n_gpus_per_node) instead of the critic's / actor's
-    n_gpus_per_node: int = 8  # with enable_resource_pool
-    nnodes: int = 0  # with enable_resource_pool
+    enable: Optional[bool] = None  # verl 0.8's name of reward.reward_model.enable (read as that)
+    enable_resource_pool: Optional[bool] = None  # verl 0.8's name of reward.reward_model.enable_resource_pool
+    n_gpus_per_node: Optional[int] = None  # verl 0.8's name of reward.reward_model.n_gpus_per_node
+    nnodes: Optional[int] = None  # verl 0.8's name of reward.reward_model.nnodes
     strategy: str = "fsdp"  # reward model backend: fsdp | fsdp2
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)  # reward model
     micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
@@ -88,12 +106,11 @@ class RewardModelConfig:
     # micro-batch size is given, as the engine batches (rlcore.config.reward_model_schema.uses_token_budgets).
     # True as in verl; False is verl's legacy worker path, which wants a micro-batch size or use_dynamic_bsz
     use_reward_loop: bool = True
-    num_workers: int = 1  # reward-loop workers
-    rollout: RewardLoopRolloutConfig = field(default_factory=RewardLoopRolloutConfig)  # the reward loop's engine
-    reward_manager: str = "naive"  # naive | dapo (naive + DAPO's overlong punishment, set in reward_kwargs)
-    # Arguments of the reward manager; dapo: max_resp_len and overlong_buffer_cfg.{enable, len, penalty_factor,
-    # log}. Empty, so new keys need Hydra's `+` (as in verl's DAPO scripts: +reward_model.reward_kwargs.max_resp_len=...)
-    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    num_workers: Optional[int] = None  # verl 0.8's name of reward.num_workers
+    # verl 0.8's name of reward.reward_model.rollout (read as that)
+    rollout: RewardLoopRolloutConfig = field(default_factory=RewardLoopRolloutConfig)
+    reward_manager: Optional[str] = None  # verl 0.8's name of reward.reward_manager.name (read as that)
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # verl 0.8's name of reward.reward_kwargs (read as that)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # verl DAPO recipe's form
     launch_reward_fn_async: bool = False  # score on the controller while the actor computes log-probs
     # rlcore additions: rule/custom scorers run isolated (rlcore.reward.isolation)
@@ -104,11 +121,76 @@ class RewardModelConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
 
 
+@dataclass
+class CustomRewardFunctionConfig:
+    """A user scoring function loaded from a file (`reward.custom_reward_function.*`; verl 0.8:
+    `custom_reward_function.*`)."""
+
+    path: Optional[str] = None  # Python file; None = built-in rule scorers by data_source
+    name: str = "compute_score"  # function name in that file
+
+
+@dataclass
+class LegacyCustomRewardFunctionConfig:
+    """verl 0.8's `custom_reward_function.*`, read as reward.custom_reward_function.* (None: unset)."""
+
+    path: Optional[str] = None  # verl 0.8's name of reward.custom_reward_function.path
+    name: Optional[str] = None  # verl 0.8's name of reward.custom_reward_function.name
+
+
+@dataclass
+class RewardManagerModuleConfig:
+    """A reward-manager class of the user's (`reward.reward_manager.module.*`, with source=importlib)."""
+
+    path: Optional[str] = None  # Python file defining the class
+    name: str = "custom_reward_manager"  # the class's name
+
+
+@dataclass
+class RewardManagerConfig:
+    """How samples are scored (`reward.reward_manager.*`)."""
+
+    source: str = "register"  # register (the managers by name) | importlib (a class of the user's: refused)
+    name: str = "naive"  # naive | dapo (naive + DAPO's overlong punishment, set in reward_kwargs) | gdpo
+    module: RewardManagerModuleConfig = field(default_factory=RewardManagerModuleConfig)  # with source=importlib
+
+
+@dataclass
+class RewardModelSection:
+    """A reward model scoring each sample (`reward.reward_model.*`): a *ForSequenceClassification model (one label),
+    run by rlcore's reward-model worker group (its knobs: `reward_model.*`); its score replaces the rule score."""
+
+    enable: bool = False  # score with the reward model
+    enable_resource_pool: bool = False  # own devices (nnodes x n_gpus_per_node) instead of the critic's / actor's
+    n_gpus_per_node: int = 8  # with enable_resource_pool
+    nnodes: int = 0  # with enable_resource_pool
+    model_path: Optional[str] = None  # local HF *ForSequenceClassification (num_labels=1) directory
+    rollout: RewardLoopRolloutConfig = field(default_factory=RewardLoopRolloutConfig)  # verl's inference engine for it
+
+
+@dataclass
+class RewardConfig:
+    """Rewards (`reward.*`, verl 0.9; verl 0.8 spread them over reward_model.*, custom_reward_function.*)."""
+
+    num_workers: int = 8  # verl's reward-loop workers
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)  # user scorer
+    reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)  # how samples are scored
+    # Arguments of the reward manager; dapo: max_resp_len and overlong_buffer_cfg.{enable, len, penalty_factor,
+    # log}. Empty, so new keys need Hydra's `+` (as in verl's DAPO scripts: +reward.reward_kwargs.max_resp_len=...)
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)
+    reward_model: RewardModelSection = field(default_factory=RewardModelSection)  # a reward model's score instead
+
+
 # ---------------------------------------------------------------------------------------------------- rules
-# Rules for the reward-model worker (`reward_model.enable=True` and verl's `reward_model.*` keys) and verl's
-# worker-implementation switch. `c` is validate's checker (get / error / choice / at_least).
+# Rules for the reward tree (`reward.*`: its manager and kwargs, the reward model it enables) and the reward-model
+# worker that runs that model (`reward_model.*`), and verl's worker-implementation switch. `c` is validate's checker
+# (get / error / choice / at_least).
 
 RM = "reward_model"
+RR = "reward.reward_model"
+_UNSUPPORTED_REWARD_MANAGER = {name: "is not supported yet by rlcore; use {key}=naive (per-sample scores; "
+                                      "reward.custom_reward_function.path for your own) or {key}=dapo" for name in ("prime", "batch")}
+_OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 
 
 def uses_token_budgets(rm) -> bool:
@@ -120,10 +202,44 @@ def uses_token_budgets(rm) -> bool:
     return bool(rm.use_dynamic_bsz or (rm.use_reward_loop and rm.micro_batch_size_per_gpu is None and rm.micro_batch_size is None))
 
 
+def check_reward_manager(c) -> None:
+    """reward.reward_manager and the reward_kwargs it takes (dapo: the overlong buffer)."""
+    manager = c.cfg.reward.reward_manager
+    if manager.source != "register":
+        c.error(f"reward.reward_manager.source={manager.source} loads a reward-manager class of your own "
+                f"(reward.reward_manager.module), which rlcore does not run; use reward.reward_manager.source=register with "
+                f"reward.reward_manager.name={'/'.join(REWARD_MANAGERS)}, and put your scoring in reward.custom_reward_function")
+    c.choice("reward.reward_manager.name", REWARD_MANAGERS, _UNSUPPORTED_REWARD_MANAGER)
+    if manager.name not in REWARD_MANAGERS:
+        return
+    kwargs = c.cfg.reward.reward_kwargs or {}
+    allowed = ("max_resp_len", "overlong_buffer_cfg") if manager.name == "dapo" else ()
+    for key in kwargs:
+        if key not in allowed:
+            c.error(f"reward.reward_kwargs.{key} is not an argument of reward.reward_manager.name={manager.name}; it takes: "
+                    f"{', '.join(allowed) or 'none'}")
+    overlong = kwargs.get("overlong_buffer_cfg") or {}
+    for key in overlong:
+        if key not in _OVERLONG_KEYS:
+            c.error(f"reward.reward_kwargs.overlong_buffer_cfg.{key} is unknown; valid: {', '.join(_OVERLONG_KEYS)}")
+    if overlong.get("enable"):
+        buffer, max_len = overlong.get("len"), kwargs.get("max_resp_len")
+        if not isinstance(max_len, int) or not isinstance(buffer, int) or not 0 < buffer <= max_len:
+            c.error(f"the overlong buffer needs 0 < overlong_buffer_cfg.len ({buffer}) <= max_resp_len ({max_len}); use e.g. "
+                    f"+reward.reward_kwargs.max_resp_len={c.cfg.data.max_response_length} "
+                    f"+reward.reward_kwargs.overlong_buffer_cfg.len={max(1, c.cfg.data.max_response_length // 4)}")
+        if "penalty_factor" not in overlong:
+            c.error("reward.reward_kwargs.overlong_buffer_cfg.penalty_factor is required with enable=True; use 1.0")
+
+
 def check_reward_model(c) -> None:
     c.choice("trainer.use_legacy_worker_impl", ("auto", "enable", "disable"))
-    if not c.cfg.reward_model.enable:
+    section = c.cfg.reward.reward_model
+    if not section.enable:
         return
+    if not section.model_path:
+        c.error(f"{RR}.enable=True needs {RR}.model_path: a local HF *ForSequenceClassification (num_labels=1) directory "
+                f"(verl 0.8: reward_model.model.path)")
     if c.cfg.reward_model.strategy not in ("fsdp", "fsdp2"):
         c.error(f"{RM}.strategy={c.cfg.reward_model.strategy} is not supported for the reward model (a frozen forward-only model, "
                 f"which FSDP2 shards well); use {RM}.strategy=fsdp2")
@@ -142,6 +258,6 @@ def check_reward_model(c) -> None:
     elif c.cfg.reward_model.micro_batch_size_per_gpu is None and c.cfg.reward_model.micro_batch_size is None:
         c.error(f"{RM}.micro_batch_size_per_gpu is required unless {RM}.use_dynamic_bsz=True or {RM}.use_reward_loop=True (either fills "
                 f"each forward with {RM}.forward_max_token_len_per_gpu tokens); use e.g. {RM}.micro_batch_size_per_gpu=8")
-    if c.cfg.reward_model.enable_resource_pool:
-        c.at_least(f"{RM}.nnodes", 1, fix=1)
-        c.at_least(f"{RM}.n_gpus_per_node", 1, fix=c.cfg.trainer.n_gpus_per_node)
+    if section.enable_resource_pool:
+        c.at_least(f"{RR}.nnodes", 1, fix=1)
+        c.at_least(f"{RR}.n_gpus_per_node", 1, fix=c.cfg.trainer.n_gpus_per_node)

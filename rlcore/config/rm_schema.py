@@ -47,6 +47,7 @@ class RMModelConfig:
     path: str = "~/models/Meta-Llama-3-8B-Instruct"  # local HF model directory (trunk; a reward model's head is kept)
     tokenizer_path: Optional[str] = None  # None = path
     override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
+    trust_remote_code: bool = False  # allow custom model and tokenizer code from the model directory
     strategy: str = "fsdp2"  # training backend (fsdp | fsdp2)
     enable_gradient_checkpointing: bool = False  # recompute activations in backward
     use_remove_padding: bool = False  # packed (varlen) sequences
@@ -73,7 +74,7 @@ class RMTrainerSection:
     test_freq: int = -1  # validate every N steps (and after the last); -1 = only after the last
     save_freq: int = -1  # checkpoint every N steps; -1 = only the final HF export
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
-    export_dir: Optional[str] = None  # also copy the final HF reward model here (a stable reward_model.model.path)
+    export_dir: Optional[str] = None  # also copy the final HF reward model here (a stable reward.reward_model.model_path)
     seed: int = 1  # init and shuffle seed
     resume_mode: str = "auto"  # auto (the latest checkpoint in default_local_dir) | disable | resume_path
     resume_from_path: Optional[str] = None  # a global_step_N folder, for resume_mode=resume_path

@@ -42,6 +42,7 @@ class CheckpointEngineConfig:
     backend: str = "naive"  # naive: in-process, the only backend (verl's others move weights between machines)
     update_weights_bucket_megabytes: int = 2048  # full weights gathered per collective during the sync
     engine_kwargs: Dict[str, Any] = field(default_factory=dict)  # backend options (none for naive)
+    custom_backend_module: Optional[str] = None  # verl 0.9: a module of the user's with another backend
 
 
 @dataclass
@@ -56,6 +57,8 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus mass in (0, 1]
     do_sample: bool = True  # False = greedy decoding
     ignore_eos: bool = False  # keep generating past EOS up to response_length
+    seed: int = II("trainer.seed")  # the engines' sampling seed (rank r: seed x 1000 + r); rlcore: follows trainer.seed (verl: 42)
+    full_determinism: bool = False  # deterministic kernels where the rollout runs (+ vLLM's batch-invariant mode on CUDA)
     prompt_length: int = II("oc.select:data.max_prompt_length,512")  # max prompt tokens
     response_length: int = II("oc.select:data.max_response_length,512")  # max generated tokens
     dtype: str = "bfloat16"  # rollout weights/compute dtype: bfloat16 | float16 | float32 (short names ok)
@@ -80,7 +83,7 @@ class RolloutConfig:
     # token budget per old-log-prob forward per rank (log_prob_use_dynamic_bsz); as the actor's
     # ppo_max_token_len_per_gpu
     log_prob_max_token_len_per_gpu: int = II("oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384")
-    calculate_log_probs: bool = False  # also return the engine's own log-probs (for mismatch metrics)
+    calculate_log_probs: bool = True  # also return the engine's own log-probs (for mismatch metrics); verl 0.9's default
     layered_summon: bool = False  # gather FSDP weights layer by layer during weight sync
     multi_stage_wake_up: bool = False  # wake the rollout's weights, sync, then its KV cache (lower peak memory)
     over_sample_rate: float = 0.0  # verl: abort the slowest requests once (1 - rate) of them finished; rlcore: 0 only
@@ -91,6 +94,13 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # multi-turn rollouts with tools
     agent: AgentConfig = field(default_factory=AgentConfig)  # agent loop (tool_agent: multi-turn with tools)
     profiler: RolloutProfilerConfig = field(default_factory=RolloutProfilerConfig)  # as the actor's profiling
+    # verl 0.9's placement of a standalone rollout (its separate_async trainer); rlcore's split pools: rollout.*
+    nnodes: int = 0
+    n_gpus_per_node: int = II("oc.select:trainer.n_gpus_per_node,8")  # with nnodes
+    logprobs_mode: str = "processed_logprobs"  # verl 0.9: vLLM's log-probs after temperature/top-k/top-p (processed_logprobs)
+    scheduling_policy: str = "fcfs"  # verl 0.9: the engine's request order
+    skip_tokenizer_init: bool = True  # verl 0.9: the engine takes token ids (rlcore's always do)
+    moe_load_balance_metrics_interval: int = 0  # verl 0.9: log the rollout's expert load every N steps; 0 = never
 
 
 # ---------------------------------------------------------------------------------------------------- rules
@@ -119,6 +129,18 @@ def check_native_rollout(c) -> None:
         if seqs < n:  # the native engine admits a prompt's samples together, so they share its prefill
             c.error(f"{ROLLOUT}.max_num_seqs={seqs} is fewer than {ROLLOUT}.n={n}: the native engine decodes a prompt's "
                     f"n samples together; use {ROLLOUT}.max_num_seqs={max(n, 256)}")
+
+
+def check_rollout_v09(c) -> None:
+    """verl 0.9's rollout keys that name what rlcore's engines do not do."""
+    r = c.cfg.actor_rollout_ref.rollout
+    if r.logprobs_mode != "processed_logprobs":
+        c.error(f"{ROLLOUT}.logprobs_mode={r.logprobs_mode}: rlcore's engines record the log-probs of the distribution they "
+                f"sample from (after temperature, top-k and top-p), which the trainer's ratios and the rollout-correction "
+                f"metrics compare with; use {ROLLOUT}.logprobs_mode=processed_logprobs")
+    if r.checkpoint_engine.custom_backend_module:
+        c.error(f"{ROLLOUT}.checkpoint_engine.custom_backend_module={r.checkpoint_engine.custom_backend_module}: rlcore moves "
+                f"weights with its own naive backend only; drop it")
 
 
 def check_over_sample_rate(c) -> None:

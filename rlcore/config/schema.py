@@ -21,16 +21,16 @@ from typing import Any, Dict, Optional
 
 from omegaconf import II
 
-from rlcore.config.actor_schema import ActorConfig, RefConfig
+from rlcore.config.actor_schema import ActorConfig, CheckpointConfig, RefConfig
 from rlcore.config.algorithm_schema import AlgorithmConfig
-from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig
+from rlcore.config.async_schema import AsyncTrainingConfig, RolloutPoolConfig, TrainerV1Config
 from rlcore.config.distill_schema import DistillationConfig
 from rlcore.config.fsdp_schema import FSDPConfig
 from rlcore.config.lora_schema import MegatronLoraConfig
 from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.config.optim_schema import OptimConfig
 from rlcore.config.profiler_schema import GlobalProfilerConfig, ProfilerConfig
-from rlcore.config.reward_model_schema import RewardModelConfig
+from rlcore.config.reward_model_schema import LegacyCustomRewardFunctionConfig, RewardConfig, RewardModelConfig
 from rlcore.config.rollout_schema import RolloutConfig
 from rlcore.config.sampler_schema import SamplerConfig
 
@@ -74,6 +74,10 @@ class DataConfig:
     video_key: str = "videos"  # rows with videos there are refused: rlcore's vision-language path takes images
     image_patch_size: int = 14  # verl's; the processor saved beside the model sets the patch size
     return_multi_modal_inputs: bool = True  # the processor's tensors travel with each row to the training forward
+    mm_processor_kwargs: Dict[str, Any] = field(default_factory=dict)  # verl 0.9: extra arguments of the processor's call
+    audio_key: str = "audios"  # verl 0.9: the rows' audio column (rows with audio there are refused)
+    # verl 0.9: a Python file of plain functions the rows' tools come from; follows the rollout's
+    function_tool_path: Optional[str] = II("oc.select:actor_rollout_ref.rollout.multi_turn.function_tool_path, null")
 
 
 @dataclass
@@ -126,19 +130,24 @@ class CriticModelConfig:
     """Value model (`critic.model.*`)."""
 
     path: str = "~/models/deepseek-llm-7b-chat"  # local HF model directory
-    # tokenizer directory, as verl's; follows the policy's model.path (the critic reads the policy's token ids, so
-    # rlcore never loads it: key_status.NO_EFFECT)
-    tokenizer_path: Optional[str] = II('oc.select:actor_rollout_ref.model.path,"~/models/deepseek-llm-7b-chat"')
+    # tokenizer directory, as verl's (the critic reads the policy's token ids, so rlcore never loads it:
+    # key_status.NO_EFFECT)
+    tokenizer_path: Optional[str] = None
     override_config: Dict[str, Any] = field(default_factory=dict)  # HF config fields to override
-    external_lib: Optional[str] = II("oc.select:actor_rollout_ref.model.external_lib,null")  # as the actor's
-    trust_remote_code: bool = II("oc.select:actor_rollout_ref.model.trust_remote_code,false")  # as the actor's
+    external_lib: Optional[str] = None  # module imported before loading (verl 0.9: the critic's own, not the actor's)
+    trust_remote_code: bool = False  # allow custom model code (verl 0.9: the critic's own, not the actor's)
     enable_gradient_checkpointing: bool = True  # recompute activations in backward
-    use_remove_padding: bool = False  # packed (varlen) sequences
+    use_remove_padding: bool = True  # packed (varlen) sequences (verl 0.9's default)
     lora_rank: int = 0  # LoRA rank; 0 = full fine-tuning (the value head then trains whole beside the adapters)
     lora_alpha: int = 16  # LoRA scaling numerator
     target_modules: Any = "all-linear"  # LoRA target modules
-    lora_adapter_path: Optional[str] = None  # rlcore addition: start from this saved peft adapter
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # sharding
+    lora_adapter_path: Optional[str] = None  # start from this saved peft adapter
+    exclude_modules: Any = None  # modules LoRA leaves alone: a regex or a list of names (peft's exclude_modules)
+    hf_config_path: Optional[str] = None  # HF config to use instead of path's; None = path
+    use_shm: bool = False  # copy the model to /dev/shm before loading
+    custom_chat_template: Optional[str] = None  # verl 0.9's key; the critic reads the policy's token ids
+    enable_activation_offload: bool = False  # offload checkpointed activations to host memory (the policy's only)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl 0.8's place of critic.fsdp (read as that)
 
 
 @dataclass
@@ -149,6 +158,11 @@ class CriticConfig:
     strategy: str = "fsdp"  # fsdp | fsdp2 | megatron
     rollout_n: int = II("oc.select:actor_rollout_ref.rollout.n,1")  # samples per prompt (as the rollout's)
     model: CriticModelConfig = field(default_factory=CriticModelConfig)  # value model
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # sharding (verl 0.9; 0.8's critic.model.fsdp_config)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # what the critic's checkpoint holds (verl 0.9)
+    data_loader_seed: int = 42  # verl 0.9: the seed of the mini-batch shuffle (critic.shuffle)
+    # verl 0.9: seq-mean-token-sum-norm divides each sequence's token sum by this; None = the response length
+    loss_scale_factor: Optional[int] = II("oc.select:actor_rollout_ref.actor.loss_scale_factor,null")
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # optimizer (verl: lr 1e-5)
     ppo_mini_batch_size: int = II("oc.select:actor_rollout_ref.actor.ppo_mini_batch_size,256")  # PROMPTS
     ppo_micro_batch_size: Optional[int] = None  # deprecated: SAMPLES per micro-batch over all ranks
@@ -169,14 +183,6 @@ class CriticConfig:
     n_gpus_per_node: int = II("trainer.n_gpus_per_node")  # rlcore addition: with enable_resource_pool
     nnodes: int = II("trainer.nnodes")  # rlcore addition: with enable_resource_pool
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # profiling on global_profiler.steps
-
-
-@dataclass
-class CustomRewardFunctionConfig:
-    """A user scoring function loaded from a file (`custom_reward_function.*`)."""
-
-    path: Optional[str] = None  # Python file; None = built-in rule scorers by data_source
-    name: str = "compute_score"  # function name in that file
 
 
 @dataclass
@@ -232,6 +238,23 @@ class TrainerConfig:
     # rlcore addition: how long Ray may take to find room for every node's ranks (one placement group per node)
     # before the run stops, naming the nodes it has and what they lack
     placement_timeout_s: float = 120.0
+    use_v1: bool = True  # verl 0.9: its v1 trainer (rlcore has one loop for verl's trainers)
+    v1: TrainerV1Config = field(default_factory=TrainerV1Config)  # verl 0.9's trainer modes (sync | separate_async)
+    default_hdfs_dir: Optional[str] = None  # verl: copy checkpoints to this HDFS directory too (refused: no HDFS client)
+    esi_redundant_time: int = 0  # verl: seconds kept before a cloud instance's expiry to save a checkpoint
+    ray_wait_register_center_timeout: int = 300  # verl: seconds to wait for its worker register center
+
+
+@dataclass
+class RuntimeEnvConfig:
+    """Ray's runtime environment of the run's worker processes (`ray_kwargs.ray_init.runtime_env.*`, verl 0.9): given
+    to `ray.init` when rlcore starts the cluster and to every worker group's actors, so it holds on a joined cluster
+    too. verl 0.9's launch scripts run their workers through uv this way."""
+
+    # The command that starts each worker's Python (Ray's py_executable), e.g. `uv run --frozen --extra vllm`;
+    # None = the controller's interpreter
+    py_executable: Optional[str] = None
+    env_vars: Dict[str, str] = field(default_factory=dict)  # environment variables of every worker process
 
 
 @dataclass
@@ -240,6 +263,7 @@ class RayInitConfig:
 
     num_cpus: Optional[int] = None  # CPUs of a locally started cluster; None = all
     address: Optional[str] = None  # rlcore addition: running cluster to join; None = env RAY_ADDRESS or a new one
+    runtime_env: RuntimeEnvConfig = field(default_factory=RuntimeEnvConfig)  # the workers' environment (verl 0.9)
 
 
 @dataclass
@@ -254,12 +278,17 @@ class RayKwargsConfig:
 class PPOConfig:
     """Root of the PPO/GRPO trainer config (config/ppo_trainer.yaml composes onto this)."""
 
+    # verl 0.9's training-engine group (config/model_engine/): dp (FSDP2) | megatron (sets the actor's, reference's
+    # and critic's strategy); torchtitan and veomni are refused
+    model_engine: str = "dp"
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)  # verl 0.9's reward tree
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)  # the reward model's worker (and 0.8's names)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    # verl 0.8's name of reward.custom_reward_function (read as that)
+    custom_reward_function: LegacyCustomRewardFunctionConfig = field(default_factory=LegacyCustomRewardFunctionConfig)
     custom_algorithms: CustomAlgorithmsConfig = field(default_factory=CustomAlgorithmsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

@@ -6,7 +6,7 @@ keys where they exist: `data.prompt_key`, `data.response_key`, `data.max_length`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import II
 
@@ -51,9 +51,31 @@ class SFTDataConfig:
     use_dynamic_bsz: bool = False  # rlcore addition: token-budget micro-batches
     max_token_len_per_gpu: int = 16384  # token budget per micro-batch per rank
     val_max_rows: Optional[int] = None  # validate on at most this many rows; None = all
+    # verl 0.9's SFT trainer (sft_trainer) reads only conversations: set, every row is one, in this column (verl's
+    # default `messages`); None = prompt/response rows (verl's older fsdp_sft_trainer) unless multiturn.enable
+    messages_key: Optional[str] = None
+    tools_key: str = "tools"  # with messages_key: column of the tool schemas handed to the chat template
+    enable_thinking_key: str = "enable_thinking"  # with messages_key: column of the template's enable_thinking flag
+    # with messages_key: enable_thinking for rows without that column; None = the template's own default
+    enable_thinking_default: Optional[bool] = None
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # extra chat-template arguments, every row
+    train_max_samples: int = -1  # train on the first N rows only; -1 = all
+    val_max_samples: int = -1  # validate on the first N rows only; -1 = all
+    ignore_input_ids_mismatch: bool = False  # verl's per-turn tokenization check (no effect: key_status.py)
+    num_workers: int = 8  # verl's DataLoader worker processes (no effect: key_status.py)
+    use_shm: bool = False  # copy the data files to /dev/shm first (no effect: key_status.py)
+    balance_dp_token: bool = False  # verl: balance tokens over data-parallel ranks ("to be implemented" there too)
     shuffle: bool = True  # reshuffle every epoch
     seed: Optional[int] = None  # shuffle seed; None = trainer.seed
     pad_mode: str = "no_padding"  # verl's collator layout: no_padding | right | left_right (use_remove_padding packs)
+
+
+def conversation_columns(data) -> Optional[SFTMultiTurnConfig]:
+    """Where a conversation row's messages, tools and thinking flag are (verl 0.9's data.messages_key and its
+    siblings, or verl 0.8's data.multiturn section when enabled); None for prompt/response rows."""
+    if data.messages_key is not None:
+        return SFTMultiTurnConfig(True, data.messages_key, data.tools_key, data.enable_thinking_key)
+    return data.multiturn if data.multiturn.enable else None
 
 
 @dataclass

@@ -17,21 +17,22 @@ from typing import Any, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config.actor_schema import check_prefix_grouper
-from rlcore.config.algorithm_schema import OTB_ESTIMATORS, check_dynamic_sampling, check_otb, check_overlong_buffer, check_pf_ppo, check_rollout_correction
-from rlcore.config.async_schema import check_async, derive_async_sizes, split_pools
+from rlcore.config.actor_schema import check_policy_loss, check_prefix_grouper
+from rlcore.config.algorithm_schema import OTB_ESTIMATORS, check_dynamic_sampling, check_gdpo, check_otb, check_overlong_buffer, check_pf_ppo, check_rollout_correction
+from rlcore.config.async_schema import check_async, check_trainer_mode, derive_async_sizes, split_pools
 from rlcore.config.distill_schema import check_distillation
 from rlcore.config.fsdp_schema import check_ulysses, ppo_engine_errors, role_sp, sp_key
 from rlcore.config.keys import unknown_key_errors
+from rlcore.config.renamed import renamed_errors
 from rlcore.config.lora_schema import check_lora
 from rlcore.config.megatron_schema import _megatron_model_parallel, check_megatron, check_same_layout
 from rlcore.config.moe_schema import check_router_replay
 from rlcore.config.multi_turn_schema import check_multi_turn
-from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES, REWARD_MANAGERS
+from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES
 from rlcore.config.profiler_schema import check_profiler
-from rlcore.config.reward_model_schema import check_reward_model
+from rlcore.config.reward_model_schema import check_reward_manager, check_reward_model
 from rlcore.config.rollout_schema import (check_native_rollout, check_over_sample_rate, check_rollout_expert_parallel,
-                                          check_vllm_rollout)
+                                          check_rollout_v09, check_vllm_rollout)
 from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
 
 ARR = "actor_rollout_ref"
@@ -42,15 +43,22 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 DEVICES = ("cuda", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
-_OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
-# Baselines from the other samples of the same prompt: with n=1 there is no group (grpo_passk cannot run at all).
-GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg", *OTB_ESTIMATORS)
+# Baselines from the other samples of the same prompt: with n=1 each sample is its own group, and its advantage is its
+# own score (verl's rule: a group of one has mean 0, std 1); grpo_passk needs two samples and cannot run at all.
+PAIR_ESTIMATORS = ("grpo_passk",)
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg", "gdpo", *OTB_ESTIMATORS)
 
 _UNSUPPORTED_ROLLOUT = {"sglang": "is not supported yet by rlcore; use {key}=vllm or {key}=native"}
-_UNSUPPORTED_REWARD_MANAGER = {name: "is not supported yet by rlcore; use {key}=naive (per-sample scores; "
-                                      "custom_reward_function.path for your own) or {key}=dapo" for name in ("prime", "batch")}
 _UNSUPPORTED_DEVICE = {"npu": "is not supported by rlcore; use {key}=cuda or {key}=cpu"}
+MODEL_ENGINES = ("dp", "megatron")
+_UNSUPPORTED_ENGINE = {
+    "torchtitan": "is verl's TorchTitan training engine, which rlcore does not have; use {key}=dp (rlcore's FSDP2 engine: "
+                  "fsdp_config.*, ulysses_sequence_parallel_size) or {key}=megatron (tensor, pipeline and expert parallelism)",
+    "veomni": "is verl's VeOmni training engine, which rlcore does not have; use {key}=dp (rlcore's FSDP2 engine: fsdp_config.*, "
+              "ulysses_sequence_parallel_size for VeOmni's ulysses_parallel_size) or {key}=megatron (expert parallelism, "
+              "for VeOmni's expert_parallel_size)",
+}
 
 
 class ConfigError(ValueError):
@@ -151,6 +159,12 @@ class _Checker:
 
 
 def _check_choices(c: _Checker) -> None:
+    c.choice("model_engine", MODEL_ENGINES, _UNSUPPORTED_ENGINE)
+    # model_engine is verl 0.9's group that sets the strategies; an explicit strategy against it would train on
+    # another engine than the one named (model_engine=dp beside strategy=megatron is verl 0.8's way: accepted)
+    if c.cfg.model_engine == "megatron" and c.cfg.actor_rollout_ref.actor.strategy != "megatron":
+        c.error(f"model_engine=megatron trains on Megatron, but {ARR}.actor.strategy={c.cfg.actor_rollout_ref.actor.strategy}; "
+                f"drop the strategy override (the group sets it), or use model_engine=dp for FSDP2")
     c.choice(f"{ARR}.actor.strategy", STRATEGIES)
     if c.cfg.actor_rollout_ref.ref.strategy != c.cfg.actor_rollout_ref.actor.strategy:
         c.choice(f"{ARR}.ref.strategy", STRATEGIES)
@@ -175,18 +189,22 @@ def _check_choices(c: _Checker) -> None:
             if getattr(getattr(c.cfg.actor_rollout_ref, role).fsdp_config.mixed_precision, name) is not None:
                 c.choice(f"{ARR}.{role}.fsdp_config.mixed_precision.{name}", DTYPES)
     c.choice(f"{ARR}.rollout.dtype", DTYPES)
-    _check_reward_manager(c)
+    check_reward_manager(c)
     check_overlong_buffer(c)
     check_dynamic_sampling(c)
     check_pf_ppo(c)
     check_otb(c)
+    check_gdpo(c)
+    check_policy_loss(c)
     check_distillation(c)
     check_prefix_grouper(c)
     check_rollout_correction(c)
     check_router_replay(c)
     check_profiler(c)
     check_native_rollout(c)
+    check_rollout_v09(c)
     check_over_sample_rate(c)
+    _check_data_and_trainer(c)
     if c.cfg.actor_rollout_ref.actor.strategy == "megatron":
         check_megatron(c, f"{ARR}.actor.megatron")
         # The reference is built by the same engine from its own section: what the engine cannot do is refused
@@ -201,37 +219,23 @@ def _check_choices(c: _Checker) -> None:
             check_megatron(c, "critic.megatron")
             c.choice("critic.megatron.dtype", DTYPES)
         c.choice("critic.loss_agg_mode", LOSS_AGG_MODES)
-        c.choice("critic.model.fsdp_config.dtype", DTYPES)
+        c.choice("critic.fsdp.dtype", DTYPES)
 
 
-def _check_reward_manager(c: _Checker) -> None:
-    """reward_model.reward_manager and the reward_kwargs it takes (dapo: the overlong buffer)."""
-    c.choice("reward_model.reward_manager", REWARD_MANAGERS, _UNSUPPORTED_REWARD_MANAGER)
-    if c.cfg.reward_model.reward_manager not in REWARD_MANAGERS:
-        return
-    kwargs = c.cfg.reward_model.reward_kwargs or {}
-    allowed = ("max_resp_len", "overlong_buffer_cfg") if c.cfg.reward_model.reward_manager == "dapo" else ()
-    for key in kwargs:
-        if key not in allowed:
-            c.error(f"reward_model.reward_kwargs.{key} is not an argument of reward_model.reward_manager="
-                    f"{c.cfg.reward_model.reward_manager}; it takes: {', '.join(allowed) or 'none'}")
-    overlong = kwargs.get("overlong_buffer_cfg") or {}
-    for key in overlong:
-        if key not in _OVERLONG_KEYS:
-            c.error(f"reward_model.reward_kwargs.overlong_buffer_cfg.{key} is unknown; valid: {', '.join(_OVERLONG_KEYS)}")
-    if overlong.get("enable"):
-        buffer, max_len = overlong.get("len"), kwargs.get("max_resp_len")
-        if not isinstance(max_len, int) or not isinstance(buffer, int) or not 0 < buffer <= max_len:
-            c.error(f"the overlong buffer needs 0 < overlong_buffer_cfg.len ({buffer}) <= max_resp_len ({max_len}); use e.g. "
-                    f"+reward_model.reward_kwargs.max_resp_len={c.cfg.data.max_response_length} "
-                    f"+reward_model.reward_kwargs.overlong_buffer_cfg.len={max(1, c.cfg.data.max_response_length // 4)}")
-        if "penalty_factor" not in overlong:
-            c.error("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor is required with enable=True; use 1.0")
+def _check_data_and_trainer(c: _Checker) -> None:
+    """verl 0.9's data and trainer keys for what rlcore does not do."""
+    if c.cfg.data.mm_processor_kwargs:
+        c.error(f"data.mm_processor_kwargs={dict(c.cfg.data.mm_processor_kwargs)}: rlcore calls a vision-language model's "
+                f"processor as saved beside the model (preprocessor_config.json); set those values there, or drop the key")
+    if c.cfg.trainer.default_hdfs_dir:
+        c.error(f"trainer.default_hdfs_dir={c.cfg.trainer.default_hdfs_dir}: rlcore writes checkpoints to "
+                f"trainer.default_local_dir only (it has no HDFS client); copy them with your own tool, or mount the "
+                f"HDFS path and point default_local_dir at it")
 
 
 def _check_unsupported(c: _Checker) -> None:
     for role in ("actor", "ref", "critic", "reward_model"):
-        if (role != "critic" or uses_critic(c.cfg)) and (role != "reward_model" or c.cfg.reward_model.enable):
+        if (role != "critic" or uses_critic(c.cfg)) and (role != "reward_model" or c.cfg.reward.reward_model.enable):
             check_ulysses(c, role)
     for model, strategy in ((f"{ARR}.model", f"{ARR}.actor.strategy"), ("critic.model", "critic.strategy")):
         if model == "critic.model" and not uses_critic(c.cfg):
@@ -245,6 +249,7 @@ def _check_unsupported(c: _Checker) -> None:
     check_rollout_expert_parallel(c)
     check_multi_turn(c)
     check_reward_model(c)
+    check_trainer_mode(c)
     check_async(c)
 
 
@@ -264,9 +269,9 @@ def _check_sampling(c: _Checker, prefix: str) -> None:
 def _check_ranges(c: _Checker) -> None:
     rollout, actor = f"{ARR}.rollout", f"{ARR}.actor"
     estimator, n = c.cfg.algorithm.adv_estimator, c.cfg.actor_rollout_ref.rollout.n
-    if estimator in GROUP_ESTIMATORS and n == 1:
-        c.error(f"algorithm.adv_estimator={estimator} scores each sample against the other samples of its prompt, "
-                f"so {rollout}.n=1 leaves it without a baseline; use {rollout}.n=4 or more")
+    if estimator in PAIR_ESTIMATORS and n == 1:  # verl raises at the first step; the others run (config_warnings)
+        c.error(f"algorithm.adv_estimator={estimator} compares each prompt's best sample with its second best, so "
+                f"{rollout}.n=1 cannot run (verl stops at the first step too); use {rollout}.n=4 or more")
     _check_sampling(c, rollout)
     _check_sampling(c, f"{rollout}.val_kwargs")
     key = f"{rollout}.gpu_memory_utilization"
@@ -313,10 +318,34 @@ def _check_trainer(c: _Checker) -> None:
 
 
 def _check_token_budget(c: _Checker, key: str, need: int) -> None:
+    """A budget below the longest possible sample runs, as in verl, until a sample longer than it comes (then the
+    pass stops, as verl's assert does): config_warnings says so. Only a budget no sample fits is refused."""
     value = c.get(key)
-    if value < need:
-        c.error(f"{key}={value} is smaller than data.max_prompt_length + data.max_response_length = {need} tokens, "
-                f"so one sample cannot fit a dynamic micro-batch; use {key}={need} or larger")
+    if value < 2:
+        c.error(f"{key}={value} fits no sample (a prompt token and a response token at least); use {key}={need}")
+
+
+def config_warnings(cfg: DictConfig) -> list[str]:
+    """What verl runs and rlcore runs too, but which is likely not what the user meant: said before the run starts."""
+    warnings, arr = [], cfg.actor_rollout_ref
+    estimator, n = cfg.algorithm.adv_estimator, arr.rollout.n
+    if estimator in GROUP_ESTIMATORS and estimator not in PAIR_ESTIMATORS and n == 1:
+        warnings.append(f"algorithm.adv_estimator={estimator} with {ARR}.rollout.n=1: each sample is its own group, so its "
+                        f"advantage is its own score, with no baseline (verl's rule for a group of one); fine for "
+                        f"distillation or evaluation runs, otherwise use {ARR}.rollout.n=4 or more")
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    budgets = [(f"{ARR}.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz),
+               (f"{ARR}.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_use_dynamic_bsz),
+               (f"{ARR}.ref.log_prob_max_token_len_per_gpu", uses_reference(cfg) and arr.ref.log_prob_use_dynamic_bsz),
+               ("critic.ppo_max_token_len_per_gpu", uses_critic(cfg) and cfg.critic.use_dynamic_bsz),
+               ("critic.forward_max_token_len_per_gpu", uses_critic(cfg) and cfg.critic.use_dynamic_bsz)]
+    for key, used in budgets:
+        value = OmegaConf.select(cfg, key)
+        if used and 2 <= value < need:
+            warnings.append(f"{key}={value} is smaller than data.max_prompt_length + data.max_response_length = {need} "
+                            f"tokens: a sample longer than {value} tokens stops the run when it comes (as in verl); use "
+                            f"{key}={need} to be sure")
+    return warnings
 
 
 # ----------------------------------------------------------------------------------- batch sizes
@@ -580,7 +609,7 @@ def diagnose(cfg: DictConfig, heads: Optional[tuple[int, int]] = None) -> tuple[
     supported yet: rlcore-plan still shows the sizes and memory for such a config). `heads`: the policy's
     (attention heads, KV heads) when known (rlcore.plan.heads.policy_heads), so that a suggested TP splits them."""
     checker = _Checker(cfg, heads)
-    checker.errors += unknown_key_errors(cfg)
+    checker.errors += unknown_key_errors(cfg) + renamed_errors(cfg)
     _check_choices(checker)
     _check_unsupported(checker)
     _check_ranges(checker)

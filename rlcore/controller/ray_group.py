@@ -36,7 +36,8 @@ class RayWorkerGroup:
     """
 
     def __init__(self, worker_cls: type, pool: ResourcePool, name: str = "worker", hang_timeout_s: float = 300.0,
-                 collective_timeout_s: float = 600.0, nsight: dict | None = None, **init_kwargs: Any) -> None:
+                 collective_timeout_s: float = 600.0, nsight: dict | None = None, runtime_env: dict | None = None,
+                 **init_kwargs: Any) -> None:
         self.pool = pool
         self.world_size = pool.world_size
         self.name = worker_cls.__name__ if name == "worker" else name
@@ -50,13 +51,19 @@ class RayWorkerGroup:
         # requested CPU, and a colocated group's fractional share to one); colocated groups alternate phases, so
         # each of their processes may use the whole bundle.
         env = {"OMP_NUM_THREADS": str(pool.cpus_per_rank), "TOKENIZERS_PARALLELISM": "false"} if pool.device == "cpu" else {}
+        # The user's runtime environment (ray_kwargs.ray_init.runtime_env) on every actor, not only through ray.init:
+        # a run that joins a cluster already initialized (a test session's, a notebook's) still gets it. Their
+        # env_vars win over rlcore's per-rank defaults.
+        user = dict(runtime_env or {})
+        env = {**env, **user.pop("env_vars", {})}
+        actor_env = {**user, **({"env_vars": env} if env else {}), **({"nsight": nsight} if nsight else {})} or None
         self.workers = [
             remote_cls.options(
                 name=None,
                 num_cpus=share["CPU"],
                 num_gpus=share.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(*pool.rank_bundle(rank)),
-                runtime_env={**({"env_vars": env} if env else {}), **({"nsight": nsight} if nsight else {})} or None,
+                runtime_env=actor_env,
                 max_concurrency=getattr(worker_cls, "max_concurrency", 1),  # >1: calls run in threads of the actor
             ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
             for rank in range(self.world_size)
@@ -209,13 +216,22 @@ def _process_state(pid: int) -> str:
     return f"{status} (waiting in a collective, or stuck in its own code)"
 
 
-def init_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Joins `address` (config) or RAY_ADDRESS if given, else starts a local cluster. Returns True if we started it."""
+def init_ray(address: str | None, num_cpus: int | None, runtime_env: dict | None = None) -> bool:
+    """Joins `address` (config) or RAY_ADDRESS if given, else starts a local cluster, with the job's `runtime_env`
+    (ray_kwargs.ray_init.runtime_env). Returns True if we started it."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
+    env = {"runtime_env": runtime_env} if runtime_env else {}
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, **env)
         return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False, **env)
     return True
+
+
+def ray_runtime_env(ray_init) -> dict:
+    """Ray's runtime_env dict from `ray_kwargs.ray_init` (typed or a DictConfig): only what the user set."""
+    section = ray_init.runtime_env
+    env = {"py_executable": section.py_executable} if section.py_executable else {}
+    return {**env, **({"env_vars": dict(section.env_vars)} if section.env_vars else {})}

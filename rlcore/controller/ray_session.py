@@ -74,14 +74,14 @@ def _exit_on_sigterm(previous, signum, frame):
 
 
 @contextlib.contextmanager
-def ray_cluster(address: str | None, num_cpus: int | None):
+def ray_cluster(address: str | None, num_cpus: int | None, runtime_env: dict | None = None):
     """Joins `address` / RAY_ADDRESS, or starts a local cluster that is gone when the block exits (see module doc).
     Yields whether this run started the cluster."""
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM)
     started, session_dir = False, None
     try:
-        started = init_ray(address, num_cpus)
+        started = init_ray(address, num_cpus, runtime_env)
         session_dir = _session_dir() if started else None
         if in_main:  # after ray.init, which installs a handler of its own
             signal.signal(signal.SIGTERM, functools.partial(_exit_on_sigterm, previous))

@@ -26,7 +26,7 @@ def rule_score_problem(row: dict[str, Any], source_key: str, scored_sources: Ite
     source = row.get(source_key)
     if source not in scored_sources:
         return (f"{source_key}={source!r} has no rule scorer (registered: {', '.join(sorted(scored_sources))}; register one, or set "
-                "custom_reward_function.path)")
+                "reward.custom_reward_function.path)")
     if (row.get("reward_model") or {}).get("ground_truth") is None:
         return "reward_model.ground_truth is missing (the rule scorer compares the response with it)"
     return None

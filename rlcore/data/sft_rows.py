@@ -2,7 +2,7 @@
 learn, tokenized once into the layout RL uses (left-padded prompt, right-padded response + EOS), so the loss
 sees exactly the positions the policy is later trained on.
 
-Multi-turn rows (`data.multiturn.enable`, verl's multi-turn SFT): a whole conversation. The prompt is everything
+Multi-turn rows (verl 0.9's `data.messages_key`, or 0.8's `data.multiturn.enable`): a whole conversation. The prompt is everything
 before the first assistant turn, the response the rest of the conversation, and the loss covers only what the
 assistant says (each assistant turn's content and its end-of-turn token, not the template's header before it,
 nor the user's, system's or tools' turns), read off the chat template by rendering the conversation one message
@@ -21,6 +21,14 @@ from rlcore.data.multimodal import image_row_check, process_row
 from rlcore.models.vision import MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto, position_ids_from_mask
 
+
+@dataclass(frozen=True)
+class TemplateArgs:
+    """What every row's chat template is rendered with: data.apply_chat_template_kwargs, and a conversation's
+    enable_thinking when its row has no such column (data.enable_thinking_default; None = the template's default)."""
+
+    kwargs: dict
+    enable_thinking_default: bool | None = None
 
 
 @dataclass
@@ -66,10 +74,10 @@ def _truncate(prompt: list[int], response: list[int], max_length: int, truncatio
                      + "; raise data.max_length or set data.truncation=left (drop the prompt's start) or right (the response's end)")
 
 
-def chat_prompt_ids(tokenizer, prompt) -> list[int]:
+def chat_prompt_ids(tokenizer, prompt, **template_kwargs) -> list[int]:
     """The prompt (chat messages, or a string taken as one user turn) in the chat template, ready for the answer."""
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **template_kwargs)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -86,14 +94,16 @@ def _dig(value, keys: list[str], column: str, where: str):
 
 def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, max_length: int, truncation: str,
              prompt_dict_keys: list[str] = (), response_dict_keys: list[str] = (), multiturn=None, processor=None,
-             image_key: str = "images") -> SFTData:
-    """`multiturn`: verl's data.multiturn section (enable, messages_key, tools_key, enable_thinking_key), or None.
-    `processor`: a vision-language model's (verl's sft_vlm): each row's images in `image_key` (one `<image>` per
-    image in the prompt) are expanded into their tokens, their tensors kept for the forward; images are never cut."""
+             image_key: str = "images", template: TemplateArgs = TemplateArgs({}), max_rows: int | None = None) -> SFTData:
+    """`multiturn`: where conversation rows keep their messages, tools and thinking flag (rlcore.config.sft_schema.
+    conversation_columns), or None for prompt/response rows. `processor`: a vision-language model's (verl's sft_vlm):
+    each row's images in `image_key` (one `<image>` per image in the prompt) are expanded into their tokens, their
+    tensors kept for the forward; images are never cut. `max_rows`: the first rows only (data.*_max_samples)."""
     prompts, responses, media = [], [], []
     rows, origins = read_rows([os.path.abspath(os.path.expanduser(f)) for f in files])
+    rows, origins = rows[:max_rows], origins[:max_rows]
     if multiturn is not None and multiturn.enable:
-        return _read_conversations(rows, origins, tokenizer, multiturn, max_length, truncation, files)
+        return _read_conversations(rows, origins, tokenizer, multiturn, max_length, truncation, files, template)
     for row, (path, i) in zip(rows, origins):
         where = f"{path} row {i}"
         if prompt_key not in row or response_key not in row:
@@ -108,7 +118,7 @@ def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, ma
             prompt, inputs, _ = process_row(processor, messages, row.get(image_key) or [])
             media.append(inputs)
         else:
-            prompt = chat_prompt_ids(tokenizer, messages)
+            prompt = chat_prompt_ids(tokenizer, messages, **template.kwargs)
         answer = _dig(row[response_key], list(response_dict_keys), response_key, where)
         response = tokenizer.encode(str(answer), add_special_tokens=False) + [tokenizer.eos_token_id]
         prompt, response = _truncate(prompt, response, max_length, "error" if media and media[-1] else truncation, where)
@@ -119,17 +129,21 @@ def read_sft(files: list[str], tokenizer, prompt_key: str, response_key: str, ma
     return SFTData(prompts, responses, media=media if processor is not None else None)
 
 
-def _read_conversations(rows, origins, tokenizer, multiturn, max_length: int, truncation: str, files) -> SFTData:
+def _read_conversations(rows, origins, tokenizer, multiturn, max_length: int, truncation: str, files,
+                        template: TemplateArgs) -> SFTData:
     prompts, responses, masks = [], [], []
     for row, (path, i) in zip(rows, origins):
         where = f"{path} row {i}"
         if multiturn.messages_key not in row:
-            raise ValueError(f"{where}: no column {multiturn.messages_key!r} (columns: {sorted(row)}); set data.multiturn.messages_key")
-        kwargs = {}
+            raise ValueError(f"{where}: no column {multiturn.messages_key!r} (columns: {sorted(row)}); set data.messages_key "
+                             "(verl 0.9) or data.multiturn.messages_key (verl 0.8)")
+        kwargs = dict(template.kwargs)
         if multiturn.tools_key in row and row[multiturn.tools_key] is not None:
             kwargs["tools"] = list(row[multiturn.tools_key])
         if multiturn.enable_thinking_key in row and row[multiturn.enable_thinking_key] is not None:
             kwargs["enable_thinking"] = bool(row[multiturn.enable_thinking_key])
+        elif template.enable_thinking_default is not None:
+            kwargs["enable_thinking"] = template.enable_thinking_default
         prompt, response, mask = conversation_ids(tokenizer, list(row[multiturn.messages_key]), where, **kwargs)
         prompt, cut = _truncate(prompt, response, max_length, truncation, where)
         prompts.append(prompt)

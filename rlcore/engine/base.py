@@ -107,6 +107,8 @@ class EngineSpec:
     optimizer_overrides: dict[str, Any] = field(default_factory=dict)  # optim.override_optimizer_config
     min_lr_ratio: float = 0.0
     num_cycles: float = 0.5
+    zero_indexed_step: bool = False  # the first update is the schedule's step 0 (verl's optim.zero_indexed_step)
+    warmup_init_ratio: float = 0.0  # warmup starts at this fraction of lr (verl's Megatron optim.lr_warmup_init / lr)
     grad_clip: float = 1.0
     fsdp: FSDPSpec | None = field(default_factory=FSDPSpec)  # strategy=fsdp2's own settings (None under Megatron)
     megatron: MegatronConfig | None = None  # strategy=megatron: the role's `megatron` section, typed: a key the
@@ -173,7 +175,8 @@ class TrainEngine(ABC):
     def learning_rate(self) -> float:
         """The lr of the next optimizer step: the schedule (rlcore.engine.optim.lr_factor) at `optimizer_steps`."""
         s = self.spec
-        return s.lr * lr_factor(self.optimizer_steps, s.warmup_steps, s.total_steps, s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)
+        return s.lr * lr_factor(self.optimizer_steps, s.warmup_steps, s.total_steps, s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles,
+                                s.zero_indexed_step, s.warmup_init_ratio)
 
     def optimizer_step(self, skip: bool = False) -> dict[str, float]:
         """Clips, steps (skipping non-finite gradients), advances the lr schedule; returns grad_norm, lr,

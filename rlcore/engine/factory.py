@@ -25,13 +25,16 @@ def build_engine(strategy: str, spec: EngineSpec, device: torch.device, key: str
     raise ValueError(f"{key}={strategy!r} is not a training backend of rlcore; use fsdp2 (or fsdp) or megatron")
 
 
-def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float, total_steps: int, kind: str = "causal_lm") -> EngineSpec:
+def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float, total_steps: int, kind: str = "causal_lm",
+                model_path: str | None = None) -> EngineSpec:
     """Maps a role's verl-style config onto an EngineSpec: `model`, the role's section (`actor`, `ref`, `critic`)
-    whose `fsdp_config` (or `model.fsdp_config` for the critic) or `megatron` holds sharding, precision and
-    offloads, and `optim` (None = frozen)."""
-    fsdp_cfg = getattr(role_cfg, "fsdp_config", None) or model_cfg.fsdp_config  # the critic's is under its model
+    whose `fsdp_config` (`fsdp` for the critic, `model.fsdp_config` for the other roles) or `megatron` holds sharding, precision and
+    offloads, and `optim` (None = frozen). `model_path`: where the weights are when the model section does not say
+    (the reward model's: reward.reward_model.model_path)."""
+    # the actor's and reference's in their section, the critic's in its `fsdp` (verl 0.9), the others' under their model
+    fsdp_cfg = getattr(role_cfg, "fsdp_config", None) or getattr(role_cfg, "fsdp", None) or model_cfg.fsdp_config
     spec = EngineSpec(
-        model_path=model_cfg.path,
+        model_path=model_path or model_cfg.path,
         kind=kind,
         override_config=dict(plain(model_cfg.override_config)),
         # Only the policy's section has hf_config_path (verl's critic and reward model have none); the SFT and
@@ -72,8 +75,11 @@ def engine_spec(strategy: str, model_cfg, role_cfg, optim_cfg, grad_clip: float,
     if optim_cfg is not None:
         warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps >= 0 else int(optim_cfg.lr_warmup_steps_ratio * total_steps)
         spec.lr, spec.betas, spec.weight_decay = optim_cfg.lr, tuple(optim_cfg.betas), optim_cfg.weight_decay
-        spec.warmup_steps, spec.total_steps = warmup, total_steps
-        spec.lr_scheduler_type, spec.min_lr_ratio, spec.num_cycles = schedule_kind(optim_cfg), optim_cfg.min_lr_ratio, optim_cfg.num_cycles
+        # verl's Megatron optim section gives the floor, the warmup's start and the decay's length in its own units
+        spec.warmup_steps, spec.total_steps = warmup, optim_cfg.lr_decay_steps or total_steps
+        spec.lr_scheduler_type, spec.num_cycles = schedule_kind(optim_cfg), optim_cfg.num_cycles
+        spec.min_lr_ratio = optim_cfg.min_lr / optim_cfg.lr if optim_cfg.min_lr is not None else optim_cfg.min_lr_ratio
+        spec.zero_indexed_step, spec.warmup_init_ratio = optim_cfg.zero_indexed_step, optim_cfg.lr_warmup_init / optim_cfg.lr
         overrides = optim_cfg.override_optimizer_config
         spec.optimizer_overrides = dict(plain(overrides) or {})
         if strategy == "megatron" and spec.optimizer_overrides.get("optimizer_cpu_offload"):

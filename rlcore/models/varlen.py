@@ -188,8 +188,11 @@ def _varlen_kernel(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                    dropout: float, window: tuple[int, int], options: AttentionOptions, causal: bool = True) -> torch.Tensor:
     """`window`: (left, right) as both kernels take it; (-1, 0) causal, (-1, -1) full (rlcore.models.tower_attention)."""
     if kernel == "flash_attn":
+        # its backward sums dQ over key blocks with atomics unless told not to: deterministic under the run's switches
+        # (rlcore.utils.determinism). torch's own flash backward below is deterministic only with warn_only=False.
         return _flash_attn_varlen()(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scale, causal=causal,
-                                    window_size=window, softcap=options.softcap or 0.0)
+                                    window_size=window, softcap=options.softcap or 0.0,
+                                    deterministic=torch.are_deterministic_algorithms_enabled())
     varlen_attn, takes_gqa = _torch_varlen()
     gqa = {}
     if q.shape[1] != k.shape[1]:

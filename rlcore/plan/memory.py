@@ -238,7 +238,7 @@ class Estimator:
     def training_role(self, name: str, arch: Arch, kind: str, world: int) -> _Role:
         c = self.c
         if kind == "critic":
-            fsdp, sp = c("critic.model.fsdp_config"), self._sp("critic")
+            fsdp, sp = c("critic.fsdp"), self._sp("critic")
             micro = self.plan.critic_micro_batch_size_per_rank if self.plan else None  # the batch plan's, as the actor's
             toks = _micro_tokens(c, "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu", micro, self.max_len, self.resp, sp)
             return _Role(name, arch, "critic.model", fsdp, self._shards(fsdp, world), c("critic.model.lora_rank"), True,
@@ -426,7 +426,10 @@ def offload_levers(est: Estimator, role: _Role) -> list[tuple[str, float]]:
         return []
     flags = (["param_offload", "grad_offload", "optimizer_offload"] if role.megatron else
              ["param_offload"] + (["optimizer_offload"] if role.trainable else []))
-    where = ("critic.megatron" if role.section == "critic.model" else f"{role.section}.megatron") if role.megatron else f"{role.section}.fsdp_config"
+    if role.section == "critic.model":  # the critic's engine sections sit beside its model (verl 0.9's critic.fsdp)
+        where = "critic.megatron" if role.megatron else "critic.fsdp"
+    else:
+        where = f"{role.section}.megatron" if role.megatron else f"{role.section}.fsdp_config"
     if role.section.endswith(".inference"):  # a distillation teacher's own offload key
         where = role.section
     off = role.megatron["cfg"] if role.megatron else role.fsdp
@@ -440,7 +443,7 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
 
     c, t = _Cfg(cfg), cfg.trainer
     world, errors, notes = t.nnodes * t.n_gpus_per_node, [], []
-    critic, reward = uses_critic(cfg), bool(c("reward_model.enable"))
+    critic, reward = uses_critic(cfg), bool(c("reward.reward_model.enable"))
     # The device pools as the controller places the groups: which roles share a device, and how many devices each has.
     pools, where = placement(cfg)
     pool_world = [(nodes or 0) * (per_node or 0) for nodes, per_node in pools]  # a pool left unsized: the validator says so
@@ -455,13 +458,13 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
     capacity, source = device_capacity(cfg, t.n_gpus_per_node * procs[0])
     est = Estimator(cfg, plan, capacity, t.device)
     archs = {}
-    for role, key in ((f"{ARR}.model", "policy"), ("critic.model", "critic"), ("reward_model.model", "reward model")):
+    for path_key, key in ((f"{ARR}.model.path", "policy"), ("critic.model.path", "critic"), ("reward.reward_model.model_path", "reward model")):
         if key == "critic" and not critic or key == "reward model" and not reward:
             continue
-        arch, where = resolve_arch(c(f"{role}.path"))
+        arch, where = resolve_arch(c(path_key)) if c(path_key) else (None, "no model path")
         archs[key] = arch
         if arch is None:
-            notes.append(f"{key}: not estimated: {where}; set {role}.path to a directory with config.json")
+            notes.append(f"{key}: not estimated: {where}; set {path_key} to a directory with config.json")
             continue
         value = key != "policy"
         count = arch.params(value)
@@ -473,9 +476,9 @@ def memory_plan(cfg: DictConfig, plan) -> MemoryPlan:
         if key == "policy":
             notes.append(f"{key} cache: {arch.cache_summary()}")
         if key == "policy":
-            errors += head_errors(cfg, arch, f"{role}.path")
+            errors += head_errors(cfg, arch, path_key)
         if key == "policy" and arch.max_positions and est.max_len > arch.max_positions:
-            errors.append(f"data.max_prompt_length + data.max_response_length = {est.max_len} exceeds {role}.path's "
+            errors.append(f"data.max_prompt_length + data.max_response_length = {est.max_len} exceeds {path_key}'s "
                           f"max_position_embeddings {arch.max_positions}; use data.max_response_length="
                           f"{max(1, arch.max_positions - c('data.max_prompt_length'))} or a shorter prompt length")
 

@@ -1,4 +1,4 @@
-"""Loads a user's reward function from a Python file (custom_reward_function.path / .name)."""
+"""Loads a user's reward function from a Python file (reward.custom_reward_function.path / .name)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def load_custom_reward_fn(path: str | None, name: str = "compute_score") -> Rewa
     """
     if path is None:
         return None
-    module = import_file(path, "custom_reward_function.path")
+    module = import_file(path, "reward.custom_reward_function.path")
     module_name = module.__name__
     fn: Any = getattr(module, name, None)
     if fn is None or not callable(fn):
@@ -30,8 +30,8 @@ def load_custom_reward_fn(path: str | None, name: str = "compute_score") -> Rewa
         )
         what = "is not callable" if fn is not None else "is not defined"
         raise ValueError(
-            f"custom_reward_function.name={name!r} {what} in {path}; callables defined there: {defined or 'none'}. "
-            f"Set custom_reward_function.name to one of them"
+            f"reward.custom_reward_function.name={name!r} {what} in {path}; callables defined there: {defined or 'none'}. "
+            f"Set reward.custom_reward_function.name to one of them"
         )
     _check_signature(fn, path, name)
     return fn

@@ -79,11 +79,7 @@ class RewardManager:
         scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         texts = self.decode_responses(data)
         sources = data.non_tensor_batch[self.reward_fn_key]
-        extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
-        if "tool_rewards" in data.batch.keys():  # multi-turn: the tools' step rewards, for a scorer that adds them
-            extra_info = [dict(info or {}, tool_rewards=float(r)) for info, r in zip(extra_info, data.batch["tool_rewards"].tolist())]
-        if "turn_scores" in data.non_tensor_batch:  # an interaction's score of each of its turns, in order (verl's)
-            extra_info = [dict(info or {}, turn_scores=list(s)) for info, s in zip(extra_info, data.non_tensor_batch["turn_scores"])]
+        extra_info = self.extra_infos(data)
         truths = [row["ground_truth"] for row in data.non_tensor_batch["reward_model"]]
         # An agent loop that scored its own trajectory (verl's AgentLoopOutput.reward_score): that score, unscored here.
         given = data.batch["agent_reward"].tolist() if "agent_reward" in data.batch.keys() else [math.nan] * len(texts)
@@ -110,6 +106,15 @@ class RewardManager:
                 scores[i, length - 1] = score
         keys = dict.fromkeys(key for sample_extras in per_sample for key in sample_extras)  # first-seen order
         return scores, {key: [sample_extras.get(key) for sample_extras in per_sample] for key in keys}
+
+    def extra_infos(self, data: DataProto) -> Any:
+        """The `extra_info` handed to the scorer with each sample: the row's own, plus what the rollout measured."""
+        extra_info = data.non_tensor_batch.get("extra_info", np.full(len(data), None, dtype=object))
+        if "tool_rewards" in data.batch.keys():  # multi-turn: the tools' step rewards, for a scorer that adds them
+            extra_info = [dict(info or {}, tool_rewards=float(r)) for info, r in zip(extra_info, data.batch["tool_rewards"].tolist())]
+        if "turn_scores" in data.non_tensor_batch:  # an interaction's score of each of its turns, in order (verl's)
+            extra_info = [dict(info or {}, turn_scores=list(s)) for info, s in zip(extra_info, data.non_tensor_batch["turn_scores"])]
+        return extra_info
 
     def shape_score(self, score: float, response_length: int, extras: dict[str, Any]) -> float:
         """A manager's adjustment of one sample's score (may add logged extras); naive: none."""
@@ -143,7 +148,7 @@ class RewardManager:
 
 
 class DapoRewardManager(RewardManager):
-    """verl's "dapo" manager: the naive score plus DAPO's soft overlong punishment (`reward_model.reward_kwargs`).
+    """verl's "dapo" manager: the naive score plus DAPO's soft overlong punishment (`reward.reward_kwargs`).
 
     With `overlong_buffer_cfg.enable`, a response longer than `max_resp_len - len` tokens loses
     `penalty_factor * excess / len`: 0 at the buffer's start, -penalty_factor at max_resp_len. `log` adds the
@@ -169,10 +174,35 @@ class DapoRewardManager(RewardManager):
         return score + penalty
 
 
-REWARD_MANAGERS = {"naive": RewardManager, "dapo": DapoRewardManager}  # reward_model.reward_manager
+def component_columns(extras: dict[str, list[Any]], keys: list[str], error_score: float) -> dict[str, np.ndarray]:
+    """The scorer's per-sample values at `keys` (algorithm.gdpo_reward_keys) as float columns `[samples]`, for the batch's
+    non-tensor columns, where they travel with their samples through group filtering and balancing to GDPO. A sample
+    without the value (its scorer failed, so it scored reward_model.error_score) scores error_score there too."""
+    missing = [key for key in keys if key not in extras]
+    if missing:
+        raise ValueError(f"algorithm.gdpo_reward_keys names {', '.join(missing)}, which the reward function did not return (it "
+                         f"returned {', '.join(sorted(extras)) or 'only a score'}); return a dict with those keys from compute_score")
+    return {key: np.array([error_score if v is None else float(v) for v in extras[key]], dtype=np.float64) for key in keys}
+
+
+class GdpoRewardManager(RewardManager):
+    """verl's "gdpo" manager: the naive manager's scores, with every key of a returned dict kept per sample (GDPO's
+    components, algorithm.gdpo_reward_keys, are read from them), and each sample's `extra_info` also carrying
+    `experiment_name` (trainer.experiment_name), which verl's GDPO example scorer reads to pick the chat format."""
+
+    def __init__(self, tokenizer, compute_score: Callable[..., Any] | None = None, reward_fn_key: str = "data_source",
+                 scorer: IsolatedScorer | None = None, guard: ScoreGuard | None = None, experiment_name: str = "") -> None:
+        super().__init__(tokenizer, compute_score, reward_fn_key, scorer, guard)
+        self.experiment_name = experiment_name
+
+    def extra_infos(self, data: DataProto) -> list[dict[str, Any]]:
+        return [dict(info or {}, experiment_name=self.experiment_name) for info in super().extra_infos(data)]
+
+
+REWARD_MANAGERS = {"naive": RewardManager, "dapo": DapoRewardManager, "gdpo": GdpoRewardManager}  # reward.reward_manager.name
 
 
 def build_reward_manager(name: str, tokenizer, compute_score, reward_fn_key: str, reward_kwargs: dict[str, Any],
                          scorer: IsolatedScorer | None = None, guard: ScoreGuard | None = None) -> RewardManager:
-    """`reward_model.reward_manager` by name (the validator has checked the name and the kwargs)."""
+    """`reward.reward_manager.name` by name (the validator has checked the name and the kwargs)."""
     return REWARD_MANAGERS[name](tokenizer, compute_score, reward_fn_key, scorer, guard, **reward_kwargs)

@@ -1,7 +1,7 @@
 """Rule scorers, looked up by a row's `data_source`.
 
 A scorer maps (solution_str, ground_truth, extra_info) to a float reward. `default_compute_score` is what the
-reward manager calls when no custom_reward_function.path is configured.
+reward manager calls when no reward.custom_reward_function.path is configured.
 
 An answer extractor, registered per data_source next to its scorer, maps a response to its final answer (a str,
 None if it gave none). The reward manager adds it to the scorer's extras as "pred" when the scorer returned none,
@@ -44,7 +44,7 @@ def _register(table: dict[str, Callable], kind: str, data_sources: tuple[str, ..
 
 def register_scorer(*data_sources: str) -> Callable[[Scorer], Scorer]:
     """Decorator: `@register_scorer("gsm8k", "openai/gsm8k")` makes fn the scorer for those data sources."""
-    return _register(_SCORERS, "scorer", data_sources, "custom_reward_function.path")
+    return _register(_SCORERS, "scorer", data_sources, "reward.custom_reward_function.path")
 
 
 def register_answer_extractor(*data_sources: str) -> Callable[[AnswerExtractor], AnswerExtractor]:
@@ -70,7 +70,7 @@ def default_compute_score(
     if scorer is None:
         raise NotImplementedError(
             f"no rule scorer for data_source={data_source!r}; registered: {registered_data_sources()}. "
-            f"Register one with @register_scorer or point custom_reward_function.path at a file defining "
+            f"Register one with @register_scorer or point reward.custom_reward_function.path at a file defining "
             f"compute_score(data_source, solution_str, ground_truth, extra_info=None)"
         )
     return float(scorer(solution_str, ground_truth, extra_info))

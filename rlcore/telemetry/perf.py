@@ -163,7 +163,7 @@ def model_shapes(cfg, roles) -> dict[str, dict[str, int]]:
     from rlcore.plan.arch import resolve_arch
 
     paths = {"actor": (cfg.actor_rollout_ref.model.path, False), "critic": (cfg.critic.model.path, True),
-             "reward_model": (cfg.reward_model.model.path, True)}
+             "reward_model": (cfg.reward.reward_model.model_path, True)}
     shapes = {}
     for role in roles:
         arch, _ = resolve_arch(paths[role][0])

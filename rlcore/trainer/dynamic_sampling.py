@@ -1,7 +1,7 @@
 """DAPO's dynamic sampling (verl's `algorithm.filter_groups`): keep only the groups whose samples score differently.
 
 A group whose `rollout.n` samples all get the same reward has zero advantage under GRPO-style estimators: it costs
-a full update and teaches nothing. The controller drops such groups and draws further generation batches
+a full update and teaches nothing. The controller drops such groups (the decision: rlcore.algos.group_filter) and draws further generation batches
 (`data.gen_batch_size` prompts each) until `data.train_batch_size` prompts remain, failing after
 `max_num_gen_batches` batches (<= 0: never).
 """
@@ -30,17 +30,6 @@ def sample_metric(batch: DataProto, metric: str, extras: dict[str, list[float]])
         raise ValueError(f"algorithm.filter_groups.metric={metric} is not a number per sample (the reward function returned "
                          f"{text!r}); use one of {', '.join(SEQUENCE_METRICS)} or a numeric key of the dict compute_score returns")
     return np.asarray(extras[metric], dtype=np.float64)
-
-
-def informative_samples(uids: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Boolean mask `[samples]`: True for every sample of a group whose values are not all equal (a group of one
-    sample is kept, as verl does)."""
-    keep = np.zeros(len(uids), dtype=bool)
-    for uid in np.unique(uids):
-        members = uids == uid
-        group = values[members]
-        keep[members] = len(group) == 1 or bool(np.std(group) > 0)
-    return keep
 
 
 class GroupCollector:

@@ -47,7 +47,7 @@ def build_groups(trainer_cfg, config, shapes: list[tuple[int, int]], where: dict
     Prints the rank -> node map; `check_dir`: every rank must see trainer.default_local_dir. `micro`: the run plan's
     micro-batches, sent to every role (rlcore.workers.common.RoleWorker). Torn down on failure."""
     from rlcore.controller.placement import ResourcePool, check_shared_dir, placement_map
-    from rlcore.controller.ray_group import RayWorkerGroup
+    from rlcore.controller.ray_group import RayWorkerGroup, ray_runtime_env
     from rlcore.trainer.profiling import nsight_runtime_env
 
     t = trainer_cfg
@@ -59,7 +59,8 @@ def build_groups(trainer_cfg, config, shapes: list[tuple[int, int]], where: dict
         for role, pool in where.items():
             groups[role] = RayWorkerGroup(classes[role], pools[pool], hang_timeout_s=t.hang_timeout_s,
                                           collective_timeout_s=collective_timeout_s(config), config=config,
-                                          nsight=nsight_runtime_env(config, role), micro=micro)
+                                          nsight=nsight_runtime_env(config, role), micro=micro,
+                                          runtime_env=ray_runtime_env(config.ray_kwargs.ray_init))
         if getattr(t, "verbosity", "full") == "full":
             print(placement_map(groups), flush=True)
         if check_dir:
@@ -95,6 +96,7 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     import torch
 
     from rlcore.config.typed import plain
+    from rlcore.controller.ray_group import ray_runtime_env
     from rlcore.controller.ray_session import ray_cluster, write_timeline
     from rlcore.telemetry.run_end import finish_run
     from rlcore.telemetry.tracking import Tracker, logger_names
@@ -111,7 +113,8 @@ def run_session(cfg, run_dir: str, total_steps: int, **tracker_kwargs):
     tracker = Tracker(loggers, run_dir, total_steps, project_name=cfg.trainer.project_name,
                       experiment_name=cfg.trainer.experiment_name, config=plain(cfg), **tracker_kwargs)
     try:
-        with ray_cluster(cfg.ray_kwargs.ray_init.address, cfg.ray_kwargs.ray_init.num_cpus):
+        ray_init = cfg.ray_kwargs.ray_init
+        with ray_cluster(ray_init.address, ray_init.num_cpus, ray_runtime_env(ray_init)):
             try:
                 yield tracker
             finally:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
+from rlcore.algos.group_filter import informative_samples
 from rlcore.algos.pf_ppo import pf_ppo_rows
 from rlcore.config.tool_config import tools_enabled
 from rlcore.config.typed import dotted
@@ -21,10 +22,11 @@ from rlcore.models.router import ROUTES
 from rlcore.plan.run_plan import RunPlan, on_policy
 from rlcore.models.vision import MEDIA_COLUMNS, MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto
+from rlcore.reward.manager import component_columns
 from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
 from rlcore.trainer.distillation import TeacherScoring
 from rlcore.workers.teacher import TEACHER_COLUMNS
-from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
+from rlcore.trainer.dynamic_sampling import GroupCollector, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.metrics import data_metrics, gradient_variance_metrics, multi_turn_metrics, throughput_metrics
@@ -262,6 +264,9 @@ class PPOTrainer:
         with phase("reward", metrics):
             scores, extras = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
+            algo = self.cfg.algorithm
+            if algo.adv_estimator == "gdpo":  # its reward dimensions, as columns that follow their samples through filtering
+                batch.non_tensor_batch.update(component_columns(extras, algo.gdpo_reward_keys, self.cfg.reward_model.error_score))
         metrics.update(self.reward_fn.health)
         if self.cfg.trainer.rollout_data_dir:
             dump_generations(self.cfg.trainer.rollout_data_dir, self.global_step, self.reward_fn, batch, scores, extras)
@@ -340,12 +345,16 @@ class PPOTrainer:
             self.kl_ctrl.update(current_kl, n_steps=len(batch))
             metrics.update({"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
         b["token_level_rewards"] = rewards
+        components = None
+        if algo.adv_estimator == "gdpo":  # [samples, dimensions], in gdpo_reward_keys' order
+            components = np.stack([batch.non_tensor_batch[key].astype(np.float64) for key in algo.gdpo_reward_keys], axis=1)
         b["advantages"], b["returns"] = compute_advantage(
             algo.adv_estimator, token_level_rewards=rewards, response_mask=b["response_mask"],
             index=batch.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo,
             values=b.get("values", None), reward_baselines=b.get("reward_baselines", None),
             old_log_probs=b.get("old_log_probs", None), sum_pi_squared=b.get("sum_pi_squared", None),
-            rollout_is_weights=b.get("rollout_is_weights", None),
+            rollout_is_weights=b.get("rollout_is_weights", None), reward_components=components,
+            reward_weights=algo.gdpo_reward_weights,
         )
         if algo.use_pf_ppo:  # verl redraws the batch in its GAE path (validation refuses any other estimator)
             seeded = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + self.global_step)

@@ -59,7 +59,7 @@ def build_data(cfg: DictConfig):
         processor = vision_processor(model.path, data.trust_remote_code)  # None: a text-only model
     # Rule scorers need a scorer per data source and a ground truth: checked on every row at load. A custom
     # compute_score decides for itself; a reward model scores training rows (validation stays rule-scored).
-    rule = [] if cfg.custom_reward_function.path else [partial(rule_score_problem, source_key=data.reward_fn_key,
+    rule = [] if cfg.reward.custom_reward_function.path else [partial(rule_score_problem, source_key=data.reward_fn_key,
                                                                 scored_sources=registered_data_sources())]
 
     check_teacher_tokenizers(cfg, tokenizer)
@@ -88,7 +88,7 @@ def build_data(cfg: DictConfig):
 
     seed = data.seed if data.seed is not None else cfg.trainer.seed
     # Prompts are drawn a generation batch at a time (= train_batch_size unless DAPO's dynamic sampling is on).
-    train_set = dataset(data.train_files, data.train_max_samples, [*agents, *([] if cfg.reward_model.enable else rule)], "data.train_files")
+    train_set = dataset(data.train_files, data.train_max_samples, [*agents, *([] if cfg.reward.reward_model.enable else rule)], "data.train_files")
     with loading("data.sampler.class_path", data.sampler.class_path, "the data sampler", catch=(OSError, ValueError, ImportError, TypeError)):
         sampler = build_sampler(data, train_set)
     train = PromptLoader(train_set, data.gen_batch_size, shuffle=data.shuffle, seed=seed, sampler=sampler,
@@ -118,16 +118,19 @@ def check_teacher_tokenizers(cfg: DictConfig, tokenizer) -> None:
 
 
 def build_reward_fns(cfg: DictConfig, tokenizer) -> tuple[RewardManager, RewardManager]:
-    with loading("custom_reward_function.path", cfg.custom_reward_function.path, "the reward function"):
-        custom = load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-    kwargs = plain(cfg.reward_model.reward_kwargs)
+    fn = cfg.reward.custom_reward_function
+    with loading("reward.custom_reward_function.path", fn.path, "the reward function"):
+        custom = load_custom_reward_fn(fn.path, fn.name)
+    kwargs = plain(cfg.reward.reward_kwargs)
     overlong = cfg.reward_model.overlong_buffer
     if overlong.enable:  # verl's DAPO-recipe form of the same punishment
         kwargs = {"max_resp_len": cfg.data.max_response_length,
                   "overlong_buffer_cfg": {"enable": True, "len": overlong.len, "penalty_factor": overlong.penalty_factor, "log": overlong.log}}
-    r, fn = cfg.reward_model, cfg.custom_reward_function
+    r, name = cfg.reward_model, cfg.reward.reward_manager.name
+    if name == "gdpo":  # verl's gdpo manager tells the scorer the run's name (its example scorer reads it)
+        kwargs = {**kwargs, "experiment_name": cfg.trainer.experiment_name}
     scorer = IsolatedScorer(custom or default_compute_score, fn.path, fn.name, r.score_workers, r.score_timeout_s)
-    manager = build_reward_manager(r.reward_manager, tokenizer, custom, cfg.data.reward_fn_key, kwargs, scorer,
+    manager = build_reward_manager(name, tokenizer, custom, cfg.data.reward_fn_key, kwargs, scorer,
                                    ScoreGuard(r.error_score, r.max_error_rate))
     return manager, manager
 

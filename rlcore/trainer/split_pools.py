@@ -15,6 +15,11 @@ With `partial_rollout` it does not wait for the generation batch in flight: the 
 at a decode step, loads the weights and goes on under them (rlcore.rollout.base.WeightGate; the native engine does,
 vLLM finishes its call first), and each sample records the versions its generation started and ended under. Without
 it the sync waits for the batch in flight to finish, with the rollouter paused.
+
+verl 0.9's separate_async trainer mode is this loop (rlcore.config.async_schema.separate_async_keys). Its sampler's
+`max_off_policy_strategy=drop` removes the groups of a step whose samples span more than `max_off_policy_threshold`
+weight versions (a partial rollout resumed across syncs) and takes generation batches again in their place; `wait`
+trains on them, as the rollouter's window already keeps every other sample within the bound.
 """
 
 from __future__ import annotations
@@ -103,6 +108,18 @@ class Rollouter:
                 self.hold -= 1
                 self.cond.notify_all()
 
+    def refill(self, batches: int) -> None:
+        """Room in the window for `batches` more generation batches (replacing samples the trainer dropped)."""
+        with self.cond:
+            self.made -= batches
+            self.cond.notify_all()
+
+    def give_back(self, samples: Samples) -> None:
+        """Samples the trainer took beyond its step: the next step takes them first."""
+        with self.cond:
+            self.queue.appendleft(samples)
+            self.cond.notify_all()
+
     def synced(self, version: int) -> None:
         """New weights on the rollout: a new window, in which the batches still queued (or in flight) count already."""
         with self.cond:
@@ -119,6 +136,20 @@ class Rollouter:
         self.queue.clear()
 
 
+def start_versions(samples: Samples) -> torch.Tensor:
+    """The weights version each sample's generation started under: the engine's record, else its batch's."""
+    if "rollout_versions" in samples.batch.batch.keys():
+        return samples.batch.batch["rollout_versions"][:, 0]
+    return torch.full((len(samples.batch),), samples.version)
+
+
+def within_off_policy_bound(spans: np.ndarray, uids: np.ndarray, threshold: int) -> np.ndarray:
+    """verl's drop rule, per prompt group: keep a group (all its samples) when every one of them spans at most
+    `threshold` weight versions (`spans[i]` = the step it is trained at - the version it started under)."""
+    stale = {uid for uid, span in zip(uids, spans) if span > threshold}
+    return np.array([uid not in stale for uid in uids], dtype=bool)
+
+
 class SplitPools:
     """The trainer's side of split pools: connects the pools' weight group, runs the rollouter, syncs weights."""
 
@@ -129,6 +160,10 @@ class SplitPools:
         self.batches_per_step = cfg.data.train_batch_size // cfg.data.gen_batch_size
         self.rollouter = Rollouter(produce, self.batches_per_step * staleness_window(dotted(cfg)))
         self.version = 0  # trainer steps at the last sync: the version of the rollout's weights
+        sampler = cfg.trainer.v1.sampler
+        # verl 0.9's separate_async with the drop strategy: the span a trained sample may have (None: keep all)
+        dropping = cfg.trainer.v1.trainer_mode == "separate_async" and sampler.max_off_policy_strategy == "drop"
+        self.max_span = sampler.max_off_policy_threshold if dropping else None
 
     def connect(self, step: int) -> dict[str, float]:
         """Joins the weight group and gives the rollout the trainer's weights (fresh or resumed)."""
@@ -145,6 +180,9 @@ class SplitPools:
     def take(self, metrics: dict[str, float], step: int) -> DataProto:
         """The samples of trainer step `step`: whole generation batches, with their staleness and the rollout's metrics."""
         taken, waited = self.rollouter.take(self.batches_per_step)
+        if self.max_span is not None:
+            taken, dropped, more = self._drop_stale(taken, step)
+            metrics["async/dropped_samples"], waited = dropped, waited + more
         for key in taken[0].metrics:  # the rollout's timings and counters: mean over the step's generation batches
             metrics[key] = float(np.mean([s.metrics.get(key, 0.0) for s in taken]))
         batch = DataProto.concat([s.batch for s in taken])
@@ -159,6 +197,32 @@ class SplitPools:
                         "async/wait_for_samples_s": waited, "async/queued_batches": len(self.rollouter.queue),
                         "async/param_version": self.version})
         return batch
+
+    def _drop_stale(self, taken: list[Samples], step: int) -> tuple[list[Samples], int, float]:
+        """verl's drop strategy: the groups spanning more than max_span versions leave the step, and generation
+        batches are taken in their place (the rollouter's window gets the room back) until the step has its rows;
+        rows beyond them go back to the queue, whole groups, for the next step. (dropped samples, seconds waited)"""
+        need, kept, dropped, waited = sum(len(s.batch) for s in taken), [], 0, 0.0
+        queue = list(taken)
+        while sum(len(s.batch) for s in kept) < need:
+            if not queue:
+                self.rollouter.refill(1)
+                queue, more = self.rollouter.take(1)
+                waited += more
+            samples = queue.pop(0)
+            keep = within_off_policy_bound((step - start_versions(samples)).numpy(), samples.batch.non_tensor_batch["uid"], self.max_span)
+            dropped += int((~keep).sum())
+            if keep.any():
+                kept.append(Samples(samples.batch.index(np.flatnonzero(keep)), samples.version, samples.metrics))
+        for samples in reversed(queue):  # taken for this step and not needed
+            self.rollouter.give_back(samples)
+        surplus = sum(len(s.batch) for s in kept) - need
+        if surplus:  # the last batch's tail (whole groups: a group's n samples are adjacent) waits for the next step
+            last = kept.pop()
+            cut = len(last.batch) - surplus
+            kept.append(Samples(last.batch.index(np.arange(cut)), last.version, last.metrics))
+            self.rollouter.give_back(Samples(last.batch.index(np.arange(cut, len(last.batch))), last.version, last.metrics))
+        return kept, dropped, waited
 
     def after_step(self, step: int, metrics: dict[str, float], validating: bool = False, last: bool = False) -> None:
         """Syncs every `trigger_parameter_sync_step` steps but after the last, and before a validation (which must

@@ -151,7 +151,8 @@ def run_supervised(cfg, run_dir: str, role: str, worker_cls: type, load_data: Ca
     for line in ineffective_settings(cfg):
         print(f"WARNING rlcore: {line}", flush=True)
     cfg.trainer.default_local_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-    tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)  # the one loader the PPO trainer's roles use too
+    # the one loader the PPO trainer's roles use too
+    tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
     train, val = load_data(cfg, tokenizer)
     steps_per_epoch = len(train) // cfg.data.train_batch_size
     if steps_per_epoch == 0:

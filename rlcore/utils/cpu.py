@@ -34,6 +34,6 @@ def half_precision_keys(cfg, uses_ref: bool, uses_critic: bool) -> list[str]:
     for section, strategy in roles:
         keys.append(f"{section}.megatron.dtype" if strategy == "megatron" else f"{section}.fsdp_config.dtype")
     if uses_critic:
-        keys.append("critic.megatron.dtype" if cfg.critic.strategy == "megatron" else "critic.model.fsdp_config.dtype")
+        keys.append("critic.megatron.dtype" if cfg.critic.strategy == "megatron" else "critic.fsdp.dtype")
     values = {key: OmegaConf.select(cfg, key) for key in keys}
     return [f"{key}={value}" for key, value in values.items() if str(value) in ("bfloat16", "bf16")]

@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
+from rlcore.algos.agg import statistic_mode
 from rlcore.algos.distill import ESTIMATORS, combined_loss, distillation_loss, token_losses
 from rlcore.algos.rollout_corr import bypass_mode_loss, mismatch_token_terms
 from rlcore.config.algorithm_schema import RolloutCorrectionConfig
@@ -43,7 +44,9 @@ def policy_loss_params(actor_cfg) -> dict[str, float]:
     """Every knob a registered policy loss may take; each loss picks the ones it uses (and ignores the rest)."""
     params = {k: getattr(actor_cfg, k) for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")}
     params.update({k: getattr(actor_cfg, k) for k in ("tau_pos", "tau_neg") if hasattr(actor_cfg, k)})  # SAPO's (a loss's own defaults else)
-    params.update({k: v for k, v in plain(actor_cfg.policy_loss).items() if k != "loss_mode"})
+    # a policy_loss knob left unset (None) keeps the actor's or the loss's own: verl 0.9's SAPO scripts add
+    # policy_loss.tau_pos / tau_neg beside the actor's tau_pos / tau_neg
+    params.update({k: v for k, v in plain(actor_cfg.policy_loss).items() if k != "loss_mode" and v is not None})
     return params
 
 
@@ -69,12 +72,14 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
     loss_params = policy_loss_params(actor_cfg)
     # A loss defined per sequence (GMPO) fixes its own aggregation; the others (and bypass mode's) follow loss_agg_mode
     pg_mode = actor_cfg.loss_agg_mode if rc.bypass_mode else getattr(policy_loss, "loss_agg_mode", actor_cfg.loss_agg_mode)
+    stats_mode = statistic_mode(actor_cfg.loss_agg_mode)
+    scale = actor_cfg.loss_scale_factor  # seq-mean-token-sum-norm's divisor (verl 0.9); None = the response width
 
     def loss_fn(outputs: dict[str, torch.Tensor], mb: DataProto) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         log_prob = outputs["log_probs"]
         b = {k: v.to(log_prob.device) for k, v in mb.batch.items()}
         mask = b["response_mask"]
-        agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size)  # noqa: E731
+        agg = lambda mat: agg_loss(mat, mask, actor_cfg.loss_agg_mode, counts[0], counts[1], dp_size, scale)  # noqa: E731
         old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
         extra = {}
         if rc.bypass_mode:
@@ -86,7 +91,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
             pg_mat, stats = policy_loss(old_log_prob, log_prob, b["advantages"], mask, **loss_params)
             if "rollout_is_weights" in b:  # detached weights, applied after clipping, as verl does for every loss mode
                 pg_mat = pg_mat * b["rollout_is_weights"]
-        pg_loss = agg_loss(pg_mat, mask, pg_mode, counts[0], counts[1], dp_size)
+        pg_loss = agg_loss(pg_mat, mask, pg_mode, counts[0], counts[1], dp_size, scale)
         loss = pg_loss
         # Metrics stay on the device (detached): run_ppo_updates reads a mini-batch's in one transfer, not one
         # host sync per metric per micro-batch.
@@ -114,7 +119,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
             aux = agg(outputs["router_aux_loss"].expand_as(log_prob))
             loss = loss + aux
             metrics["actor/moe/aux_loss"] = aux.detach()
-        metrics.update({k: agg(v).detach() for k, v in stats.items()})
+        metrics.update({k: agg_loss(v, mask, stats_mode, counts[0], counts[1], dp_size).detach() for k, v in stats.items()})
         if "rollout_log_probs" in b:  # token means as shares of the mini-batch, exact after the usual sum and mean
             terms = mismatch_token_terms(log_prob, b["rollout_log_probs"], rc.rollout_is_threshold)
             for key, mat in {**{f"rollout_corr/{k}": v for k, v in terms.items()}, **extra}.items():
@@ -172,5 +177,6 @@ def update_policy(engine: TrainEngine, data: DataProto, actor_cfg, micro: MicroB
     metrics = run_ppo_updates(
         engine, data, actor_cfg.ppo_epochs, mini_batch_rows, micro,
         lambda counts: make_policy_loss_fn(actor_cfg, counts, engine.dp_size, on_policy, rollout_corr, distill), "actor", request,
+        shuffle_seed=actor_cfg.data_loader_seed if actor_cfg.shuffle else None,
     )
     return metrics | {f"actor/{k}": v for k, v in engine.moe_metrics().items()}

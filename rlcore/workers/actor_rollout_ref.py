@@ -23,6 +23,7 @@ from rlcore.models.hf_export import head_model_config
 from rlcore.rollout.weight_sync import send_weights, sync_adapters, sync_weights
 from rlcore.utils import checkpoint
 from rlcore.utils.memory import peak_memory_gib
+from rlcore.utils.determinism import deterministic_kernels
 from rlcore.workers.actor import compute_log_prob, update_policy
 from rlcore.workers import phases
 from rlcore.utils.dist import standalone_group
@@ -37,9 +38,19 @@ class ActorRolloutRefWorker(RoleWorker):
         super().__init__(config, rank=rank, world_size=world_size, device=device, micro=micro)
         load_custom_algorithms(self.config.custom_algorithms.path)  # a user's policy loss runs here
 
+    def full_determinism(self) -> bool:
+        """Deterministic kernels for this process (rlcore.utils.determinism), which are process-wide and set before any
+        kernel runs: the colocated rollout's key (the actor and reference compute on its kernels too) or the actor's or
+        the reference's engine key (verl 0.9's <role>.fsdp_config.full_determinism)."""
+        cfg = self.config.actor_rollout_ref
+        return bool((cfg.hybrid_engine and cfg.rollout.full_determinism) or cfg.actor.fsdp_config.full_determinism
+                    or (uses_reference(self.config) and cfg.ref.fsdp_config.full_determinism))
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
         cfg = self.config.actor_rollout_ref
+        if self.full_determinism():
+            deterministic_kernels()
         seed = self.config.trainer.seed
         torch.manual_seed(seed)  # identical init on every rank before sharding
         import_external_lib(cfg.model.external_lib, "actor_rollout_ref.model.external_lib")  # registers a custom architecture

@@ -127,10 +127,14 @@ def mini_batch_counts(mask: torch.Tensor, engine: TrainEngine) -> tuple[float, f
 
 
 def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batch_rows: int, micro: MicroBatchSpec,
-                    make_loss_fn: Callable[[tuple[float, float]], LossFn], prefix: str, request: TokenRequest = TokenRequest()) -> dict[str, float]:
+                    make_loss_fn: Callable[[tuple[float, float]], LossFn], prefix: str, request: TokenRequest = TokenRequest(),
+                    shuffle_seed: int | None = None) -> dict[str, float]:
     """epochs x mini-batches x micro-batches of a loss, one optimizer step per mini-batch; the mean of each metric.
 
     `data` is this rank's share; `make_loss_fn(counts)` builds a mini-batch's loss from its global counts.
+    `shuffle_seed` (verl's `<role>.shuffle` with its `data_loader_seed`): each epoch deals this rank's rows into
+    mini-batches in an order drawn from the seed and the epoch, as verl's shuffled mini-batch loader does; None keeps
+    the batch's order (its balanced one) every epoch.
 
     A mini-batch without a valid token on any rank (rollout rejection took every token: `response_mask` all 0) has
     no loss and no gradient: it is not run, and its step is skipped (engine.optimizer_step(skip=True): an AdamW step
@@ -140,7 +144,9 @@ def run_ppo_updates(engine: TrainEngine, data: DataProto, epochs: int, mini_batc
     rests on the all-reduced counts, so every rank skips alike.
     """
     history: dict[str, list[float]] = defaultdict(list)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        if shuffle_seed is not None:
+            data = data.reorder(torch.randperm(len(data), generator=torch.Generator().manual_seed(shuffle_seed + epoch)))
         for mini in data.split(mini_batch_rows):
             counts = mini_batch_counts(mini.batch["response_mask"], engine)
             empty = counts[0] == 0

@@ -1,4 +1,4 @@
-"""The reward-model role (`reward_model.enable=True`): a frozen sequence-classification model scoring each
+"""The reward-model role (`reward.reward_model.enable=True`): a frozen sequence-classification model scoring each
 sample at its last token, written once over TrainEngine (verl's RewardModelWorker)."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ class RewardModelWorker(RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
-        cfg, policy = self.config.reward_model, self.config.actor_rollout_ref.model
+        cfg, policy, path = self.config.reward_model, self.config.actor_rollout_ref.model, self.config.reward.reward_model.model_path
         import_external_lib(cfg.model.external_lib, "reward_model.model.external_lib")  # registers a custom architecture
-        spec = engine_spec(cfg.strategy, cfg.model, cfg, None, 0.0, total_steps, kind="reward")
-        with named_load("reward_model.model.path", cfg.model.path):
+        spec = engine_spec(cfg.strategy, cfg.model, cfg, None, 0.0, total_steps, kind="reward", model_path=path)
+        with named_load("reward.reward_model.model_path", path):
             self.engine = build_engine(cfg.strategy, spec, self.device, key="reward_model.strategy")
-            self.tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
+            self.tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
         self.layouts["reward_model"] = layout_of(self.engine)
         # The policy's tokenizer as the policy renders (its custom_chat_template): a custom template makes even the
         # same model's reward model re-render the conversation in its own template.

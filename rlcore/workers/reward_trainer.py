@@ -19,6 +19,7 @@ from rlcore.engine.base import TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
 from rlcore.utils.dist import all_reduce_values
+from rlcore.utils.determinism import deterministic_kernels
 from rlcore.workers.common import SupervisedWorker, layout_of
 
 
@@ -56,6 +57,8 @@ class RewardTrainerWorker(SupervisedWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
         cfg = self.config
+        if cfg.model.fsdp_config.full_determinism:  # process-wide, before any kernel runs
+            deterministic_kernels()
         torch.manual_seed(cfg.trainer.seed)  # the head (and LoRA A) drawn identically on every rank
         spec = engine_spec(cfg.model.strategy, cfg.model, cfg.model, cfg.optim, cfg.optim.clip_grad, total_steps, kind="reward")
         self.engine = build_engine(cfg.model.strategy, spec, self.device, key="model.strategy")

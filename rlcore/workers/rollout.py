@@ -11,6 +11,7 @@ from rlcore.controller.decorator import Dispatch, register
 from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
 from rlcore.protocol import DataProto
 from rlcore.rollout.weight_sync import receive_weights
+from rlcore.utils.determinism import deterministic_kernels
 from rlcore.utils.dist import standalone_group
 from rlcore.workers import phases
 from rlcore.workers.common import RoleWorker, load_rng_state, save_rng_state
@@ -28,6 +29,8 @@ class RolloutWorker(RoleWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:
         cfg = self.config.actor_rollout_ref
+        if cfg.rollout.full_determinism:  # process-wide, before any kernel runs
+            deterministic_kernels()
         import_external_lib(cfg.model.external_lib, "actor_rollout_ref.model.external_lib")  # registers a custom architecture
         key = "actor_rollout_ref.model.tokenizer_path" if cfg.model.tokenizer_path else "actor_rollout_ref.model.path"
         with named_load(key, cfg.model.tokenizer_path or cfg.model.path, "the tokenizer"):

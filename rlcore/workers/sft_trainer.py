@@ -3,7 +3,6 @@ never a target), micro-batched by samples or token budgets, exact over ranks and
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -13,15 +12,8 @@ from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
 from rlcore.config.sft_schema import SFTTrainerConfig
+from rlcore.utils.determinism import deterministic_kernels  # verl's engine.full_determinism
 from rlcore.workers.common import SupervisedWorker, layout_of, mini_batch_counts
-
-
-def deterministic_kernels() -> None:
-    """verl's engine.full_determinism: torch picks deterministic kernels (warning where an op has none) and cuBLAS a
-    fixed workspace, so two runs on the same hardware give the same bits."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
 
 
 class SFTTrainerWorker(SupervisedWorker):
@@ -33,7 +25,7 @@ class SFTTrainerWorker(SupervisedWorker):
     def init_model(self, total_steps: int) -> None:
         cfg = self.config
         torch.manual_seed(cfg.engine.seed)  # follows trainer.seed unless set (verl's engine.seed)
-        if cfg.engine.full_determinism:
+        if cfg.model.fsdp_config.full_determinism:  # follows engine.full_determinism (verl's newer SFT key)
             deterministic_kernels()
         spec = engine_spec(cfg.model.strategy, cfg.model, cfg.model, cfg.optim, cfg.optim.clip_grad, total_steps)
         self.engine = build_engine(cfg.model.strategy, spec, self.device, key="model.strategy")

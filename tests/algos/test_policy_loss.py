@@ -1,5 +1,7 @@
+import functools
 import math
 
+import pytest
 import torch
 
 from rlcore.algos import POLICY_LOSSES
@@ -153,6 +155,10 @@ def test_sapo_is_verls_smooth_gate_over_sequences():
                      "actor_rollout_ref.actor.tau_neg=1.3"]).actor_rollout_ref.actor
     params = policy_loss_params(actor)
     assert (params["tau_pos"], params["tau_neg"]) == (0.8, 1.3)
+    # verl 0.9's SAPO scripts add them under policy_loss (`+...policy_loss.tau_pos`): set there, they win
+    v09 = compose(["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=0.8",
+                   "+actor_rollout_ref.actor.policy_loss.tau_pos=0.9", "+actor_rollout_ref.actor.policy_loss.tau_neg=1.1"])
+    assert {k: policy_loss_params(v09.actor_rollout_ref.actor)[k] for k in ("tau_pos", "tau_neg")} == {"tau_pos": 0.9, "tau_neg": 1.1}
     torch.manual_seed(0)
     old = torch.randn(4, 6) * 0.3 - 1.0
     new = (old + torch.randn(4, 6) * 0.5).requires_grad_()
@@ -174,3 +180,114 @@ def test_sapo_is_verls_smooth_gate_over_sequences():
     loss_fn(old, at_one, adv, mask, **params)[0].sum().backward()
     assert torch.allclose(at_one.grad, -adv)
 
+
+
+# ------------------------------------------------------------------------------------------------ verl 0.9's DPPO, DRO
+# verl's formulas written out per token from its core_algos.py (dppo_tv, dppo_kl, dro), aggregated token-mean over
+# the whole batch as its agg_loss does for one mini-batch; float64, values and gradients against rlcore's functions.
+
+
+def _verl_dppo(old, new, adv, mask, low, high, c, kind):
+    r = torch.exp(torch.clamp(new - old, -20.0, 20.0))
+    p, p_old = torch.exp(new), torch.exp(old)
+    if kind == "tv":
+        keep = torch.where(adv > 0, (p - p_old) <= high, (p - p_old) >= -low)
+    else:
+        d = p_old * (old - new) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+        keep = torch.where(adv > 0, (d <= high) | (p <= p_old), (d <= low) | (p >= p_old))
+    keep = keep.detach().double()
+    per_token = -adv * torch.clamp(r, max=c).detach() * new * keep
+    return (per_token * mask).sum() / mask.sum(), ((1 - keep) * mask).sum() / mask.sum()
+
+
+def _verl_dro(old, new, adv, mask, beta):
+    return (-(new * adv - 0.5 * beta * (new - old) ** 2) * mask).sum() / mask.sum(), None
+
+
+def _random_case(seed, batch, length):
+    """Log-probs across (0, 1) in probability, moved by up to ~1 nat (some tokens leave any trust region), advantages
+    of both signs and some zeros, ragged masks (one row fully masked)."""
+    g = torch.Generator().manual_seed(seed)
+    old = torch.log(torch.rand(batch, length, generator=g, dtype=torch.float64) * 0.98 + 0.01)
+    new = (old + torch.randn(batch, length, generator=g, dtype=torch.float64) * 0.6).clamp(max=-1e-3)
+    adv = torch.randn(batch, 1, generator=g, dtype=torch.float64).expand(batch, length).clone()
+    adv[0] = 0.0
+    lengths = torch.randint(1, length + 1, (batch,), generator=g)
+    mask = (torch.arange(length)[None] < lengths[:, None]).double()
+    mask[-1] = 0.0
+    return old, new, adv, mask
+
+
+def _parity(loss_name, reference, params, seed, batch, length):
+    """(value diff, gradient diff, the reference's (loss, extra), our stats, the mask) of rlcore's loss, aggregated
+    token-mean, against `reference` on one random case."""
+    from rlcore.algos.agg import agg_loss
+
+    old, new, adv, mask = _random_case(seed, batch, length)
+    ours_new, ref_new = new.clone().requires_grad_(), new.clone().requires_grad_()
+    mat, stats = POLICY_LOSSES.get(loss_name)(old, ours_new, adv, mask, **params)
+    ours = agg_loss(mat, mask, "token-mean")
+    want = reference(old, ref_new, adv, mask)
+    ours.backward()
+    want[0].backward()
+    return (ours - want[0]).abs().item(), (ours_new.grad - ref_new.grad).abs().max().item(), want, stats, mask
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_params(*overrides):
+    """policy_loss_params of the actor section composed with `overrides` (each composition once per module)."""
+    from rlcore.config import compose
+    from rlcore.workers.actor import policy_loss_params
+
+    return policy_loss_params(compose(list(overrides)).actor_rollout_ref.actor)
+
+
+@pytest.mark.parametrize("kind", ["tv", "kl"])
+@pytest.mark.parametrize("seed,batch,length", [(0, 5, 7), (1, 16, 3), (2, 3, 33)])
+def test_dppo_is_verls_divergence_masked_policy_gradient(kind, seed, batch, length):
+    """loss_mode=dppo_tv / dppo_kl read actor.clip_ratio_low / clip_ratio_high (as divergence thresholds) and
+    actor.clip_ratio_c (the truncated ratio's bound), as verl's do."""
+    from rlcore.algos.agg import agg_loss
+
+    params = _loss_params(f"actor_rollout_ref.actor.policy_loss.loss_mode=dppo_{kind}", "actor_rollout_ref.actor.clip_ratio_low=0.1",
+                          "actor_rollout_ref.actor.clip_ratio_high=0.15", "actor_rollout_ref.actor.clip_ratio_c=1.5")
+    reference = lambda o, n, a, m: _verl_dppo(o, n, a, m, 0.1, 0.15, 1.5, kind)  # noqa: E731
+    value_diff, grad_diff, (_, clipfrac), stats, mask = _parity(f"dppo_{kind}", reference, params, seed, batch, length)
+    assert value_diff < 1e-12 and grad_diff < 1e-12
+    assert agg_loss(stats["actor/pg_clipfrac"], mask, "token-mean").item() == pytest.approx(clipfrac.item(), abs=1e-12)
+    assert 0 < clipfrac < 1  # the case reaches both sides of the trust region
+
+
+def test_dppo_drops_only_moves_the_advantage_pushes_too_far():
+    """By hand: p_old = 0.5; A > 0 keeps a token that fell (any amount) or rose by <= delta_high; A < 0 mirrors it."""
+    old = torch.log(torch.full((1, 4), 0.5, dtype=torch.float64))
+    new = torch.log(torch.tensor([[0.6, 0.9, 0.1, 0.9]], dtype=torch.float64))
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    _, stats = POLICY_LOSSES.get("dppo_tv")(old, new, adv, torch.ones(1, 4), clip_ratio_low=0.2, clip_ratio_high=0.2)
+    assert stats["actor/pg_clipfrac"].tolist() == [[0.0, 1.0, 1.0, 0.0]]  # +0.1 kept, +0.4 dropped, -0.4 dropped, +0.4 kept
+    _, stats = POLICY_LOSSES.get("dppo_kl")(old, new, adv, torch.ones(1, 4), clip_ratio_low=0.05, clip_ratio_high=0.05)
+    assert stats["actor/pg_clipfrac"].tolist() == [[0.0, 1.0, 1.0, 0.0]]  # binary KL 0.02 kept; 0.51 (up or down) dropped
+
+
+@pytest.mark.parametrize("seed,batch,length", [(3, 5, 7), (4, 16, 3), (5, 3, 33)])
+def test_dro_is_verls_penalised_policy_gradient(seed, batch, length):
+    """loss_mode=dro with actor.policy_loss.dro_beta: -(A log_prob - beta / 2 (log_prob - old)^2), no clip."""
+    params = _loss_params("actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0.3")
+    assert params["dro_beta"] == 0.3
+    value_diff, grad_diff, _, stats, _ = _parity("dro", lambda o, n, a, m: _verl_dro(o, n, a, m, 0.3), params, seed, batch, length)
+    assert value_diff < 1e-12 and grad_diff < 1e-12
+    assert set(stats) == {"actor/ppo_kl"}  # verl's dro logs only the KL
+    with pytest.raises(ValueError, match="dro_beta=None must be > 0"):
+        POLICY_LOSSES.get("dro")(*_random_case(seed, batch, length), dro_beta=None)
+
+
+def test_dro_needs_a_positive_beta_before_the_run_and_only_with_dro():
+    from rlcore.config import compose
+    from rlcore.config.validate import diagnose
+
+    beta = "actor_rollout_ref.actor.policy_loss.dro_beta"
+    errors = diagnose(compose(["recipe=tiny_cpu", "actor_rollout_ref.actor.policy_loss.loss_mode=dro"]))[1]
+    assert [e for e in errors if e.startswith(f"{beta}=None must be > 0 with actor_rollout_ref.actor.policy_loss.loss_mode=dro")
+            and f"{beta}=0.1" in e], errors
+    errors = diagnose(compose(["recipe=tiny_cpu", f"+{beta}=0.1"]))[1]  # verl's scripts' "+" form composes
+    assert errors == [f"{beta}=0.1 is read only by actor_rollout_ref.actor.policy_loss.loss_mode=dro; set loss_mode=dro, or drop {beta}"]

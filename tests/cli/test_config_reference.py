@@ -43,13 +43,21 @@ def test_every_field_has_a_meaning():
 @needs_verl
 def test_a_row_has_the_fields_type_default_meaning_and_status():
     lr = _row(PPO, "actor_rollout_ref.actor.optim.lr")
-    assert (lr.type, lr.default, lr.meaning, lr.status) == ("float", "`1e-06`", "peak learning rate", "as in verl")
+    assert (lr.type, lr.default, lr.meaning, lr.status) == ("float", "`1e-06`", "peak learning rate", "as in verl 0.8, 0.9")
     # the default the trainer's root builds (critic's OptimConfig(lr=1e-5)), not the dataclass's own
     assert _row(PPO, "critic.optim.lr").default == "`1e-05`"
     low = _row(PPO, "actor_rollout_ref.actor.clip_ratio_low")
     assert low.default == "follows `actor_rollout_ref.actor.clip_ratio`"  # a relative interpolation, resolved
-    assert low.status == "as in verl (default differs: verl `0.2`)"
-    assert _row(PPO, "reward_model.rollout.name").default == "`null`"  # verl's ??? (mandatory): nothing reads it here
+    assert low.status == "as in verl 0.8, 0.9 (default differs: verl `0.2`)"
+    assert _row(PPO, "reward.reward_model.rollout.name").default == "`null`"  # verl's ??? (mandatory): nothing reads it here
+    # each dialect: a key new in 0.9, one 0.9 dropped, 0.8's name of a renamed one
+    assert _row(PPO, "trainer.v1.trainer_mode").status == "as in verl 0.9"
+    assert _row(PPO, "trainer.use_legacy_worker_impl").status == "as in verl 0.8; verl 0.9 dropped it"
+    assert _row(PPO, "reward_model.reward_manager").family == "renamed"
+    assert _row(PPO, "reward_model.reward_manager").status.startswith("verl 0.8's name of `reward.reward_manager.name`")
+    text = render(PPO)
+    listed = text[text.index("## verl keys not in rlcore"):]
+    assert "| `transfer_queue.enable` | `false` | verl 0.8, 0.9 | refused: verl's transfer queue: not in rlcore" in listed
     tokenizer = _row(PPO, "data.tokenizer")
     assert tokenizer.type == "str | None" and tokenizer.status.startswith("no effect: rlcore tokenizes the prompts")
     refused = _row(PPO, "critic.optim.optimizer")

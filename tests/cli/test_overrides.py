@@ -78,8 +78,8 @@ def test_every_refusal_at_once_and_the_rest_still_checked(capsys):
         compose_explained(compose, ["recipe=tiny_cpu", "actor_rollout_ref.model.mtp.enable=True", "trainer.total_epochs=abc",
                                     "data.bogus_key=1", "actor_rollout_ref.rollout.n=3"])
     assert err.value.problems == [
-        "actor_rollout_ref.model.mtp.enable is verl's multi-token prediction (MTP) training; not supported by rlcore: "
-        "not in rlcore: its model families have no MTP heads",
+        "actor_rollout_ref.model.mtp.enable is verl's multi-token prediction (MTP) training and speculative rollout; not "
+        "supported by rlcore: not in rlcore yet: its model families have no MTP heads",
         "Error merging override trainer.total_epochs=abc: Value 'abc' of type 'str' could not be converted to Integer",
         "data.bogus_key is not a config key; see rlcore/config/*schema.py (or verl's key tree) for the keys"]
     assert str(err.value).startswith("3 problems:\n  - actor_rollout_ref.model.mtp.enable is verl's")
@@ -93,8 +93,8 @@ def test_every_refusal_at_once_and_the_rest_still_checked(capsys):
 def test_a_plus_on_a_key_rlcore_has_sets_it():
     # verl's tree lacks data.gen_batch_size, so its DAPO scripts add it with `+`; rlcore's schema has it
     keys = {"data.gen_batch_size", "actor_rollout_ref.actor.fsdp_config.model_dtype"}
-    assert set_existing_keys(["+data.gen_batch_size=64", "+reward_model.reward_kwargs.max_resp_len=8", "++a=1"], keys) == [
-        "data.gen_batch_size=64", "+reward_model.reward_kwargs.max_resp_len=8", "++a=1"]
+    assert set_existing_keys(["+data.gen_batch_size=64", "+reward.reward_kwargs.max_resp_len=8", "++a=1"], keys) == [
+        "data.gen_batch_size=64", "+reward.reward_kwargs.max_resp_len=8", "++a=1"]
     assert plan(["--elsewhere", "recipe=tiny_cpu", "+data.gen_batch_size=32"]) == 0  # composes (Hydra alone refuses it)
 
 

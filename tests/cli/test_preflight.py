@@ -41,7 +41,7 @@ def test_a_valid_tiny_config_passes_both_doors(tiny_model_dir, tiny_task_dir, ca
     (["data.train_files=/nonexistent/train.parquet"], "data.train_files=/nonexistent/train.parquet: no such file; point data.train_files at local parquet files"),
     (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model.path=/nonexistent/model: no such directory; point "
                                                           "actor_rollout_ref.model.path at a local HF model directory"),
-    (["custom_reward_function.path=/nonexistent/reward.py"], "custom_reward_function.path=/nonexistent/reward.py: no such file"),
+    (["reward.custom_reward_function.path=/nonexistent/reward.py"], "reward.custom_reward_function.path=/nonexistent/reward.py: no such file"),
     (["trainer.logger=[console,swanlab]"], "trainer.logger=['console', 'swanlab']: unknown logger(s) ['swanlab']"),
 ])
 def test_the_doctor_refuses_what_training_refuses(tiny_model_dir, tiny_task_dir, capsys, extra, message):
@@ -102,8 +102,8 @@ def test_a_missing_tool_config_is_a_path_like_the_others(tiny_model_dir, tiny_ta
 def test_a_reward_file_that_fails_to_import_is_one_line(tiny_model_dir, tiny_task_dir, tmp_path):
     reward = tmp_path / "reward.py"
     reward.write_text("import not_a_module_anywhere\n")
-    found = errors(tiny(tiny_model_dir, tiny_task_dir, f"custom_reward_function.path={reward}"), "train")
-    assert found == [f"custom_reward_function.path={reward} failed to load: ModuleNotFoundError: No module named 'not_a_module_anywhere'"]
+    found = errors(tiny(tiny_model_dir, tiny_task_dir, f"reward.custom_reward_function.path={reward}"), "train")
+    assert found == [f"reward.custom_reward_function.path={reward} failed to load: ModuleNotFoundError: No module named 'not_a_module_anywhere'"]
 
 
 def test_a_data_sampler_names_a_file_or_an_importable_module_and_a_class(tiny_model_dir, tiny_task_dir):
@@ -212,3 +212,11 @@ def test_a_model_that_fails_inside_the_workers_is_one_line_naming_its_key(tiny_m
     assert done.stderr.strip().splitlines()[-1] == (
         f"rlcore: actor_rollout_ref.model.path={model}: the model does not load: KeyError: "
         "'the checkpoint has no tensor for model.layers.0.mlp.down_proj.weight'")
+
+
+def test_a_generative_model_as_the_reward_model_is_refused_naming_the_judge_route(tiny_model_dir, tiny_task_dir):
+    """verl 0.9's reward.reward_model may name a generative judge (served by its reward loop for a reward function of
+    the user's); rlcore's reward model is a scalar scorer, and a causal LM's score head would be random."""
+    found = errors(tiny(tiny_model_dir, tiny_task_dir, "reward.reward_model.enable=True", f"reward.reward_model.model_path={tiny_model_dir}"))
+    assert len(found) == 1 and found[0].startswith(f"reward.reward_model.model_path={tiny_model_dir}: a generative model (")
+    assert "reward.custom_reward_function" in found[0]

@@ -126,3 +126,35 @@ def test_partial_rollout_is_named_where_the_engine_cannot_interrupt():
     assert async_warnings(_get(compose(["recipe=tiny_cpu", *vllm, "async_training.partial_rollout=False"]))) == []
     (warning,) = async_warnings(_get(compose(["recipe=tiny_cpu", *vllm])))
     assert "partial_rollout=True with rollout.name=vllm" in warning and "data.gen_batch_size=8 prompts" in warning
+
+
+V09 = ["trainer.v1.trainer_mode=separate_async", f"{ARR}.rollout.nnodes=1", f"{ARR}.rollout.n_gpus_per_node=1",
+       "trainer.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=2", f"{ARR}.actor.ppo_mini_batch_size=16"]
+
+
+def test_verl_0_9s_separate_async_mode_is_split_pools_with_its_bound_and_sync_rule():
+    """trainer.v1.trainer_mode=separate_async: the rollout on actor_rollout_ref.rollout.nnodes x n_gpus_per_node devices,
+    a step of parameter_sync_step mini-batches (verl's rule train_batch_size = parameter_sync_step x ppo_mini_batch_size)
+    with one weight sync after it, partial rollouts, and the rollout at most max_off_policy_threshold - 1 steps ahead
+    (the drop strategy's part: tests/trainer/test_split_pools.py)."""
+    cfg = compose(["recipe=tiny_cpu", *V09, "trainer.v1.sampler.max_off_policy_threshold=3"])
+    get = _get(cfg)
+    assert cfg.actor_rollout_ref.hybrid_engine is False and (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node) == (1, 1)
+    assert (cfg.async_training.require_batches, cfg.async_training.trigger_parameter_sync_step) == (2, 1)
+    assert cfg.data.train_batch_size == 2 * 16 and cfg.async_training.partial_rollout and staleness_window(get) == 3
+    assert diagnose(cfg)[1] == []
+    # verl's own asserts, and what rlcore does not do
+    assert _errors(*V09[:1], "trainer.v1.separate_async.hybrid_rollout.enable_switch=True") == [
+        f"trainer.v1.separate_async.hybrid_rollout.enable_switch=True (lending the trainer's idle devices to the rollout) "
+        "is not supported by rlcore; drop it (the rollout keeps its own devices)",
+        f"trainer.v1.trainer_mode=separate_async runs the rollout on devices of its own: set {ARR}.rollout.nnodes (>= 1) and "
+        f"{ARR}.rollout.n_gpus_per_node (verl asserts the same)",
+        f"data.train_batch_size=32: with {ARR}.hybrid_engine=False a trainer step consumes trainer.v1.separate_async."
+        f"parameter_sync_step=4 x {ARR}.actor.ppo_mini_batch_size=32 = 128 prompts; use data.train_batch_size=128"]
+    mixed = diagnose(compose(["recipe=tiny_cpu", *V09, "async_training.trigger_parameter_sync_step=2"]))[1]
+    assert [e.split(" and ")[0] for e in mixed] == ["async_training.trigger_parameter_sync_step=2"]
+    colocate = diagnose(compose(["recipe=tiny_cpu", "trainer.v1.trainer_mode=colocate_async"]))[1]
+    assert colocate[0].startswith("trainer.v1.trainer_mode=colocate_async (rollout and training taking turns on the same "
+                                  "devices, with generations carried across steps) is not supported yet by rlcore")
+    sync = compose(["recipe=tiny_cpu", "trainer.v1.trainer_mode=sync", "trainer.use_v1=False"])
+    assert sync.actor_rollout_ref.hybrid_engine is True and diagnose(sync)[1] == []

@@ -78,8 +78,8 @@ def test_a_top_k_loss_as_a_policy_gradient_reward_is_warned_as_verl_does(capsys,
     from rlcore.cli.plan import main
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    assert main(["--elsewhere", *ON, f"{D}.distillation_loss.loss_mode=forward_kl_topk"]) == 0
+    assert main(["--elsewhere", *ON, f"{D}.distillation_loss.loss_mode=forward_kl_topk", f"{D}.distillation_loss.use_policy_gradient=True"]) == 0
     out = capsys.readouterr().out
     assert "warning: distillation.distillation_loss.loss_mode=forward_kl_topk with distillation.distillation_loss.use_policy_gradient=True" in out
-    assert main(["--elsewhere", *ON, f"{D}.distillation_loss.loss_mode=forward_kl_topk", f"{D}.distillation_loss.use_policy_gradient=False"]) == 0
+    assert main(["--elsewhere", *ON, f"{D}.distillation_loss.loss_mode=forward_kl_topk"]) == 0  # verl 0.9's default: False
     assert "use_policy_gradient=True: the update" not in capsys.readouterr().out

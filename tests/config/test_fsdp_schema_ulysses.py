@@ -50,7 +50,7 @@ def test_megatron_is_refused_with_the_reason_and_ulysses_named():
 
 
 def test_reward_model_takes_ulysses():
-    rm = ["reward_model.enable=True", "reward_model.model.path=.cache/tiny_cpu/sft_model", "reward_model.micro_batch_size_per_gpu=8",
+    rm = ["reward.reward_model.enable=True", "reward.reward_model.model_path=.cache/tiny_cpu/sft_model", "reward_model.micro_batch_size_per_gpu=8",
           "reward_model.ulysses_sequence_parallel_size=2"]
     _, errors = _diagnose(rm)
     assert any("reward_model.ulysses_sequence_parallel_size=2 slices the packed sequence" in e for e in errors), errors

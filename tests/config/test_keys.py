@@ -15,7 +15,7 @@ def test_a_plus_key_next_to_a_schema_field_is_refused_with_did_you_mean():
 
 def test_free_form_sections_take_new_keys_and_every_recipe_is_clean():
     cfg = compose(["recipe=tiny_cpu", "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
-                   "+reward_model.reward_kwargs.max_resp_len=5"])
+                   "+reward.reward_kwargs.max_resp_len=5"])
     assert unknown_key_errors(cfg) == []
     for recipe in ("qwen2_7b_grpo", "qwen2_32b_grpo_megatron", "tiny_cpu_tools", "llama_70b_multinode"):
         assert unknown_key_errors(compose([f"recipe={recipe}"])) == []

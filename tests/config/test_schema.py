@@ -15,36 +15,66 @@ from rlcore.config import CONFIG_DIR, PPOConfig, compose, register_configs
 from rlcore.config.actor_schema import ActorConfig
 
 REPO_ROOT = Path(CONFIG_DIR).parent
-# CI clones the repo with shared/ beside it (../shared), as on developer machines.
-VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
-# Defaults rlcore deliberately changes from verl's, with the reason.
+# CI clones the repo with shared/ beside it (../shared), as on developer machines: verl 0.9's tree and 0.8's
+VERL_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_0.9_config_keys.txt"
+VERL_08_KEYS = REPO_ROOT.parent / "shared" / "reference" / "verl_config_keys.txt"
+# Defaults rlcore deliberately changes from verl 0.9's, with the reason.
 RLCORE_DEFAULTS = {"actor_rollout_ref.rollout.name": "native",  # verl: ??? (mandatory); native is embedded
                    # verl: ??? (mandatory); no effect here, and a run's typed config has no unset mandatory keys
-                   "reward_model.rollout.name": None,
+                   "reward.reward_model.rollout.name": None,
                    # verl: 0.2 each, so that its clip_ratio alone changed nothing; rlcore's follow clip_ratio
                    "actor_rollout_ref.actor.clip_ratio_low": "${.clip_ratio}", "actor_rollout_ref.actor.clip_ratio_high": "${.clip_ratio}",
                    # verl: disabled, and never read (its reference does not replay); rlcore's follows the actor's
                    "actor_rollout_ref.ref.router_replay.mode": "${oc.select:actor_rollout_ref.actor.router_replay.mode,disabled}",
                    # verl: null here, {} in its Megatron optim tree, whose scripts add keys with `+` (a null refuses them)
-                   "actor_rollout_ref.actor.optim.override_optimizer_config": {}, "critic.optim.override_optimizer_config": {}}
+                   "actor_rollout_ref.actor.optim.override_optimizer_config": {}, "critic.optim.override_optimizer_config": {},
+                   # verl: true (and its constant schedule runs the first update at lr 0 whatever the key says); rlcore
+                   # counts the first update as the schedule's step 1, as before the key existed (True: verl's count)
+                   "actor_rollout_ref.actor.optim.zero_indexed_step": False, "critic.optim.zero_indexed_step": False,
+                   # verl: 42; rlcore's follows trainer.seed, so that a sweep over trainer.seed varies the samples too
+                   "actor_rollout_ref.rollout.seed": "${trainer.seed}",
+                   # verl: null, meaning train_batch_size; rlcore's says so
+                   "data.gen_batch_size": "${data.train_batch_size}",
+                   # verl 0.9: null (its reward loop has no such key); rlcore's reward-model worker imports the policy's
+                   "reward_model.model.external_lib": "${actor_rollout_ref.model.external_lib}",
+                   "reward_model.model.trust_remote_code": False,  # verl 0.9: null (a legacy key); the worker's own switch
+                   # verl: a teacher pool of its own always (8 per node); rlcore's teachers share the actor's devices unless
+                   # given a pool, with one device per replica, in the rollout's engine, dtype and temperature (None)
+                   "distillation.n_gpus_per_node": 0,
+                   "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size": 1,
+                   "distillation.teacher_models.teacher_model.inference.name": None,
+                   "distillation.teacher_models.teacher_model.inference.dtype": None,
+                   "distillation.teacher_models.teacher_model.inference.temperature": None}
+# Defaults of verl 0.8 keys that verl 0.9 dropped and rlcore keeps (its reward-model worker's), where they differ
+RLCORE_08_DEFAULTS = {}
 RLCORE_ADDITIONS = {
-    "reward_model.model.fsdp_config.dtype", "reward_model.model.fsdp_config.offload_policy", "critic.model.lora_adapter_path",
+    "reward_model.model.fsdp_config.dtype", "reward_model.model.fsdp_config.offload_policy",
     "actor_rollout_ref.rollout.engine_kwargs.native",
     "trainer.seed", "trainer.max_worker_restarts", "trainer.verbosity", "ray_kwargs.ray_init.address",
     "critic.enable_resource_pool", "critic.nnodes", "critic.n_gpus_per_node", "custom_algorithms.path",
-    "reward_model.reward_kwargs",  # not in verl's tree: its DAPO scripts add it with `+`, which needs the dict here
+    "reward.reward_kwargs",  # not in verl's tree: its DAPO scripts add it with `+`, which needs the dict here
     "trainer.device_memory_gb", "data.skip_bad_rows", "reward_model.score_workers", "reward_model.score_timeout_s",
     "reward_model.error_score", "reward_model.max_error_rate", "trainer.hang_timeout_s", "trainer.placement_timeout_s",
     "actor_rollout_ref.rollout.multi_turn.tool_timeout_s",
     # verl's DAPO recipe tree (recipe/dapo/config), not its main trainer tree; defaults as there
-    "data.gen_batch_size", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
-    "algorithm.filter_groups.max_num_gen_batches", "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",
+    "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",
     "reward_model.overlong_buffer.penalty_factor", "reward_model.overlong_buffer.log",
+    # verl's AlgoConfig dataclass has them but its YAML tree does not: its GDPO script adds them with `+`
+    "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights",
+    # verl 0.9's SAPO scripts add them with `+` (verl reads the actor's tau_pos / tau_neg)
+    "actor_rollout_ref.actor.policy_loss.tau_pos", "actor_rollout_ref.actor.policy_loss.tau_neg",
     # verl's Megatron optim tree (optim/megatron.yaml) names the schedule so; its FSDP tree, listed here, does not
-    "actor_rollout_ref.actor.optim.lr_decay_style", "critic.optim.lr_decay_style",
+    *(f"{role}.optim.{key}" for role in ("actor_rollout_ref.actor", "critic")
+      for key in ("lr_decay_style", "min_lr", "lr_warmup_init", "lr_decay_steps")),
     # verl's fsdp_config.mixed_precision is a null dict its scripts fill with `+`; rlcore types its three keys
-    *(f"{role}.fsdp_config.mixed_precision.{key}" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")
+    *(f"{role}.mixed_precision.{key}" for role in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")
       for key in ("param_dtype", "reduce_dtype", "buffer_dtype")),
+    "critic.checkpoint.strict",  # as the actor's checkpoint section (verl 0.9's critic section lacks it)
+    "model_engine",  # verl 0.9's defaults-list group (config/model_engine/), not a key of its flattened tree
+    "ray_kwargs.ray_init.runtime_env.env_vars",  # Ray's runtime_env field; verl's tree lists only py_executable
+    # verl 0.9's reward model runs in its reward loop, without a profiler section; rlcore's worker has one
+    "reward_model.profiler.finish_hook_cmd", "reward_model.profiler.finish_hook_ranks",
+    "reward_model.profiler.finish_hook_all_ranks", "reward_model.profiler.relocate_results",
 }
 # verl's `<role>.megatron.*` sections (and the policy's Megatron LoRA section) live in its ppo_megatron_trainer tree,
 # not in the FSDP reference above.
@@ -116,24 +146,40 @@ def test_interpolated_defaults_follow_their_source():
     assert cfg.critic.shuffle and not arr.actor.shuffle  # an explicit value wins over the interpolation
 
 
-@pytest.mark.skipif(not VERL_KEYS.is_file(), reason=f"verl key reference not present at {VERL_KEYS}")
-def test_defaults_match_verl_reference():
-    """Every schema key that verl has carries verl's default (interpolations verbatim), except RLCORE_DEFAULTS."""
-
+def _verl_tree(path: Path) -> dict:
     def parse(text: str):
         try:
             return json.loads(text)
         except ValueError:
             return text
 
-    verl = {}
-    for line in VERL_KEYS.read_text().splitlines():
-        key, _, value = line.partition("=")
-        verl[key] = parse(value)
+    tree = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            tree[key] = parse(value)
+    return tree
+
+
+@pytest.mark.skipif(not VERL_KEYS.is_file(), reason=f"verl key reference not present at {VERL_KEYS}")
+def test_defaults_match_verl_reference():
+    """Every schema key that verl 0.9 has carries 0.9's default (interpolations verbatim), except RLCORE_DEFAULTS; a key
+    only verl 0.8 has carries 0.8's, unless it is 0.8's name of a renamed key (rlcore/config/renamed.py: unset, None);
+    every other key is an rlcore addition."""
+    from rlcore.config.renamed import renamed_from
+
+    verl, verl08 = _verl_tree(VERL_KEYS), _verl_tree(VERL_08_KEYS)
     ours = _flatten(OmegaConf.to_container(OmegaConf.structured(PPOConfig), resolve=False))
-    assert {key for key in set(ours) - set(verl) if not key.startswith(MEGATRON_SECTIONS + ASYNC_SECTIONS + WHOLE_NODES + DISTILLATION_SECTIONS)} == RLCORE_ADDITIONS
-    differ = {key: (ours[key], verl[key]) for key in ours if key in verl and ours[key] != verl[key]}
+    others = MEGATRON_SECTIONS + ASYNC_SECTIONS + WHOLE_NODES + DISTILLATION_SECTIONS
+    assert {key for key in set(ours) - set(verl) - set(verl08) if not key.startswith(others) and not renamed_from(key)} == RLCORE_ADDITIONS
+    differ = {key: (ours[key], verl[key]) for key in ours
+              if key in verl and ours[key] != verl[key] and not key.startswith(WHOLE_NODES) and not renamed_from(key)}
     assert differ == {key: (value, verl[key]) for key, value in RLCORE_DEFAULTS.items()}
+    # 0.8's names of renamed keys: unset (None, {}), or a section's leaves as the 0.9 section's ("set" = differs)
+    renamed = {key for key in ours if renamed_from(key)}
+    assert not [key for key in renamed if ours[key] not in (None, {}, ours.get(renamed_from(key)))]
+    only_08 = {key for key in ours if key in verl08 and key not in verl and not key.startswith(others)} - renamed
+    assert {key: (ours[key], verl08[key]) for key in only_08 if ours[key] != verl08[key]} == RLCORE_08_DEFAULTS
 
 
 def test_tiny_cpu_recipe_overrides_everything():
@@ -169,10 +215,10 @@ def test_unknown_key_access_fails():
 
 def test_plus_adds_new_keys_as_in_hydra():
     cfg = compose(["+new_key=1", "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
-                   "+reward_model.reward_kwargs.max_resp_len=8"])
+                   "+reward.reward_kwargs.max_resp_len=8"])
     assert cfg.new_key == 1
     assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
-    assert cfg.reward_model.reward_kwargs.max_resp_len == 8
+    assert cfg.reward.reward_kwargs.max_resp_len == 8
 
 
 def test_verl_command_line_composes():
@@ -207,7 +253,7 @@ def test_verl_command_line_composes():
 
 def test_verl_top_100_example_keys_all_compose():
     """The keys verl's example scripts use most (../shared/reference): each is a schema key, or sits under a
-    free-form dict that verl's scripts also extend with `+` (reward_model.reward_kwargs); the megatron ones in the
+    free-form dict that verl's scripts also extend with `+` (reward.reward_kwargs); the megatron ones in the
     ppo_megatron_trainer tree, as in verl."""
     counts = REPO_ROOT.parent / "shared" / "reference" / "verl_example_key_counts.txt"
     keys = [line.split("\t")[1].strip() for line in counts.read_text().splitlines() if "\t" in line]

@@ -9,7 +9,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
-from rlcore.config import CONFIG_DIR, ConfigError, PPOConfig, compose, format_plan, validate_config
+from rlcore.config import CONFIG_DIR, ConfigError, PPOConfig, compose, finish_composition, format_plan, validate_config
 from rlcore.config.validate import diagnose
 from rlcore.config.validate import BatchPlan
 
@@ -41,6 +41,7 @@ def _cfg(overrides, recipe=None):
                 OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
         else:
             OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+    finish_composition(cfg, overrides)  # as compose() ends (verl 0.8's renamed keys read as their 0.9 names)
     return cfg
 
 
@@ -92,14 +93,20 @@ def test_dynamic_bsz_needs_no_micro_batch_size():
     assert f"<={-(-plan.samples_per_mini_batch_per_rank // full)} " in row and f"= {full} full-length samples" in row
 
 
-def test_a_token_budget_below_one_sample_is_an_error_and_the_plan_still_prints():
-    # verl's Qwen3-30B megatron example: 16384 tokens per micro-batch for 32768-token samples (found by the corpus test)
-    from rlcore.config.validate import diagnose
+def test_a_token_budget_below_one_sample_is_a_warning_and_the_plan_still_prints():
+    # verl's Qwen3-30B megatron example: 16384 tokens per micro-batch for 32768-token samples (found by the corpus
+    # test). verl runs it until a longer sample comes, so rlcore runs it too and says so before the run; only a
+    # budget no sample fits is refused.
+    from rlcore.config.validate import config_warnings, diagnose
 
-    plan, errors = diagnose(_cfg(VERL_8GPU + [f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=1000"]))
-    assert any("ppo_max_token_len_per_gpu" in e for e in errors)
+    cfg = _cfg(VERL_8GPU + [f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=1000"])
+    plan, errors = diagnose(cfg)
+    assert not any("ppo_max_token_len_per_gpu" in e for e in errors)
+    assert any(w.startswith(f"{ARR}.actor.ppo_max_token_len_per_gpu=1000 is smaller") for w in config_warnings(cfg))
     row = next(line for line in format_plan(plan).splitlines() if "micro_batches_per_mini_batch_per_rank" in line)
     assert " ? " in row and "= 0 full-length samples" in row
+    _, errors = diagnose(_cfg(VERL_8GPU + [f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=1"]))
+    assert any("ppo_max_token_len_per_gpu=1 fits no sample" in e for e in errors)
 
 
 def test_validate_accepts_a_dataclass_instance():
@@ -181,15 +188,12 @@ def test_mini_batch_suggestions_satisfy_every_rule():
     ("algorithm.kl_penalty=k4", "algorithm.kl_penalty=k4 is not one of kl, k1, abs"),
     ("algorithm.kl_ctrl.type=linear", "algorithm.kl_ctrl.type=linear is not one of fixed, adaptive"),
     (f"{ARR}.actor.loss_agg_mode=token_mean", f"use {ARR}.actor.loss_agg_mode=token-mean"),
-    (f"{ARR}.rollout.n=1", "rollout.n=1 leaves it without a baseline; use actor_rollout_ref.rollout.n=4 or more"),
     (f"{ARR}.rollout.temperature=-0.5", "must be >= 0"),
     (f"{ARR}.rollout.val_kwargs.top_p=0", f"{ARR}.rollout.val_kwargs.top_p=0.0 must be in (0, 1]"),
     (f"{ARR}.actor.clip_ratio_high=0", f"{ARR}.actor.clip_ratio_high=0.0 must be > 0"),
     (f"{ARR}.actor.clip_ratio_c=0.5", "must be > 1"),
     ("trainer.save_freq=-5", "trainer.save_freq=-5 must be -1 (never) or > 0"),
     ("trainer.total_training_steps=0", "trainer.total_training_steps=0 must be > 0"),
-    (f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=10 is smaller than "
-     "data.max_prompt_length + data.max_response_length = 13 tokens"),
     ("critic.enable=True", "critic.ppo_micro_batch_size_per_gpu is required unless critic.use_dynamic_bsz=True"),
     (f"{ARR}.rollout.multi_turn.enable=True", f"multi-turn rollouts ({ARR}.rollout.multi_turn.enable=True or "
      f"{ARR}.rollout.agent.default_agent_loop=tool_agent) need tools"),
@@ -245,12 +249,13 @@ def test_gae_turns_the_critic_on_and_plans_its_batches():
     ("critic.ppo_mini_batch_size=12", "critic.ppo_mini_batch_size=12 does not divide data.train_batch_size=32"),
     ("critic.cliprange_value=0", "critic.cliprange_value=0.0 must be > 0"),
     ("critic.loss_agg_mode=mean", "critic.loss_agg_mode=mean is not one of"),
-    ("critic.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2 slices the packed sequence, which "
+    ("critic.ulysses_sequence_parallel_size=2 critic.model.use_remove_padding=False",  # verl 0.9 packs the critic by default
+     "critic.ulysses_sequence_parallel_size=2 slices the packed sequence, which "
      "needs critic.model.use_remove_padding=True"),
     ("critic.ulysses_sequence_parallel_size=4", "critic.ulysses_sequence_parallel_size=4 does not divide the critic's 2 ranks"),
 ])
 def test_critic_violations(override, fragment):
-    messages = _errors(CRITIC + [override], recipe="tiny_cpu")
+    messages = _errors(CRITIC + override.split(" "), recipe="tiny_cpu")
     assert any(fragment in m for m in messages), messages
 
 
@@ -315,56 +320,84 @@ def test_every_recipe_composes_and_validates(recipe):
         assert validate_config(cfg) == plan
 
 
-def test_critic_token_budgets_must_hold_a_full_length_sample():
-    messages = _errors(CRITIC + ["critic.use_dynamic_bsz=True", "critic.forward_max_token_len_per_gpu=12"], recipe="tiny_cpu")
-    assert messages == ["critic.forward_max_token_len_per_gpu=12 is smaller than data.max_prompt_length + "
-                        "data.max_response_length = 13 tokens" + messages[0].split("13 tokens", 1)[1]]
+def test_what_verl_runs_is_accepted_with_a_warning_and_what_it_cannot_run_is_refused():
+    """As strict as verl 0.9, not stricter: a token budget below the longest possible sample runs until a sample
+    longer than it comes (verl's assert, and rlcore's, stop the pass then); a group estimator with rollout.n=1 gives
+    each sample its own score as advantage (verl's group of one); grpo_passk needs two samples (verl raises)."""
+    from rlcore.config.validate import config_warnings
+
+    short = _cfg(CRITIC + [f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=10", "critic.use_dynamic_bsz=True",
+                           "critic.forward_max_token_len_per_gpu=12", f"{ARR}.rollout.n=1"], recipe="tiny_cpu")
+    assert diagnose(short)[1] == []
+    # the actor's budget, the old-log-prob pass's that follows it, the critic's forward (gae has no groups: n=1 is fine)
+    said = config_warnings(short)
+    assert [w.split("=", 1)[0] for w in said] == [f"{ARR}.actor.ppo_max_token_len_per_gpu", f"{ARR}.rollout.log_prob_max_token_len_per_gpu",
+                                                  f"{ARR}.ref.log_prob_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"]
+    assert said[0].startswith(f"{ARR}.actor.ppo_max_token_len_per_gpu=10 is smaller than data.max_prompt_length "
+                              "+ data.max_response_length = 13 tokens: a sample longer than 10 tokens stops the run")
+    grpo = _cfg([f"{ARR}.rollout.n=1", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=16"], recipe="tiny_cpu")
+    assert diagnose(grpo)[1] == [] and config_warnings(grpo)[0].startswith(
+        f"algorithm.adv_estimator=grpo with {ARR}.rollout.n=1: each sample is its own group")
+    assert _errors(["algorithm.adv_estimator=grpo_passk", f"{ARR}.rollout.n=1", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=16"],
+                   recipe="tiny_cpu") == [
+        f"algorithm.adv_estimator=grpo_passk compares each prompt's best sample with its second best, so {ARR}.rollout.n=1 "
+        f"cannot run (verl stops at the first step too); use {ARR}.rollout.n=4 or more"]
+    tiny = _errors([f"{ARR}.actor.use_dynamic_bsz=True", f"{ARR}.actor.ppo_max_token_len_per_gpu=1"], recipe="tiny_cpu")
+    assert tiny[0] == (f"{ARR}.actor.ppo_max_token_len_per_gpu=1 fits no sample (a prompt token and a response token at least); "
+                       f"use {ARR}.actor.ppo_max_token_len_per_gpu=13")  # then the passes whose budgets follow it
 
 
-DAPO = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=5",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0", "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False"]
+DAPO = ["reward.reward_manager.name=dapo", "+reward.reward_kwargs.max_resp_len=5",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward.reward_kwargs.overlong_buffer_cfg.len=2",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0", "+reward.reward_kwargs.overlong_buffer_cfg.log=False"]
 
 
 def test_verl_dapo_reward_keys_are_accepted():
     cfg = _cfg(DAPO, "tiny_cpu")  # verl's DAPO scripts add these with `+`
     assert validate_config(cfg).samples_per_step == 256  # no error, and the plan is unchanged
-    assert OmegaConf.to_container(cfg.reward_model.reward_kwargs) == {
+    assert OmegaConf.to_container(cfg.reward.reward_kwargs) == {
         "max_resp_len": 5, "overlong_buffer_cfg": {"enable": True, "len": 2, "penalty_factor": 1.0, "log": False}}
 
 
 @pytest.mark.parametrize("override, fragment", [
-    ("reward_model.reward_manager=prime", "reward_model.reward_manager=prime is not supported yet by rlcore; use "
-     "reward_model.reward_manager=naive"),
-    ("reward_model.reward_manager=dapos", "is not one of naive, dapo; use reward_model.reward_manager=dapo"),
-    ("+reward_model.reward_kwargs.max_resp_length=5", "reward_model.reward_kwargs.max_resp_length is not an argument of "
-     "reward_model.reward_manager=dapo; it takes: max_resp_len, overlong_buffer_cfg"),
-    ("+reward_model.reward_kwargs.overlong_buffer_cfg.size=3", "overlong_buffer_cfg.size is unknown"),
-    ("reward_model.reward_kwargs.overlong_buffer_cfg.len=9", "the overlong buffer needs 0 < overlong_buffer_cfg.len (9) <= max_resp_len (5)"),
+    ("reward.reward_manager.name=prime", "reward.reward_manager.name=prime is not supported yet by rlcore; use "
+     "reward.reward_manager.name=naive"),
+    ("reward.reward_manager.name=dapos", "is not one of naive, dapo, gdpo; use reward.reward_manager.name=dapo"),
+    ("+reward.reward_kwargs.max_resp_length=5", "reward.reward_kwargs.max_resp_length is not an argument of "
+     "reward.reward_manager.name=dapo; it takes: max_resp_len, overlong_buffer_cfg"),
+    ("+reward.reward_kwargs.overlong_buffer_cfg.size=3", "overlong_buffer_cfg.size is unknown"),
+    ("reward.reward_kwargs.overlong_buffer_cfg.len=9", "the overlong buffer needs 0 < overlong_buffer_cfg.len (9) <= max_resp_len (5)"),
 ])
 def test_reward_manager_violations(override, fragment):
     messages = _errors(DAPO + [override], recipe="tiny_cpu")
     assert any(fragment in m for m in messages), messages
 
 
-RM = ["reward_model.enable=True", "reward_model.micro_batch_size_per_gpu=8"]
+RM = ["reward.reward_model.enable=True", "reward.reward_model.model_path=/rm", "reward_model.micro_batch_size_per_gpu=8"]
 
 
 def test_reward_model_keys_of_verl_compose_and_what_is_not_implemented_is_refused():
     assert validate_config(_cfg(RM, "tiny_cpu")).samples_per_step == 256
     # verl's newer reward-loop keys compose (so verl command lines parse) and stay inert while off
     assert validate_config(_cfg(RM + ["reward_model.rollout.name=vllm", "reward_model.rollout.tensor_model_parallel_size=2",
-                                      "reward_model.num_workers=2", "trainer.use_legacy_worker_impl=enable"], "tiny_cpu"))
-    messages = _errors(["reward_model.enable=True", "reward_model.use_reward_loop=False", "reward_model.strategy=megatron",
-                        "trainer.use_legacy_worker_impl=disable", "reward_model.enable_resource_pool=True"], "tiny_cpu")
+                                      "reward.num_workers=2", "trainer.use_legacy_worker_impl=enable"], "tiny_cpu"))
+    messages = _errors(["reward.reward_model.enable=True", "reward.reward_model.model_path=/rm", "reward_model.use_reward_loop=False",
+                        "reward_model.strategy=megatron",
+                        "trainer.use_legacy_worker_impl=disable", "reward.reward_model.enable_resource_pool=True"], "tiny_cpu")
     expected = ["reward_model.strategy=megatron is not supported for the reward model",
                 "trainer.use_legacy_worker_impl=disable selects verl's new worker implementation",
                 "reward_model.micro_batch_size_per_gpu is required unless reward_model.use_dynamic_bsz=True or reward_model.use_reward_loop=True",
-                "reward_model.nnodes=0 must be >= 1"]
+                "reward.reward_model.nnodes=0 must be >= 1"]
     assert len(messages) == len(expected) and all(m.startswith(e) for m, e in zip(messages, expected)), messages
     # verl's reward loop (its default) fills the forwards by tokens when no micro-batch size is given, as its engine does
-    assert validate_config(_cfg(["reward_model.enable=True", "reward_model.rollout.name=vllm"], "tiny_cpu"))
-    budget = _errors(["reward_model.enable=True", "reward_model.forward_max_token_len_per_gpu=10"], "tiny_cpu")
+    assert validate_config(_cfg(["reward.reward_model.enable=True", "reward.reward_model.model_path=/rm", "reward_model.rollout.name=vllm"],
+                                "tiny_cpu"))
+    budget = _errors(["reward.reward_model.enable=True", "reward.reward_model.model_path=/rm", "reward_model.forward_max_token_len_per_gpu=10"],
+                     "tiny_cpu")
+    # without a model to score with: named (verl 0.8's key too)
+    assert _errors(["reward.reward_model.enable=True"], "tiny_cpu") == [
+        "reward.reward_model.enable=True needs reward.reward_model.model_path: a local HF *ForSequenceClassification "
+        "(num_labels=1) directory (verl 0.8: reward_model.model.path)"]
     assert budget == ["reward_model.forward_max_token_len_per_gpu=10 is smaller than the longest scored sequence (13 tokens: "
                       "reward_model.max_length or data.max_prompt_length + data.max_response_length); use "
                       "reward_model.forward_max_token_len_per_gpu=13"]

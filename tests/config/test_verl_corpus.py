@@ -1,12 +1,14 @@
 """verl's own example scripts, as a user pastes them: the doctor accepts each, or refuses it only for the reasons
-listed in verl_corpus/EXPECTED.txt.
+listed in the corpus's EXPECTED.txt. Two corpora: verl 0.8's examples (tests/config/verl_corpus, b178a3c) and verl
+0.9's (tests/config/verl_0_9_corpus, 1dda039): rlcore speaks both dialects.
 
-The corpus (tests/config/verl_corpus/*.args) is every launch script under verl's examples/ at b178a3c, run by
-tools/verl_corpus.py with bash expanding its variables and every program stubbed: one file per script, its verl
-entry point and its overrides. Each is planned as `rlcore-plan --elsewhere` would (models, data and tools are on
-the user's machine, not here), every problem at once; its verdict is `accepted` or the sorted set of reasons, one
-per refused feature. A change to what the doctor accepts shows up as a changed line here: an improvement is
-recorded by updating EXPECTED.txt (the message says how), a regression fails.
+Each corpus (<corpus>/*.args) is every launch script under verl's examples/ at that commit, run by
+tools/verl_corpus.py with bash expanding its variables and every program stubbed (a GPU machine's branch of the
+scripts' device `case` blocks): one file per script, its verl entry point and its overrides. Each is planned as
+`rlcore-plan --elsewhere` would (models, data and tools are on the user's machine, not here), every problem at once;
+its verdict is `accepted` or the sorted set of reasons, one per refused feature. A change to what the doctor accepts
+shows up as a changed line here: an improvement is recorded by updating EXPECTED.txt (the message says how), a
+regression fails.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ from pathlib import Path
 
 import pytest
 
-CORPUS = Path(__file__).parent / "verl_corpus"
-EXPECTED = CORPUS / "EXPECTED.txt"
-UPDATED = Path(__file__).resolve().parents[2] / ".cache" / "verl_corpus_EXPECTED.txt"
-# verl's entry point -> rlcore's config of the same trainer
+HERE = Path(__file__).parent
+CORPUS = HERE / "verl_corpus"  # verl 0.8's
+# verl version -> (its corpus, how many of its example scripts there are)
+CORPORA = {"0.8": (CORPUS, 139), "0.9": (HERE / "verl_0_9_corpus", 109)}
+UPDATED = Path(__file__).resolve().parents[2] / ".cache"
+# verl's entry point -> rlcore's config of the same trainer (main_ppo_sync: verl 0.8's name of the trainer 0.9 folded
+# into main_ppo; fully_async_main: verl's fully-async recipe, rlcore's split pools under the same keys)
 ENTRIES = {"verl.trainer.main_ppo": "ppo_trainer", "verl.trainer.fsdp_sft_trainer": "sft_trainer",
-           "verl.trainer.sft_trainer": "sft_trainer"}
+           "verl.trainer.sft_trainer": "sft_trainer", "verl.trainer.main_ppo_sync": "ppo_trainer",
+           "verl.experimental.fully_async_policy.fully_async_main": "ppo_trainer"}
+# verl's config names that rlcore's configs stand for (verl's fully-async recipe builds on its PPO trainers' trees)
+CONFIG_NAMES = {"fully_async_ppo_trainer": "ppo_trainer", "fully_async_ppo_megatron_trainer": "ppo_megatron_trainer"}
 # error text -> the reason it counts under (first match); any other error counts under its own first clause
 REASONS = (
     (r"is verl's (.+?); not supported by rlcore", None),
@@ -32,6 +40,7 @@ REASONS = (
     (r"trtllm|TensorRT", "TensorRT-LLM rollout"),
     (r"multimodal|vision", "vision-language model"),
     (r"\bnpu\b", "Ascend NPU"),
+    (r"^([\w.+~]+) is not a config key in verl 0.9 either", "{0}: verl 0.9 refuses the key too"),
     (r"^([\w.+~]+) is not a config key", "unknown key {0}"),
     (r"^Error merging override ([\w.]+)=:", "{0} from the user's environment (empty here)"),
     (r"^Error parsing override '([\w.]+)=", "{0}: the script's own override does not parse (a typo in verl's script)"),
@@ -51,14 +60,7 @@ def reason(error: str) -> str:
     return re.split(r"[;:(]", error, maxsplit=1)[0].strip()
 
 
-def verdict(entry: str, args: list[str]) -> list[str]:
-    """The reasons the doctor refuses the script for (sorted, each once); [] when it accepts it."""
-    if entry not in ENTRIES:
-        return [f"verl's entry point {entry}"]
-    return sorted({reason(e) for e in doctor_errors(entry, args)})
-
-
-def doctor_errors(entry: str, args: list[str]) -> list[str]:
+def doctor_errors(entry: str, args: list[str], corpus: Path = CORPUS) -> list[str]:
     """What `rlcore-plan --elsewhere` reports as errors for the script's overrides."""
     from rlcore.cli.overrides import ComposeError, compose_explained, schema_keys, set_existing_keys, split_argv
     from rlcore.cli.plan import composer
@@ -68,10 +70,10 @@ def doctor_errors(entry: str, args: list[str]) -> list[str]:
     from rlcore.config import external_config_dir
 
     paths = [a.split("=", 1)[-1] for a in args if a.startswith("--config-path")]
-    config_dir = str(CORPUS / "configs" / paths[0].strip("/")) if paths and external_config_dir(paths[0]) else None
+    config_dir = str(corpus / "configs" / paths[0].strip("/")) if paths and external_config_dir(paths[0]) else None
     args = [a for a in args if not a.startswith("--config-path")]
-    named = [a.removesuffix(".yaml") if a.startswith("--config-name") or b in ("--config-name", "-cn") else a
-             for b, a in zip(["", *args], args)]  # verl's scripts name the config with or without .yaml
+    named = [_config_name(a) if a.startswith("--config-name") or b in ("--config-name", "-cn") else a
+             for b, a in zip(["", *args], args)]
     config_name, overrides, _, _ = split_argv(named, ENTRIES[entry])
     compose_fn, check = composer(config_name, config_dir)
     overrides = set_existing_keys(overrides, schema_keys(config_name))  # as rlcore-train and rlcore-plan do
@@ -81,39 +83,55 @@ def doctor_errors(entry: str, args: list[str]) -> list[str]:
         return err.problems + (check(err.partial, "elsewhere").errors if err.partial is not None else [])
 
 
-def script_verdict(path: Path) -> tuple[str, str]:
+def _config_name(arg: str) -> str:
+    """verl's scripts name the config with or without .yaml, and verl's fully-async recipe's own trees."""
+    flag, eq, name = arg.rpartition("=") if arg.startswith("--config-name=") else ("", "", arg)
+    name = name.removesuffix(".yaml")
+    return f"{flag}{eq}{CONFIG_NAMES.get(name, name)}"
+
+
+def script_verdict(job: tuple[Path, Path]) -> tuple[str, str]:
+    corpus, path = job
     script, entry, args = read(path)
-    return script, "; ".join(verdict(entry, args)) or "accepted"
+    if entry not in ENTRIES:
+        return script, f"verl's entry point {entry}"
+    return script, "; ".join(sorted({reason(e) for e in doctor_errors(entry, args, corpus)})) or "accepted"
 
 
-def verdicts() -> dict[str, str]:
+def verdicts(corpus: Path) -> dict[str, str]:
     """Over two fresh processes: a script's verdict is ~0.2 s of Hydra composing in pure Python on one core, and
-    nothing else runs beside this test (serial, the 139 took 31 s of the suite)."""
+    nothing else runs beside this test (serial, 0.8's 139 took 31 s of the suite)."""
     context = multiprocessing.get_context("spawn")  # not fork: the pytest process may hold Ray's threads
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
-        return dict(pool.map(script_verdict, sorted(CORPUS.glob("*.args")), chunksize=8))
+        return dict(pool.map(script_verdict, [(corpus, p) for p in sorted(corpus.glob("*.args"))], chunksize=8))
 
 
-def test_the_corpus_is_verls_examples():
-    scripts = [read(p)[0] for p in CORPUS.glob("*.args")]
-    assert len(scripts) == 139 and all(s.startswith("examples/") and s.endswith(".sh") for s in scripts)
+@pytest.mark.parametrize("version", list(CORPORA))
+def test_the_corpus_is_verls_examples(version):
+    corpus, count = CORPORA[version]
+    scripts = [read(p)[0] for p in corpus.glob("*.args")]
+    assert len(scripts) == count and all(s.startswith("examples/") and s.endswith(".sh") for s in scripts)
 
 
-def test_each_script_is_accepted_or_refused_only_for_its_listed_reasons(capsys):
-    found = verdicts()
+@pytest.mark.parametrize("version", list(CORPORA))
+def test_each_script_is_accepted_or_refused_only_for_its_listed_reasons(version, capsys):
+    corpus, _ = CORPORA[version]
+    found = verdicts(corpus)
     counts = Counter("accepted" if v == "accepted" else "refused" for v in found.values())
     by_reason = Counter(r for v in found.values() if v != "accepted" for r in v.split("; "))
     with capsys.disabled():
-        print(f"\nverl corpus: {counts['accepted']} of {len(found)} scripts accepted; reasons (scripts): "
+        print(f"\nverl {version} corpus: {counts['accepted']} of {len(found)} scripts accepted; reasons (scripts): "
               + ", ".join(f"{r} ({n})" for r, n in by_reason.most_common()))
-    expected = dict(line.split("\t", 1) for line in EXPECTED.read_text().splitlines() if line)
+    expected_file = corpus / "EXPECTED.txt"
+    expected = dict(line.split("\t", 1) for line in expected_file.read_text().splitlines() if line)
     changed = {s: (expected.get(s), v) for s, v in found.items() if expected.get(s) != v}
+    updated = UPDATED / f"{corpus.name}_EXPECTED.txt"
     if changed:
-        UPDATED.parent.mkdir(exist_ok=True)
-        UPDATED.write_text("".join(f"{s}\t{v}\n" for s, v in found.items()))
+        updated.parent.mkdir(exist_ok=True)
+        updated.write_text("".join(f"{s}\t{v}\n" for s, v in found.items()))
     assert not changed, (f"{len(changed)} script(s) changed verdict (was -> now):\n"
                          + "\n".join(f"  {s}: {a} -> {b}" for s, (a, b) in sorted(changed.items()))
-                         + f"\nif each is intended: cp {UPDATED} {EXPECTED}")
+                         + f"\nif each is intended: cp {updated} {expected_file}")
 
 
 @pytest.mark.parametrize("error, expected", [
@@ -155,6 +173,6 @@ def test_the_newer_families_scripts_are_checked_against_their_models_config(scri
     found = doctor_errors(entry, args)
     errors = [e for e in found if str(model) in e]
     assert len(errors) == len(refusals) and all(r in e for r, e in zip(refusals, errors)), errors
-    expected = dict(line.split("\t", 1) for line in EXPECTED.read_text().splitlines() if line)
+    expected = dict(line.split("\t", 1) for line in (CORPUS / "EXPECTED.txt").read_text().splitlines() if line)
     others = sorted({reason(e) for e in found if str(model) not in e})
     assert ("; ".join(others) or "accepted") == expected[read(CORPUS / script)[0]]

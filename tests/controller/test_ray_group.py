@@ -50,6 +50,12 @@ class ToyWorker(Worker):
         return torch.get_num_threads()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def environ(self, name: str) -> str | None:
+        import os
+
+        return os.environ.get(name)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def new_group_timeout_s(self) -> float:
         """The timeout a process group created now gets (what FSDP2's and Ulysses' meshes get)."""
         from torch.distributed.distributed_c10d import Backend, _get_default_timeout
@@ -136,3 +142,31 @@ def test_ray_kwargs_timeline_json_file_gets_the_runs_tasks(ray_cluster, tmp_path
     write_timeline(str(path))
     events = json.loads(path.read_text())
     assert any("traced_step" in str(event.get("name", "")) for event in events)
+
+
+def test_ray_kwargs_runtime_env_starts_every_worker_through_py_executable_with_env_vars(ray_cluster, tmp_path):
+    """verl 0.9's launch scripts set ray_kwargs.ray_init.runtime_env.py_executable (a `uv run` command): each worker
+    process starts through it, with runtime_env.env_vars set, on a cluster the run joined (the session's)."""
+    import os
+    import stat
+
+    from rlcore.config import compose
+    from rlcore.controller.ray_group import ray_runtime_env
+
+    launcher = tmp_path / "launch_python"  # stands in for `uv run ...`: marks the process, then runs Python
+    launcher.write_text(f"#!/bin/sh\nexport STARTED_BY_LAUNCHER=yes\nexec {sys.executable} \"$@\"\n")
+    launcher.chmod(launcher.stat().st_mode | stat.S_IEXEC)
+    cfg = compose([f"ray_kwargs.ray_init.runtime_env.py_executable={launcher}",
+                   "+ray_kwargs.ray_init.runtime_env.env_vars.RUN_FLAVOUR=v09"])
+    runtime_env = ray_runtime_env(cfg.ray_kwargs.ray_init)
+    assert runtime_env == {"py_executable": str(launcher), "env_vars": {"RUN_FLAVOUR": "v09"}}
+    pool = ResourcePool(nnodes=1, n_gpus_per_node=1, device="cpu", cpus_per_rank=2)
+    group = RayWorkerGroup(ToyWorker, pool, scale=1, runtime_env=runtime_env)
+    try:
+        assert group.environ("STARTED_BY_LAUNCHER") == ["yes"]
+        assert group.environ("RUN_FLAVOUR") == ["v09"]
+        assert group.environ("OMP_NUM_THREADS") == ["2"]  # rlcore's own per-rank variables stay
+        assert os.environ.get("STARTED_BY_LAUNCHER") is None
+    finally:
+        group.kill()
+        pool.release()

@@ -131,7 +131,7 @@ def test_bad_rows_are_reported_with_counts_and_locations_or_skipped(tmp_path, ca
         "6 of 10 rows are unusable:",
         f"  4 x reward_model.ground_truth is missing (the rule scorer compares the response with it) (at {path}:2, {path}:5, {path}:6, ...)",
         f"  1 x column 'prompt' (data.prompt_key) is an empty conversation (at {path}:1)",
-        f"  1 x data_source='gsm9k' has no rule scorer (registered: tiny_add; register one, or set custom_reward_function.path) (at {path}:9)",
+        f"  1 x data_source='gsm9k' has no rule scorer (registered: tiny_add; register one, or set reward.custom_reward_function.path) (at {path}:9)",
         "Fix the data, or set data.skip_bad_rows=True to train without these rows"]
     ds = make_dataset(path, max_prompt_length=16, row_checks=checks, skip_bad_rows=True)
     assert [ds[i]["index"] for i in range(len(ds))] == [0, 3, 4, 7]

@@ -141,3 +141,30 @@ def test_multiturn_hands_the_rows_tools_and_thinking_flag_to_the_template(tmp_pa
                        "data.multiturn.messages_key=conv", "data.multiturn.tools_key=fns", "data.multiturn.enable_thinking_key=think"])
     data, _ = load_rows(cfg, tok)
     assert tok.decode(data.prompts[0]) == "[1 tools][think]<|user|>1+2=<|assistant|>"
+
+
+def test_verl_0_9_conversation_keys_read_every_row_as_a_conversation_with_its_template_arguments(tmp_path):
+    """verl 0.9's sft_trainer: data.messages_key (and tools_key, enable_thinking_key) at the data section's top, the
+    thinking flag's default for rows without one, apply_chat_template_kwargs for every row, and the row limits."""
+    from rlcore.train_sft import compose_sft, load_rows
+
+    tok = build_char_tokenizer()
+    tok.chat_template = ("{% if tools %}[{{ tools | length }} tools]{% endif %}{% if enable_thinking %}[think]{% endif %}"
+                         "{% if lang %}[{{ lang }}]{% endif %}"
+                         "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% if m['role'] == 'assistant' %}"
+                         "{{ '<|endoftext|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tools = [{"type": "function", "function": {"name": "add", "description": "adds", "parameters": {"type": "object", "required": ["a"]}}}]
+    rows = [{"conv": CONVERSATION[1:3], "fns": tools}, {"conv": CONVERSATION[1:3], "fns": None}, {"conv": CONVERSATION[1:3], "fns": None}]
+    path = write_parquet(rows, str(tmp_path / "chats.parquet"))
+    cfg = compose_sft([f"data.train_files={path}", f"data.val_files={path}", "data.max_length=64", "data.messages_key=conv",
+                       "data.tools_key=fns", "data.enable_thinking_default=true", "+data.apply_chat_template_kwargs.lang=en",
+                       "data.train_max_samples=2", "data.val_max_samples=1"])
+    train, val = load_rows(cfg, tok)
+    assert [tok.decode(p) for p in train.prompts] == ["[1 tools][think][en]<|user|>1+2=<|assistant|>",
+                                                      "[think][en]<|user|>1+2=<|assistant|>"]
+    assert len(val) == 1
+    assert train.loss_masks is not None  # a conversation: the loss covers the assistant's turns only
+    # without messages_key the rows are prompt/response rows (verl's fsdp_sft_trainer), as before
+    plain = compose_sft([f"data.train_files={path}", "data.val_files=[]"])
+    with pytest.raises(ValueError, match="no column 'prompt'"):
+        load_rows(plain, tok)

@@ -36,7 +36,7 @@ COMMON = ("trainer.val_before_train=False", "trainer.test_freq=-1", "algorithm.f
 
 def reward(tmp_path):
     (tmp_path / "reward.py").write_text(REWARD)
-    return (f"custom_reward_function.path={tmp_path / 'reward.py'}", "custom_reward_function.name=parity_score")
+    return (f"reward.custom_reward_function.path={tmp_path / 'reward.py'}", "reward.custom_reward_function.name=parity_score")
 
 
 def test_only_groups_with_differing_scores_reach_the_update(tiny_model_dir, tiny_task_dir, tmp_path):
@@ -65,11 +65,11 @@ def test_overlong_buffer_in_the_dapo_recipe_form_equals_the_reward_kwargs_form(t
     recipe = compose(["recipe=tiny_cpu_dapo", f"actor_rollout_ref.model.path={tiny_model_dir}"])
     assert diagnose(recipe)[1] == []
     kwargs_form = compose(["recipe=tiny_cpu_dapo", f"actor_rollout_ref.model.path={tiny_model_dir}",
-                           "reward_model.overlong_buffer.enable=False", "+reward_model.reward_kwargs.max_resp_len=5",
-                           "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
-                           "+reward_model.reward_kwargs.overlong_buffer_cfg.len=1",
-                           "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-                           "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False"])
+                           "reward_model.overlong_buffer.enable=False", "+reward.reward_kwargs.max_resp_len=5",
+                           "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+                           "+reward.reward_kwargs.overlong_buffer_cfg.len=1",
+                           "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+                           "+reward.reward_kwargs.overlong_buffer_cfg.log=False"])
     a, _ = build_reward_fns(recipe, tokenizer=None)
     b, _ = build_reward_fns(kwargs_form, tokenizer=None)
     assert (a.max_resp_len, a.overlong) == (b.max_resp_len, b.overlong) == (5, {"enable": True, "len": 1, "penalty_factor": 1.0, "log": False})

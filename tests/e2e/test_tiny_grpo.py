@@ -9,7 +9,8 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, resume_overrides, tiny_cfg
+from e2e_utils import (KEEP_EVERY_STEP, assert_no_workers_left, assert_repeated_bit_for_bit, assert_same_steps, resume_overrides,
+                       tiny_cfg)
 from rlcore.plan.run_plan import plan_run
 from rlcore.train import run
 
@@ -40,7 +41,7 @@ def test_two_steps_log_finite_verl_metrics_and_save_hf_checkpoint(tiny_model_dir
     reward_file.write_text(CUSTOM_REWARD)
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2",
                    "trainer.test_freq=2", "data.val_max_samples=16",
-                   f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_score",
+                   f"reward.custom_reward_function.path={reward_file}", "reward.custom_reward_function.name=my_score",
                    "trainer.log_val_generations=2",
                    f"trainer.rollout_data_dir={tmp_path}/rollouts", f"trainer.validation_data_dir={tmp_path}/val_generations",
                    # exercise the between-phase offload path of actor (params + optimizer) and reference
@@ -126,7 +127,8 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny_model_dir, 
     reward.write_text("def by_answer(data_source, solution_str, ground_truth, extra_info=None):\n    return int(ground_truth) % 3 / 2\n")
     common = ("trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3", "data.train_max_samples=16",
               f"data.sampler.class_path={sampler}", "data.sampler.class_name=HardestFirstSampler",
-              f"custom_reward_function.path={reward}", "custom_reward_function.name=by_answer")
+              f"reward.custom_reward_function.path={reward}", "reward.custom_reward_function.name=by_answer",
+              "actor_rollout_ref.rollout.seed=5", "actor_rollout_ref.rollout.full_determinism=True")
     monkeypatch.setenv("RLCORE_TEST_SAMPLER_LOG", str(tmp_path / "draws.jsonl"))
     run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "a", *KEEP_EVERY_STEP, *common), str(tmp_path / "a"))
     draws = read_jsonl_file(tmp_path / "draws.jsonl")
@@ -139,3 +141,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tiny_model_dir, 
     # Same data, same sampling RNG, same weights and optimizer state: steps 2 and 3 are the same steps.
     assert_same_steps(read_metrics(tmp_path / "b"), read_metrics(tmp_path / "a"),
                       ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)
+    # rollout.seed and full_determinism (verl 0.9): a second run from scratch with the same seeds (checkpointing nothing)
+    # repeats every step's metrics bit for bit
+    run(tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "c", *common, "trainer.save_freq=-1"), str(tmp_path / "c"))
+    assert_repeated_bit_for_bit(read_metrics(tmp_path / "c"), read_metrics(tmp_path / "a"))

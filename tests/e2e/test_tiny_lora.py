@@ -29,8 +29,8 @@ def length_score(data_source, solution_str, ground_truth, extra_info=None):
 def lora_cfg(tiny_model_dir, tiny_task_dir, out_dir, *overrides):
     reward = out_dir.parent / "length_reward.py"
     reward.write_text(LENGTH_REWARD)
-    return tiny_cfg(tiny_model_dir, tiny_task_dir, out_dir, *LORA, f"custom_reward_function.path={reward}",
-                    "custom_reward_function.name=length_score", *overrides)
+    return tiny_cfg(tiny_model_dir, tiny_task_dir, out_dir, *LORA, f"reward.custom_reward_function.path={reward}",
+                    "reward.custom_reward_function.name=length_score", *overrides)
 
 
 def step_rows(run_dir):

@@ -27,7 +27,8 @@ def test_ppo_with_a_colocated_critic_trains_saves_and_resumes_exactly(tiny_model
                         f"critic.model.path={tiny_model_dir}", "critic.model.fsdp_config.param_offload=True",
                         "critic.model.fsdp_config.optimizer_offload=True", "trainer.critic_warmup=1",
                         "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
-                        "critic.ppo_max_token_len_per_gpu=40", "critic.model.use_remove_padding=True", *extra)
+                        "critic.ppo_max_token_len_per_gpu=40", "critic.model.use_remove_padding=True",
+                        "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]", *extra)
 
     final = run(cfg("a", *KEEP_EVERY_STEP), str(tmp_path / "a"))
     assert_no_workers_left()

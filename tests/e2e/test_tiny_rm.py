@@ -35,7 +35,7 @@ def test_rm_training_through_ray_exports_an_hf_reward_model(tiny_model_dir, tmp_
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8] and all("val/accuracy" in r for r in rows[1::2])
     assert final["val/rows"] == 32 and 0 <= final["val/accuracy"] <= 1 and final["train/grad_norm"] > 0
-    # an HF sequence classifier with one label: what reward_model.model.path and critic.model.path load
+    # an HF sequence classifier with one label: what reward.reward_model.model_path and critic.model.path load
     config = json.load(open(tmp_path / "rm" / "config.json"))
     assert config["architectures"] == ["Qwen2ForSequenceClassification"] and len(config["id2label"]) == 1
     rm = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm")).eval()
@@ -71,8 +71,8 @@ def test_ppo_whose_reward_is_the_trained_reward_model(tiny_model_dir, tiny_task_
     run(rm_cfg(tiny_model_dir, tmp_path, "trainer.total_training_steps=2"), str(tmp_path / "rm_run"))
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "ppo", "trainer.total_training_steps=2", "trainer.val_before_train=False",
                    "trainer.test_freq=-1", "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8",
-                   "critic.forward_micro_batch_size_per_gpu=16", f"critic.model.path={tmp_path}/rm", "reward_model.enable=True",
-                   f"reward_model.model.path={tmp_path}/rm", "reward_model.micro_batch_size_per_gpu=8",
+                   "critic.forward_micro_batch_size_per_gpu=16", f"critic.model.path={tmp_path}/rm", "reward.reward_model.enable=True",
+                   f"reward.reward_model.model_path={tmp_path}/rm", "reward_model.micro_batch_size_per_gpu=8",
                    "reward_model.model.fsdp_config.dtype=float32")
     final = run_ppo(cfg, str(tmp_path / "ppo" / "run"))
     assert_no_workers_left()
@@ -102,7 +102,7 @@ def test_demo_reward_model_then_ppo_on_it_alone_raises_held_out_rule_accuracy(de
                  f"trainer.export_dir={tmp_path}/rm2")
     assert two["val/accuracy"] >= 0.9  # measured 0.994
     cfg = compose(["recipe=tiny_cpu_rm", f"actor_rollout_ref.model.path={demo_assets}/sft_model", f"data.train_files={demo_assets}/data/train.parquet",
-                   f"data.val_files={demo_assets}/data/test.parquet", f"reward_model.model.path={tmp_path}/rm2", f"critic.model.path={tmp_path}/rm2",
+                   f"data.val_files={demo_assets}/data/test.parquet", f"reward.reward_model.model_path={tmp_path}/rm2", f"critic.model.path={tmp_path}/rm2",
                    f"trainer.default_local_dir={tmp_path}/ppo_ckpt", "trainer.total_training_steps=100", "trainer.test_freq=50",
                    "trainer.save_freq=-1", "trainer.val_before_train=True", "trainer.logger=[jsonl]"])
     run_ppo(cfg, str(tmp_path / "ppo_run"))

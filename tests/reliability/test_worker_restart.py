@@ -16,7 +16,7 @@ def test_killed_worker_is_replaced_and_training_resumes_from_checkpoint(tiny_mod
     reward_file = signalling_scorer(tmp_path, "killer.py", at=val_samples + 2 * samples_per_step + 1, sig="SIGKILL")
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=4", "trainer.save_freq=2",
                    "trainer.test_freq=-1", "data.val_max_samples=8", "trainer.max_worker_restarts=1",
-                   f"custom_reward_function.path={reward_file}", "reward_model.score_workers=0")  # one process counts the calls
+                   f"reward.custom_reward_function.path={reward_file}", "reward_model.score_workers=0")  # one process counts the calls
     final = run(cfg, str(tmp_path / "run"))
     out = capsys.readouterr().out
     assert "a worker process died at global step 3" in out and "restarting the workers from" in out
@@ -30,7 +30,7 @@ def test_killed_worker_is_replaced_and_training_resumes_from_checkpoint(tiny_mod
 def test_without_restarts_a_dead_worker_stops_with_a_resume_hint(tiny_model_dir, tiny_task_dir, tmp_path):
     reward_file = signalling_scorer(tmp_path, "killer.py", at=1, sig="SIGKILL")
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=2", "trainer.val_before_train=False",
-                   "trainer.test_freq=-1", "trainer.max_worker_restarts=0", f"custom_reward_function.path={reward_file}",
+                   "trainer.test_freq=-1", "trainer.max_worker_restarts=0", f"reward.custom_reward_function.path={reward_file}",
                    "reward_model.score_workers=0")  # one process counts the calls
     with pytest.raises(SystemExit, match=r"(?s)worker process died at global step 1.*No checkpoint was written yet.*max_worker_restarts"):
         run(cfg, str(tmp_path / "run"))
@@ -45,7 +45,7 @@ def test_split_pools_a_killed_rollout_worker_restarts_from_the_checkpoint(tiny_m
     reward_file = signalling_scorer(tmp_path, "killer.py", at=val_samples + 2 * samples_per_step + 1, sig="SIGKILL", worker="RolloutWorker")
     cfg = tiny_cfg(tiny_model_dir, tiny_task_dir, tmp_path, "trainer.total_training_steps=4", "trainer.save_freq=2",
                    "trainer.test_freq=-1", "data.val_max_samples=8", "trainer.max_worker_restarts=1",
-                   f"custom_reward_function.path={reward_file}", "reward_model.score_workers=0",
+                   f"reward.custom_reward_function.path={reward_file}", "reward_model.score_workers=0",
                    "actor_rollout_ref.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "async_training.staleness_threshold=0",
                    "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=False")

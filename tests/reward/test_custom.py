@@ -52,7 +52,7 @@ def test_same_basename_different_files_do_not_collide(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="custom_reward_function.path=.*nope.py"):
+    with pytest.raises(FileNotFoundError, match="reward.custom_reward_function.path=.*nope.py"):
         load_custom_reward_fn(str(tmp_path / "nope.py"))
 
 
@@ -75,7 +75,7 @@ def test_missing_function_lists_callables(tmp_path):
     with pytest.raises(ValueError) as err:
         load_custom_reward_fn(path, name="score")
     msg = str(err.value)
-    assert "custom_reward_function.name='score' is not defined" in msg
+    assert "reward.custom_reward_function.name='score' is not defined" in msg
     assert "['Weights', 'compute_score', 'other']" in msg  # not re's functions, not _private
 
 

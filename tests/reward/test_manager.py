@@ -81,9 +81,9 @@ def test_the_trainer_builds_the_configured_manager_from_verl_keys():
     from rlcore.reward.manager import DapoRewardManager
     from rlcore.trainer.setup import build_reward_fns
 
-    cfg = compose(["recipe=tiny_cpu", "reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=5",
-                   "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
-                   "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5"])
+    cfg = compose(["recipe=tiny_cpu", "reward.reward_manager.name=dapo", "+reward.reward_kwargs.max_resp_len=5",
+                   "+reward.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward.reward_kwargs.overlong_buffer_cfg.len=2",
+                   "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5"])
     reward_fn, _ = build_reward_fns(cfg, build_char_tokenizer())
     assert isinstance(reward_fn, DapoRewardManager) and reward_fn.max_resp_len == 5
     assert reward_fn.shape_score(1.0, 5, {}) == pytest.approx(0.5)  # 2 tokens past 3: -0.5 x 2 / 2
@@ -111,3 +111,32 @@ def test_a_multi_turn_trajectory_is_scored_whole_with_its_tools_step_rewards():
     # A row an agent loop scored itself (verl's AgentLoopOutput.reward_score) keeps that score, unscored here.
     data.batch["agent_reward"] = torch.tensor([float("nan"), -2.0])
     assert last_turn(data)[0].sum(-1).tolist() == [1.0, -2.0]
+
+
+def rlla_like(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's GDPO example scorer's shape: it needs extra_info["experiment_name"] and returns its components."""
+    if "qwen" not in extra_info["experiment_name"]:
+        raise NotImplementedError(extra_info["experiment_name"])
+    return {"score": 1.5, "accuracy_reward": 1.0, "format_reward": 0.5}
+
+
+def test_gdpo_manager_is_naive_that_tells_the_scorer_the_experiment_name_and_its_components_become_columns():
+    """reward.reward_manager.name=gdpo (verl's reward.reward_manager.name=gdpo): naive's scores and extras; the
+    trainer's component_columns turns algorithm.gdpo_reward_keys' extras into float columns, a failed sample's
+    (no extras) at reward_model.error_score, and names a key the scorer never returned."""
+    from rlcore.config import compose
+    from rlcore.reward.manager import GdpoRewardManager, component_columns
+    from rlcore.trainer.setup import build_reward_fns
+
+    cfg = compose(["recipe=tiny_cpu", "reward.reward_manager.name=gdpo", "trainer.experiment_name=qwen3_8b_gdpo",
+                   "reward_model.score_workers=0"])
+    manager, _ = build_reward_fns(cfg, build_char_tokenizer())
+    assert isinstance(manager, GdpoRewardManager) and manager.experiment_name == "qwen3_8b_gdpo"
+    manager.scorer.compute_score = rlla_like  # scored in the controller (score_workers=0)
+    scores, extras = manager(batch([3, 4]))
+    assert scores.sum(-1).tolist() == [1.5, 1.5]
+    assert extras == {"accuracy_reward": [1.0, 1.0], "format_reward": [0.5, 0.5]}
+    columns = component_columns({"accuracy_reward": [1.0, None], "format_reward": [0.5, None]}, ["format_reward", "accuracy_reward"], -1.0)
+    assert {k: v.tolist() for k, v in columns.items()} == {"format_reward": [0.5, -1.0], "accuracy_reward": [1.0, -1.0]}
+    with pytest.raises(ValueError, match="names accuracy, which the reward function did not return"):
+        component_columns(extras, ["accuracy"], 0.0)

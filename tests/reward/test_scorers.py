@@ -82,7 +82,7 @@ def test_unknown_data_source_lists_registered():
     with pytest.raises(NotImplementedError) as err:
         default_compute_score("math_dapo", "x", "y")
     msg = str(err.value)
-    assert "'math_dapo'" in msg and "custom_reward_function.path" in msg
+    assert "'math_dapo'" in msg and "reward.custom_reward_function.path" in msg
     assert all(name in msg for name in ("tiny_add", "gsm8k", "openai/gsm8k"))
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from rlcore.protocol import DataProto
-from rlcore.trainer.dynamic_sampling import GroupCollector, informative_samples, sample_metric
+from rlcore.algos.group_filter import informative_samples
+from rlcore.trainer.dynamic_sampling import GroupCollector, sample_metric
 
 
 def scored_batch(group_scores: list[list[float]], tag: int = 0) -> DataProto:

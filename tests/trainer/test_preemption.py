@@ -108,7 +108,7 @@ def tiny_overrides(model_dir, task_dir, scorer, ckpt_dir) -> list[str]:
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", SCORE_IN_CONTROLLER, "trainer.total_training_steps=3",
             "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
-            f"custom_reward_function.path={scorer}"]
+            f"reward.custom_reward_function.path={scorer}"]
 
 
 def step_rows(run_dir) -> list[dict]:

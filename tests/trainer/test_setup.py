@@ -87,15 +87,15 @@ def test_reward_fn_key_and_custom_reward_function_name_pick_the_column_and_the_s
                                  "reward_model": np.array([{"ground_truth": "x"}] * 2, dtype=object)})
 
     def scores(*extra):
-        cfg = compose(["recipe=tiny_cpu", f"custom_reward_function.path={path}", "reward_model.score_workers=0", *extra])
+        cfg = compose(["recipe=tiny_cpu", f"reward.custom_reward_function.path={path}", "reward_model.score_workers=0", *extra])
         reward_fn, _ = build_reward_fns(cfg, build_char_tokenizer())
         try:
             return reward_fn(batch)[0]
         finally:
             reward_fn.close()
 
-    by_task = scores("custom_reward_function.name=by_source", "data.reward_fn_key=task")
+    by_task = scores("reward.custom_reward_function.name=by_source", "data.reward_fn_key=task")
     assert by_task.tolist() == [[0.0, 1.0, 0.0], [2.0, 0.0, 0.0]]  # each row's "task" column, scored by by_source, on its last token
     assert scores("data.reward_fn_key=task").sum().item() == 0.0  # the default name: compute_score
     with pytest.raises(RuntimeError, match="KeyError: 'other'"):  # the default key: the data_source column, which by_source does not know
-        scores("custom_reward_function.name=by_source", "reward_model.max_error_rate=0.0")
+        scores("reward.custom_reward_function.name=by_source", "reward_model.max_error_rate=0.0")

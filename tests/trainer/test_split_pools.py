@@ -104,3 +104,33 @@ def test_stop_ends_a_thread_waiting_for_room():
     settle(lambda: len(r.queue) == 1)
     r.stop()
     assert not r.thread.is_alive() and threading.active_count() >= 1
+
+
+def test_verl_0_9s_drop_strategy_replaces_the_groups_past_the_threshold_and_keeps_the_rest_in_order():
+    """trainer.v1.sampler.max_off_policy_strategy=drop (verl 0.9's separate_async): a prompt group with a sample whose
+    generation started more than max_off_policy_threshold versions before the step (a partial rollout resumed across
+    syncs) leaves the step with its whole group; generation batches are taken in its place (the window gets the room
+    back) and rows beyond the step go back to the queue, whole groups, for the next step."""
+    import numpy as np
+
+    from rlcore.trainer.split_pools import SplitPools, within_off_policy_bound
+
+    assert within_off_policy_bound(np.array([1, 3, 1, 1]), np.array(["a", "a", "b", "b"]), 2).tolist() == [False, False, True, True]
+    starts = iter([[0, 0, -5, -5], [3, 3, 3, 3], [3, 3, 3, 3]])  # the first batch's second group started long ago
+
+    def produce(metrics):
+        versions = torch.tensor([[start, 3] for start in next(starts)])
+        metrics["timing_s/gen"] = 1.0
+        return DataProto.from_dict({"rollout_versions": versions, "x": torch.arange(4)},
+                                   {"uid": np.array(["p", "p", "q", "q"], dtype=object)})
+
+    pools = SplitPools.__new__(SplitPools)
+    pools.rollouter, pools.max_span = Rollouter(produce, capacity=2), 8
+    pools.rollouter.start(version=0)
+    settle(lambda: len(pools.rollouter.queue) == 2)
+    taken, _ = pools.rollouter.take(1)
+    kept, dropped, _ = pools._drop_stale(taken, step=4)  # group q started at version -5: 9 versions at step 4
+    assert dropped == 2 and sum(len(s.batch) for s in kept) == 4
+    assert [s.batch.non_tensor_batch["uid"].tolist() for s in kept] == [["p", "p"], ["p", "p"]]  # q replaced by a new batch's p
+    assert [s.batch.non_tensor_batch["uid"].tolist() for s in pools.rollouter.queue][0] == ["q", "q"]  # its q: next step
+    pools.rollouter.stop()

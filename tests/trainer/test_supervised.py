@@ -207,7 +207,7 @@ def test_a_run_takes_its_steps_tracker_names_ray_cpus_and_placement_timeout_from
             pass
 
     @contextlib.contextmanager
-    def cluster(address, num_cpus):
+    def cluster(address, num_cpus, runtime_env=None):
         seen["num_cpus"] = num_cpus
         yield
 

@@ -22,7 +22,8 @@ ACTOR = {
                     "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1},  # every knob, as the schema passes them
     "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
     "entropy_coeff": 0.0, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.05, "router_replay": {"mode": "disabled"},
-    "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 4, "ppo_epochs": 1,
+    "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 4, "ppo_epochs": 1, "shuffle": False,
+    "loss_scale_factor": None,
 }
 
 

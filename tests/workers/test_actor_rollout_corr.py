@@ -18,7 +18,7 @@ from rlcore.workers.actor import compute_log_prob, make_policy_loss_fn, update_p
 from rlcore.workers.common import mini_batch_counts
 
 ACTOR = OmegaConf.create({"policy_loss": {"loss_mode": "vanilla"}, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
-                          "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False})
+                          "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False, "loss_scale_factor": None})
 LOG_PROB = [[-1.0, -2.0], [-0.5, -1.5]]
 ADV = torch.tensor([[1.0, 2.0], [-1.0, 0.5]])
 
@@ -59,8 +59,8 @@ def test_without_an_old_log_prob_pass_the_actor_measures_the_mismatch():
 # are the engine's own (ratio 1), so each kept token's vanilla loss is -A and every expected value is hand-made.
 
 ENGINE_ACTOR = {"policy_loss": {"loss_mode": "vanilla"}, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
-                "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False,
-                "ppo_mini_batch_size": 2, "ppo_epochs": 1, "router_replay": {"mode": "disabled"}}
+                "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False, "loss_scale_factor": None,
+                "ppo_mini_batch_size": 2, "ppo_epochs": 1, "shuffle": False, "router_replay": {"mode": "disabled"}}
 
 
 def new_engine(model_dir):
@@ -84,7 +84,7 @@ def grads(engine):
     return [p.grad.full_tensor() for p in engine.model.parameters() if p.grad is not None]
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_a_micro_batch_without_valid_tokens_adds_exactly_zero(engine, mode):
     data = on_policy_batch(engine, 8, seed=5)
     kept = torch.tensor([[0, 0, 0, 0, 0],  # rows 0-1, the first micro-batch below: every token rejected
@@ -103,6 +103,7 @@ def test_a_micro_batch_without_valid_tokens_adds_exactly_zero(engine, mode):
     assert (rows.sum(), keep.sum()) == (5, 13)
     expected = {  # the mini-batch loss in one piece: rejected rows count nowhere (as verl)
         "token-mean": -(adv[:, None] * keep).sum() / keep.sum(),
+        "token-sum": -(adv[:, None] * keep).sum(),
         "seq-mean-token-mean": -adv[rows].mean(),
         "seq-mean-token-sum": -(adv * keep.sum(-1)).sum() / 5,
         "seq-mean-token-sum-norm": -(adv * keep.sum(-1)).sum() / (5 * 5),  # 5 sequences x horizon 5

@@ -51,3 +51,38 @@ def test_a_role_holds_the_run_config_as_the_schemas_objects():
     assert isinstance(held, PPOConfig) and held.actor_rollout_ref.actor.ppo_epochs == 3
     assert held.actor_rollout_ref.rollout.n == PPOConfig().actor_rollout_ref.rollout.n
     assert isinstance(SFTTrainerWorker(OmegaConf.to_container(compose_sft([]), resolve=True)).config, SFTTrainerConfig)
+
+
+def test_shuffle_deals_each_epochs_rows_into_mini_batches_in_an_order_drawn_from_the_seed():
+    """<role>.shuffle with <role>.data_loader_seed (verl's shuffled mini-batch loader): every epoch sees every row once,
+    in an order that depends on the seed and the epoch only; without shuffle the batch's own order, every epoch."""
+    import torch
+
+    from rlcore.protocol import DataProto
+    from rlcore.workers.common import run_ppo_updates
+
+    class Recorder:
+        dp_size = 1
+
+        def __init__(self):
+            self.seen = []
+
+        def forward_backward(self, micro_batches, loss_fn, request):
+            self.seen.append(torch.cat([m.batch["row"] for m in micro_batches]).tolist())
+            return [{}]
+
+        def optimizer_step(self, skip=False):
+            return {"grad_norm": 0.0, "lr": 0.0, "skipped_step": 0.0}
+
+    def order(seed):
+        engine = Recorder()
+        data = DataProto.from_dict({"row": torch.arange(8), "response_mask": torch.ones(8, 3)})
+        run_ppo_updates(engine, data, 2, 4, MicroBatchSpec(rows=4), lambda counts: None, "actor", shuffle_seed=seed)
+        return engine.seen
+
+    plain = order(None)
+    assert plain == [[0, 1, 2, 3], [4, 5, 6, 7]] * 2
+    shuffled = order(42)
+    assert shuffled == order(42) and shuffled != order(7)
+    assert shuffled[:2] != shuffled[2:]  # a fresh order each epoch
+    assert sorted(shuffled[0] + shuffled[1]) == list(range(8)) == sorted(shuffled[2] + shuffled[3])

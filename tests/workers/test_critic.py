@@ -16,7 +16,8 @@ from rlcore.workers.critic import compute_values, make_value_loss_fn, update_val
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
 
-CRITIC = {"cliprange_value": 0.5, "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 4, "ppo_epochs": 1}
+CRITIC = {"cliprange_value": 0.5, "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 4, "ppo_epochs": 1, "shuffle": False,
+          "loss_scale_factor": None}
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +92,4 @@ def test_update_value_fits_the_returns(engine):
     assert engine.optimizer_steps == 31  # one mini-batch (4 prompts x n=2 = 8 rows) per round
     assert last["critic/vf_loss"] < 0.5 * first["critic/vf_loss"]
     assert {"critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"} <= set(last)
+

@@ -76,7 +76,7 @@ ANSWERS = ["19", "8", "100"]
 # verl's reward-loop scripts: the RM served by an inference engine and no micro-batch size; rlcore runs the same forward
 # in its worker group, filled by tokens (a budget of 24 splits the three samples over micro-batches)
 REWARD_LOOP = ("reward_model.use_reward_loop=True", "reward_model.rollout.name=vllm", "reward_model.rollout.gpu_memory_utilization=0.8",
-               "reward_model.num_workers=8", "reward_model.forward_max_token_len_per_gpu=24")
+               "reward.num_workers=8", "reward_model.forward_max_token_len_per_gpu=24")
 
 
 @pytest.mark.parametrize("template,batching", [
@@ -85,8 +85,8 @@ REWARD_LOOP = ("reward_model.use_reward_loop=True", "reward_model.rollout.name=v
     (None, REWARD_LOOP)], ids=["same", "own-template", "reward-loop"])
 def test_scores_equal_the_hf_reward_model_at_the_last_token(tiny_model_dir, tmp_path, template, batching):
     rm_dir = save_reward_model(tiny_model_dir, str(tmp_path / "rm"), template)
-    cfg = compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", "reward_model.enable=True",
-                   f"reward_model.model.path={rm_dir}", *batching, "reward_model.model.fsdp_config.dtype=float32"])
+    cfg = compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", "reward.reward_model.enable=True",
+                   f"reward.reward_model.model_path={rm_dir}", *batching, "reward_model.model.fsdp_config.dtype=float32"])
     assert uses_token_budgets(cfg.reward_model) == (batching == REWARD_LOOP)
     policy_tok, rm_tok = AutoTokenizer.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(rm_dir)
     assert same_tokenization(policy_tok, rm_tok) == (template is None)
@@ -140,8 +140,8 @@ def test_input_tokenizer_says_whose_tokens_the_batch_holds_and_max_length_keeps_
         {"scores": inputs.batch["attention_mask"].sum(-1, keepdim=True).float()}))
 
     def worker(*overrides):
-        cfg = compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={policy_dir}", "reward_model.enable=True",
-                       f"reward_model.model.path={rm_dir}", *overrides])
+        cfg = compose(["recipe=tiny_cpu", f"actor_rollout_ref.model.path={policy_dir}", "reward.reward_model.enable=True",
+                       f"reward.reward_model.model_path={rm_dir}", *overrides])
         w = RewardModelWorker(OmegaConf.to_container(cfg, resolve=True))
         w.init_model(1)
         return w
