@@ -12,7 +12,8 @@ this module gives (all masked by `response_mask`, all returned under the `rollou
 - mismatch_metrics: the off-policy diagnostics, logged every step the rollout returns log-probs;
 - rollout_is_weights: truncated importance sampling (TIS), the per-token factor the actor multiplies each token's
   policy loss by: w = min(rho, rollout_is_threshold), with rho per token (`token`) or the sequence's product
-  (`sequence`, one weight for every token of the sequence);
+  (`sequence`, one weight for every token of the sequence); or, with a band "lower_upper" (verl 0.9), IcePop:
+  w = rho inside the band and 0 outside;
 - rollout_rs_mask: rejection sampling, a response mask without the tokens or whole sequences that one of the
   `rollout_rs` modes rejects (verl's `<aggregation>_<statistic>`, comma-separated: `token_k1,seq_max_k2`). A mode's
   per-token statistic (k1 = -log rho, k2 = (log rho)^2 / 2, k3 = rho - 1 - log rho) is judged per token or by its
@@ -32,7 +33,7 @@ from typing import Optional, Union
 import torch
 
 from rlcore.algos.registry import Registry
-from rlcore.config.algorithm_schema import RejectionRule, parse_rejection_rules
+from rlcore.config.algorithm_schema import RejectionRule, is_threshold_band, parse_rejection_rules
 
 SAFETY_BOUND = 20.0  # |log ratio| cap before exp: e^20 ~ 4.9e8
 
@@ -153,27 +154,38 @@ def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
     return metrics
 
 
-def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, threshold: float,
+def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, threshold: Union[str, float],
                        batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated IS weights `[batch, response_len]` (0 on padding, detached): w = min(exp(log_w), threshold), log_w
-    from the level. Metrics describe the weights before truncation (verl's rollout_is_*): mean, max, min, the share
-    past threshold / below 1/threshold, and the effective sample size 1 / mean((v / mean v)^2) of v = w clamped
-    to [1/threshold, threshold]. batch_normalize divides by the batch's mean weight (over tokens for `token`, over
-    non-empty sequences for `sequence`) so the weights average 1; the factor is logged."""
+    """IS weights `[batch, response_len]` (0 on padding, detached) from rho = exp(log_w), log_w from the level:
+    truncated, w = min(rho, threshold) for a number (TIS); for verl 0.9's band "lower_upper", w = rho inside
+    [lower, upper] and 0 outside (IcePop: a token far off-policy drops out rather than counting at the cap).
+    Metrics describe the weights before truncation (verl's rollout_is_*): mean, max, min, the share past the upper
+    bound / below the lower one (1 / threshold for a number), the effective sample size 1 / mean((v / mean v)^2) of
+    v = rho clamped to those bounds, and for a band the share outside it (rollout_is_oob_ratio). batch_normalize
+    divides by the batch's mean weight (over tokens for `token`, over non-empty sequences for `sequence`) so the
+    weights average 1; the factor is logged."""
+    lower, upper, problems = is_threshold_band(threshold)
+    if problems:
+        raise ValueError(problems[0])
     mask = response_mask.to(log_ratio.dtype)
     log_w = ROLLOUT_IS_LEVELS.get(level)(log_ratio.detach(), mask)
     raw = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * mask
     valid = mask.bool()
-    log_threshold = math.log(threshold)
-    clamped = raw.clamp(1 / threshold, threshold)
+    low = 1 / upper if lower is None else lower
+    clamped = raw.clamp(low, upper)
     metrics = {
         "rollout_is_mean": masked_mean(raw, mask).item(),
         "rollout_is_max": raw[valid].max().item(), "rollout_is_min": raw[valid].min().item(),
-        "rollout_is_ratio_fraction_high": masked_mean((log_w > log_threshold).float(), mask).item(),
-        "rollout_is_ratio_fraction_low": masked_mean((log_w < -log_threshold).float(), mask).item(),
+        "rollout_is_ratio_fraction_high": masked_mean((log_w > math.log(upper)).float(), mask).item(),
+        "rollout_is_ratio_fraction_low": masked_mean((log_w < math.log(low)).float(), mask).item(),
         "rollout_is_eff_sample_size": 1 / masked_mean((clamped / masked_mean(clamped, mask)).square(), mask).item(),
     }
-    weights = raw.clamp(max=threshold)
+    if lower is None:
+        weights = raw.clamp(max=upper)
+    else:
+        inside = (raw >= lower) & (raw <= upper)
+        weights = torch.where(inside, raw, torch.zeros_like(raw))
+        metrics["rollout_is_oob_ratio"] = masked_mean((~inside).float(), mask).item()
     if batch_normalize:
         if level == "token":
             mean = masked_mean(weights, mask)
@@ -239,14 +251,14 @@ def rollout_rs_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollou
 
 
 def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-                       rollout_is: Optional[str], rollout_is_threshold: float, rollout_rs: Optional[str],
+                       rollout_is: Optional[str], rollout_is_threshold: Union[str, float], rollout_rs: Optional[str],
                        rollout_rs_threshold: Union[str, float, None], rollout_is_batch_normalize: bool = False
                        ) -> tuple[Optional[torch.Tensor], torch.Tensor, dict[str, float]]:
     """(IS weights or None, the response mask after rejection, `rollout_corr/*` metrics) of a batch: verl's
     decoupled mode, old_log_prob from the trainer's pass over the rollout's samples. Rejection and the weights
     are both computed from the batch as sampled; the mismatch metrics cover every token (before rejection)."""
     log_ratio = old_log_prob - rollout_log_prob
-    metrics = mismatch_metrics(old_log_prob, rollout_log_prob, response_mask, rollout_is_threshold)
+    metrics = mismatch_metrics(old_log_prob, rollout_log_prob, response_mask, is_threshold_band(rollout_is_threshold)[1])
     weights = None
     if rollout_is is not None:
         weights, is_metrics = rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize)
@@ -259,8 +271,9 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 
 
 def bypass_mode_loss(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-                     loss_type: str, rollout_is: Optional[str], rollout_is_threshold: float, rollout_rs: Optional[str],
-                     rollout_rs_threshold: Union[str, float, None], **clip) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+                     loss_type: str, rollout_is: Optional[str], rollout_is_threshold: Union[str, float], rollout_rs: Optional[str],
+                     rollout_rs_threshold: Union[str, float, None], rollout_is_batch_normalize: bool = False,
+                     **clip) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """verl's bypass mode (old = rollout policy, no old-log-prob pass): (loss_mat, kept mask, per-token stats),
     all `[batch, response_len]`, the loss already zero on rejected tokens.
 
@@ -269,7 +282,9 @@ def bypass_mode_loss(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, adv
     - ppo_clip: PPO's clipped surrogate (vanilla, dual clip; `clip` = clip_ratio_low/high/c) with r = rho: the
       ratio already is the importance weight, so no IS weight is applied on top.
     - reinforce: L = -A w log pi_theta with w = the truncated IS weight (detached; 1 with rollout_is=null), whose
-      gradient is -A w grad log pi: the IS-corrected policy gradient.
+      gradient is -A w grad log pi: the IS-corrected policy gradient. `rollout_is_batch_normalize` divides w by its
+      mean over this micro-batch (verl forms the weights inside its loss too, and divides by the micro-batch's mean
+      over every data-parallel rank: equal at one rank; rlcore's loss functions hold no collective).
     """
     from rlcore.algos.policy_loss import vanilla_ppo_loss  # policy_loss does not import this module: no cycle
 
@@ -283,7 +298,7 @@ def bypass_mode_loss(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, adv
     elif loss_type == "reinforce":
         weights = 1.0
         if rollout_is is not None:
-            weights, _ = rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold)
+            weights, _ = rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize)
         loss_mat = -advantages * weights * log_prob
         zeros = torch.zeros_like(log_prob)
         stats = {"actor/pg_clipfrac": zeros, "actor/pg_clipfrac_lower": zeros, "actor/ppo_kl": -log_ratio}

@@ -99,7 +99,7 @@ def _report(cfg, errors: list[str], warnings: list[str], sections: list[str]) ->
     """Keys set to no effect first (the user expects theirs), then errors, warnings and the plans."""
     ignored, renamed = ineffective_settings(cfg), renamed_notes(cfg)
     lines = [f"{len(ignored)} key(s) set with no effect:"] + [f"  - {line}" for line in ignored] if ignored else []
-    lines += [f"{len(renamed)} key(s) under verl 0.8's names:"] + [f"  - {line}" for line in renamed] if renamed else []
+    lines += [f"{len(renamed)} key(s) under another of verl's names:"] + [f"  - {line}" for line in renamed] if renamed else []
     lines += [f"{len(errors)} config error(s):"] + [f"  {i}. {e}" for i, e in enumerate(errors, 1)] if errors else []
     lines += [f"warning: {w}" for w in warnings]
     return "\n".join(lines + sections)

@@ -38,7 +38,9 @@ class RolloutCorrectionConfig:
     mismatch metrics (`rollout_corr/*`) are logged every step whatever these say."""
 
     rollout_is: Optional[str] = None  # truncated importance sampling level: token | sequence; null = off
-    rollout_is_threshold: float = 2.0  # IS weights are truncated here; also the line for rollout_corr/ratio_fraction_*
+    # a number t: IS weights truncated at t (TIS; t is also the line of rollout_corr/ratio_fraction_*); verl 0.9's
+    # string "lower_upper": weights outside [lower, upper] zeroed, those inside kept (IcePop). Any, as rollout_rs_threshold
+    rollout_is_threshold: Any = 2.0
     rollout_rs: Optional[str] = None  # rejection modes, comma-separated: token_k1 ... seq_max_k3; null = off
     # needed with rollout_rs: one per mode, comma-separated ("0.6_1.6,2.5"), or one for all; a *_k1 mode takes a ratio
     # band "lower_upper" or a number t for [1/t, t], a *_k2/*_k3 mode an upper bound. Any: a number or a string
@@ -236,10 +238,8 @@ def check_rollout_correction(c) -> None:
         for problem in rejection_rules(rollout_rs, c.get(RS_THRESHOLD))[1]:
             c.error(problem)
     c.choice(f"{RC}.loss_type", LOSS_TYPES)
-    threshold = c.cfg.algorithm.rollout_correction.rollout_is_threshold
-    if threshold is None or threshold <= 1:  # at or below 1 every ratio above 1 is truncated and the band is empty
-        c.error(f"{RC}.rollout_is_threshold={threshold} must be > 1 (IS weights are truncated there, and ratios past it or "
-                f"below its inverse are counted); use {RC}.rollout_is_threshold=2.0")
+    for problem in is_threshold_band(c.cfg.algorithm.rollout_correction.rollout_is_threshold)[2]:
+        c.error(problem)
     if c.cfg.algorithm.rollout_correction.rollout_is_batch_normalize and rollout_is is None:
         c.error(f"{RC}.rollout_is_batch_normalize=True normalises IS weights, but {RC}.rollout_is=null computes none; "
                 f"set {RC}.rollout_is=token (or sequence), or drop rollout_is_batch_normalize")
@@ -254,18 +254,51 @@ def check_rollout_correction(c) -> None:
                 f"{RC}.bypass_mode=True, or {RC}.loss_type=ppo_clip")
 
 
+def rollout_correction_warnings(cfg) -> list[str]:
+    """What verl runs with no effect, said before the run (rlcore.config.validate.config_warnings)."""
+    rc = cfg.algorithm.rollout_correction
+    warnings = []
+    if rc.bypass_mode and rc.rollout_is is not None and rc.loss_type == "ppo_clip":
+        warnings.append(f"{RC}.rollout_is={rc.rollout_is} has no effect with bypass_mode and loss_type=ppo_clip (the PPO ratio "
+                        f"to the rollout policy already is the importance weight; verl computes the weights and does not "
+                        f"apply them either); {RC}.loss_type=reinforce applies them")
+    if rc.bypass_mode and rc.rollout_is_batch_normalize and rc.rollout_is is not None and rc.loss_type == "reinforce":
+        warnings.append(f"{RC}.rollout_is_batch_normalize=True in bypass mode divides the IS weights by their mean over each "
+                        f"micro-batch on its rank (verl: over that micro-batch on every data-parallel rank), so the "
+                        f"micro-batch size changes the update; bypass_mode=False normalises over the whole batch")
+    return warnings
+
+
 def _check_bypass(c, rollout_is) -> None:
     """bypass_mode replaces the policy loss (rlcore.algos.rollout_corr.bypass_mode_loss), as in verl."""
     mode = c.cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if mode != "vanilla":
         c.error(f"{RC}.bypass_mode=True uses PPO's clipped loss (or loss_type=reinforce) in place of "
                 f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}; use loss_mode=vanilla, or bypass_mode=False")
-    if rollout_is is not None and c.cfg.algorithm.rollout_correction.loss_type == "ppo_clip":
-        c.error(f"{RC}.rollout_is={rollout_is} has no effect with bypass_mode and loss_type=ppo_clip (the PPO ratio to the "
-                f"rollout policy already is the importance weight); use {RC}.loss_type=reinforce, or rollout_is=null")
-    if c.cfg.algorithm.rollout_correction.rollout_is_batch_normalize:
-        c.error(f"{RC}.rollout_is_batch_normalize=True: in bypass mode rlcore forms the IS weights per micro-batch, where a "
-                f"batch mean would depend on the split; use {RC}.rollout_is_batch_normalize=False, or bypass_mode=False")
+
+
+def is_threshold_band(spec: Union[str, float, None]) -> tuple[Optional[float], float, list[str]]:
+    """(lower or None, upper, every problem as one line with its fix) of `rollout_is_threshold` as verl 0.9 reads it:
+    a number t truncates IS weights at t; a string "lower_upper" keeps the weights inside [lower, upper] and zeroes
+    the rest (IcePop); a numeric string is the number."""
+    key = f"{RC}.rollout_is_threshold"
+    lower, upper = None, spec
+    try:
+        if isinstance(spec, str) and "_" in spec:
+            lower, upper = (float(part) for part in spec.strip().split("_", 1))
+        elif isinstance(spec, (str, int, float)) and not isinstance(spec, bool):
+            upper = float(spec)
+        else:
+            raise ValueError
+    except ValueError:
+        return None, 2.0, [f"{key}={spec!r} is not a number or a band \"lower_upper\"; use {key}=2.0 (truncation) or "
+                           f"{key}=0.5_2.0 (IcePop)"]
+    if lower is None and upper <= 1:  # at or below 1 every ratio above 1 is truncated and the band is empty
+        return None, 2.0, [f"{key}={spec} must be > 1 (IS weights are truncated there, and ratios past it or below its "
+                           f"inverse are counted); use {key}=2.0"]
+    if lower is not None and not 0 < lower <= upper:
+        return None, 2.0, [f"{key}={spec}: a band lower_upper needs 0 < lower <= upper; use {key}=0.5_2.0"]
+    return lower, upper, []
 
 
 def rejection_rules(rollout_rs: str, threshold: Union[str, float, None]) -> tuple[list[RejectionRule], list[str]]:

@@ -22,7 +22,8 @@ class TeacherInferenceConfig:
 
     name=native: a forward of the teacher in rlcore's FSDP2 engine (sharded over the teacher's worker group: a
     teacher bigger than the student fits), log-probs from the same head the actor uses. name=vllm: one vLLM engine
-    per teacher rank, scoring with prompt log-probs (rlcore.rollout.vllm_teacher)."""
+    per tensor_model_parallel_size consecutive teacher ranks, scoring with prompt log-probs
+    (rlcore.rollout.vllm_teacher); each rank hands its engine its own rows, as the rollout's TP groups do."""
 
     name: Optional[str] = None  # native | vllm; None = the rollout's engine (verl's default)
     dtype: Optional[str] = None  # the teacher's compute dtype; None = the rollout's
@@ -32,6 +33,7 @@ class TeacherInferenceConfig:
     tensor_model_parallel_size: int = 1  # vLLM: GPUs per teacher replica (with data/pipeline sizes: its world size)
     data_parallel_size: int = 1  # vLLM: replicas inside one server (counted in the per-replica world size)
     pipeline_model_parallel_size: int = 1  # vLLM: pipeline stages (counted in the per-replica world size)
+    expert_parallel_size: int = 1  # vLLM: 1, or tensor_model_parallel_size (each rank holds whole experts)
     gpu_memory_utilization: float = 0.5  # vLLM: share of the device its weights and cache may take
     max_model_len: Optional[int] = None  # vLLM: context; None = prompt + response + 1 (verl's requirement)
     max_num_seqs: int = 1024  # vLLM: sequences scored at once
@@ -169,7 +171,10 @@ def teacher_of_rows(keys: list, teachers: dict[str, TeacherModelConfig], teacher
 
 def replica_world_size(teacher: TeacherModelConfig) -> int:
     """Devices one replica of a vLLM teacher takes (verl: TP x DP x PP of its inference)."""
-    i = teacher.inference
+    return replica_world_size_of(teacher.inference)
+
+
+def replica_world_size_of(i: TeacherInferenceConfig) -> int:
     return i.tensor_model_parallel_size * i.data_parallel_size * i.pipeline_model_parallel_size
 
 
@@ -236,10 +241,8 @@ def _check_teachers(c, teachers: dict[str, TeacherModelConfig]) -> None:
         prefix = f"{D}.teacher_models.{name}.inference"
         if t.inference.name not in TEACHER_ENGINES:
             c.error(f"{prefix}.name={t.inference.name} is not one of {', '.join(TEACHER_ENGINES)}; use {prefix}.name=native")
-        elif t.inference.name == "vllm" and replica_world_size(t) != 1:
-            c.error(f"{prefix}: a vLLM teacher replica of {replica_world_size(t)} devices (tensor x data x pipeline "
-                    f"parallel) is not built; each teacher rank runs one whole engine: use {prefix}.tensor_model_parallel_size=1, "
-                    f"or {prefix}.name=native, which shards the teacher over its pool")
+        elif t.inference.name == "vllm":
+            _check_vllm_teacher(c, prefix, t.inference)
         if t.inference.name == "vllm" and t.inference.temperature != 1.0:
             # vLLM computes prompt log-probs from the raw logits whatever the request's temperature (measured, 0.32)
             c.error(f"{prefix}.temperature={t.inference.temperature}: a vLLM teacher's prompt log-probs are of the unscaled "
@@ -247,6 +250,25 @@ def _check_teachers(c, teachers: dict[str, TeacherModelConfig]) -> None:
         if t.inference.temperature is not None and t.inference.temperature <= 0:
             c.error(f"{prefix}.temperature={t.inference.temperature}: the teacher's log-probs are of softmax(logits / "
                     f"temperature); use {prefix}.temperature=1.0")
+
+
+def _check_vllm_teacher(c, prefix: str, inference: TeacherInferenceConfig) -> None:
+    """A vLLM teacher's engine spans one TP group of the teacher's ranks; its data-parallel replicas are more such
+    groups, so tensor x data parallel must tile the group's nodes (checked with the pool below)."""
+    tp, ep = inference.tensor_model_parallel_size, inference.expert_parallel_size
+    if inference.pipeline_model_parallel_size != 1:
+        c.error(f"{prefix}.pipeline_model_parallel_size={inference.pipeline_model_parallel_size}: rlcore's vLLM engines run "
+                f"tensor parallel only; use {prefix}.tensor_model_parallel_size={tp * inference.pipeline_model_parallel_size} "
+                f"and {prefix}.pipeline_model_parallel_size=1")
+    if ep not in (1, tp):
+        c.error(f"{prefix}.expert_parallel_size={ep} must be 1 or {prefix}.tensor_model_parallel_size={tp} (one vLLM "
+                f"engine spans one TP group)")
+    if not c.cfg.distillation.n_gpus_per_node:  # colocated with the actor: a TP group must not straddle its nodes
+        per_node = c.cfg.trainer.n_gpus_per_node
+        if per_node % replica_world_size_of(inference):
+            c.error(f"{prefix}: a replica of {replica_world_size_of(inference)} devices (tensor x data parallel) does not "
+                    f"tile trainer.n_gpus_per_node={per_node}, whose devices the teacher shares; use a "
+                    f"tensor_model_parallel_size dividing {per_node}")
 
 
 def _check_pool(c, teachers: dict[str, TeacherModelConfig]) -> None:

@@ -46,6 +46,8 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.ref.megatron.use_distributed_optimizer": "the reference is frozen: it has no optimizer",
     "actor_rollout_ref.ref.megatron.override_ddp_config": "the reference is frozen: megatron-core's DDP wrapper (gradient "
                                                           "buckets) is never built for it",
+    "critic.megatron.router_replay.*": "the critic's forwards never replay routes (router replay is the policy's: "
+                                       "actor_rollout_ref.actor.router_replay.mode)",
     "*.megatron.dist_checkpointing_path": "it is read only with use_dist_checkpointing=True, which is refused (rlcore reads "
                                           "the HF checkpoint at model.path)",
     "actor_rollout_ref.rollout.mode": "rlcore has one rollout path, the in-process engine driven by the agent loop, which "
@@ -229,9 +231,10 @@ REFUSED: dict[str, tuple[Any, tuple[str, ...]]] = {
     "actor_rollout_ref.rollout.checkpoint_engine.backend": ("nccl", ()),
     "actor_rollout_ref.rollout.over_sample_rate": (0.1, ()),
     "engine.forward_only": (True, ()),  # the SFT trainer's (tests/trainer/test_supervised.py)
-    "*.router_replay.record_file": ("routes.pt", ()),
-    "*.router_replay.replay_file": ("routes.pt", ()),
+    "actor_rollout_ref.*.router_replay.record_file": ("routes.pt", ()),
+    "actor_rollout_ref.*.router_replay.replay_file": ("routes.pt", ()),
     "*.megatron.use_dist_checkpointing": (True, MEGATRON),
+    "*.megatron.use_megatron_fsdp": (True, MEGATRON),
     "*.megatron.context_parallel_size": (2, MEGATRON),
     "actor_rollout_ref.rollout.agent.custom_async_server.path": ("server.py", ()),
 }

@@ -7,6 +7,7 @@ This module imports neither torch nor ray.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from rlcore.config.moe_schema import EngineRouterReplayConfig
 from rlcore.config.suggest import _nearest, _suggest, _use
 
 
@@ -39,6 +40,9 @@ class MegatronConfig:
     vanilla_mbridge: bool = True  # verl: mbridge's built-in model bridges (no effect in rlcore, as use_mbridge)
     use_remove_padding: bool = True  # packed sequences (THD layout); packs only if model.use_remove_padding too
     dtype: str = "bfloat16"  # compute dtype
+    use_megatron_fsdp: bool = False  # verl 0.9: Megatron-FSDP instead of megatron's DDP (refused)
+    # verl 0.9's engine-side copy of <role>.router_replay (moved onto it as the config composes)
+    router_replay: EngineRouterReplayConfig = field(default_factory=EngineRouterReplayConfig)
 
 
 # ---------------------------------------------------------------------------------------------------- rules
@@ -60,6 +64,9 @@ MEGATRON_UNSUPPORTED = {
                                  "builds megatron's local layer spec; for long sequences use strategy=fsdp2 with "
                                  "ulysses_sequence_parallel_size (Ulysses)"),
     "use_dist_checkpointing": (False, "initial weights from a Megatron dist checkpoint; rlcore reads the HF checkpoint at model.path"),
+    "use_megatron_fsdp": (False, "Megatron-FSDP (parameters sharded by megatron-core's own FSDP): rlcore's megatron engine "
+                                 "shards optimizer state with use_distributed_optimizer; for fully sharded parameters use "
+                                 "strategy=fsdp2"),
 }
 
 

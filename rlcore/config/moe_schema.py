@@ -27,6 +27,17 @@ class RouterReplayConfig:
     replay_file: Optional[str] = None  # verl: declared, never read; rlcore refuses a value (routes travel in the batch)
 
 
+@dataclass
+class EngineRouterReplayConfig:
+    """verl 0.9's copy of router replay in the Megatron engine's section (`<role>.megatron.router_replay.*`, what its
+    engine workers read): None = not set; a value set is moved onto `<role>.router_replay.*` as the config is
+    composed (rlcore.config.renamed.ENGINE_COPIES), the one setting rlcore reads."""
+
+    mode: Optional[str] = None  # disabled | R2 | R3, as <role>.router_replay.mode
+    record_file: Optional[str] = None  # as <role>.router_replay.record_file (refused: routes travel in the batch)
+    replay_file: Optional[str] = None  # as <role>.router_replay.replay_file (refused: routes travel in the batch)
+
+
 # ---------------------------------------------------------------------------------------------------- rules
 # Rules for router replay (`actor_rollout_ref.{actor,ref}.router_replay.*`, `rollout.enable_rollout_routing_replay`).
 # `c` is validate's checker (get / error / choice). Whether the model routes at all is

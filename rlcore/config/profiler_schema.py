@@ -10,7 +10,7 @@ only where `nsys` is installed), `npu` (Ascend: refused). A role's `tool` and `s
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import II
+from omegaconf import II, OmegaConf
 
 TOOLS = ("torch", "torch_memory", "nsys", "npu")
 TORCH_CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
@@ -192,10 +192,7 @@ def check_profiler(c) -> None:
     if not enabled:
         return  # a tool and no role asking for it profiles nothing, as in verl (whose scripts set the tool so)
     steps = c.cfg.global_profiler.steps
-    if not steps:
-        c.error(f"{enabled[0]}.profiler.enable=True profiles the steps in {GP}.steps, which is empty; set e.g. "
-                f"{GP}.steps=[2,3]")
-    elif any(not isinstance(s, int) or s < 1 for s in steps):
+    if steps and any(not isinstance(s, int) or s < 1 for s in steps):
         c.error(f"{GP}.steps={list(steps)} must list global steps, counted from 1")
     for section in enabled:
         _check_role(c, section)
@@ -207,6 +204,15 @@ def check_profiler(c) -> None:
             c.error(f"{', '.join(f'{s}.profiler.{key}={v}' for s, v in values.items())}: the actor, reference and rollout "
                     f"run in one process, which one profiler with one {key} serves; set the same {key} (or leave them to "
                     f"{GP}.{key})")
+
+
+def profiler_warnings(cfg) -> list[str]:
+    """A role asking for the profiler with no step to profile runs unprofiled, as in verl: said before the run."""
+    enabled = [s for s in ROLE_SECTIONS if OmegaConf.select(cfg, s).profiler.enable]
+    if enabled and cfg.global_profiler.tool is not None and not cfg.global_profiler.steps:
+        return [f"{enabled[0]}.profiler.enable=True profiles the steps in {GP}.steps, which is empty: nothing is profiled "
+                f"(as in verl); set e.g. {GP}.steps=[2,3]"]
+    return []
 
 
 def _check_role(c, section: str) -> None:

@@ -38,6 +38,16 @@ RENAMED: tuple[tuple[str, str], ...] = (
     ("reward.reward_model.rollout", "reward_model.rollout"),
 )
 
+# (the key rlcore reads, verl 0.9's other key for the same setting): verl 0.9's engine workers read router replay
+# from the Megatron engine's section (`actor.megatron.router_replay.mode`, its router-replay example), its legacy
+# workers from the role's; rlcore has one setting, the role's. Moved, noted and conflict-checked as the renames are.
+ENGINE_COPIES: tuple[tuple[str, str], ...] = (
+    ("actor_rollout_ref.actor.router_replay", "actor_rollout_ref.actor.megatron.router_replay"),
+    ("actor_rollout_ref.ref.router_replay", "actor_rollout_ref.ref.megatron.router_replay"),
+)
+_PAIRS = tuple((new, old, "verl 0.8's name") for new, old in RENAMED) + tuple(
+    (new, old, "verl 0.9's Megatron-engine copy") for new, old in ENGINE_COPIES)
+
 
 @functools.lru_cache(maxsize=None)
 def _defaults(schema: type) -> DictConfig:
@@ -70,18 +80,18 @@ def _named(overrides: Iterable[str]) -> Callable[[str], bool]:
     return lambda leaf: any(k == leaf or leaf.startswith(k + ".") or k.startswith(leaf + ".") for k in keys)
 
 
-def _set_pairs(cfg: DictConfig, named: Callable[[str], bool] = lambda leaf: False) -> Iterator[tuple[str, str]]:
-    """(new leaf, old leaf) of every 0.8 leaf the config sets."""
+def _set_pairs(cfg: DictConfig, named: Callable[[str], bool] = lambda leaf: False) -> Iterator[tuple[str, str, str]]:
+    """(new leaf, old leaf, what the old name is) of every 0.8 leaf (or engine copy) the config sets."""
     schema = OmegaConf.get_type(cfg)
     if schema is None or schema is dict:
         return
     defaults = _defaults(schema)
-    for new, old in RENAMED:
+    for new, old, what in _PAIRS:
         if OmegaConf.select(cfg, old, default=None) is None and OmegaConf.select(cfg, new, default=None) is None:
             continue  # neither in this schema (the SFT and reward-model trainers')
         for leaf in _leaves(defaults, old):
             if named(leaf) or _raw(cfg, leaf) != _raw(defaults, leaf):
-                yield new + leaf[len(old):], leaf
+                yield new + leaf[len(old):], leaf, what
 
 
 def _is_default(cfg: DictConfig, key: str) -> bool:
@@ -93,25 +103,25 @@ def move_renamed(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
     `overrides`: the command line's, which win over a recipe's value of the other name. Idempotent: run as compose()
     finishes and again on the config Hydra hands rlcore-train."""
     named = _named(overrides)
-    for new, old in list(_set_pairs(cfg, named)):
+    for new, old, _ in list(_set_pairs(cfg, named)):
         if named(old) and not named(new) or _is_default(cfg, new) and not named(new):
             OmegaConf.update(cfg, new, _raw(cfg, old), merge=False)
 
 
 def renamed_errors(cfg: DictConfig) -> list[str]:
     """A 0.8 key and its 0.9 name both set, to different values."""
-    return [f"{old}={_raw(cfg, old)} (verl 0.8's name) and {new}={_raw(cfg, new)} (verl 0.9's) are the same setting with two "
-            f"values; keep {new} only" for new, old in _set_pairs(cfg) if _raw(cfg, new) != _raw(cfg, old)]
+    return [f"{old}={_raw(cfg, old)} ({what}) and {new}={_raw(cfg, new)} are the same setting with two values; keep {new} "
+            f"only" for new, old, what in _set_pairs(cfg) if _raw(cfg, new) != _raw(cfg, old)]
 
 
 def renamed_notes(cfg: DictConfig) -> list[str]:
-    """One line per set 0.8 key, naming its 0.9 key."""
-    return [f"{old}={_raw(cfg, old)}: verl 0.8's name of {new} (verl 0.9), read as that key" for new, old in _set_pairs(cfg)]
+    """One line per set 0.8 key (or engine copy), naming the key rlcore reads."""
+    return [f"{old}={_raw(cfg, old)}: {what} of {new}, read as that key" for new, old, what in _set_pairs(cfg)]
 
 
 def renamed_from(key: str) -> str | None:
     """The 0.9 key a 0.8 key (leaf or under a renamed section) is read as; None for any other key."""
-    for new, old in RENAMED:
+    for new, old, _ in _PAIRS:
         if key == old or key.startswith(old + "."):
             return new + key[len(old):]
     return None

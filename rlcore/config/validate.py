@@ -18,7 +18,8 @@ from typing import Any, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.actor_schema import check_policy_loss, check_prefix_grouper
-from rlcore.config.algorithm_schema import OTB_ESTIMATORS, check_dynamic_sampling, check_gdpo, check_otb, check_overlong_buffer, check_pf_ppo, check_rollout_correction
+from rlcore.config.algorithm_schema import (OTB_ESTIMATORS, check_dynamic_sampling, check_gdpo, check_otb, check_overlong_buffer,
+                                            check_pf_ppo, check_rollout_correction, rollout_correction_warnings)
 from rlcore.config.async_schema import check_async, check_trainer_mode, derive_async_sizes, split_pools
 from rlcore.config.distill_schema import check_distillation
 from rlcore.config.fsdp_schema import check_ulysses, ppo_engine_errors, role_sp, sp_key
@@ -29,7 +30,7 @@ from rlcore.config.megatron_schema import _megatron_model_parallel, check_megatr
 from rlcore.config.moe_schema import check_router_replay
 from rlcore.config.multi_turn_schema import check_multi_turn
 from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES
-from rlcore.config.profiler_schema import check_profiler
+from rlcore.config.profiler_schema import check_profiler, profiler_warnings
 from rlcore.config.reward_model_schema import check_reward_manager, check_reward_model
 from rlcore.config.rollout_schema import (check_native_rollout, check_over_sample_rate, check_rollout_expert_parallel,
                                           check_rollout_v09, check_vllm_rollout)
@@ -333,6 +334,7 @@ def config_warnings(cfg: DictConfig) -> list[str]:
         warnings.append(f"algorithm.adv_estimator={estimator} with {ARR}.rollout.n=1: each sample is its own group, so its "
                         f"advantage is its own score, with no baseline (verl's rule for a group of one); fine for "
                         f"distillation or evaluation runs, otherwise use {ARR}.rollout.n=4 or more")
+    warnings += rollout_correction_warnings(cfg) + profiler_warnings(cfg)
     need = cfg.data.max_prompt_length + cfg.data.max_response_length
     budgets = [(f"{ARR}.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz),
                (f"{ARR}.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_use_dynamic_bsz),
@@ -465,6 +467,11 @@ def _plan_mini_batches(c: _Checker, dp: int, tbs: int, mini: int, n: int, actor:
     if per_rank_mini is not None and micro is not None:
         if per_rank_mini % micro == 0:
             micro_batches = per_rank_mini // micro
+        elif micro > per_rank_mini:
+            # verl splits a rank's mini-batch into micro-batches of at most this many samples: one, of them all (its
+            # rollout-correction scripts: 32 prompts over 8 ranks with 8 per micro-batch). The loss is normalised
+            # by mini-batch counts (rlcore.algos.agg), so the split does not change it.
+            micro, micro_batches = per_rank_mini, 1
         else:
             per_gpu_key = f"{actor}.ppo_micro_batch_size_per_gpu"
             source = (f"{per_gpu_key}={micro}" if c.get(per_gpu_key) is not None else
@@ -572,18 +579,23 @@ def _plan_critic(c: _Checker, world: int, tbs: int, n: int) -> tuple[Optional[in
 
 
 def _check_rollout_tp(c: _Checker, per_node: int) -> None:
+    """A rollout replica's TP group is contiguous ranks, placed node by node: inside one node, or whole nodes (verl's
+    72B-and-up scripts run TP16 on nodes of 8; vLLM's external_launcher TP group spans the trainer's process group
+    across nodes then)."""
     if split_pools(c.get):  # the rollout's own pool
-        per_node, pool_key = c.cfg.rollout.n_gpus_per_node, "rollout.n_gpus_per_node"
+        per_node, nodes, pool_key = c.cfg.rollout.n_gpus_per_node, c.cfg.rollout.nnodes, "rollout.n_gpus_per_node"
     else:
-        pool_key = "trainer.n_gpus_per_node"
+        nodes, pool_key = c.cfg.trainer.nnodes, "trainer.n_gpus_per_node"
     key = f"{ARR}.rollout.tensor_model_parallel_size"
     tp = c.get(key)
-    if not c.at_least(key, 1):
+    if not c.at_least(key, 1) or not per_node or not nodes:
         return
-    if per_node % tp:
+    whole_nodes = tp % per_node == 0 and (per_node * nodes) % tp == 0
+    if per_node % tp and not whole_nodes:
         fixes = _suggest(tp, [lambda v: per_node % v == 0 and c.rollout_tp_splits_heads(v), lambda v: per_node % v == 0], 1, per_node)
-        c.error(f"{key}={tp} must divide {pool_key}={per_node}: ranks are placed node by node, and a rollout "
-                "replica's TP group (contiguous ranks) must not straddle two nodes; " + _use(key, fixes))
+        c.error(f"{key}={tp} must divide {pool_key}={per_node}, or be whole nodes of it dividing the {per_node * nodes} "
+                "devices: ranks are placed node by node, and a rollout replica's TP group (contiguous ranks) must not "
+                "straddle two nodes partly; " + _use(key, fixes))
 
 
 # ----------------------------------------------------------------------------------------- public

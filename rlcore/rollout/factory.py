@@ -37,6 +37,7 @@ def build_teacher_scorer(teacher, name: str, device, topk: int, seed: int):
     return VLLMTeacher(teacher.model_path, device=device, name=name, dtype=i.dtype, max_model_len=i.max_model_len, topk=topk,
                        seed=seed, gpu_memory_utilization=i.gpu_memory_utilization, max_num_seqs=i.max_num_seqs,
                        max_num_batched_tokens=i.max_num_batched_tokens, enforce_eager=i.enforce_eager,
+                       tensor_parallel_size=i.tensor_model_parallel_size, expert_parallel_size=i.expert_parallel_size,
                        engine_kwargs=i.engine_kwargs.get("vllm") or {}, trust_remote_code=teacher.trust_remote_code)
 
 

@@ -96,7 +96,7 @@ class VLLMTeacher:
 
     def __init__(self, model_path: str, device: torch.device | None = None, name: str = "teacher_model", dtype: str = "bfloat16",
                  max_model_len: int | None = None, topk: int = 0, seed: int = 0, tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = _SCHEMA.gpu_memory_utilization, max_num_seqs: int = _SCHEMA.max_num_seqs,
+                 expert_parallel_size: int = 1, gpu_memory_utilization: float = _SCHEMA.gpu_memory_utilization, max_num_seqs: int = _SCHEMA.max_num_seqs,
                  max_num_batched_tokens: int = _SCHEMA.max_num_batched_tokens, enforce_eager: bool = _SCHEMA.enforce_eager, engine_kwargs: dict | None = None, trust_remote_code: bool = False) -> None:
         """`device`: None = CUDA where available, else vLLM's CPU build. `name`: the teacher's entry in
         distillation.teacher_models (error messages name its keys). `topk`: the most top-k tokens any `score` call
@@ -116,6 +116,7 @@ class VLLMTeacher:
         try:
             self.engine = _TeacherEngine(
                 model_path, pad_token_id=0, device=device, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+                expert_parallel_size=expert_parallel_size,
                 gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False, enforce_eager=enforce_eager,
                 load_format="auto",  # the teacher's own checkpoint: no weight sync ever reaches it

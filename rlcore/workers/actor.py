@@ -10,7 +10,7 @@ from rlcore.algos import POLICY_LOSSES, agg_loss, kl_penalty
 from rlcore.algos.agg import statistic_mode
 from rlcore.algos.distill import ESTIMATORS, combined_loss, distillation_loss, token_losses
 from rlcore.algos.rollout_corr import bypass_mode_loss, mismatch_token_terms
-from rlcore.config.algorithm_schema import RolloutCorrectionConfig
+from rlcore.config.algorithm_schema import RolloutCorrectionConfig, is_threshold_band
 from rlcore.config.typed import plain
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import LossFn, TokenRequest, TrainEngine
@@ -68,6 +68,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
     auxiliary loss stay as configured.
     """
     rc = rollout_corr or RolloutCorrectionConfig()
+    ratio_line = is_threshold_band(rc.rollout_is_threshold)[1]  # the mismatch metrics' ratio_fraction_* line
     policy_loss = POLICY_LOSSES.get(actor_cfg.policy_loss.loss_mode)
     loss_params = policy_loss_params(actor_cfg)
     # A loss defined per sequence (GMPO) fixes its own aggregation; the others (and bypass mode's) follow loss_agg_mode
@@ -84,7 +85,8 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
         extra = {}
         if rc.bypass_mode:
             pg_mat, kept, stats = bypass_mode_loss(old_log_prob, log_prob, b["advantages"], mask, rc.loss_type, rc.rollout_is,
-                                                   rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold, **loss_params)
+                                                   rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold,
+                                                   rc.rollout_is_batch_normalize, **loss_params)
             if rc.rollout_rs is not None:
                 extra["rollout_corr/rollout_rs_masked_fraction"] = (mask - kept).float()
         else:
@@ -121,7 +123,7 @@ def make_policy_loss_fn(actor_cfg, counts: tuple[float, float], dp_size: int, on
             metrics["actor/moe/aux_loss"] = aux.detach()
         metrics.update({k: agg_loss(v, mask, stats_mode, counts[0], counts[1], dp_size).detach() for k, v in stats.items()})
         if "rollout_log_probs" in b:  # token means as shares of the mini-batch, exact after the usual sum and mean
-            terms = mismatch_token_terms(log_prob, b["rollout_log_probs"], rc.rollout_is_threshold)
+            terms = mismatch_token_terms(log_prob, b["rollout_log_probs"], ratio_line)
             for key, mat in {**{f"rollout_corr/{k}": v for k, v in terms.items()}, **extra}.items():
                 metrics[key] = agg_loss(mat, mask, "token-mean", counts[0], counts[1], dp_size).detach()
         return loss, metrics

@@ -1,9 +1,11 @@
 """The distillation teacher role (`distillation.enabled`): one or more frozen models scoring the student's finished
 samples token by token, written once over TrainEngine (native: an FSDP2 forward through the same log-prob head the
-actor uses) or over a vLLM engine per rank (rlcore.rollout.vllm_teacher).
+actor uses) or over vLLM engines (rlcore.rollout.vllm_teacher).
 
-Every rank of the group holds every teacher: a native teacher sharded over the group (FSDP2), a vLLM one whole on
-each rank. The controller sends each teacher the rows routed to it (`compute_teacher_log_prob(rows, teacher=name)`),
+Every rank of the group holds every teacher: a native teacher sharded over the group (FSDP2), a vLLM one as one
+engine per TP group of `inference.tensor_model_parallel_size` ranks (whole on each rank at TP 1). Either way each
+rank scores its own share of the rows (a TP group gathers its ranks' rows into one engine call and hands each rank
+its own back), so every teacher has the group's one data-parallel layout. The controller sends each teacher the rows routed to it (`compute_teacher_log_prob(rows, teacher=name)`),
 split over the ranks like any batch.
 """
 
@@ -47,7 +49,7 @@ def teacher_spec(cfg: PPOConfig, teacher: TeacherModelConfig, total_steps: int):
 
 
 class TeacherWorker(RoleWorker):
-    """One process per device holding every teacher (a shard of each native one; a whole vLLM engine each)."""
+    """One process per device holding every teacher (a shard of each native one; a vLLM engine per TP group)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, total_steps: int) -> None:

@@ -56,6 +56,19 @@ def test_token_level_truncated_is():
     assert not w.requires_grad
 
 
+def test_a_band_zeroes_the_weights_outside_it_icepop():
+    # verl 0.9's rollout_is_threshold="0.5_4.0" (its Hunyuan-v3 script): rho inside [lower, upper] kept as it is,
+    # outside zeroed; rho 3 in [0.5, 4] stays 3 (no truncation), rho 1/4 drops out
+    w, m = rollout_is_weights(LOG_RATIO, MASK, "token", threshold="0.5_4.0")
+    assert torch.allclose(w, torch.tensor([[3.0, 1.0, 0.0], [1.0, 0.0, 1.5]]))
+    assert m["rollout_is_oob_ratio"] == pytest.approx(0.2)
+    assert (m["rollout_is_ratio_fraction_high"], m["rollout_is_ratio_fraction_low"]) == (0.0, pytest.approx(0.2))
+    w, _ = rollout_is_weights(LOG_RATIO, MASK, "sequence", threshold="0.5_2")  # products 3 and 0.375: both out
+    assert not w.any()
+    with pytest.raises(ValueError, match="a band lower_upper needs 0 < lower <= upper"):
+        rollout_is_weights(LOG_RATIO, MASK, "token", threshold="4_0.5")
+
+
 def test_sequence_level_truncated_is():
     w, m = rollout_is_weights(LOG_RATIO, MASK, "sequence", threshold=2.0)
     assert torch.allclose(w, torch.tensor([[2.0, 2.0, 0.0], [0.375, 0.375, 0.375]]))  # product 3 -> 2; 0.375 kept
@@ -90,10 +103,10 @@ def test_levels_are_verls_and_unknown_ones_list_the_valid_ones():
         rollout_is_weights(LOG_RATIO, MASK, "seq", 2.0)
 
 
-def bypass(loss_type, rollout_is=None, rollout_rs=None, rollout_rs_threshold=2.0):
+def bypass(loss_type, rollout_is=None, rollout_rs=None, rollout_rs_threshold=2.0, batch_normalize=False):
     log_prob = (ROLLOUT + LOG_RATIO).clone().requires_grad_(True)  # this forward: rho as above against the rollout
     loss_mat, kept, stats = bypass_mode_loss(ROLLOUT, log_prob, torch.ones(2, 3), MASK, loss_type, rollout_is, 2.0, rollout_rs, rollout_rs_threshold,
-                                             clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+                                             batch_normalize, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
     loss_mat.sum().backward()
     return loss_mat.detach(), kept, stats, log_prob.grad
 
@@ -103,6 +116,9 @@ def test_bypass_reinforce_weights_the_log_prob_gradient():
     w = torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.25, 1.5]])  # truncated at 2, zero on padding
     assert torch.allclose(loss, -w * OLD * MASK) and torch.allclose(grad, -w * MASK)  # L = -A w log pi: grad -A w
     assert torch.allclose(stats["actor/ppo_kl"], -LOG_RATIO)
+    # batch-normalised (verl 0.9's rollout-correction script): w over its mean on the micro-batch's 5 real tokens
+    _, _, _, grad = bypass("reinforce", rollout_is="token", batch_normalize=True)
+    assert torch.allclose(grad, -w / (5.75 / 5) * MASK)
     loss, kept, _, grad = bypass("reinforce", rollout_rs="token")  # no IS: w = 1, rho 3 and 1/4 rejected
     assert kept.tolist() == [[0, 1, 0], [1, 0, 1]] and torch.allclose(grad, -kept.float())  # -A x 1 on kept tokens only
 

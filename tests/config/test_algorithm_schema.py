@@ -33,6 +33,7 @@ def test_verls_defaults_and_settings_validate():
         "loss_type": "ppo_clip", "rollout_is_batch_normalize": False}
     assert errors(rollout_is="sequence", rollout_is_batch_normalize=True, rollout_rs="geometric", rollout_rs_threshold=1.5) == []
     assert errors(bypass_mode=True) == []
+    assert errors(rollout_is="token", rollout_is_threshold="0.5_4.0") == []  # verl 0.9's IcePop band
     assert errors(bypass_mode=True, loss_type="reinforce", rollout_is="sequence", rollout_rs="token", rollout_rs_threshold=2.0) == []
     cfg = compose(["recipe=tiny_cpu", f"{RC}.rollout_is=token", f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=3"])
     assert (cfg.algorithm.rollout_correction.rollout_is, cfg.algorithm.rollout_correction.rollout_rs_threshold) == ("token", 3.0)
@@ -46,13 +47,12 @@ def test_verls_defaults_and_settings_validate():
     (dict(rollout_rs="token"), f"{RC}.rollout_rs=token keeps the ratios in [1/rollout_rs_threshold, rollout_rs_threshold], but "
                                f"{RC}.rollout_rs_threshold=None; use {RC}.rollout_rs_threshold=2.0 (it must be > 1)"),
     (dict(rollout_is_threshold=0.5), f"{RC}.rollout_is_threshold=0.5 must be > 1"),
+    (dict(rollout_is_threshold="2_1"), f"{RC}.rollout_is_threshold=2_1: a band lower_upper needs 0 < lower <= upper"),
+    (dict(rollout_is_threshold="high"), f"{RC}.rollout_is_threshold='high' is not a number or a band"),
     (dict(loss_type="reinforce"), f"{RC}.loss_type=reinforce is bypass mode's loss and has no effect without it; set "
                                   f"{RC}.bypass_mode=True, or {RC}.loss_type=ppo_clip"),
     (dict(loss_type="ppo"), f"{RC}.loss_type=ppo is not one of ppo_clip, reinforce; use {RC}.loss_type=ppo_clip"),
     (dict(rollout_is_batch_normalize=True), f"{RC}.rollout_is=null computes none; set {RC}.rollout_is=token"),
-    (dict(bypass_mode=True, rollout_is="token"), f"{RC}.rollout_is=token has no effect with bypass_mode and loss_type=ppo_clip"),
-    (dict(bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_batch_normalize=True),
-     f"{RC}.rollout_is_batch_normalize=True: in bypass mode rlcore forms the IS weights per micro-batch"),
     (dict(rollout_is="token", **{"$actor_rollout_ref.actor.policy_loss.loss_mode": "geo_mean"}),
      f"{RC}.rollout_is=token with actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean (GMPO): its loss is per sequence"),
     (dict(bypass_mode=True, **{"$actor_rollout_ref.actor.policy_loss.loss_mode": "gspo"}),
@@ -61,6 +61,22 @@ def test_verls_defaults_and_settings_validate():
 def test_bad_values_are_refused_with_the_fix(values, message):
     found = errors(**values)
     assert len(found) == 1 and message in found[0], found
+
+
+def test_what_verl_runs_without_effect_in_bypass_mode_is_warned_not_refused():
+    # verl 0.9's rollout-correction scripts: rollout_is with ppo_clip (weights computed, not applied), and batch
+    # normalisation, which in bypass mode is over each micro-batch (verl: and over the data-parallel ranks)
+    from rlcore.config.algorithm_schema import rollout_correction_warnings
+
+    def warnings(**values):
+        cfg = compose(["recipe=tiny_cpu"] + [f"{RC}.{k}={v}" for k, v in values.items()])
+        assert errors(**values) == []
+        return rollout_correction_warnings(cfg)
+
+    assert [w.split(" has ")[0] for w in warnings(bypass_mode=True, rollout_is="token")] == [f"{RC}.rollout_is=token"]
+    found = warnings(bypass_mode=True, loss_type="reinforce", rollout_is="sequence", rollout_is_batch_normalize=True)
+    assert len(found) == 1 and "divides the IS weights by their mean over each micro-batch" in found[0]
+    assert warnings(rollout_is="sequence", rollout_is_batch_normalize=True) == []  # decoupled: over the whole batch
 
 
 # verl b178a3c, verl/trainer/ppo/rollout_corr_helper.py: SUPPORTED_ROLLOUT_RS_OPTIONS

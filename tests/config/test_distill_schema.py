@@ -68,6 +68,22 @@ def test_no_teacher_and_verls_pool_arithmetic():
     assert "needs both" in errors(*ON, f"{D}.n_gpus_per_node=2")[0]
 
 
+def test_a_vllm_teacher_spans_a_tp_group_of_its_pool_or_of_the_actors_nodes():
+    # verl's OPD scripts: a 32B teacher at TP2 on a pool of 4 (two replicas), a 35B MoE at TP8 x EP8 on a pool of 8
+    t = f"{D}.teacher_models.teacher_model"
+    pool = [f"{D}.n_gpus_per_node=4", f"{D}.nnodes=1", f"{t}.inference.name=vllm"]
+    assert errors(*ON, *pool, f"{t}.inference.tensor_model_parallel_size=2") == []
+    assert errors(*ON, *pool, f"{t}.inference.tensor_model_parallel_size=4", f"{t}.inference.expert_parallel_size=4") == []
+    assert "expert_parallel_size=2 must be 1 or" in errors(*ON, *pool, f"{t}.inference.tensor_model_parallel_size=4",
+                                                             f"{t}.inference.expert_parallel_size=2")[0]
+    assert "straddle nodes of 4" in errors(*ON, *pool, f"{t}.inference.tensor_model_parallel_size=8")[0]
+    assert "pipeline_model_parallel_size=2" in errors(*ON, *pool, f"{t}.inference.pipeline_model_parallel_size=2")[0]
+    # sharing the actor's devices (tiny_cpu: 2 per node), a TP group must tile its nodes
+    assert errors(*ON, f"{t}.inference.name=vllm", f"{t}.inference.tensor_model_parallel_size=2") == []
+    assert "does not tile trainer.n_gpus_per_node=2" in errors(*ON, f"{t}.inference.name=vllm",
+                                                               f"{t}.inference.tensor_model_parallel_size=4")[0]
+
+
 def test_teachers_share_the_actors_pool_unless_given_their_own():
     assert placement(compose(ON))[1]["teacher"] == 0
     pools, where = placement(compose(ON + [f"{D}.n_gpus_per_node=1", f"{D}.nnodes=1"]))

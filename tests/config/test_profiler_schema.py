@@ -20,10 +20,18 @@ def test_a_torch_profile_of_the_actor_is_valid():
     assert errors(f"{GP}.tool=torch_memory", "trainer.device=cuda") == []
 
 
+def test_a_role_enabled_with_no_step_is_warned_and_runs_unprofiled_as_in_verl():
+    from rlcore.config.profiler_schema import profiler_warnings
+
+    cfg = compose([*ON, f"{GP}.steps=null"])
+    assert errors(*ON, f"{GP}.steps=null") == []
+    assert profiler_warnings(cfg) == [f"{ACTOR}.enable=True profiles the steps in {GP}.steps, which is empty: nothing is "
+                                      f"profiled (as in verl); set e.g. {GP}.steps=[2,3]"]
+    assert profiler_warnings(compose(ON)) == []
+
+
 @pytest.mark.parametrize("overrides, message", [
     ([f"{ACTOR}.enable=True"], f"{ACTOR}.enable=True but global_profiler.tool is null: nothing would be profiled; set {GP}.tool=torch"),
-    ([*ON, f"{GP}.steps=null"], f"actor_rollout_ref.actor.profiler.enable=True profiles the steps in {GP}.steps, which is empty; "
-                                f"set e.g. {GP}.steps=[2,3]"),
     ([*ON, f"{GP}.steps=[0]"], f"{GP}.steps=[0] must list global steps, counted from 1"),
     ([*ON, f"{GP}.tool=npu"], f"{GP}.tool=npu profiles Ascend NPUs, which rlcore does not run on; use {GP}.tool=torch"),
     ([*ON, f"{GP}.tool=torch_memory"], f"{GP}.tool=torch_memory records the CUDA caching allocator, and trainer.device=cpu has none"),

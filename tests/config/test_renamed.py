@@ -33,7 +33,7 @@ def test_every_renamed_key_of_verl_0_8_is_read_as_its_0_9_key_with_a_note():
         assert (OmegaConf.to_container(got) if OmegaConf.is_config(got) else got) == value, override
     notes = renamed_notes(cfg)
     assert len(notes) == len(OLD)
-    assert "reward_model.reward_manager=dapo: verl 0.8's name of reward.reward_manager.name (verl 0.9), read as that key" in notes
+    assert "reward_model.reward_manager=dapo: verl 0.8's name of reward.reward_manager.name, read as that key" in notes
     assert renamed_errors(cfg) == [] and {new.split(".")[0] for new, _ in RENAMED} == {"critic", "reward"}
     assert renamed_from("critic.model.fsdp_config.dtype") == "critic.fsdp.dtype" and renamed_from("critic.fsdp.dtype") is None
     # the 0.9 dialect: no note
@@ -45,9 +45,20 @@ def test_both_names_with_different_values_are_refused_and_the_plan_names_the_old
     cfg = compose(["reward_model.reward_manager=dapo", "reward.reward_manager.name=gdpo"])
     assert cfg.reward.reward_manager.name == "gdpo"  # the 0.9 key is kept; the error says which to keep
     assert [e for e in diagnose(cfg)[1] if "verl 0.8's name" in e] == [
-        "reward_model.reward_manager=dapo (verl 0.8's name) and reward.reward_manager.name=gdpo (verl 0.9's) are the same "
-        "setting with two values; keep reward.reward_manager.name only"]
+        "reward_model.reward_manager=dapo (verl 0.8's name) and reward.reward_manager.name=gdpo are the same setting with two "
+        "values; keep reward.reward_manager.name only"]
     plan(["--elsewhere", "recipe=tiny_cpu", "custom_reward_function.name=my_score"])
     out = capsys.readouterr().out
-    assert ("1 key(s) under verl 0.8's names:\n  - custom_reward_function.name=my_score: verl 0.8's name of "
-            "reward.custom_reward_function.name (verl 0.9), read as that key") in out
+    assert ("1 key(s) under another of verl's names:\n  - custom_reward_function.name=my_score: verl 0.8's name of "
+            "reward.custom_reward_function.name, read as that key") in out
+
+
+def test_the_megatron_engines_router_replay_is_the_roles():
+    # verl 0.9's engine workers read actor.megatron.router_replay.mode (its router-replay example sets it); rlcore reads
+    # actor.router_replay.mode, and the reference follows the actor's
+    cfg = compose(["recipe=tiny_cpu", "actor_rollout_ref.actor.megatron.router_replay.mode=R2"])
+    assert (cfg.actor_rollout_ref.actor.router_replay.mode, cfg.actor_rollout_ref.ref.router_replay.mode) == ("R2", "R2")
+    assert renamed_notes(cfg) == ["actor_rollout_ref.actor.megatron.router_replay.mode=R2: verl 0.9's Megatron-engine copy of "
+                                  "actor_rollout_ref.actor.router_replay.mode, read as that key"]
+    cfg = compose(["recipe=tiny_cpu", "actor_rollout_ref.actor.megatron.router_replay.mode=R2", "actor_rollout_ref.actor.router_replay.mode=R3"])
+    assert "keep actor_rollout_ref.actor.router_replay.mode only" in renamed_errors(cfg)[0]

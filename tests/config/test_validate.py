@@ -405,7 +405,8 @@ def test_reward_model_keys_of_verl_compose_and_what_is_not_implemented_is_refuse
 
 def test_tp_groups_never_straddle_two_nodes():
     """Ranks are placed node by node; a TP group (contiguous ranks) must divide the ranks per node even where it
-    divides the world: 2 nodes x 6 ranks with TP 4 would put ranks 4-7 across both nodes."""
+    divides the world: 2 nodes x 6 ranks with TP 4 would put ranks 4-7 across both nodes. A rollout TP group of
+    whole nodes is one replica spanning them."""
     nodes = ["trainer.nnodes=2", "trainer.n_gpus_per_node=6", "data.train_batch_size=48", f"{ARR}.actor.ppo_mini_batch_size=48",
              f"{ARR}.actor.ppo_micro_batch_size_per_gpu=32"]
     messages = _errors(nodes + [f"{ARR}.rollout.tensor_model_parallel_size=4"], recipe="tiny_cpu")
@@ -416,6 +417,12 @@ def test_tp_groups_never_straddle_two_nodes():
     messages = _errors(nodes + megatron, recipe="tiny_cpu")
     assert any(m.startswith(f"{ARR}.actor.megatron.tensor_model_parallel_size=4 must divide the ranks per node (6)") for m in messages), messages
     validate_config(_cfg(nodes + [f"{ARR}.rollout.tensor_model_parallel_size=2"], recipe="tiny_cpu"))  # 3 replicas per node
+    # whole nodes (verl's 72B scripts: TP16 on nodes of 8) are one replica spanning them
+    validate_config(_cfg(nodes + [f"{ARR}.rollout.tensor_model_parallel_size=6"], recipe="tiny_cpu"))
+    validate_config(_cfg(nodes + [f"{ARR}.rollout.tensor_model_parallel_size=12"], recipe="tiny_cpu"))
+    messages = _errors(["trainer.nnodes=3"] + nodes[1:] + [f"{ARR}.rollout.tensor_model_parallel_size=12"], recipe="tiny_cpu")
+    assert any(m.startswith(f"{ARR}.rollout.tensor_model_parallel_size=12 must divide trainer.n_gpus_per_node=6, or be "
+                            "whole nodes of it dividing the 18 devices") for m in messages), messages
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -70,8 +70,32 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, tp: int, s
     # The same prompt n=8 times, as the trainer repeats it: within a rank the samples differ, and so do the ranks'.
     same = torch.tensor([[5, 6, 7, 8]]).repeat(8, 1)
     result["group"] = rollout.generate(same, torch.ones_like(same), SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0)).responses
+    if tp == 2 and source == "fsdp2":
+        result["teacher"] = _score_with_a_tp2_teacher(model_dir, rank, ids, mask)
+        torch.save(result, f"{out_path}.{rank}")
+        return  # the teacher engine's shutdown destroyed the process groups: no close_gloo after it
     torch.save(result, f"{out_path}.{rank}")
     close_gloo()
+
+
+def _score_with_a_tp2_teacher(model_dir: str, rank: int, ids: torch.Tensor, mask: torch.Tensor) -> float:
+    """A distillation teacher at inference.tensor_model_parallel_size=2 (verl's OPD scripts), built beside the TP2
+    rollout in the same processes: each rank scores its own rows and gets its own rows' log-probs back. Returns their
+    largest gap to the checkpoint's HF forward (the teacher reads the checkpoint; no sync reaches it)."""
+    from rlcore.models.hf import load_causal_lm
+    from rlcore.protocol import position_ids_from_mask
+    from rlcore.rollout.vllm_teacher import VLLMTeacher
+
+    teacher = VLLMTeacher(model_dir, device=torch.device("cpu"), dtype="float32", max_model_len=64, max_num_seqs=4,
+                          tensor_parallel_size=2, engine_kwargs={"kv_cache_memory_bytes": 8 * 2**20})
+    responses = torch.randint(3, 100, (ids.shape[0], 3), generator=torch.Generator().manual_seed(rank))
+    full_ids, full_mask = torch.cat([ids, responses], 1), torch.cat([mask, torch.ones_like(responses)], 1)
+    scored = teacher.score(full_ids, full_mask, responses.shape[1], 0, 1.0)["log_probs"]
+    with torch.no_grad():
+        logits = load_causal_lm(model_dir).eval()(input_ids=full_ids, attention_mask=full_mask,
+                                                   position_ids=position_ids_from_mask(full_mask)).logits
+    hf = logits[:, ids.shape[1] - 1 : -1].float().log_softmax(-1).gather(-1, responses[..., None])[..., 0]
+    return float((scored - hf).abs().max())
 
 
 def run_two_ranks(model_dir: str, tp: int, tmp_path, source: str = "fsdp2") -> list[dict]:
@@ -99,6 +123,8 @@ def test_fsdp2_into_vllm_matches_the_training_forward(tmp_path, tp):
     for group in groups:
         assert len({tuple(row) for row in group.tolist()}) > 4  # n samples of one prompt differ
     assert not torch.equal(groups[0], groups[1])  # DP replicas (tp=1) or the two halves of one TP batch (tp=2) differ
+    if tp == 2:  # a TP2 teacher beside the TP2 rollout: each rank's rows scored as HF's forward scores them
+        assert [r["teacher"] < 2e-6 for r in results] == [True, True], [r["teacher"] for r in results]
 
 
 def test_tied_llama_through_fsdp2_tp2(tmp_path):
