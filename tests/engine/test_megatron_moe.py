@@ -31,6 +31,7 @@ from grpo_step import family_cfg, greedy_matches_training, grpo_batch, prompts_b
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from rlcore.config.actor_schema import ActorConfig
 from rlcore.config.megatron_schema import MegatronConfig
 from rlcore.models.hf import load_causal_lm
 from rlcore.models.router import Routing, to_routes
@@ -46,7 +47,8 @@ YARN = "tiny-deepseek-v3-yarn"  # DeepSeek-V3's own positions: YaRN, whose mscal
 YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
              "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
 FUSED = "tiny-qwen2-moe-fused"  # the same weights saved under HF's in-memory names (3-D gate_up_proj / down_proj)
-ACTOR = OmegaConf.create({
+# the schema's actor section (every field the loss reads has its default), with these settings
+ACTOR = OmegaConf.merge(OmegaConf.structured(ActorConfig), {
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
     "clip_ratio_c": 3.0, "entropy_coeff": 0.0, "use_kl_loss": False, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.0,
 })

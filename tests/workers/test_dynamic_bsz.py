@@ -7,6 +7,7 @@ import torch
 from dist_utils import close_gloo, init_gloo, make_rollout_batch, spawn_ranks, token_outputs
 from omegaconf import OmegaConf
 
+from rlcore.config.actor_schema import ActorConfig
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches, sequence_lengths
 from rlcore.data.seqlen_balancing import budget_partitions
 from rlcore.models.hf import load_causal_lm
@@ -15,7 +16,8 @@ from rlcore.workers.actor import make_policy_loss_fn
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
 
-ACTOR = OmegaConf.create({
+# the schema's actor section (every field the loss reads has its default), with these settings
+ACTOR = OmegaConf.merge(OmegaConf.structured(ActorConfig), {
     "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
     "clip_ratio_c": 3.0, "entropy_coeff": 0.0, "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1,
 })
