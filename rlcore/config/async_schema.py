@@ -73,7 +73,7 @@ class SeparateAsyncConfig:
 class ColocateAsyncConfig:
     """verl 0.9's trainer_mode=colocate_async (`trainer.v1.colocate_async.*`)."""
 
-    num_warmup_batches: int = 1  # generation batches queued before training starts
+    num_warmup_batches: int = 1  # prompt batches sent beyond the first step's own, so more is in flight than a step trains
 
 
 @dataclass
@@ -100,9 +100,10 @@ class OffPolicySamplerConfig:
 @dataclass
 class TrainerV1Config:
     """verl 0.9's trainer modes (`trainer.v1.*`), on rlcore's one loop: sync is the hybrid engine's loop,
-    separate_async its split pools (the rollout on actor_rollout_ref.rollout.nnodes x n_gpus_per_node devices)."""
+    separate_async its split pools (the rollout on actor_rollout_ref.rollout.nnodes x n_gpus_per_node devices),
+    colocate_async the hybrid loop with samples carried across steps (rlcore.rollout.partial)."""
 
-    trainer_mode: str = "sync"  # sync | separate_async | colocate_async (refused)
+    trainer_mode: str = "sync"  # sync | separate_async | colocate_async
     sync: Dict[str, Any] = field(default_factory=dict)  # verl's sync trainer's options (none)
     colocate_async: ColocateAsyncConfig = field(default_factory=ColocateAsyncConfig)  # trainer_mode=colocate_async
     separate_async: SeparateAsyncConfig = field(default_factory=SeparateAsyncConfig)  # trainer_mode=separate_async
@@ -228,10 +229,7 @@ def check_trainer_mode(c) -> None:
                     "of your own is not supported by rlcore; its rollouter trains on whole generation batches in order "
                     "(trainer.v1.sampler.max_off_policy_* bound them)")
     if v1.trainer_mode == "colocate_async":
-        c.error("trainer.v1.trainer_mode=colocate_async (rollout and training taking turns on the same devices, with "
-                "generations carried across steps) is not supported yet by rlcore: its asynchronous training runs the "
-                "rollout on devices of its own; use trainer.v1.trainer_mode=separate_async with "
-                f"{ARR}.rollout.nnodes / n_gpus_per_node for those devices, or trainer_mode=sync")
+        check_colocate_async(c)
     if v1.trainer_mode != "separate_async":
         return
     if v1.separate_async.hybrid_rollout.enable_switch:
@@ -244,6 +242,39 @@ def check_trainer_mode(c) -> None:
         if c.get(key) != value:  # apply_trainer_mode wrote every one left at its default: the user set this one
             c.error(f"{key}={c.get(key)} and trainer.v1.trainer_mode=separate_async disagree (verl 0.9's mode sets {key}={value}); "
                     f"keep one dialect: drop {key}, or the v1 keys")
+
+
+def check_colocate_async(c) -> None:
+    """verl 0.9's colocate_async on the hybrid engine (rlcore.rollout.partial): what it needs of the rollout."""
+    rollout, why = c.cfg.actor_rollout_ref.rollout, "trainer.v1.trainer_mode=colocate_async"
+    if c.cfg.actor_rollout_ref.hybrid_engine is False:
+        c.error(f"{why} runs rollout and training on the same devices, but {ARR}.hybrid_engine=False gives the rollout "
+                f"devices of its own; drop {ARR}.hybrid_engine=False, or use trainer.v1.trainer_mode=separate_async")
+    if rollout.name != "native":
+        c.error(f"{why} with {ARR}.rollout.name={rollout.name}: rlcore's {rollout.name} engine runs each generation call to its "
+                f"end (LLM.generate has no step to stop at), so no sample could be carried to the next step; use "
+                f"{ARR}.rollout.name=native, or trainer.v1.trainer_mode=sync")
+    agents = [key for key in (f"{ARR}.rollout.multi_turn.enable", f"{ARR}.rollout.agent.agent_loop_config_path",
+                              f"{ARR}.rollout.multi_turn.interaction_config_path") if c.get(key)]
+    if agents or c.get(f"{ARR}.rollout.agent.default_agent_loop") == "tool_agent":
+        c.error(f"{why} with multi-turn or agent rollouts ({', '.join(agents) or 'default_agent_loop=tool_agent'}) is not "
+                f"supported yet: rlcore carries single-turn samples across steps; use trainer.v1.trainer_mode=sync")
+    if c.cfg.actor_rollout_ref.actor.router_replay.mode == "R3":
+        c.error(f"{why} with {ARR}.actor.router_replay.mode=R3: a sample carried on under new weights has no single "
+                f"rollout's routes to replay; use router_replay.mode=R2 (the old-log-prob pass's routes) or disabled")
+    if c.cfg.algorithm.filter_groups.enable:
+        c.error(f"{why} with algorithm.filter_groups.enable=True is not supported yet: set algorithm.filter_groups.enable=False, "
+                f"or trainer.v1.trainer_mode=sync")
+    sampler, warmup = c.cfg.trainer.v1.sampler, c.cfg.trainer.v1.colocate_async.num_warmup_batches
+    if sampler.max_off_policy_strategy == "wait" and warmup + 1 > sampler.max_off_policy_threshold:
+        c.error(f"trainer.v1.colocate_async.num_warmup_batches={warmup} with max_off_policy_strategy=wait and "
+                f"max_off_policy_threshold={sampler.max_off_policy_threshold}: {warmup + 1} batches in flight, one trained per "
+                f"step, keep the last {warmup + 1} steps' prompts waiting, past the bound that wait must keep (verl asserts "
+                f"it when it samples); use num_warmup_batches <= {sampler.max_off_policy_threshold - 1}, or strategy drop")
+    ranks, batch = c.cfg.trainer.nnodes * c.cfg.trainer.n_gpus_per_node, c.cfg.data.train_batch_size
+    if isinstance(batch, int) and batch % ranks:
+        c.error(f"data.train_batch_size={batch} with {why}: each of the {ranks} ranks (trainer.nnodes x n_gpus_per_node) "
+                f"returns an equal share of the step's prompt groups, the first of its own to finish; use a multiple of {ranks}")
 
 
 def async_warnings(get) -> list[str]:

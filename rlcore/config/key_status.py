@@ -172,8 +172,8 @@ NO_EFFECT: dict[str, str] = {
                                              "freezes: there is no vision tower or projection to freeze",
     "trainer.use_v1": "rlcore has one trainer loop for verl's v0 and v1 trainers (its modes: trainer.v1.trainer_mode)",
     "trainer.v1.sync": "verl's sync trainer takes no options",
-    "trainer.v1.*.num_warmup_batches": "rlcore's rollouter fills its whole staleness window from the start (the rollout "
-                                       "runs up to max_off_policy_threshold - 1 steps ahead)",
+    "trainer.v1.separate_async.num_warmup_batches": "rlcore's rollouter fills its whole staleness window from the start "
+                                                    "(the rollout runs up to max_off_policy_threshold - 1 steps ahead)",
     "trainer.v1.separate_async.hybrid_rollout.switch_*": "read only with hybrid_rollout.enable_switch=True, which rlcore "
                                                          "refuses",
     "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold": "read only with hybrid_rollout.enable_switch="

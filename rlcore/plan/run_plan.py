@@ -48,13 +48,14 @@ def on_policy(cfg) -> bool:
     """Whether each step's update is exactly on-policy: the rollout sampled with the weights the actor is about to
     update (with split pools, only when every sample is fresh: staleness 0, a sync every step, no partial rollouts),
     updated once on the whole batch (one mini-batch, one epoch), and nothing needs the old log-probs before the
-    update (a KL penalty in the reward, rollout correction's weights, the optimal token baseline's sum pi^2). The
+    update (a KL penalty in the reward, rollout correction's weights, the optimal token baseline's sum pi^2), and no
+    sample is carried across steps (colocate_async). The
     old-log-prob pass would then only recompute the update's own log-probs (ratio 1): the controller skips it."""
     actor, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
     get = dotted(cfg)
     return (cfg.data.train_batch_size == actor.ppo_mini_batch_size and actor.ppo_epochs == 1 and not cfg.algorithm.use_kl_in_reward
             and rc.rollout_is is None and rc.rollout_rs is None and not actor.calculate_sum_pi_squared
-            and (not split_pools(get) or always_fresh(get)))
+            and (not split_pools(get) or always_fresh(get)) and cfg.trainer.v1.trainer_mode != "colocate_async")
 
 
 def planned_micro_batches(cfg) -> dict[str, MicroBatch]:

@@ -67,6 +67,42 @@ class RolloutOutput:
     # [batch, prompt_len + max_tokens, layers, top_k] int16: a mixture of experts' routes for every input token (the
     # prompt's, then each sampled token's as it was fed back), when the engine records them (R3 router replay).
     routed_experts: torch.Tensor | None = None
+    # [batch] bool, from a call with `until` (Until): which rows finished; the others stopped part-way, their tokens
+    # so far in responses / response_log_probs / response_mask, to go on in a later call (Carried).
+    finished: torch.Tensor | None = None
+
+
+@dataclass
+class Until:
+    """Ends a generate() call once `groups` whole prompt groups (all n samples) have finished, the first `first`
+    groups of the batch among them, leaving the other rows part-way (verl 0.9's colocate_async: a step trains on
+    the groups that finish first, and the rest go on after the weight sync, under the new weights)."""
+
+    groups: int
+    first: int = 0
+
+    def met(self, finished: torch.Tensor, n: int) -> bool:
+        """Whether rows `finished` (per row, n adjacent rows a group) complete it."""
+        done = finished.view(-1, n).all(1)
+        return int(done.sum()) >= self.groups and bool(done[: self.first].all())
+
+
+@dataclass
+class Carried:
+    """Rows an earlier call left part-way (RolloutOutput.finished False) or finished without training them, handed
+    to the next call with their prompts: per row the response tokens so far `[batch, max_tokens]`, their log-probs,
+    how many there are, and whether the row is finished (it is then passed through, not generated further). A row
+    with no tokens and not finished is a prompt that never started. The engine recomputes the rows' KV under its
+    current weights (a partial rollout: a row's tokens may come from several weight versions)."""
+
+    responses: torch.Tensor
+    log_probs: torch.Tensor
+    steps: torch.Tensor
+    finished: torch.Tensor
+
+    @classmethod
+    def of(cls, out: RolloutOutput) -> "Carried":
+        return cls(out.responses, out.response_log_probs, out.response_mask.sum(-1), out.finished)
 
 
 class WeightGate:
@@ -133,7 +169,8 @@ class RolloutEngine(ABC):
     # last turn appended (the native engine). vLLM finds such prefixes itself (enable_prefix_caching).
     keeps_kv_across_calls: bool = False
     # Whether generate() parks at a step boundary while WeightGate.updating() runs and goes on under the new weights
-    # (partial rollouts on split pools). Else an update waits for the call in flight to finish.
+    # (partial rollouts on split pools), and takes `until` / `carried`: ends a call part-way and goes on with its rows
+    # in a later one (colocate_async). Else an update waits for the call in flight to finish.
     resumes_generation: bool = False
 
     @cached_property

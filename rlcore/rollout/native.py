@@ -16,7 +16,7 @@ from rlcore.models.vision import is_vision_config
 from rlcore.protocol import position_ids_from_mask
 from rlcore.models.lora import Adapters
 from rlcore.rollout.adapters import HeldAdapters
-from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from rlcore.rollout.base import Carried, RolloutEngine, RolloutOutput, SamplingParams, Until
 from rlcore.rollout.fused import FusedDecoder, fusable
 from rlcore.rollout.graphs import DecodeGraphs, default_capture_sizes
 from rlcore.rollout.kv_pool import ATTENTION_NAME, KVGeometry, KVPool, SlotCache, cache_keyword, decode_mask, prefill_mask
@@ -190,14 +190,22 @@ class NativeRollout(RolloutEngine):
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams, keep_kv: bool = False,
                  prefix_of: list[int] | None = None, multi_modal_data: list | None = None,
-                 multi_modal_inputs: list[dict | None] | None = None) -> RolloutOutput:
+                 multi_modal_inputs: list[dict | None] | None = None, until: Until | None = None,
+                 carried: Carried | None = None) -> RolloutOutput:
         """`keep_kv`: keep each row's KV (prompt and response but the last token) after the call, for the next one.
         `prefix_of[r]`: row r continues row `prefix_of[r]` of the previous call (its ids start with that row's ids
         and sampled tokens): its kept KV is copied in and only the rest is prefilled (multi-turn: the last sampled
         token and the appended tool response). A row whose ids do not continue the kept ones is prefilled whole.
         `multi_modal_inputs`: a vision-language model's rows' processor tensors (pixel_values, image_grid_thw; None
         for a row without images), whose prompts hold the images' expanded tokens; `multi_modal_data` (the images
-        themselves, for vLLM) is not needed here."""
+        themselves, for vLLM) is not needed here.
+        `until`: end the call once that many whole groups finished, the other rows part-way (RolloutOutput.finished);
+        `carried`: rows an earlier call left part-way, going on from their tokens (their KV rebuilt under the current
+        weights), rows it finished passed through."""
+        if (until is not None or carried is not None) and (keep_kv or prefix_of is not None or multi_modal_inputs is not None
+                                                           or self.routing is not None):
+            raise ValueError("native rollout: until / carried (partial rollouts across calls) with multi-turn KV, images or "
+                             "recorded routes is not supported; trainer.v1.trainer_mode=colocate_async needs single-turn text rollouts")
         if self._weights_freed():
             raise RuntimeError("native rollout: generate() while sleep(level=2) has freed the weights: wake_up(['weights']) and sync "
                                "them first (rlcore.rollout.weight_sync.sync_weights)")
@@ -222,7 +230,7 @@ class NativeRollout(RolloutEngine):
             config._attn_implementation = ATTENTION_NAME
         try:
             with self.gate.generating():
-                return self._generate(input_ids, attention_mask, sampling, keep_kv, prefix_of)
+                return self._generate(input_ids, attention_mask, sampling, keep_kv, prefix_of, until, carried)
         finally:
             # A model passed in (SFT, benchmarks) goes back to training with its own attention.
             self.model.train(was_training)
@@ -249,7 +257,7 @@ class NativeRollout(RolloutEngine):
         return slots
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams, keep_kv: bool,
-                  prefix_of: list[int] | None) -> RolloutOutput:
+                  prefix_of: list[int] | None, until: Until | None = None, carried: Carried | None = None) -> RolloutOutput:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         (batch, prompt_len), max_tokens = input_ids.shape, sampling.max_tokens
         stop_ids = torch.tensor(sampling.stop_token_ids or [-1], device=self.device)
@@ -264,10 +272,10 @@ class NativeRollout(RolloutEngine):
         pool = self.pool
         if not (pool.keys and pool.max_len >= prompt_len + max_tokens and pool.num_slots >= n):  # else: the pool wake_up made
             pool.acquire(self._num_slots(batch, n, prompt_len + max_tokens), prompt_len + max_tokens)
-        requests = Requests.of(input_ids, attention_mask, n, max_tokens, self.pad_token_id, self.gate.version, reuse)
+        requests = Requests.of(input_ids, attention_mask, n, max_tokens, self.pad_token_id, self.gate.version, reuse, carried)
         if self.routing is not None:  # column prompt_len + max_tokens is the spare, as the responses'
             self._routes = torch.zeros(batch, prompt_len + max_tokens + 1, self.routing.num_layers, self.routing.top_k, dtype=ROUTE_DTYPE)
-        scheduler = Scheduler(batch, n, prompt_len, self.max_num_batched_tokens)
+        scheduler = Scheduler(batch, n, prompt_len, self.max_num_batched_tokens, requests.finished if carried is not None else None)
         running = RunningBatch.empty(self.model.config.get_text_config().vocab_size, self.device)
         self.stats = {"kv_slots": pool.num_slots, "prefills": 0, "peak_running": 0, "prefill_tokens": 0, "reused_tokens": 0,
                       "resumed_rows": 0, "rebuilt_tokens": 0}
@@ -284,6 +292,8 @@ class NativeRollout(RolloutEngine):
             # host can queue steps ahead (finished rows decode a few more tokens into the spare column meanwhile).
             if num_steps % self.finish_check_every == 0:
                 self._retire(requests, running)
+                if until is not None and until.met(requests.finished, n):
+                    break  # the running rows stop here, their last sampled token not yet fed (a resume feeds it)
             self._step(requests, running)
             if self.gate.park():  # new weights were loaded meanwhile: the running rows go on under them
                 self._resume(requests, running, keep_kv)
@@ -294,7 +304,15 @@ class NativeRollout(RolloutEngine):
         return requests.output(routes)
 
     def _join(self, requests: Requests, running: RunningBatch, admitted: list[int]) -> None:
-        """Prefills the admitted groups into the slots after the running ones; their samples run from the next step."""
+        """Prefills the admitted groups into the slots after the running ones; their samples run from the next step.
+        Groups carried part-way from an earlier call get their KV rebuilt instead (_join_carried)."""
+        if requests.carried is not None:
+            resumed = [first for first in admitted if requests.resumed(first)]
+            if resumed:
+                self._join_carried(requests, running, resumed)
+            admitted = [first for first in admitted if first not in resumed]
+            if not admitted:
+                return
         n = requests.n
         logits, pos = self._prefill(requests.input_ids[admitted], requests.attention_mask[admitted], len(running), n,
                                     [requests.reuse[r] for r in admitted] if requests.reuse else None, admitted)
@@ -305,10 +323,26 @@ class NativeRollout(RolloutEngine):
         self.stats["prefills"] += 1
         self.stats["peak_running"] = max(self.stats["peak_running"], len(running))
 
+    def _join_carried(self, requests: Requests, running: RunningBatch, groups: list[int]) -> None:
+        """The unfinished rows of carried groups into the slots after the running ones: each slot holds its prompt
+        (left-padded to the prompts' width) and the tokens it had, their KV computed under the current weights."""
+        rows = torch.tensor([first + j for first in groups for j in range(requests.n)], device=self.device)
+        rows = rows[~requests.finished[rows]]
+        if not len(rows):
+            return
+        rows = rows[torch.argsort(requests.carried[rows], stable=True)]  # equal lengths side by side: one forward each
+        steps, first = requests.carried[rows], len(running)
+        self.pool.start[first : first + len(rows)] = requests.prompt_len - requests.attention_mask[rows].sum(-1)
+        pos = requests.prompt_len + steps
+        logits = self._rebuild(rows, steps, pos, requests.input_ids, requests.attention_mask, requests.responses, base=first)
+        running.add(rows, pos, logits, int(pos.max()), steps=steps)
+        self.stats["peak_running"] = max(self.stats["peak_running"], len(running))
+
     def _retire(self, requests: Requests, running: RunningBatch) -> None:
         """The finished rows leave (their KV kept first, for a next turn): the last running slots fill their holes."""
         any_done, running.max_pos = torch.stack([running.done.any().long(), running.pos.max()]).tolist()  # one read-back for both
         if any_done:
+            requests.finished[running.req[running.done]] = True
             if self.kept is not None:
                 self._keep(running.done, running.req, running.steps, requests.input_ids, requests.attention_mask, requests.responses)
             running.select(self._compact(running.done, running.max_pos))
@@ -371,14 +405,14 @@ class NativeRollout(RolloutEngine):
         return logits.repeat_interleave(n, dim=0), torch.full((groups * n,), length, dtype=torch.long, device=self.device)
 
     def _rebuild(self, req: torch.Tensor, steps: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 responses: torch.Tensor) -> torch.Tensor:
-        """After new weights were loaded mid-call: recomputes each running slot's KV in place (its prompt and the
-        tokens sampled so far, at the positions they hold) and returns the next-token logits `[rows, vocab]`. Runs
-        of neighbouring slots that end at the same position (rows admitted together) are one forward each."""
+                 responses: torch.Tensor, base: int = 0) -> torch.Tensor:
+        """After new weights were loaded mid-call: recomputes the KV of slots `base ...` in place (each its prompt and
+        the tokens sampled so far, at the positions they hold) and returns the next-token logits `[rows, vocab]`.
+        Runs of neighbouring slots that end at the same position (rows admitted together) are one forward each."""
         if self._images is not None:
             raise ValueError("native rollout: new weights mid-call (partial rollouts on split pools) with images: the rebuilt KV "
                              "would need each row's images again; use actor_rollout_ref.rollout.name=vllm, or the hybrid engine")
-        ends, starts, rows, sampled = pos.tolist(), self.pool.start[: len(req)].tolist(), req.tolist(), steps.tolist()
+        ends, starts, rows, sampled = pos.tolist(), self.pool.start[base : base + len(req)].tolist(), req.tolist(), steps.tolist()
         logits, first = [], 0
         while first < len(rows):
             last = first
@@ -389,9 +423,9 @@ class NativeRollout(RolloutEngine):
             for k, slot in enumerate(range(first, last + 1)):
                 row = rows[slot]
                 ids[k, starts[slot]:] = torch.cat([input_ids[row][attention_mask[row].bool()], responses[row, : sampled[slot]]])
-            start = self.pool.start[first : last + 1]
+            start = self.pool.start[base + first : base + last + 1]
             position_ids = (torch.arange(length, device=self.device) - start[:, None]).clamp_(min=0)
-            cache = SlotCache(self.pool, first, count, positions=0, kv_len=length)
+            cache = SlotCache(self.pool, base + first, count, positions=0, kv_len=length)
             logits.append(self._forward(ids, position_ids, prefill_mask(start, length), cache,
                                         self._rebuilt_route_columns(rows[first : last + 1], starts[first : last + 1], length, attention_mask)))
             self.stats["rebuilt_tokens"] += sum(ends[s] - starts[s] for s in range(first, last + 1))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.rollout.base import RolloutOutput
+from rlcore.rollout.base import Carried, RolloutOutput
 
 
 @dataclass
@@ -34,16 +34,34 @@ class Requests:
     alive: torch.Tensor
     versions: torch.Tensor | None  # [batch, 2]: the weights version each row started and ended under (split pools)
     reuse: list | None  # per row: the KV kept for it by the previous call (multi-turn), or None
+    finished: torch.Tensor  # [batch] bool: the row has finished (set as rows retire)
+    carried: torch.Tensor | None  # [batch] tokens each row brought from an earlier call (Carried), or None
 
     @classmethod
     def of(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, max_tokens: int, pad_token_id: int,
-           version: int | None, reuse: list | None) -> "Requests":
+           version: int | None, reuse: list | None, carried: Carried | None = None) -> "Requests":
         batch, device = len(input_ids), input_ids.device
-        return cls(input_ids, attention_mask, n, max_tokens,
-                   responses=torch.full((batch, max_tokens + 1), pad_token_id, dtype=torch.long, device=device),
-                   log_probs=torch.zeros(batch, max_tokens + 1, device=device),
-                   alive=torch.zeros(batch, max_tokens + 1, dtype=torch.bool, device=device),
-                   versions=None if version is None else torch.full((batch, 2), version, dtype=torch.long, device=device), reuse=reuse)
+        requests = cls(input_ids, attention_mask, n, max_tokens,
+                       responses=torch.full((batch, max_tokens + 1), pad_token_id, dtype=torch.long, device=device),
+                       log_probs=torch.zeros(batch, max_tokens + 1, device=device),
+                       alive=torch.zeros(batch, max_tokens + 1, dtype=torch.bool, device=device),
+                       versions=None if version is None else torch.full((batch, 2), version, dtype=torch.long, device=device),
+                       reuse=reuse, finished=torch.zeros(batch, dtype=torch.bool, device=device), carried=None)
+        if carried is not None:
+            width = carried.responses.shape[1]
+            if width > max_tokens:
+                raise ValueError(f"native rollout: carried rows hold {width} response columns, more than max_tokens={max_tokens}")
+            requests.responses[:, :width] = carried.responses.to(device)
+            requests.log_probs[:, :width] = carried.log_probs.to(device).float()
+            requests.carried = carried.steps.to(device).long()
+            requests.alive[:, :max_tokens] = torch.arange(max_tokens, device=device) < requests.carried[:, None]
+            requests.finished |= carried.finished.to(device).bool()
+        return requests
+
+    def resumed(self, first_row: int) -> bool:
+        """Whether the group starting at `first_row` comes back part-way (its KV is rebuilt rather than prefilled)."""
+        return self.carried is not None and bool((self.carried[first_row : first_row + self.n] > 0).any() or self.finished[first_row : first_row + self.n].any())
+
 
     @property
     def prompt_len(self) -> int:
@@ -56,7 +74,7 @@ class Requests:
         cut = self.max_tokens
         return RolloutOutput(responses=self.responses[:, :cut].cpu(), response_log_probs=self.log_probs[:, :cut].cpu(),
                              response_mask=self.alive[:, :cut].long().cpu(), versions=None if self.versions is None else self.versions.cpu(),
-                             routed_experts=None if routes is None else routes[:, : self.prompt_len + cut])
+                             routed_experts=None if routes is None else routes[:, : self.prompt_len + cut], finished=self.finished.cpu())
 
 
 class Scheduler:
@@ -64,8 +82,10 @@ class Scheduler:
     slot and the prefill stays within `max_batched_tokens` (the first group is always taken when nothing runs, or
     no budget could ever admit it)."""
 
-    def __init__(self, batch: int, n: int, prompt_len: int, max_batched_tokens: int) -> None:
-        self.waiting = deque(range(0, batch, n))  # the first row of each waiting group
+    def __init__(self, batch: int, n: int, prompt_len: int, max_batched_tokens: int, finished: torch.Tensor | None = None) -> None:
+        # the first row of each waiting group; a group carried in finished (`finished`, per row) never waits
+        done = finished.view(-1, n).all(1).tolist() if finished is not None else [False] * (batch // n)
+        self.waiting = deque(first for first, over in zip(range(0, batch, n), done) if not over)
         self.n, self.prompt_len, self.max_batched_tokens = n, prompt_len, max_batched_tokens
 
     def __bool__(self) -> bool:
@@ -103,9 +123,9 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.req)
 
-    def add(self, rows: torch.Tensor, pos: torch.Tensor, logits: torch.Tensor, prompt_len: int) -> None:
-        """Rows that were just prefilled, writing their next KV at `pos`."""
-        self.req, self.steps = torch.cat([self.req, rows]), torch.cat([self.steps, torch.zeros_like(rows)])
+    def add(self, rows: torch.Tensor, pos: torch.Tensor, logits: torch.Tensor, prompt_len: int, steps: torch.Tensor | None = None) -> None:
+        """Rows that were just prefilled (or rebuilt with `steps` tokens each, carried), writing their next KV at `pos`."""
+        self.req, self.steps = torch.cat([self.req, rows]), torch.cat([self.steps, torch.zeros_like(rows) if steps is None else steps])
         self.pos, self.logits = torch.cat([self.pos, pos]), torch.cat([self.logits, logits])
         self.done = torch.cat([self.done, torch.zeros_like(rows, dtype=torch.bool)])
         self.max_pos = max(self.max_pos, prompt_len)  # a prefill's next position is <= prompt_len (no read-back)

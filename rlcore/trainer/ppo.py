@@ -24,6 +24,7 @@ from rlcore.models.vision import MEDIA_COLUMNS, MULTI_MODAL_INPUTS
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import component_columns
 from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
+from rlcore.trainer.colocate_async import ColocatedAsync
 from rlcore.trainer.distillation import TeacherScoring
 from rlcore.workers.teacher import TEACHER_COLUMNS
 from rlcore.trainer.dynamic_sampling import GroupCollector, sample_metric
@@ -96,6 +97,8 @@ class PPOTrainer:
             a = cfg.async_training
             if not always_fresh(dotted(cfg)):
                 self.bypass = self.bypass or (a.use_rollout_log_probs and not a.compute_prox_log_prob)
+        # verl 0.9's colocate_async: generations carried across steps on the hybrid workers (rlcore.trainer.colocate_async)
+        self.colocated = ColocatedAsync(cfg, self.actor_rollout) if cfg.trainer.v1.trainer_mode == "colocate_async" else None
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.multi_turn = tools_enabled(cfg)  # rollouts run the agent loop: rows carry their tools_kwargs
         self.interactions = bool(cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path)
@@ -231,6 +234,11 @@ class PPOTrainer:
         dynamic sampling) the informative groups of as many batches as it takes to fill data.train_batch_size."""
         if self.split is not None:
             return self.split.take(metrics, self.global_step)
+        if self.colocated is not None:  # verl 0.9's colocate_async: the groups that finish first, the rest carried on
+            new = [self.prepare_prompts(self.next_batch(), metrics) for _ in range(self.colocated.batches_due())]
+            with self.perf.phase("gen", metrics):
+                batch = self.colocated.take(new, metrics, self.global_step)
+            return self.score(batch, metrics)[0]
         groups = self.cfg.algorithm.filter_groups
         if not groups.enable:
             return self.generate_and_score(self.next_batch(), metrics)[0]
@@ -248,13 +256,22 @@ class PPOTrainer:
         """rollout.n samples per prompt (one uid per prompt's group), with token_level_scores; and the scorer's extras.
         `phase`: how each part is timed (the step's phases; the split pools' rollouter thread passes a plain timer)."""
         phase = phase or self.perf.phase
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        if self.cfg.algorithm.adv_estimator == "remax":
-            with phase("gen_max", metrics):
-                batch.batch["reward_baselines"] = self.greedy_baseline(batch)
-        batch = batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
+        batch = self.prepare_prompts(batch, metrics, phase)
         with phase("gen", metrics):
             batch = self.generate(batch, metrics=metrics)
+        return self.score(batch, metrics, phase)
+
+    def prepare_prompts(self, batch: DataProto, metrics: dict[str, float], phase=None) -> DataProto:
+        """rollout.n rows per prompt, a uid per prompt's group (and ReMax's greedy baseline per prompt)."""
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            with (phase or self.perf.phase)("gen_max", metrics):
+                batch.batch["reward_baselines"] = self.greedy_baseline(batch)
+        return batch.repeat(self.cfg.actor_rollout_ref.rollout.n, interleave=True)
+
+    def score(self, batch: DataProto, metrics: dict[str, float], phase=None) -> tuple[DataProto, dict[str, list[float]]]:
+        """The generated batch with its token_level_scores (and the reward model's), and the scorer's extras."""
+        phase = phase or self.perf.phase
         if self.reward_model is not None:
             with phase("reward_model", metrics):
                 raw = [k for k in ("raw_prompt",) if k in batch.non_tensor_batch]  # re-rendered if the RM's template differs

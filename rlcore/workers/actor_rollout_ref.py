@@ -20,6 +20,7 @@ from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
 from rlcore.plan.micro_plan import ACTOR_LOG_PROB, ACTOR_UPDATE, REF_LOG_PROB
 from rlcore.protocol import DataProto
 from rlcore.models.hf_export import head_model_config
+from rlcore.rollout.partial import PartialRollouts
 from rlcore.rollout.weight_sync import send_weights, sync_adapters, sync_weights
 from rlcore.utils import checkpoint
 from rlcore.utils.memory import peak_memory_gib
@@ -76,6 +77,10 @@ class ActorRolloutRefWorker(RoleWorker):
         self._used_before_rollout = phases.device_used_bytes(self.device)  # what a sleeping engine should return to
         if cfg.hybrid_engine:  # split pools: the rollout is another group's (rlcore.workers.rollout)
             self.rollout, self.agent_loop = build_rollout_parts(self.config, self.tokenizer, self.device, self.rank)
+        sampler = self.config.trainer.v1.sampler
+        # verl 0.9's colocate_async: this rank's rollouts in flight across steps (rlcore.rollout.partial)
+        self.partials = (PartialRollouts(cfg.rollout.n, sampler.max_off_policy_threshold, sampler.max_off_policy_strategy, self.tokenizer.pad_token_id)
+                         if self.config.trainer.v1.trainer_mode == "colocate_async" else None)
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
         self._rollout_has_tower = False  # a frozen vision tower: the rollout holds it after the first sync
         # LoRA without merging (model.lora.merge=False): later syncs send the adapters alone, which the rollout applies
@@ -107,7 +112,11 @@ class ActorRolloutRefWorker(RoleWorker):
             timing["rollout/weights_synced"] = sync_weights(self.actor, self.rollout, bucket_bytes, adapted_only, release, streamed, trainable_only)
         self._rollout_has_base, self._rollout_has_tower = self.actor.spec.lora is not None, True
         timing["timing_s/update_weights"] = time.perf_counter() - start
-        out, stats = generate(self.rollout, self.agent_loop, prompts, sampling_params(self.config, self.tokenizer, prompts.meta_info))
+        sampling = sampling_params(self.config, self.tokenizer, prompts.meta_info)
+        if "colocate_async" in prompts.meta_info:  # {version, groups}: the step's groups, the rest carried on
+            out, stats = self.partials.step(self.rollout, prompts, sampling, **prompts.meta_info["colocate_async"])
+        else:
+            out, stats = generate(self.rollout, self.agent_loop, prompts, sampling)
         timing.update(stats)
         memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]), device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:

@@ -10,6 +10,7 @@ from rlcore.config import compose
 from rlcore.config.validate import diagnose
 from rlcore.config.async_schema import always_fresh, async_warnings, derive_async_sizes, staleness_window
 from rlcore.plan import memory_plan
+from rlcore.plan.run_plan import on_policy
 
 ARR = "actor_rollout_ref"
 SPLIT = [f"{ARR}.hybrid_engine=False", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
@@ -153,8 +154,25 @@ def test_verl_0_9s_separate_async_mode_is_split_pools_with_its_bound_and_sync_ru
         f"parameter_sync_step=4 x {ARR}.actor.ppo_mini_batch_size=32 = 128 prompts; use data.train_batch_size=128"]
     mixed = diagnose(compose(["recipe=tiny_cpu", *V09, "async_training.trigger_parameter_sync_step=2"]))[1]
     assert [e.split(" and ")[0] for e in mixed] == ["async_training.trigger_parameter_sync_step=2"]
-    colocate = diagnose(compose(["recipe=tiny_cpu", "trainer.v1.trainer_mode=colocate_async"]))[1]
-    assert colocate[0].startswith("trainer.v1.trainer_mode=colocate_async (rollout and training taking turns on the same "
-                                  "devices, with generations carried across steps) is not supported yet by rlcore")
     sync = compose(["recipe=tiny_cpu", "trainer.v1.trainer_mode=sync", "trainer.use_v1=False"])
     assert sync.actor_rollout_ref.hybrid_engine is True and diagnose(sync)[1] == []
+
+
+def test_verl_0_9_colocate_async_runs_on_the_hybrid_engine_and_says_what_it_cannot_carry():
+    """trainer_mode=colocate_async is the hybrid loop with samples carried across steps (rlcore.rollout.partial):
+    never on-policy; refused where a sample cannot be carried (vLLM's calls run to their end, agent loops, R3's
+    routes), with the split pools' key, and where wait could not keep its bound."""
+    mode = "trainer.v1.trainer_mode=colocate_async"
+    cfg = compose(["recipe=tiny_cpu", mode])
+    assert cfg.actor_rollout_ref.hybrid_engine is True and diagnose(cfg)[1] == [] and not on_policy(cfg)
+    first = lambda *o: [e.split(":")[0] for e in diagnose(compose(["recipe=tiny_cpu", mode, *o]))[1]]  # noqa: E731
+    assert f"{mode} with {ARR}.rollout.name=vllm" in first(f"{ARR}.rollout.name=vllm")
+    assert f"{mode} with multi-turn or agent rollouts ({ARR}.rollout.multi_turn.enable) is not supported yet" in first(
+        f"{ARR}.rollout.multi_turn.enable=True")
+    assert f"{mode} with {ARR}.actor.router_replay.mode=R3" in first(f"{ARR}.actor.router_replay.mode=R3")
+    assert f"{mode} with algorithm.filter_groups.enable=True is not supported yet" in first("algorithm.filter_groups.enable=True")
+    assert f"data.train_batch_size=33 with {mode}" in first("data.train_batch_size=33", f"{ARR}.actor.ppo_mini_batch_size=33")
+    assert first("trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2",
+                 "trainer.v1.colocate_async.num_warmup_batches=2") == [
+        "trainer.v1.colocate_async.num_warmup_batches=2 with max_off_policy_strategy=wait and max_off_policy_threshold=2"]
+    assert first("trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2") == []

@@ -83,3 +83,22 @@ def test_compute_prox_log_prob_recomputes_the_old_policy_and_corrects_with_is_we
     assert all("timing_s/old_log_prob" in r for r in rows)  # the proximal pass ran every step
     stale = [r for r in rows if r["async/staleness_max"] == 1]
     assert stale and all(r["rollout_corr/log_ppl_abs_diff"] > 0 for r in stale), rows  # behaviour != proximal there
+
+
+def test_verl_0_9_colocate_async_carries_samples_across_steps_on_the_hybrid_workers(demo_assets, tmp_path):
+    """trainer_mode=colocate_async through Ray: two hybrid ranks, each returning its share of the groups that finish
+    first and carrying the rest on after the weight sync; the old-log-prob pass runs (the samples are stale); the
+    run stops cleanly. The carried rows' parity is tests/rollout/test_partial_rollout.py, the joins and the bound
+    tests/trainer/test_colocate_async.py, learning the demo in tests/e2e/test_tiny_learns.py. The demo's SFT model:
+    its answers end at different lengths, so some samples are part-way when a step's groups have finished."""
+    cfg = tiny_cfg(f"{demo_assets}/sft_model", f"{demo_assets}/data", tmp_path, "trainer.total_training_steps=3",
+                   "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=['jsonl']",
+                   "trainer.v1.trainer_mode=colocate_async")
+    run(cfg, str(tmp_path / "run"))
+    assert_no_workers_left()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/carried_rows"] > 0 and r["async/dropped_samples"] == 0 and "timing_s/old_log_prob" in r for r in rows)
+    assert rows[0]["async/staleness_max"] == 0 and max(r["async/staleness_max"] for r in rows[1:]) >= 1
+    assert max(r["async/partial_ratio"] for r in rows) > 0  # samples went on under the weights of a later step
+    assert all(r["response_length/mean"] > 0 for r in rows)

@@ -12,7 +12,7 @@ from rlcore.models.hf import load_causal_lm
 from rlcore.models.random_init import build_model_dir
 from rlcore.models.router import ROUTES, Routing, to_routes
 from rlcore.models.logits import gather_log_probs, response_logits
-from rlcore.rollout.base import SamplingParams, WeightGate, assemble_sequences
+from rlcore.rollout.base import Carried, SamplingParams, Until, WeightGate, assemble_sequences
 from rlcore.rollout.native import NativeRollout
 from test_agent_loop import every_turn_calls  # noqa: F401  (a fixture)
 
@@ -263,3 +263,51 @@ def test_multi_turn_trajectories_record_a_load_between_turns_and_use_the_new_wei
         later = sampled.clone()
         later[:first_turn] = False
         torch.testing.assert_close(got[later], lp["new"][row][later], atol=1e-5, rtol=0)
+
+
+def grouped_prompts(groups: int = 6, n: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask = prompts(groups)
+    return ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+
+
+def test_a_call_ended_part_way_and_carried_on_equals_one_uninterrupted_call(tiny_model_dir, models):
+    """colocate_async's engine side: `until` ends the call once enough whole groups finished (the first `first` among
+    them), the others part-way with their tokens so far; handed back as `carried`, they go on from there (their KV
+    rebuilt) and, under the same weights, end exactly as one call would have: same tokens, same log-probs."""
+    old, _ = models
+    ids, mask = grouped_prompts()
+    rollout = engine(tiny_model_dir, old)
+    full = rollout.generate(ids, mask, GREEDY)
+    part = rollout.generate(ids, mask, GREEDY, until=Until(2))
+    done = part.finished.view(-1, 2).all(1)
+    assert int(done.sum()) >= 2 and not part.finished.all()
+    lengths, full_lengths = part.response_mask.sum(-1), full.response_mask.sum(-1)
+    assert torch.equal(lengths[part.finished], full_lengths[part.finished]) and (lengths[~part.finished] < full_lengths[~part.finished]).all()
+    assert torch.equal(part.responses * part.response_mask, full.responses * part.response_mask)  # a prefix of the full call
+    rest = rollout.generate(ids, mask, GREEDY, carried=Carried.of(part))
+    assert rest.finished.all() and torch.equal(rest.responses, full.responses) and torch.equal(rest.response_mask, full.response_mask)
+    torch.testing.assert_close(rest.response_log_probs, full.response_log_probs, atol=1e-5, rtol=1e-5)
+    assert rollout.stats["resumed_rows"] == int(((lengths > 0) & ~part.finished).sum())  # the rest started afresh
+    first = rollout.generate(ids, mask, GREEDY, until=Until(1, first=4))
+    assert first.finished.view(-1, 2)[:4].all()  # the first four groups had to finish
+
+
+def test_carried_rows_go_on_under_the_weights_loaded_since(tiny_model_dir, models):
+    """A row carried across a weight load keeps its first tokens (and their log-probs) from the old weights and takes
+    the rest from the new ones, computed over the whole sequence so far."""
+    old, new = models
+    ids, mask = grouped_prompts()
+    rollout = engine(tiny_model_dir, old)
+    part = rollout.generate(ids, mask, GREEDY, until=Until(2))
+    load(rollout, new)
+    out = rollout.generate(ids, mask, GREEDY, carried=Carried.of(part))
+    lp_old, lp_new = model_log_probs(old, ids, mask, out, 12), model_log_probs(new, ids, mask, out, 12)
+    resumed = 0
+    for row, cut in enumerate(part.response_mask.sum(-1).tolist()):
+        length = int(out.response_mask[row].sum())
+        torch.testing.assert_close(out.response_log_probs[row, :cut], lp_old[row, :cut], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.response_log_probs[row, cut:length], lp_new[row, cut:length], atol=1e-5, rtol=1e-5)
+        if cut < length:  # the new weights really differ here: the old ones give other log-probs
+            resumed += not torch.allclose(out.response_log_probs[row, cut:length], lp_old[row, cut:length], atol=1e-3)
+    assert resumed >= 4 and out.finished.all()
+    assert torch.equal(out.responses[part.finished], part.responses[part.finished])  # finished rows pass through
