@@ -58,10 +58,11 @@ def _raw(cfg: DictConfig, key: str) -> Any:
     """The value as written (interpolations unresolved), None where the key is missing."""
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-    if not OmegaConf.is_config(parent) or leaf not in parent:
+    if not isinstance(parent, DictConfig) or leaf not in parent:
         return None
-    value = OmegaConf.to_container(parent, resolve=False)[leaf]
-    return value
+    # The node alone: converting the whole parent for one leaf made every compose() pay for the section's size
+    node = parent._get_node(leaf)
+    return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node._value()
 
 
 def _leaves(cfg: DictConfig, key: str) -> Iterator[str]:
