@@ -60,8 +60,8 @@ class Requests:
 
     def resumed(self, first_row: int) -> bool:
         """Whether the group starting at `first_row` comes back part-way (its KV is rebuilt rather than prefilled)."""
-        return self.carried is not None and bool((self.carried[first_row : first_row + self.n] > 0).any() or self.finished[first_row : first_row + self.n].any())
-
+        group = slice(first_row, first_row + self.n)
+        return self.carried is not None and bool((self.carried[group] > 0).any() or self.finished[group].any())
 
     @property
     def prompt_len(self) -> int:

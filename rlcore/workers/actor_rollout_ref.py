@@ -77,10 +77,12 @@ class ActorRolloutRefWorker(RoleWorker):
         self._used_before_rollout = phases.device_used_bytes(self.device)  # what a sleeping engine should return to
         if cfg.hybrid_engine:  # split pools: the rollout is another group's (rlcore.workers.rollout)
             self.rollout, self.agent_loop = build_rollout_parts(self.config, self.tokenizer, self.device, self.rank)
-        sampler = self.config.trainer.v1.sampler
         # verl 0.9's colocate_async: this rank's rollouts in flight across steps (rlcore.rollout.partial)
-        self.partials = (PartialRollouts(cfg.rollout.n, sampler.max_off_policy_threshold, sampler.max_off_policy_strategy, self.tokenizer.pad_token_id)
-                         if self.config.trainer.v1.trainer_mode == "colocate_async" else None)
+        self.partials = None
+        if self.config.trainer.v1.trainer_mode == "colocate_async":
+            sampler = self.config.trainer.v1.sampler
+            self.partials = PartialRollouts(cfg.rollout.n, sampler.max_off_policy_threshold, sampler.max_off_policy_strategy,
+                                            self.tokenizer.pad_token_id)
         self._rollout_has_base = False  # LoRA: the rollout holds the frozen base weights; later syncs send adapted ones
         self._rollout_has_tower = False  # a frozen vision tower: the rollout holds it after the first sync
         # LoRA without merging (model.lora.merge=False): later syncs send the adapters alone, which the rollout applies
