@@ -98,12 +98,16 @@ def script_verdict(job: tuple[Path, Path]) -> tuple[str, str]:
     return script, "; ".join(sorted({reason(e) for e in doctor_errors(entry, args, corpus)})) or "accepted"
 
 
-def verdicts(corpus: Path) -> dict[str, str]:
-    """Over two fresh processes: a script's verdict is ~0.2 s of Hydra composing in pure Python on one core, and
-    nothing else runs beside this test (serial, 0.8's 139 took 31 s of the suite)."""
+@pytest.fixture(scope="module")
+def verdicts() -> dict[Path, dict[str, str]]:
+    """Every corpus's verdicts, by corpus, over two fresh processes shared by both corpora: a script's verdict is
+    ~0.5 s of Hydra composing in pure Python on one core, and a process's imports and first composition ~7 s (one
+    pool per corpus paid that twice). Nothing else runs beside this test."""
     context = multiprocessing.get_context("spawn")  # not fork: the pytest process may hold Ray's threads
+    jobs = [(corpus, p) for corpus, _ in CORPORA.values() for p in sorted(corpus.glob("*.args"))]
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
-        return dict(pool.map(script_verdict, [(corpus, p) for p in sorted(corpus.glob("*.args"))], chunksize=8))
+        found = list(pool.map(script_verdict, jobs, chunksize=8))
+    return {corpus: {script: verdict for (of, _), (script, verdict) in zip(jobs, found) if of == corpus} for corpus, _ in CORPORA.values()}
 
 
 @pytest.mark.parametrize("version", list(CORPORA))
@@ -114,9 +118,9 @@ def test_the_corpus_is_verls_examples(version):
 
 
 @pytest.mark.parametrize("version", list(CORPORA))
-def test_each_script_is_accepted_or_refused_only_for_its_listed_reasons(version, capsys):
+def test_each_script_is_accepted_or_refused_only_for_its_listed_reasons(version, verdicts, capsys):
     corpus, _ = CORPORA[version]
-    found = verdicts(corpus)
+    found = verdicts[corpus]
     counts = Counter("accepted" if v == "accepted" else "refused" for v in found.values())
     by_reason = Counter(r for v in found.values() if v != "accepted" for r in v.split("; "))
     with capsys.disabled():
