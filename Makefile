@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rlcore-installed
 TINY_DIR := .cache/tiny_cpu
 TOOLS_DIR := .cache/tiny_tools
 
-.PHONY: docs docs-check help env vllm-env test-vllm test-demos test-durations train train-async train-moe train-rm train-tools train-vlm test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
+.PHONY: lint docs docs-check help env vllm-env test-vllm test-demos test-durations train train-async train-moe train-rm train-tools train-vlm test test-fast test-latest test-oldest lock lock-vllm test-numerics test-numerics-other test-gpu bench bench-full bench-gpu clean
 
 # A bare `make` prints this list: it must not start installing (the first target is the default).
 help:
@@ -114,12 +114,16 @@ train-rm: $(STAMP)
 	$(PY) -m rlcore.train_rm --config-name rm_tiny_cpu_round2
 	$(PY) -m rlcore.train recipe=tiny_cpu_rm $(ARGS)
 
+# Seconds: line length, import order, unused and shadowed names (pyproject.toml's [tool.ruff]).
+lint: $(STAMP)
+	$(PY) -m ruff check rlcore tests tools bench
+
 # The main suite, then the vLLM tests in their own venv (they are skipped in the main one). The main suite prints
 # its 25 slowest tests and its total; `make test-durations` compares the run with the checked-in baseline
 # (tests/durations_baseline.json) and names what grew. Its budget: docs/contributing.md.
 # The tests marked `numerics` run once, under kernels other than the machine's own (test-numerics-other): a second
 # pass under its own kernels repeated every assertion of theirs (~7 of the main suite's 38 min on a 2-core EPYC).
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -q --durations=25 -m "not numerics" tests $(ARGS)
 	$(MAKE) test-numerics-other
 	$(MAKE) test-vllm

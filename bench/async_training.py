@@ -56,7 +56,8 @@ def run_mode(name: str, extra: list[str], args, workdir: str, assets: str) -> di
     syncs = [r["async/weight_sync_s"] for r in steps if "async/weight_sync_s" in r]
     return {"samples_per_s": samples_per_step * (len(steps) - 1) / span, "val_before": rows[0]["val-core/tiny_add/reward/mean@1"],
             "val_after": steps[-1]["val-core/tiny_add/reward/mean@1"],
-            "staleness_mean": statistics.mean(stale) if stale else 0.0, "staleness_max": max((r["async/staleness_max"] for r in steps if "async/staleness_max" in r), default=0),
+            "staleness_mean": statistics.mean(stale) if stale else 0.0,
+            "staleness_max": max((r["async/staleness_max"] for r in steps if "async/staleness_max" in r), default=0),
             "sync_s": statistics.median(syncs) if syncs else None,
             "curve": [(r["step"] * samples_per_step, r["timing_s/elapsed"], r["critic/score/mean"]) for r in steps]}
 

@@ -70,11 +70,11 @@ def teacher_parity() -> dict[str, float]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlcore.controller.worker import free_port
+    from rlcore.data.micro_batches import MicroBatchSpec
     from rlcore.engine.base import EngineSpec, TokenRequest
     from rlcore.engine.factory import build_engine
     from rlcore.protocol import DataProto, position_ids_from_mask
     from rlcore.rollout.vllm_teacher import VLLMTeacher
-    from rlcore.data.micro_batches import MicroBatchSpec
     from rlcore.workers.common import run_forward
 
     path = tempfile.mkdtemp()

@@ -53,7 +53,8 @@ def compose_run(args, model_dir: str, data_dir: str, out_dir: str, engine: str, 
         f"actor_rollout_ref.model.use_remove_padding={packed}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.prompts // 4)}", "actor_rollout_ref.actor.use_dynamic_bsz=True",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001", *dtype,
-        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", f"actor_rollout_ref.rollout.n={args.n}", f"actor_rollout_ref.rollout.dtype={args.dtype}",
+        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.n={args.n}", f"actor_rollout_ref.rollout.dtype={args.dtype}",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
         f"trainer.device={args.device}", f"trainer.n_gpus_per_node={gpus}", "trainer.logger=[console,jsonl]",
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     # The MFU metrics divide by the data sheet's peak; this run's own bf16 matmul rate is the other denominator.
     measured = measure_gemm_flops(torch.device("cuda"), torch.bfloat16, 8192, reps=10) if args.device == "cuda" else None
     if measured:
-        print(f"{device_name}: bf16 8192^3 matmul {measured / 1e12:.0f} TFLOP/s measured, {nominal / 1e12 if nominal else float('nan'):.0f} nominal", flush=True)
+        print(f"{device_name}: bf16 8192^3 matmul {measured / 1e12:.0f} TFLOP/s measured, "
+              f"{nominal / 1e12 if nominal else float('nan'):.0f} nominal", flush=True)
     results = []
     for model in args.models.split(","):
         model_dir = build_model_dir(os.path.join(out, "models", model), model, build_char_tokenizer())

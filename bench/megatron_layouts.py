@@ -24,10 +24,10 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlcore.controller.worker import free_port
-from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.config.actor_schema import ActorConfig
 from rlcore.config.megatron_schema import MegatronConfig
+from rlcore.controller.worker import free_port
+from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.factory import build_engine
 from rlcore.protocol import DataProto, position_ids_from_mask

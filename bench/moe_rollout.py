@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 
 import torch
-
 from rollout import length_case_parser, length_cases, time_calls
+
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.models.random_init import build_config

@@ -29,7 +29,6 @@ import tempfile
 import time
 
 import torch
-
 from in_process import train  # noqa: E402  (bench/, this script's folder, is on the path)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vs_trl"))

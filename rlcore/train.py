@@ -15,16 +15,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from rlcore.cli.overrides import (ComposeError, compose_explained, config_dir_of, expand_sweep, hydra_argv, schema_keys,
-                                  set_existing_keys, split_argv)
+from rlcore.cli.overrides import ComposeError, compose_explained, config_dir_of, expand_sweep, hydra_argv, schema_keys, set_existing_keys, split_argv
 from rlcore.cli.preflight import preflight
 from rlcore.config import CONFIG_DIR, ConfigError, compose, finish_composition, format_plan, register_configs
-from rlcore.config.validate import uses_critic, uses_reference
+from rlcore.config.async_schema import async_warnings
 from rlcore.config.key_status import ineffective_settings
 from rlcore.config.renamed import renamed_notes
 from rlcore.config.schema import PPOConfig
 from rlcore.config.typed import dotted, typed
-from rlcore.config.async_schema import async_warnings
+from rlcore.config.validate import uses_critic, uses_reference
 from rlcore.plan import format_memory
 from rlcore.plan.heads import policy_heads
 from rlcore.plan.run_plan import RunPlan, plan_run

@@ -12,9 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config import CONFIG_DIR, compose, run_cli, schema_registrar
 from rlcore.config.files import file_list
+from rlcore.config.fsdp_schema import checkpoint_contents_errors
 from rlcore.config.rm_schema import supervised_config_errors
 from rlcore.config.sft_schema import PAD_MODES, TRUNCATIONS, SFTTrainerConfig
-from rlcore.config.fsdp_schema import checkpoint_contents_errors
 
 SCHEMA_NAME = "rlcore_sft_schema"
 CONSOLE_KEYS = ("train/loss", "train/grad_norm", "train/lr", "val/loss")

@@ -76,9 +76,8 @@ def program(cmd: list[str]) -> tuple[str, list[str]]:
 def check_train(args: list[str]) -> None:
     from rlcore.cli.overrides import expand_sweep, split_argv
     from rlcore.cli.plan import composer
-    from rlcore.train import refuse_what_does_not_compose
-
     from rlcore.config import compose
+    from rlcore.train import refuse_what_does_not_compose
 
     refuse_what_does_not_compose(args, "ppo_trainer", compose)  # SystemExit on a command that does not compose
     config_name, overrides, sweep, _ = split_argv(args, "ppo_trainer")

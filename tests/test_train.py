@@ -86,8 +86,8 @@ def test_a_family_rlcore_cannot_run_is_refused_before_ray_starts(tiny_model_dir,
     # colocated with the critic by default (OpenRLHF's --colocate_critic_reward), wherever the critic is
     (["reward.reward_model.enable=True", "algorithm.adv_estimator=gae", "critic.enable_resource_pool=True", "critic.nnodes=1",
       "critic.n_gpus_per_node=1"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 1, "reward_model": 1}),
-    (["reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1", "reward.reward_model.n_gpus_per_node=1",
-      "algorithm.adv_estimator=gae"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 0, "reward_model": 1}),
+    (["reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=True", "reward.reward_model.nnodes=1",
+      "reward.reward_model.n_gpus_per_node=1", "algorithm.adv_estimator=gae"], [(1, 2), (1, 1)], {"actor_rollout": 0, "critic": 0, "reward_model": 1}),
     # the critic's own pool spans critic.nnodes x critic.n_gpus_per_node
     (["algorithm.adv_estimator=gae", "critic.enable_resource_pool=True", "critic.nnodes=2", "critic.n_gpus_per_node=1"],
      [(1, 2), (2, 1)], {"actor_rollout": 0, "critic": 1}),

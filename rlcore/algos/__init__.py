@@ -7,4 +7,5 @@ from rlcore.algos.kl import KL_ESTIMATORS, kl_penalty, make_kl_controller
 from rlcore.algos.policy_loss import POLICY_LOSSES
 from rlcore.algos.rollout_corr import ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS, rollout_correction
 
-__all__ = ["ADV_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_LEVELS", "agg_loss", "compute_advantage", "kl_penalty", "make_kl_controller", "rollout_correction"]
+__all__ = ["ADV_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_LEVELS", "agg_loss", "compute_advantage",
+           "kl_penalty", "make_kl_controller", "rollout_correction"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 
-def clipped_value_loss(vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, cliprange_value: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clipped_value_loss(vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       cliprange_value: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped value loss, per token: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
 
     The clip keeps one update from moving a value further than `critic.cliprange_value` from the value the

@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterator, Optional
 from rlcore.config import compose
 from rlcore.config.key_status import REFUSED, matching, no_effect_reason
 from rlcore.config.renamed import renamed_from
-from rlcore.config.verl_features import not_a_verl_key, verl_feature
 from rlcore.config.rm_schema import RMTrainerConfig, rm_config_errors
 from rlcore.config.schema import PPOConfig
 from rlcore.config.sft_schema import SFTTrainerConfig
 from rlcore.config.validate import diagnose
+from rlcore.config.verl_features import not_a_verl_key, verl_feature
 from rlcore.train_rm import compose_rm
 from rlcore.train_sft import compose_sft, sft_config_errors
 

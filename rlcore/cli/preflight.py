@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlcore.config.distill_schema import distillation_warnings
 from rlcore.config.files import file_list
 from rlcore.config.tool_config import tool_config_key_of, tools_enabled
 from rlcore.config.validate import uses_critic
-from rlcore.config.distill_schema import distillation_warnings
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlcore.utils.device import NOMINAL_BF16_TFLOPS
 from rlcore.telemetry.plots import write_plots
 from rlcore.telemetry.report import format_report
 from rlcore.telemetry.report_plot import write_report_plot
+from rlcore.utils.device import NOMINAL_BF16_TFLOPS
 
 
 def main(argv: list[str] | None = None) -> int:

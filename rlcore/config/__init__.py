@@ -11,11 +11,11 @@ from typing import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlcore.config.schema import PPOConfig
-from rlcore.config.plan_table import format_plan
-from rlcore.config.validate import BatchPlan, ConfigError, validate_config
 from rlcore.config.async_schema import apply_trainer_mode, derive_async_sizes
+from rlcore.config.plan_table import format_plan
 from rlcore.config.renamed import move_renamed
+from rlcore.config.schema import PPOConfig
+from rlcore.config.validate import BatchPlan, ConfigError, validate_config
 
 # rlcore/config/__init__.py -> repository root -> config/ (present in a source checkout / editable install)
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")

@@ -12,7 +12,8 @@ from typing import Any, Callable, List, Optional
 from omegaconf import II
 
 from rlcore.config.optim_schema import optim_errors
-from rlcore.utils.checkpoint_contents import CONTENTS as CHECKPOINT_CONTENTS, STATE
+from rlcore.utils.checkpoint_contents import CONTENTS as CHECKPOINT_CONTENTS
+from rlcore.utils.checkpoint_contents import STATE
 
 
 @dataclass

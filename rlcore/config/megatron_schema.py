@@ -142,7 +142,9 @@ def _megatron_model_parallel(c, section: str, world: int, per_node: int) -> Opti
                               lambda v: world % (tp * v * cp) == 0], 1, world)
         c.error(f"{keys[0]}={tp} x {keys[1]}={pp} x {keys[2]}={cp} = {tp * pp * cp} devices per model replica does not "
                 f"divide the world size {world} (trainer.nnodes x trainer.n_gpus_per_node; world = TP x PP x CP x DP); "
-                + (_use(keys[1], fixes) or _use(keys[0], _suggest(tp, [lambda v: world % (v * pp * cp) == 0 and c.megatron_tp_splits_heads(v) and c.batch_splits(world // (v * pp * cp))], 1, world))
+                + (_use(keys[1], fixes)
+                   or _use(keys[0], _suggest(tp, [lambda v: world % (v * pp * cp) == 0 and c.megatron_tp_splits_heads(v)
+                                                  and c.batch_splits(world // (v * pp * cp))], 1, world))
                    or _both(c, keys, tp, world // cp)))
         return None
     if per_node % tp:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, load_agent_loop_config
-from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.async_schema import split_pools
+from rlcore.config.interaction_config import load_interaction_config
 from rlcore.config.names import TOOL_CALL_FORMATS
 from rlcore.config.tool_config import AGENT, MT, load_tool_config, tool_config_key_of, tools_enabled
 

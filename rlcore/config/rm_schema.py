@@ -14,9 +14,9 @@ from typing import Any, Dict, Optional
 from omegaconf import OmegaConf
 
 from rlcore.config.fsdp_schema import FSDPConfig, supervised_engine_errors
+from rlcore.config.keys import unknown_key_errors
 from rlcore.config.optim_schema import OptimConfig
 from rlcore.config.schema import RayKwargsConfig
-from rlcore.config.keys import unknown_key_errors
 
 
 @dataclass
@@ -102,8 +102,9 @@ def rm_config_errors(cfg) -> list[str]:
     """Batch arithmetic and choices of reward-model training, each with its fix (reported together, before Ray)."""
     errors = supervised_config_errors(cfg, "pairs", "reward-model training", sequences_per_row=2)
     if cfg.data.truncation not in ("error", "left"):
-        errors.insert(int(cfg.model.strategy not in ("fsdp", "fsdp2")), f"data.truncation={cfg.data.truncation}: a reward model reads its score at the last token, so only error or "
-                         "left (keep the last max_length tokens) make sense; use data.truncation=left")
+        errors.insert(int(cfg.model.strategy not in ("fsdp", "fsdp2")),
+                      f"data.truncation={cfg.data.truncation}: a reward model reads its score at the last token, so only error or "
+                      "left (keep the last max_length tokens) make sense; use data.truncation=left")
     return errors
 
 

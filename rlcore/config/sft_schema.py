@@ -10,10 +10,10 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II
 
-from rlcore.config.fsdp_schema import FSDPConfig, following
-from rlcore.config.rm_schema import RMModelConfig, RMTrainerSection
 from rlcore.config.actor_schema import CheckpointConfig
+from rlcore.config.fsdp_schema import FSDPConfig, following
 from rlcore.config.optim_schema import OptimConfig
+from rlcore.config.rm_schema import RMModelConfig, RMTrainerSection
 from rlcore.config.schema import RayKwargsConfig
 
 TRUNCATIONS = ("error", "left", "right")  # data.truncation of SFT rows

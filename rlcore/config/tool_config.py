@@ -105,7 +105,7 @@ def check_class(class_name: Any, where: str, errors: list[str], methods: tuple[s
     module_name, _, attr = class_name.rpartition(".")
     try:
         module = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001: any import failure is the user's to fix
+    except Exception as err:  # noqa: BLE001 -- any import failure is the user's to fix
         errors.append(f"{where}={class_name}: module {module_name} cannot be imported ({type(err).__name__}: {err}); "
                       f"put it on PYTHONPATH or fix the name")
         return

@@ -18,22 +18,29 @@ from typing import Any, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.actor_schema import check_policy_loss, check_prefix_grouper
-from rlcore.config.algorithm_schema import (OTB_ESTIMATORS, check_dynamic_sampling, check_gdpo, check_otb, check_overlong_buffer,
-                                            check_pf_ppo, check_rollout_correction, rollout_correction_warnings)
+from rlcore.config.algorithm_schema import (
+    OTB_ESTIMATORS,
+    check_dynamic_sampling,
+    check_gdpo,
+    check_otb,
+    check_overlong_buffer,
+    check_pf_ppo,
+    check_rollout_correction,
+    rollout_correction_warnings,
+)
 from rlcore.config.async_schema import check_async, check_trainer_mode, derive_async_sizes, split_pools
 from rlcore.config.distill_schema import check_distillation
 from rlcore.config.fsdp_schema import check_ulysses, ppo_engine_errors, role_sp, sp_key
 from rlcore.config.keys import unknown_key_errors
-from rlcore.config.renamed import renamed_errors
 from rlcore.config.lora_schema import check_lora
 from rlcore.config.megatron_schema import _megatron_model_parallel, check_megatron, check_same_layout
 from rlcore.config.moe_schema import check_router_replay
 from rlcore.config.multi_turn_schema import check_multi_turn
 from rlcore.config.names import KL_ESTIMATORS, LOSS_AGG_MODES
 from rlcore.config.profiler_schema import check_profiler, profiler_warnings
+from rlcore.config.renamed import renamed_errors
 from rlcore.config.reward_model_schema import check_reward_manager, check_reward_model
-from rlcore.config.rollout_schema import (check_native_rollout, check_over_sample_rate, check_rollout_expert_parallel,
-                                          check_rollout_v09, check_vllm_rollout)
+from rlcore.config.rollout_schema import check_native_rollout, check_over_sample_rate, check_rollout_expert_parallel, check_rollout_v09, check_vllm_rollout
 from rlcore.config.suggest import _divisors, _nearest, _suggest, _use
 
 ARR = "actor_rollout_ref"

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.data.dataset import read_rows
-from rlcore.protocol import DataProto
 from rlcore.data.rm_inputs import chat_sequences, right_aligned
+from rlcore.protocol import DataProto
 
 TRUNCATIONS = ("error", "left")  # left: keep the last max_length tokens (the score is read at the last one)
 

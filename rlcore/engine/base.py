@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 import contextlib
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator
 

@@ -7,8 +7,8 @@ import torch
 
 from rlcore.config.fsdp_schema import DEFAULT_GRAD_CLIP, compute_dtype, sequence_parallel_size
 from rlcore.config.megatron_schema import MegatronConfig
-from rlcore.config.typed import plain
 from rlcore.config.optim_schema import schedule_kind
+from rlcore.config.typed import plain
 from rlcore.engine.base import EngineSpec, FSDPSpec, TrainEngine
 from rlcore.models.lora import LoraSpec
 

@@ -11,32 +11,45 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
 from rlcore.engine.activation_offload import offload_checkpointed_inputs
+from rlcore.engine.base import WEIGHT_BUCKET_BYTES, EngineSpec, ForwardFn, LossFn, TokenRequest, TrainEngine, is_fake, read_metrics
 from rlcore.engine.fsdp_units import chain_forward_prefetch, fsdp_mesh, fsdp_units
 from rlcore.engine.gather import Exchange, gather_full_tensors
 from rlcore.engine.host_buffers import HostBuffers
+from rlcore.engine.optim import adamw_kernel, lr_factor
 from rlcore.engine.sharded_load import load_shards, materialize, parameters_on_meta, renamed_checkpoint, safetensors_files, value_head_init
 from rlcore.engine.shm_exchange import SharedMemoryExchange
-from rlcore.engine.optim import adamw_kernel, lr_factor
 from rlcore.families import family_of
 from rlcore.models import lora
-from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
 from rlcore.models.hf import TokenHead, decoder_layers, load_causal_lm, load_value_model, resolve_model_path, tied_weight_names, to_torch_dtype
 from rlcore.models.logits import unstack_channels
-from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
 from rlcore.models.prefix_grouper import pack_prefix_groups
 from rlcore.models.recurrent import prepare_packing
+from rlcore.models.router import ROUTES, Routing, aux_loss, routers, to_routes
+from rlcore.models.ulysses import Ulysses, attach_ulysses, check_heads
 from rlcore.models.varlen import attention_implementation, pack_sequences, unpack_responses
-from rlcore.models.vision import (MULTI_MODAL_INPUTS, TowerAnchor, is_vision_config, packed_positions, rope_positions, rows_inputs,
-                                  slice_image_features, vision_tower)
+from rlcore.models.vision import (
+    MULTI_MODAL_INPUTS,
+    TowerAnchor,
+    is_vision_config,
+    packed_positions,
+    rope_positions,
+    rows_inputs,
+    slice_image_features,
+    vision_tower,
+)
 from rlcore.protocol import DataProto
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")

@@ -18,7 +18,6 @@ from torch.distributed.tensor import DTensor, Shard
 from rlcore.utils.dist import all_gather_flat
 
 
-
 def _row_sharded(t: torch.Tensor) -> bool:
     """FSDP2's layout: dim 0 split over a 1-D mesh in torch.chunk order (only trailing ranks short)."""
     return isinstance(t, DTensor) and t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),) and t.dim() > 0

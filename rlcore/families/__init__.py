@@ -13,8 +13,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlcore.families import (deepseek_v3, gemma2, gemma3_text, glm4_moe, gpt_oss, llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_5_text,
-                             qwen3_moe, qwen3_next, seed_oss)
+from rlcore.families import (
+    deepseek_v3,
+    gemma2,
+    gemma3_text,
+    glm4_moe,
+    gpt_oss,
+    llama,
+    mistral,
+    qwen2,
+    qwen2_moe,
+    qwen3,
+    qwen3_5_text,
+    qwen3_moe,
+    qwen3_next,
+    seed_oss,
+)
 from rlcore.families.arch import Arch, dense_arch, routed_experts, text_config
 from rlcore.families.base import Family, Megatron, Router
 from rlcore.families.vision import tower_params, tower_shape, vision_family, vision_problems

@@ -3,7 +3,8 @@ a RoPE part shared by every head, a value head dim of its own; the cache holds t
 `first_k_dense_replace` layers dense, the rest shared + routed experts under a sigmoid router whose bias chooses
 experts (within `topk_group` of `n_group` groups) without weighing them."""
 
-from rlcore.families.arch import Block, arch as make_arch, moe_block, swiglu, text_config
+from rlcore.families.arch import Block, moe_block, swiglu, text_config
+from rlcore.families.arch import arch as make_arch
 from rlcore.families.base import Family, Megatron, Router
 
 

@@ -2,7 +2,8 @@
 on every attention projection; every layer routes to experts with biases, the router's top-k logits softmaxed, and
 a clamped SwiGLU (swiglu_limit)."""
 
-from rlcore.families.arch import attention_blocks, gqa_linears, moe_block, qkv_bias, text_config, arch as make_arch
+from rlcore.families.arch import arch as make_arch
+from rlcore.families.arch import attention_blocks, gqa_linears, moe_block, qkv_bias, text_config
 from rlcore.families.base import Family, Router
 
 

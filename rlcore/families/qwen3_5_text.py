@@ -1,7 +1,8 @@
 """Qwen3.5 text (the language model of Qwen3.5; `Qwen3_5ForCausalLM`): three Gated DeltaNet linear-attention
 layers per gated full-attention layer, a dense SwiGLU MLP."""
 
-from rlcore.families.arch import arch as make_arch, swiglu, text_config
+from rlcore.families.arch import arch as make_arch
+from rlcore.families.arch import swiglu, text_config
 from rlcore.families.base import Family
 from rlcore.families.linear_attention import hybrid_blocks
 

@@ -1,7 +1,8 @@
 """Qwen3-Next (80B-A3B): Qwen3.5's hybrid of Gated DeltaNet and gated full attention, with routed experts and a
 gated shared expert in every layer."""
 
-from rlcore.families.arch import arch as make_arch, swiglu, text_config
+from rlcore.families.arch import arch as make_arch
+from rlcore.families.arch import swiglu, text_config
 from rlcore.families.base import Family
 from rlcore.families.linear_attention import hybrid_blocks
 from rlcore.families.qwen3_5_text import HYBRID_MEGATRON, HYBRID_TINY, HYBRID_VLLM_CPU_DTYPE

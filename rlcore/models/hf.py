@@ -8,9 +8,8 @@ import os
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, PretrainedConfig
-
 from torch._subclasses.fake_tensor import is_fake
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, PretrainedConfig
 
 from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.logits import stack_channels, token_log_probs

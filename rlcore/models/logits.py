@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 
-from rlcore.utils.sizes import LOGITS_CHUNK_BYTES
 from rlcore.utils.dist import all_gather_flat, all_reduce
+from rlcore.utils.sizes import LOGITS_CHUNK_BYTES
 
 
 def response_logits(logits: torch.Tensor, response_len: int, temperature: float = 1.0) -> torch.Tensor:

@@ -33,17 +33,17 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from rlcore.config.fsdp_schema import compute_dtype, role_sp
-from rlcore.plan.arch import Arch, resolve_arch
-from rlcore.utils.sizes import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 from rlcore.config.lora_schema import adapter_rank
-from rlcore.plan.rollout_memory import rollout_memory
-from rlcore.rollout.sizing import rollout_sizing
-from rlcore.plan.placement import placement
-from rlcore.plan.teacher_memory import teacher_phases
-from rlcore.plan.tower_memory import tower_activations
 from rlcore.config.reward_model_schema import uses_token_budgets
+from rlcore.plan.arch import Arch, resolve_arch
 from rlcore.plan.heads import head_errors
 from rlcore.plan.megatron_layout import Layout
+from rlcore.plan.placement import placement
+from rlcore.plan.rollout_memory import rollout_memory
+from rlcore.plan.teacher_memory import teacher_phases
+from rlcore.plan.tower_memory import tower_activations
+from rlcore.rollout.sizing import rollout_sizing
+from rlcore.utils.sizes import DTYPE_BYTES, LOGITS_CHUNK_BYTES
 
 GIB = 2 ** 30
 ARR = "actor_rollout_ref"

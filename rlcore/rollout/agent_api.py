@@ -90,7 +90,7 @@ class AgentLoopBase(ABC):
             try:
                 return self._ids(self.tokenizer.apply_chat_template([], tokenize=True, add_generation_prompt=False,
                                                                     **self.apply_chat_template_kwargs))
-            except Exception:  # noqa: BLE001: a template that needs a message has no prefix of its own
+            except Exception:  # noqa: BLE001 -- a template that needs a message has no prefix of its own
                 return []
         return self._ids(self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
                                                             add_generation_prompt=generation_prompt, **self.apply_chat_template_kwargs))

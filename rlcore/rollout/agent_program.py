@@ -43,7 +43,6 @@ from rlcore.rollout.agent_loop import PARSERS, ToolResponseIds
 from rlcore.rollout.openai_endpoint import Session, endpoint
 
 
-
 def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
     """fn() in a thread of its own, as a future of the running event loop. A daemon thread: one abandoned past its
     timeout must not hold the worker's exit (a pool's threads are joined at interpreter exit)."""
@@ -57,7 +56,7 @@ def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future:
     def target() -> None:
         try:
             outcome = (True, fn())
-        except BaseException as err:  # noqa: BLE001: handed to the awaiting coroutine
+        except BaseException as err:  # noqa: BLE001 -- handed to the awaiting coroutine
             outcome = (False, err)
         try:
             loop.call_soon_threadsafe(settle, *outcome)
@@ -187,7 +186,7 @@ class AgentProgramLoop(AgentLoopBase):
             reward = await self._within_timeout(asyncio.ensure_future(call), session)
         except asyncio.TimeoutError:
             status = "timeout"
-        except Exception as err:  # noqa: BLE001: the user's program; counted, scored failure_score, the step goes on
+        except Exception as err:  # noqa: BLE001 -- the user's program; counted, scored failure_score, the step goes on
             status = "error"
             name = " ".join(self.command) if self.command else getattr(self.program, "__qualname__", self.program)
             print(f"WARNING: agent program {name} failed: {type(err).__name__}: {err}", flush=True)

@@ -123,7 +123,7 @@ class AgentRunner:
             row.setdefault("raw_prompt", None)
             try:
                 return await loop.run(dict(params), **row)
-            except Exception as err:  # noqa: BLE001: the user's loop; the step stops with its name and row
+            except Exception as err:  # noqa: BLE001 -- the user's loop; the step stops with its name and row
                 raise RuntimeError(f"agent loop {names[r]!r} ({spec['_target_']}) failed on row {r}: {type(err).__name__}: {err}") from err
             finally:
                 server.live -= 1

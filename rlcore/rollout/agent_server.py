@@ -83,7 +83,7 @@ class BatchingServer:
             for group in _by_settings(batch):
                 try:
                     outs = await loop.run_in_executor(self.executor, self._call, group)
-                except BaseException as err:  # noqa: BLE001: every waiting loop learns why, the step fails with it
+                except BaseException as err:  # noqa: BLE001 -- every waiting loop learns why, the step fails with it
                     for r in group:
                         if not r.future.done():
                             r.future.set_exception(err)

@@ -11,10 +11,10 @@ import torch
 from rlcore.config.rollout_schema import RolloutConfig as _SCHEMA  # the engine's defaults are the config's
 from rlcore.families.vision import placeholder_token_ids
 from rlcore.models.hf import load_causal_lm, to_torch_dtype
+from rlcore.models.lora import Adapters
 from rlcore.models.router import ROUTE_DTYPE, Routing, to_routes
 from rlcore.models.vision import is_vision_config
 from rlcore.protocol import position_ids_from_mask
-from rlcore.models.lora import Adapters
 from rlcore.rollout.adapters import HeldAdapters
 from rlcore.rollout.base import Carried, RolloutEngine, RolloutOutput, SamplingParams, Until
 from rlcore.rollout.fused import FusedDecoder, fusable

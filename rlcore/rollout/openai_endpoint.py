@@ -226,7 +226,7 @@ def _handler(owner: Endpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802: http.server's name
+        def do_GET(self) -> None:  # noqa: N802 -- http.server's name
             if self.path.rstrip("/").endswith("/models"):
                 return self._send(200, {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "rlcore"}]})
             self._send(404, _error(f"no route {self.path}"))
@@ -252,7 +252,7 @@ def _handler(owner: Endpoint) -> type[BaseHTTPRequestHandler]:
                 reply = asyncio.run_coroutine_threadsafe(getattr(session, method)(body), session.loop).result()
             except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
                 return self._send(400, _error(f"{type(err).__name__}: {err}"))
-            except Exception as err:  # noqa: BLE001: the engine failed; the program sees a server error
+            except Exception as err:  # noqa: BLE001 -- the engine failed; the program sees a server error
                 return self._send(500, _error(f"{type(err).__name__}: {err}"))
             self._send(200, reply)
 
@@ -264,7 +264,7 @@ def _handler(owner: Endpoint) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002: http.server's signature
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- http.server's signature
             pass  # one line per call would flood the worker's log
 
     return Handler

@@ -73,7 +73,7 @@ class InFlight:
     @classmethod
     def concat(cls, old: "InFlight", new: "InFlight", pad_token_id: int) -> "InFlight":
         width = max(old.input_ids.shape[1], new.input_ids.shape[1])
-        left = lambda t, value: F.pad(t, (width - t.shape[1], 0), value=value)  # noqa: E731: prompts stay left-padded
+        left = lambda t, value: F.pad(t, (width - t.shape[1], 0), value=value)  # noqa: E731 -- prompts stay left-padded
         cat = lambda a, b: torch.cat([a, b])  # noqa: E731
         a, b = old.carried, new.carried
         return cls(cat(left(old.input_ids, pad_token_id), left(new.input_ids, pad_token_id)),

@@ -37,13 +37,13 @@ import torch
 import torch.distributed as dist
 
 from rlcore.config.rollout_schema import RolloutConfig as _SCHEMA  # the adapter's defaults are the config's
-from rlcore.models.experts import splits_experts, to_checkpoint_names
 from rlcore.families import arch_of, family_of
 from rlcore.families import num_experts as experts_per_layer
 from rlcore.families.vision import placeholder_token_ids
+from rlcore.models.experts import splits_experts, to_checkpoint_names
 from rlcore.models.hf import to_torch_dtype
-from rlcore.models.vision import collapse_image_tokens, is_vision_config
 from rlcore.models.router import ROUTE_DTYPE
+from rlcore.models.vision import collapse_image_tokens, is_vision_config
 from rlcore.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 from rlcore.rollout.vllm_lora import VLLMAdapters, lora_engine_args
 from rlcore.rollout.vllm_routes import install as install_route_recorder

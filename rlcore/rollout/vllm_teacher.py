@@ -97,7 +97,8 @@ class VLLMTeacher:
     def __init__(self, model_path: str, device: torch.device | None = None, name: str = "teacher_model", dtype: str = "bfloat16",
                  max_model_len: int | None = None, topk: int = 0, seed: int = 0, tensor_parallel_size: int = 1,
                  expert_parallel_size: int = 1, gpu_memory_utilization: float = _SCHEMA.gpu_memory_utilization, max_num_seqs: int = _SCHEMA.max_num_seqs,
-                 max_num_batched_tokens: int = _SCHEMA.max_num_batched_tokens, enforce_eager: bool = _SCHEMA.enforce_eager, engine_kwargs: dict | None = None, trust_remote_code: bool = False) -> None:
+                 max_num_batched_tokens: int = _SCHEMA.max_num_batched_tokens, enforce_eager: bool = _SCHEMA.enforce_eager, engine_kwargs: dict | None = None,
+                 trust_remote_code: bool = False) -> None:
         """`device`: None = CUDA where available, else vLLM's CPU build. `name`: the teacher's entry in
         distillation.teacher_models (error messages name its keys). `topk`: the most top-k tokens any `score` call
         asks for (vLLM's max_logprobs). `engine_kwargs`: extra vLLM engine arguments (the inner dict of

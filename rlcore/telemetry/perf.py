@@ -22,8 +22,6 @@ import os
 import time
 from contextlib import contextmanager
 
-
-
 # Group methods that do model FLOPs, as multiples of one forward pass over the batch's valid tokens. Generation
 # runs each token through the model once (the KV cache holds the rest), like a log-prob pass.
 FORWARD_PASSES = {"gen": 1, "old_log_prob": 1, "ref": 1, "values": 1, "reward_model": 1}
@@ -124,7 +122,7 @@ class StepPerf:
         out: dict[str, float] = {}
         if phases and wall > 0:
             world = len(next(iter(phases.values()))["busy_s"])
-            mean = lambda key: sum(sum(p[key]) for p in phases.values()) / world  # noqa: E731: over ranks, summed over phases
+            mean = lambda key: sum(sum(p[key]) for p in phases.values()) / world  # noqa: E731 -- over ranks, summed over phases
             dispatch = mean("late_s") + sum(p["return_s"] for p in phases.values())
             out = {"perf/device_busy_share": mean("busy_s") / wall, "perf/wait_slowest_share": mean("wait_s") / wall,
                    "perf/dispatch_share": dispatch / wall}

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from rlcore.telemetry.tracker_backends import CONSOLE_KEYS, MlflowBackend, RunInfo, TensorboardBackend, WandbBackend
 
+
 class Backend(Protocol):
     """One tracker: built from a RunInfo, it receives every log call until close()."""
 

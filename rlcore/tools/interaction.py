@@ -111,7 +111,7 @@ class InteractionSession:
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return await getattr(self.interaction, method)(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001: the user's class; the step stops with its name
+        except Exception as err:  # noqa: BLE001 -- the user's class; the step stops with its name
             name = f"{type(self.interaction).__module__}.{type(self.interaction).__qualname__}"
             raise RuntimeError(f"interaction {self.kwargs.get('name')!r} ({name}).{method} raised {type(err).__name__}: {err}; "
                                "fix the interaction (multi_turn.interaction_config_path)") from err

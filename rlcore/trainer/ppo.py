@@ -13,30 +13,30 @@ import torch
 from rlcore.algos import compute_advantage, kl_penalty, make_kl_controller, rollout_correction
 from rlcore.algos.group_filter import informative_samples
 from rlcore.algos.pf_ppo import pf_ppo_rows
+from rlcore.config.async_schema import always_fresh
 from rlcore.config.tool_config import tools_enabled
 from rlcore.config.typed import dotted
 from rlcore.config.validate import uses_reference
-from rlcore.config.async_schema import always_fresh
 from rlcore.data.seqlen_balancing import balanced_order
 from rlcore.models.router import ROUTES
-from rlcore.plan.run_plan import RunPlan, on_policy
 from rlcore.models.vision import MEDIA_COLUMNS, MULTI_MODAL_INPUTS
+from rlcore.plan.run_plan import RunPlan, on_policy
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import component_columns
 from rlcore.rollout.agent_loop import TURN_COUNTERS, agent_columns
+from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.colocate_async import ColocatedAsync
 from rlcore.trainer.distillation import TeacherScoring
-from rlcore.workers.teacher import TEACHER_COLUMNS
 from rlcore.trainer.dynamic_sampling import GroupCollector, sample_metric
 from rlcore.trainer.generation_dump import dump_generations
 from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.metrics import data_metrics, gradient_variance_metrics, multi_turn_metrics, throughput_metrics
 from rlcore.trainer.preemption import EXIT_CODE, DeferredStop, deferred_stop, resume_hint, say, stop_line
 from rlcore.trainer.profiling import Profiling
-from rlcore.telemetry.perf import StepPerf, start_step_perf, timer
 from rlcore.trainer.split_pools import SplitPools
 from rlcore.trainer.val_metrics import concat_columns, process_validation_metrics, sectioned_metrics
 from rlcore.utils import checkpoint
+from rlcore.workers.teacher import TEACHER_COLUMNS
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 FORWARD_KEYS = PROMPT_KEYS + ["responses"]  # what a log-prob pass needs (input_ids here span prompt + response)

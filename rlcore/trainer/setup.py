@@ -9,17 +9,17 @@ from functools import partial
 import pyarrow as pa
 from omegaconf import DictConfig
 
-from rlcore.config.files import file_list
 from rlcore.config.agent_loop_config import BUILTIN_AGENT_LOOPS, agent_name_problem, load_agent_loop_config
+from rlcore.config.distill_schema import teacher_entries
+from rlcore.config.files import file_list
 from rlcore.config.interaction_config import interaction_name_problem, load_interaction_config
 from rlcore.config.tool_config import tool_schemas, tools_enabled
 from rlcore.config.typed import plain
 from rlcore.config.validate import ConfigError
 from rlcore.data.dataset import RLHFDataset
 from rlcore.data.loader import PromptLoader
-from rlcore.data.sampler import build_sampler
 from rlcore.data.row_checks import rule_score_problem
-from rlcore.config.distill_schema import teacher_entries
+from rlcore.data.sampler import build_sampler
 from rlcore.models.hf import ModelLoadError, import_external_lib, load_tokenizer, policy_tokenizer
 from rlcore.models.vision import vision_processor
 from rlcore.reward.custom import load_custom_reward_fn

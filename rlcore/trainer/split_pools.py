@@ -35,8 +35,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from rlcore.config.typed import dotted
 from rlcore.config.async_schema import staleness_window
+from rlcore.config.typed import dotted
 from rlcore.protocol import DataProto
 
 
@@ -75,7 +75,7 @@ class Rollouter:
             try:
                 metrics: dict[str, float] = {}
                 samples = Samples(self.produce(metrics), version, metrics)
-            except BaseException as err:  # noqa: BLE001: handed to the trainer's thread, which raises it
+            except BaseException as err:  # noqa: BLE001 -- handed to the trainer's thread, which raises it
                 with self.cond:
                     self.error, self.busy = err, False
                     self.cond.notify_all()

@@ -16,9 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from rlcore.models.vision import vision_processor
 from rlcore.config import ConfigError
 from rlcore.config.rm_schema import stop_rule_met
+from rlcore.models.vision import vision_processor
 from rlcore.trainer.lifecycle import resume_from
 from rlcore.trainer.preemption import EXIT_CODE, DeferredStop, StopNow, deferred_stop, resume_hint, say, stop_line
 from rlcore.utils import checkpoint

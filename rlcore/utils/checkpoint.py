@@ -115,7 +115,7 @@ def checkpoint_load(path: str):
     """torch.load of checkpoint state without unpickling code; a file that needs pickle is refused by name."""
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # noqa: BLE001: torch raises UnpicklingError or RuntimeError depending on the damage
+    except Exception as err:  # noqa: BLE001 -- torch raises UnpicklingError or RuntimeError depending on the damage
         raise ValueError(f"{path} cannot be read as checkpoint state (tensors, lists and numbers only; nothing in a checkpoint "
                          f"is unpickled): {str(err).splitlines()[0]}") from err
 

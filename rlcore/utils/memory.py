@@ -7,7 +7,6 @@ import sys
 
 import torch
 
-
 _RUN_PEAK_BYTES: dict[str, int] = {}  # CUDA: the largest per-phase peak before the current phase's window
 
 

@@ -41,7 +41,7 @@ def call_catching(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bo
     """(True, fn's result) or (False, "ExceptionType: message", the exception's last traceback line)."""
     try:
         return True, fn(*args, **kwargs)
-    except Exception as err:  # noqa: BLE001: any failure of user code becomes that call's error
+    except Exception as err:  # noqa: BLE001 -- any failure of user code becomes that call's error
         return False, traceback.format_exception_only(type(err), err)[-1].strip()
 
 

@@ -8,26 +8,26 @@ import time
 import torch
 
 from rlcore.algos.custom import load_custom_algorithms
+from rlcore.config.lora_schema import unmerged_lora_rank
 from rlcore.config.typed import dotted
 from rlcore.config.validate import uses_reference
-from rlcore.config.lora_schema import unmerged_lora_rank
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import CHECKPOINT_STATE
 from rlcore.engine.factory import build_engine, engine_spec
-from rlcore.models.vision import vision_processor
 from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
+from rlcore.models.hf_export import head_model_config
+from rlcore.models.vision import vision_processor
 from rlcore.plan.micro_plan import ACTOR_LOG_PROB, ACTOR_UPDATE, REF_LOG_PROB
 from rlcore.protocol import DataProto
-from rlcore.models.hf_export import head_model_config
 from rlcore.rollout.partial import PartialRollouts
 from rlcore.rollout.weight_sync import send_weights, sync_adapters, sync_weights
 from rlcore.utils import checkpoint
-from rlcore.utils.memory import peak_memory_gib
 from rlcore.utils.determinism import deterministic_kernels
-from rlcore.workers.actor import compute_log_prob, update_policy
-from rlcore.workers import phases
 from rlcore.utils.dist import standalone_group
+from rlcore.utils.memory import peak_memory_gib
+from rlcore.workers import phases
+from rlcore.workers.actor import compute_log_prob, update_policy
 from rlcore.workers.common import RoleWorker, layout_of, load_rng_state, save_rng_state
 from rlcore.workers.rollout_parts import build_rollout_parts, generate, sampling_params
 
@@ -120,7 +120,8 @@ class ActorRolloutRefWorker(RoleWorker):
         else:
             out, stats = generate(self.rollout, self.agent_loop, prompts, sampling)
         timing.update(stats)
-        memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]), device=self.device)
+        memory = phases.ledger("generate", self._engines(), self.rollout, transient_bytes=max(min(bucket_bytes, streamed["bytes"]), streamed["largest"]),
+                               device=self.device)
         if self.config.actor_rollout_ref.rollout.free_cache_engine:
             # Level 2 frees the rollout's weights too, unless the next sync sends only LoRA's adapted ones or adapters.
             keep = (self._rollout_has_base and (self.rollout.keeps_weights or self._unmerged_lora)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 
 from rlcore.controller.decorator import Dispatch, register
+from rlcore.data.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import import_external_lib, load_tokenizer, named_load
 from rlcore.plan.micro_plan import REWARD_MODEL
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import decode_responses
-from rlcore.data.rm_inputs import chat_sequences, policy_sequences, right_aligned, same_tokenization, token_level
 from rlcore.workers import phases
 from rlcore.workers.common import RoleWorker, layout_of, run_forward
 

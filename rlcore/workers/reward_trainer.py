@@ -18,8 +18,8 @@ from rlcore.data.micro_batches import MicroBatchSpec, token_budget_partitions, t
 from rlcore.engine.base import TrainEngine
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
-from rlcore.utils.dist import all_reduce_values
 from rlcore.utils.determinism import deterministic_kernels
+from rlcore.utils.dist import all_reduce_values
 from rlcore.workers.common import SupervisedWorker, layout_of
 
 

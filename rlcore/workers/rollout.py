@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import time
 
-
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.models.hf import import_external_lib, named_load, policy_tokenizer
 from rlcore.protocol import DataProto

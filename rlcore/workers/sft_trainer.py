@@ -7,11 +7,11 @@ import time
 
 import torch
 
+from rlcore.config.sft_schema import SFTTrainerConfig
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.protocol import DataProto
-from rlcore.config.sft_schema import SFTTrainerConfig
 from rlcore.utils.determinism import deterministic_kernels  # verl's engine.full_determinism
 from rlcore.workers.common import SupervisedWorker, layout_of, mini_batch_counts
 
@@ -33,7 +33,8 @@ class SFTTrainerWorker(SupervisedWorker):
 
     def _micro(self) -> MicroBatchSpec:
         d, packed = self.config.data, self.engine.spec.use_remove_padding
-        return MicroBatchSpec(max_tokens=d.max_token_len_per_gpu, packed=packed) if d.use_dynamic_bsz else MicroBatchSpec(rows=d.micro_batch_size_per_gpu, packed=packed)
+        return (MicroBatchSpec(max_tokens=d.max_token_len_per_gpu, packed=packed) if d.use_dynamic_bsz
+                else MicroBatchSpec(rows=d.micro_batch_size_per_gpu, packed=packed))
 
     def _nll(self, data: DataProto):
         """Per micro-batch: its share of the batch's token-mean NLL over every rank's response tokens (x dp_size:

@@ -5,7 +5,8 @@ actor uses) or over vLLM engines (rlcore.rollout.vllm_teacher).
 Every rank of the group holds every teacher: a native teacher sharded over the group (FSDP2), a vLLM one as one
 engine per TP group of `inference.tensor_model_parallel_size` ranks (whole on each rank at TP 1). Either way each
 rank scores its own share of the rows (a TP group gathers its ranks' rows into one engine call and hands each rank
-its own back), so every teacher has the group's one data-parallel layout. The controller sends each teacher the rows routed to it (`compute_teacher_log_prob(rows, teacher=name)`),
+its own back), so every teacher has the group's one data-parallel layout. The controller sends each teacher the rows
+routed to it (`compute_teacher_log_prob(rows, teacher=name)`),
 split over the ranks like any batch.
 """
 
@@ -14,17 +15,16 @@ from __future__ import annotations
 import copy
 import time
 
-from rlcore.config.distill_schema import TeacherModelConfig
+from rlcore.config.distill_schema import TeacherModelConfig, teacher_entries, uses_topk
 from rlcore.config.schema import PPOConfig
 from rlcore.config.typed import dotted
-from rlcore.config.distill_schema import teacher_entries, uses_topk
 from rlcore.controller.decorator import DataLayout, Dispatch, register
 from rlcore.engine.base import TokenRequest
 from rlcore.engine.factory import build_engine, engine_spec
 from rlcore.models.hf import named_load
 from rlcore.plan.micro_plan import TEACHER
-from rlcore.rollout.factory import build_teacher_scorer
 from rlcore.protocol import DataProto
+from rlcore.rollout.factory import build_teacher_scorer
 from rlcore.workers import phases
 from rlcore.workers.common import RoleWorker, layout_of, run_forward
 

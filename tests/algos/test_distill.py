@@ -6,8 +6,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlcore.algos.distill import (DISTILL_LOSSES, ESTIMATORS, combined_loss, distillation_loss, forward_kl_topk,
-                                  forward_kl_topk_tail, overlap_ratio, token_losses)
+from rlcore.algos.distill import (
+    DISTILL_LOSSES,
+    ESTIMATORS,
+    combined_loss,
+    distillation_loss,
+    forward_kl_topk,
+    forward_kl_topk_tail,
+    overlap_ratio,
+    token_losses,
+)
 
 B, R, V = 3, 4, 11
 

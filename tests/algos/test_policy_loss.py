@@ -148,8 +148,8 @@ def test_sapo_is_verls_smooth_gate_over_sequences():
     """actor.policy_loss.loss_mode=sapo with actor.tau_pos / actor.tau_neg (verl's keys and defaults, 1.0 / 1.05)."""
     from rlcore.algos.agg import agg_loss
     from rlcore.algos.policy_loss import SAPO_AGGREGATION
-    from rlcore.workers.actor import policy_loss_params
     from rlcore.config import compose
+    from rlcore.workers.actor import policy_loss_params
 
     actor = compose(["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=0.8",
                      "actor_rollout_ref.actor.tau_neg=1.3"]).actor_rollout_ref.actor

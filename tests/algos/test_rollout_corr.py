@@ -6,8 +6,17 @@ import math
 import pytest
 import torch
 
-from rlcore.algos.rollout_corr import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_AGGREGATIONS, ROLLOUT_RS_LEVELS, ROLLOUT_RS_STATISTICS, bypass_mode_loss,
-                                       mismatch_metrics, rollout_correction, rollout_is_weights, rollout_rs_mask)
+from rlcore.algos.rollout_corr import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_AGGREGATIONS,
+    ROLLOUT_RS_LEVELS,
+    ROLLOUT_RS_STATISTICS,
+    bypass_mode_loss,
+    mismatch_metrics,
+    rollout_correction,
+    rollout_is_weights,
+    rollout_rs_mask,
+)
 
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
 LOG_RATIO = torch.tensor([[math.log(3), 0.0, 5.0], [0.0, -math.log(4), math.log(1.5)]])  # 5.0 on padding: must be ignored

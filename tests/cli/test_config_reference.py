@@ -10,8 +10,8 @@ from html.parser import HTMLParser
 import pytest
 
 from rlcore.cli import config_reference as reference
-from rlcore.config.key_status import schema_leaves
 from rlcore.cli.config_reference import COMMAND, PAGES, VERL_KEYS, meaning, render, rows, uncovered, walk
+from rlcore.config.key_status import schema_leaves
 
 PPO, SFT, RM = PAGES
 needs_verl = pytest.mark.skipif(not VERL_KEYS.is_file(), reason=f"verl key reference not present at {VERL_KEYS}")

@@ -18,7 +18,8 @@ def test_group_options_keys_tildes_and_commas_are_explained():
                                                         "recipe=tiny_cpu_ppo? available: gemma2_2b_ppo, llama3_8b_rm_lora, ")
     assert refusal(["recipe=tiny_cpu", "trainer.n_gpu_per_node=2"]) == "trainer.n_gpu_per_node is not a config key; did you mean trainer.n_gpus_per_node?"
     assert "write data.val_files=$HOME/x.parquet" in refusal(["data.val_files=~/x.parquet"])
-    assert refusal(["trainer.device_memory_gb=80,40"]).endswith("to plan or train each value, add -m (a sweep); for a list use key=[a,b]; for one string with commas quote it: key='a,b'")
+    assert refusal(["trainer.device_memory_gb=80,40"]).endswith("to plan or train each value, add -m (a sweep); for a list use key=[a,b]; "
+                                                                "for one string with commas quote it: key='a,b'")
     assert refusal(["tools=tiny_add"]).startswith("tools is not a config key")  # tool configs are files, not a group
 
 
@@ -47,7 +48,8 @@ def test_the_doctor_sweeps_and_prints_one_table(capsys):
 def test_a_sweep_job_with_an_error_shows_it_and_fails(capsys):
     assert plan(["--elsewhere", "-m", "recipe=qwen2_7b_grpo", "actor_rollout_ref.rollout.tensor_model_parallel_size=2,8"]) == 1
     out = capsys.readouterr().out
-    assert "job 1 (actor_rollout_ref.rollout.tensor_model_parallel_size=8): error 1: actor_rollout_ref.rollout.tensor_model_parallel_size=8 does not split" in out
+    assert ("job 1 (actor_rollout_ref.rollout.tensor_model_parallel_size=8): error 1: "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=8 does not split") in out
 
 
 def test_a_value_hydra_cannot_merge_says_why():

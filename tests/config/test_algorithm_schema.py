@@ -4,8 +4,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlcore.algos import ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS
-from rlcore.config import ConfigError, compose, validate_config
 from rlcore.algos.rollout_corr import ROLLOUT_RS_AGGREGATIONS, ROLLOUT_RS_STATISTICS
+from rlcore.config import ConfigError, compose, validate_config
 from rlcore.config.algorithm_schema import IS_LEVELS, RS_LEVELS, RS_MODES, RejectionRule, parse_rejection_rules
 
 RC = "algorithm.rollout_correction"

@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlcore.config import compose
-from rlcore.config.validate import diagnose
 from rlcore.config.async_schema import always_fresh, async_warnings, derive_async_sizes, staleness_window
+from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
 from rlcore.plan.run_plan import on_policy
 
@@ -62,7 +62,8 @@ def test_each_rule_names_the_key_and_a_fix(overrides, fragment):
 
 def test_train_batch_size_zero_is_derived_as_verl_does():
     cfg = compose(["recipe=tiny_cpu", *SPLIT, "data.train_batch_size=0", "async_training.require_batches=2",
-                   f"{ARR}.actor.ppo_mini_batch_size=8", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=8", "data.gen_batch_size=1", "rollout.total_rollout_steps=160", "trainer.total_training_steps=null"])
+                   f"{ARR}.actor.ppo_mini_batch_size=8", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=8", "data.gen_batch_size=1",
+                   "rollout.total_rollout_steps=160", "trainer.total_training_steps=null"])
     plan, errors = diagnose(cfg)
     assert errors == [] and cfg.data.train_batch_size == 16 and plan.prompts_per_step == 16
     assert cfg.trainer.total_training_steps == 10  # 160 prompts / 16 per step

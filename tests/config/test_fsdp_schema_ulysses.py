@@ -4,8 +4,8 @@ node and the heads), the batch plan's data-parallel size, and verl's example com
 import pytest
 
 from rlcore.config import compose
-from rlcore.config.validate import diagnose
 from rlcore.config.fsdp_schema import role_sp
+from rlcore.config.validate import diagnose
 
 ARR = "actor_rollout_ref"
 PACKED = [f"{ARR}.model.use_remove_padding=True"]  # the default; spelled out where a test turns it off

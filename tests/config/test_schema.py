@@ -2,9 +2,9 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
-import re
 from pathlib import Path
 
 import pytest

@@ -5,12 +5,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from rlcore.config import compose
-from rlcore.config.distill_schema import TeacherModelConfig
-from rlcore.config.rm_schema import RMTrainerConfig
+from rlcore.config.distill_schema import TeacherModelConfig, teacher_entries
 from rlcore.config.megatron_schema import MegatronConfig
+from rlcore.config.rm_schema import RMTrainerConfig
 from rlcore.config.schema import PPOConfig
 from rlcore.config.typed import as_dictconfig, dotted, plain, typed
-from rlcore.config.distill_schema import teacher_entries
 from rlcore.train_rm import compose_rm
 
 # one of each kind: FSDP2 with a critic, Megatron MoE, a vision-language model, distillation, split pools, tools

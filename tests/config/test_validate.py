@@ -10,8 +10,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 from rlcore.config import CONFIG_DIR, ConfigError, PPOConfig, compose, finish_composition, format_plan, validate_config
-from rlcore.config.validate import diagnose
-from rlcore.config.validate import BatchPlan
+from rlcore.config.validate import BatchPlan, diagnose
 
 ARR = "actor_rollout_ref"
 RECIPES_DIR = Path(CONFIG_DIR).parent / "recipes"
@@ -130,7 +129,8 @@ def test_brief_example_message_exactly():
 def test_many_violations_in_one_error():
     overrides = VERL_8GPU + [
         "trainer.n_gpus_per_node=6",  # 5120 and 1280 samples not divisible by 6 ranks; TP 2 still fine
-        f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.megatron.expert_model_parallel_size=4", f"{ARR}.rollout.name=sglang", "algorithm.adv_estimator=gae", "critic.enable=False",
+        f"{ARR}.actor.strategy=megatron", f"{ARR}.actor.megatron.expert_model_parallel_size=4", f"{ARR}.rollout.name=sglang",
+        "algorithm.adv_estimator=gae", "critic.enable=False",
         f"{ARR}.model.lora_rank=8", f"{ARR}.model.lora_alpha=0", "trainer.test_freq=0", f"{ARR}.rollout.top_p=1.5", "data.truncation=lef",
         f"{ARR}.actor.use_kl_loss=True",  # reference now needed but has no micro-batch size
     ]
@@ -291,7 +291,8 @@ def test_format_plan_is_an_aligned_table():
 def test_a_megatron_critic_is_checked_on_its_own_layout():
     megatron = CRITIC + ["critic.strategy=megatron"]
     messages = _errors(megatron + ["critic.megatron.context_parallel_size=2"], recipe="tiny_cpu")
-    assert any(m.startswith("critic.megatron.context_parallel_size=2 (context parallelism: megatron-core runs it only in TransformerEngine's attention") for m in messages)
+    assert any(m.startswith("critic.megatron.context_parallel_size=2 (context parallelism: "
+                            "megatron-core runs it only in TransformerEngine's attention") for m in messages)
     # tiny_cpu has 2 ranks: a TP=2 critic is one data-parallel replica, so its 32-prompt mini-batch x 8 samples all
     # go to one rank in micro-batches of 32: valid, while TP=3 cannot split 2 devices.
     assert diagnose(compose(["recipe=tiny_cpu", *megatron, "critic.megatron.tensor_model_parallel_size=2"]))[1] == []

@@ -6,7 +6,11 @@ import random
 import pytest
 
 from rlcore.data.seqlen_balancing import (
-    balanced_order, budget_partitions, karmarkar_karp, packed_cost, padded_cost,
+    balanced_order,
+    budget_partitions,
+    karmarkar_karp,
+    packed_cost,
+    padded_cost,
 )
 
 

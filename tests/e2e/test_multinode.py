@@ -8,9 +8,9 @@ import re
 
 import pytest
 import ray
+from e2e_utils import tiny_cfg
 from ray.cluster_utils import Cluster
 
-from e2e_utils import tiny_cfg
 from rlcore.controller.placement import ResourcePool
 from rlcore.train import run
 

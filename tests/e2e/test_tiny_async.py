@@ -5,10 +5,10 @@ import os
 
 import pytest
 import torch
-
 from e2e_utils import assert_no_workers_left, tiny_cfg
-from rlcore.train import run
 from test_tiny_grpo import read_metrics
+
+from rlcore.train import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 

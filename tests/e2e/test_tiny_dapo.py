@@ -2,8 +2,8 @@
 and a step that cannot be filled stops the run with the reason."""
 
 import pytest
-
 from e2e_utils import assert_no_workers_left, tiny_cfg
+
 from rlcore.config import compose
 from rlcore.config.validate import diagnose
 from rlcore.train import run

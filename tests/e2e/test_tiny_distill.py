@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from conftest import build_tiny_model_dir
-
 from e2e_utils import tiny_cfg
-from rlcore.train import run
 from test_tiny_grpo import read_metrics
+
+from rlcore.train import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 D = "distillation"

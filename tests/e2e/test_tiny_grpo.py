@@ -7,10 +7,9 @@ import os
 import pytest
 import ray
 import torch
+from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_repeated_bit_for_bit, assert_same_steps, resume_overrides, tiny_cfg
 from transformers import AutoModelForCausalLM
 
-from e2e_utils import (KEEP_EVERY_STEP, assert_no_workers_left, assert_repeated_bit_for_bit, assert_same_steps, resume_overrides,
-                       tiny_cfg)
 from rlcore.plan.run_plan import plan_run
 from rlcore.train import run
 

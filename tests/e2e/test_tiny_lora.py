@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from e2e_utils import KEEP_EVERY_STEP, assert_same_steps, resume_overrides, tiny_cfg
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from e2e_utils import KEEP_EVERY_STEP, assert_same_steps, resume_overrides, tiny_cfg
 from rlcore.train import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
@@ -48,7 +48,8 @@ def test_lora_grpo_syncs_the_adapters_and_resumes_exactly(tiny_model_dir, tiny_t
     assert all("timing_s/ref" in r for r in rows) and rows[0]["actor/grad_norm"] > 0
     assert 0 < rows[-1]["actor/kl_loss"] < 0.1  # the reference (adapters off) is the base the adapters moved from
 
-    run(lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", steps, *resume_overrides(tmp_path / "a" / "ckpt", 1), "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
+    run(lora_cfg(tiny_model_dir, tiny_task_dir, tmp_path / "b", steps, *resume_overrides(tmp_path / "a" / "ckpt", 1),
+                 "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
         str(tmp_path / "b"))
     resumed = step_rows(tmp_path / "b")
     assert_same_steps(resumed, rows, ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)

@@ -4,13 +4,13 @@ checkpoint, HF export and exact resume) and PPO with a pipeline-parallel Megatro
 import math
 
 import pytest
+from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, resume_overrides, tiny_cfg
+from test_tiny_grpo import read_metrics
 from transformers import AutoModelForCausalLM
 
-from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, resume_overrides, tiny_cfg
 from rlcore.config.validate import diagnose
 from rlcore.plan import memory_plan
 from rlcore.train import run
-from test_tiny_grpo import read_metrics
 
 pytest.importorskip("megatron.core")
 
@@ -29,7 +29,8 @@ def test_grpo_on_megatron_tp2_trains_saves_an_hf_model_and_resumes_exactly(tiny_
     assert_no_workers_left()
     for key in ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "timing_s/update_actor"):
         assert math.isfinite(straight[key]), key
-    run(cfg("b", *resume_overrides(tmp_path / "a" / "ckpt", 1), "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"), str(tmp_path / "b"))
+    run(cfg("b", *resume_overrides(tmp_path / "a" / "ckpt", 1), "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
+        str(tmp_path / "b"))
     assert_same_steps(read_metrics(tmp_path / "b"), read_metrics(tmp_path / "a"),
                       ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"), first=2)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "b" / "ckpt" / "global_step_3" / "actor" / "huggingface", local_files_only=True)

@@ -3,11 +3,11 @@
 import math
 
 import pytest
+from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, refuse_ray, resume_overrides, tiny_cfg
+from test_tiny_grpo import read_metrics
 from transformers import AutoModelForTokenClassification
 
-from e2e_utils import KEEP_EVERY_STEP, assert_no_workers_left, assert_same_steps, refuse_ray, resume_overrides, tiny_cfg
 from rlcore.train import run
-from test_tiny_grpo import read_metrics
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from e2e_utils import assert_no_workers_left, refuse_ray
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from e2e_utils import assert_no_workers_left, refuse_ray
 from rlcore.config import ConfigError
 from rlcore.data.synthetic import make_addition_rows, preference_pairs, write_parquet
 from rlcore.train_rm import compose_rm, run
@@ -66,6 +66,7 @@ def test_rm_config_errors_come_together_before_ray_starts(tiny_model_dir, tmp_pa
 def test_ppo_whose_reward_is_the_trained_reward_model(tiny_model_dir, tiny_task_dir, tmp_path):
     """rlcore-rm's export plugged into PPO: reward-model worker colocated with a critic initialised from it."""
     from e2e_utils import tiny_cfg
+
     from rlcore.train import run as run_ppo
 
     run(rm_cfg(tiny_model_dir, tmp_path, "trainer.total_training_steps=2"), str(tmp_path / "rm_run"))

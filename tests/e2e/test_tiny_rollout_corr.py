@@ -3,8 +3,8 @@ bf16-on-CPU setting) against the fp32 native rollout (which runs fp32 on CPU wha
 mismatch the rollout_corr/* metrics measure, where fp32 on both sides shows nearly none; the correction runs."""
 
 import pytest
-
 from e2e_utils import tiny_cfg
+
 from rlcore.train import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)

@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
+from e2e_utils import assert_no_workers_left, resume_overrides
 from transformers import AutoModelForCausalLM
 
-from e2e_utils import assert_no_workers_left, resume_overrides
 from rlcore.train_sft import compose_sft, run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)

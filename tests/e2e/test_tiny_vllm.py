@@ -3,10 +3,10 @@
 
 import numpy as np
 import pytest
-
 from e2e_utils import KEEP_EVERY_STEP, assert_repeated_bit_for_bit, assert_same_steps, resume_overrides, tiny_cfg
 from test_tiny_grpo import read_metrics
 from test_tiny_learns import train_demo
+
 from rlcore.train import run
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.vllm, pytest.mark.slow]

@@ -247,7 +247,8 @@ def test_megatron_lora_section_and_fsdp_exclude_modules_reach_the_spec(tiny_mode
 
 
 # verl's FSDP mixed-precision dict (verl's scripts add it with "+", which rlcore's command line takes as a plain
-# override): param_dtype wins over dtype, reduce_dtype is the dtype FSDP2 reduces gradients in. What FSDP2 does with them is torch's (MixedPrecisionPolicy); the memory plan
+# override): param_dtype wins over dtype, reduce_dtype is the dtype FSDP2 reduces gradients in. What FSDP2 does with
+# them is torch's (MixedPrecisionPolicy); the memory plan
 # computes in the same dtype (rlcore/config/fsdp_schema.py::compute_dtype).
 @pytest.mark.parametrize("role", [r for r in FSDP if r != "reward_model"])
 def test_mixed_precision_param_and_reduce_dtypes_reach_fully_shard(role, monkeypatch):

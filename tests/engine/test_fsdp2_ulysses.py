@@ -25,8 +25,8 @@ ROWS, MICRO_ROWS = 8, 4  # samples, and samples per micro-batch of the sp=2 engi
 
 
 def build_tied_qwen2_dir(path: str) -> str:
-    from transformers import AutoConfig, AutoModelForCausalLM
     from conftest import build_tiny_model_dir
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     build_tiny_model_dir(path, seed=3)
     config = AutoConfig.from_pretrained(path)

@@ -20,8 +20,7 @@ def full_tensors():
 
 
 def _rank(rank, world, port, out_dir):
-    from rlcore.engine import gather
-    from rlcore.engine import shm_exchange
+    from rlcore.engine import gather, shm_exchange
     from rlcore.engine.shm_exchange import SharedMemoryExchange
 
     init_gloo(rank, world, port)

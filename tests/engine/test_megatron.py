@@ -182,7 +182,8 @@ def reference(model_dirs):
         llama_model = load_causal_lm(llama)
         llama_logits = llama_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
     return {
-        "data": data, "lp": warm["log_probs"], "ent": warm["entropy"], "spp": warm["sum_pi_squared"], "pg_loss": float(metrics["actor/pg_loss"]), "grads": grads,
+        "data": data, "lp": warm["log_probs"], "ent": warm["entropy"], "spp": warm["sum_pi_squared"],
+        "pg_loss": float(metrics["actor/pg_loss"]), "grads": grads,
         "grad_norm": grad_norm, "weights": dict(model.state_dict()), "values": values[:, -RESPONSE - 1 : -1, 0],
         "llama_weights": {k: v for k, v in llama_model.state_dict().items() if k != "lm_head.weight"},  # tied: HF saves one
         "llama_lp": token_outputs(llama_logits[:, -RESPONSE - 1 : -1], b["responses"])["log_probs"],

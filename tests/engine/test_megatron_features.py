@@ -40,8 +40,9 @@ def weights(engine):
 
 
 def _tp2_main(rank, port, model_dir, out):
-    from rlcore.engine.factory import build_engine
     from test_megatron import hf_grads
+
+    from rlcore.engine.factory import build_engine
 
     init_gloo(rank, 2, port)
     cpu = torch.device("cpu")
@@ -109,7 +110,8 @@ def _dp2_main(rank, port, model_dir, ckpt, out):
     coupled = build_engine("megatron", spec(model_dir, 1, optimizer_overrides={"decoupled_weight_decay": False}), cpu)
     train(coupled, data, 1)
     result = {"coupled": (type(coupled.optimizer.optimizer).__name__, type(first.optimizer.optimizer).__name__, weights(coupled)),
-              "straight": weights(straight), "resumed": weights(resumed), "model_only": weights(model_only), "from_export": weights(from_export), "offloaded": weights(offloaded), "exported": exported,
+              "straight": weights(straight), "resumed": weights(resumed), "model_only": weights(model_only),
+              "from_export": weights(from_export), "offloaded": weights(offloaded), "exported": exported,
               "emptied": emptied, "shard": sum(p.numel() for p in straight.optimizer.optimizer.param_groups[0]["params"])}
     if rank == 0:
         torch.save(result, out)

@@ -22,16 +22,16 @@ LORA = LoraSpec(rank=4, alpha=8, target_modules=("linear_qkv", "linear_proj", "l
 
 
 def _one_layout(layout, model_dir, out_dir):
+    import test_megatron
     from megatron.core import parallel_state as mpu
     from test_megatron import batch, megatron_spec, policy_loss_fn
 
-    import test_megatron
+    from rlcore.data.micro_batches import MicroBatchSpec
+    from rlcore.engine.base import TokenRequest
     from rlcore.engine.factory import build_engine
     from rlcore.rollout.native import NativeRollout
     from rlcore.rollout.weight_sync import sync_adapters, sync_weights
     from rlcore.workers.common import run_forward
-    from rlcore.data.micro_batches import MicroBatchSpec
-    from rlcore.engine.base import TokenRequest
 
     tp, pp, sp = LAYOUTS[layout]
     test_megatron.LAYOUTS[layout] = (tp, pp, None, sp, False, False)

@@ -146,7 +146,8 @@ def _replay_case(rank, model, model_dir, out_dir):
     metrics = engine.forward_backward(parts, policy_loss_fn(data, 1), replay)
     step = engine.optimizer_step()
     if engine.is_output_rank:
-        torch.save({"routes": torch.cat([r["routes"] for r in recorded]), "replayed_lp": torch.cat([r["lp"] for r in replayed]), "pg_loss": sum(m["actor/pg_loss"] for m in metrics),
+        torch.save({"routes": torch.cat([r["routes"] for r in recorded]), "replayed_lp": torch.cat([r["lp"] for r in replayed]),
+                    "pg_loss": sum(m["actor/pg_loss"] for m in metrics),
                     "grad_norm": step["grad_norm"]}, os.path.join(out_dir, f"replay-{model}.pt"))
 
 

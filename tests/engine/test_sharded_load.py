@@ -75,8 +75,9 @@ def test_a_megatron_tp_rank_reads_only_its_pieces(capsys):
 def _value_rank(rank, port, model_dir, out):
     """A value model (critic) on 2 FSDP2 ranks, built on meta from `model_dir`: its gathered weights, and which load
     path ran (the parameters' storage was never the whole model's)."""
-    import rlcore.engine.fsdp2 as fsdp2
     from dist_utils import close_gloo, init_gloo
+
+    import rlcore.engine.fsdp2 as fsdp2
     from rlcore.engine.base import EngineSpec
 
     init_gloo(rank, 2, port)
@@ -96,9 +97,8 @@ def test_a_value_model_loads_sharded_with_its_head_drawn_or_read(tiny_model_dir,
     """A critic over a causal LM's checkpoint is built on meta like the actor (no rank reads the whole model) and
     draws its one-row head as HF would (normal, std initializer_range); over a reward model's it reads the head.
     The trunk equals the checkpoint's exactly either way."""
-    from safetensors.torch import load_file, save_file
-
     from dist_utils import spawn_ranks
+    from safetensors.torch import load_file, save_file
 
     model_dir = tiny_model_dir
     if checkpoint == "reward_model":  # the causal LM's trunk with a trained-looking head, in a copy of its directory

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 from gpu_fixtures import nccl  # noqa: F401  (a fixture)
-
 from grpo_step import grpo_batch, prompts_batch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "workers"))  # the CPU ledger test's settings
@@ -115,7 +114,7 @@ def test_the_ledger_adds_up_to_the_allocator_per_phase(half_b_dir, tiny_task_dir
         assert rows["old_log_prob"]["optimizer"] == 0 and rows["old_log_prob"]["allocated"] < 0.5 * update["peak"]
 
 
-def test_offload_policy_keeps_parameters_in_pinned_host_memory_on_cuda(nccl, half_b_dir):
+def test_offload_policy_keeps_parameters_in_pinned_host_memory_on_cuda(nccl, half_b_dir):  # noqa: F811
     from dist_utils import make_rollout_batch
 
     from rlcore.data.micro_batches import MicroBatchSpec

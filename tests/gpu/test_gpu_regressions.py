@@ -6,13 +6,13 @@ kept as regression tests, the packed path's kernels against padding in bf16, and
 
 import pytest
 import torch
-from gpu_fixtures import nccl  # noqa: F401  (a fixture)
 from dist_utils import make_rollout_batch
+from gpu_fixtures import nccl  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def test_dynamic_bsz_counts_and_loss_normalisers_run_on_an_nccl_group(nccl):
+def test_dynamic_bsz_counts_and_loss_normalisers_run_on_an_nccl_group(nccl):  # noqa: F811
     """`RuntimeError: No backend type associated with device type cpu` from micro_batches._agree_on_count, before."""
     from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
     from rlcore.protocol import DataProto
@@ -26,16 +26,15 @@ def test_dynamic_bsz_counts_and_loss_normalisers_run_on_an_nccl_group(nccl):
 
 
 @pytest.mark.parametrize("family", ["tiny-qwen2.5-tied", "tiny-qwen3", "tiny-llama3.2"])
-def test_a_tied_model_syncs_into_the_native_rollout_on_cuda(nccl, tmp_path, family):
+def test_a_tied_model_syncs_into_the_native_rollout_on_cuda(nccl, tmp_path, family):  # noqa: F811
     """`KeyError: "rollout model has no weight 'lm_head.weight'"` at the first weight sync, before."""
+    from rlcore.data.tokenizer import build_char_tokenizer
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.fsdp2 import FSDP2Engine
     from rlcore.models.random_init import build_model_dir
     from rlcore.rollout.base import SamplingParams
     from rlcore.rollout.native import NativeRollout
     from rlcore.rollout.weight_sync import sync_weights
-
-    from rlcore.data.tokenizer import build_char_tokenizer
 
     path = build_model_dir(str(tmp_path / family), family, build_char_tokenizer())
     engine = FSDP2Engine(EngineSpec(model_path=path, param_dtype="bf16"), nccl)
@@ -45,10 +44,10 @@ def test_a_tied_model_syncs_into_the_native_rollout_on_cuda(nccl, tmp_path, fami
     assert out.response_mask.sum() > 0 and torch.isfinite(out.response_log_probs).all()
 
 
-def test_packed_log_probs_equal_padded_in_bf16_and_never_take_the_per_sequence_loop(nccl, tiny_model_dir):
+def test_packed_log_probs_equal_padded_in_bf16_and_never_take_the_per_sequence_loop(nccl, tiny_model_dir):  # noqa: F811
+    from rlcore.data.micro_batches import MicroBatchSpec
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.fsdp2 import FSDP2Engine
-    from rlcore.data.micro_batches import MicroBatchSpec
     from rlcore.models.varlen import packed_kernel
     from rlcore.protocol import DataProto
     from rlcore.workers.actor import compute_log_prob

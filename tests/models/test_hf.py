@@ -11,8 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from rlcore.config import compose
 from rlcore.engine.factory import engine_spec
-from rlcore.models.hf import (ModelLoadError, import_external_lib, load_causal_lm, load_config, load_tokenizer, load_value_model,
-                              policy_tokenizer)
+from rlcore.models.hf import ModelLoadError, import_external_lib, load_causal_lm, load_config, load_tokenizer, load_value_model, policy_tokenizer
 
 REMOTE_CODE = '''
 from transformers import AutoModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification, Qwen2Model

@@ -7,8 +7,7 @@ import torch
 from dist_utils import close_gloo, init_gloo, spawn_ranks
 
 from rlcore.models import logits as logits_mod
-from rlcore.models.logits import (TokenStats, entropy_from_logits, gather_log_probs, stack_channels, token_log_probs,
-                                  unstack_channels)
+from rlcore.models.logits import TokenStats, entropy_from_logits, gather_log_probs, stack_channels, token_log_probs, unstack_channels
 
 pytestmark = pytest.mark.numerics
 # Logits are float32 (as in training) and summed in another order (by chunk, by vocabulary shard): logsumexp and

@@ -4,10 +4,17 @@ import pytest
 import torch
 from dist_utils import make_rollout_batch
 
-from rlcore.models.hf import load_causal_lm
 from rlcore.models import varlen
-from rlcore.models.varlen import (VARLEN_ATTENTION, AttentionOptions, attention_implementation, pack_sequences, packed_causal_attention, packed_kernel,
-                                  unpack_responses)
+from rlcore.models.hf import load_causal_lm
+from rlcore.models.varlen import (
+    VARLEN_ATTENTION,
+    AttentionOptions,
+    attention_implementation,
+    pack_sequences,
+    packed_causal_attention,
+    packed_kernel,
+    unpack_responses,
+)
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
 

@@ -14,10 +14,10 @@ from PIL import Image
 from transformers import AutoConfig, AutoModelForImageTextToText
 
 from rlcore.data.multimodal import process_row
+from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.engine.base import EngineSpec, TokenRequest
 from rlcore.families.vision import TINY_VISION, placeholder_token_ids
 from rlcore.models.logits import gather_log_probs
-from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.vision import MULTI_MODAL_INPUTS, build_vl_model_dir, load_processor
 from rlcore.protocol import DataProto, position_ids_from_mask
 

@@ -15,7 +15,8 @@ def test_vllm_splits_query_heads_and_splits_or_replicates_kv_heads():
     cfg = compose(["recipe=llama_70b_multinode", "trainer.n_gpus_per_node=16", "actor_rollout_ref.rollout.tensor_model_parallel_size=16"])
     assert head_errors(cfg, llama70, "m") == []
     cfg = compose(["recipe=llama_70b_multinode", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"])
-    assert "use actor_rollout_ref.rollout.tensor_model_parallel_size=2 or actor_rollout_ref.rollout.tensor_model_parallel_size=4" in head_errors(cfg, llama70, "m")[0]
+    assert ("use actor_rollout_ref.rollout.tensor_model_parallel_size=2 or actor_rollout_ref.rollout.tensor_model_parallel_size=4"
+            in head_errors(cfg, llama70, "m")[0])
 
 
 def test_megatron_needs_both_head_counts_divisible_and_the_fix_fits_the_node():

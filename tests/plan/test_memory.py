@@ -12,12 +12,12 @@ from conftest import build_tiny_model_dir
 
 from rlcore.config import CONFIG_DIR, compose
 from rlcore.config.validate import diagnose
-from rlcore.plan import memory_plan
 from rlcore.families import arch_of
+from rlcore.plan import memory_plan
 from rlcore.plan.arch import BUILTIN
-from rlcore.utils.sizes import LOGITS_CHUNK_BYTES
 from rlcore.plan.memory import GIB, _activations, _training_state
 from rlcore.rollout.sizing import adapted_params
+from rlcore.utils.sizes import LOGITS_CHUNK_BYTES
 
 ARR = "actor_rollout_ref"
 RECIPES = sorted((Path(CONFIG_DIR).parent / "recipes").glob("*.yaml"))

@@ -5,8 +5,7 @@ import pytest
 
 from rlcore.config import compose
 from rlcore.config.validate import diagnose
-from rlcore.plan.micro_plan import (ACTOR_LOG_PROB, ACTOR_UPDATE, CRITIC_UPDATE, CRITIC_VALUES, REF_LOG_PROB, REWARD_MODEL,
-                                       TEACHER, MicroBatch, micro_batches)
+from rlcore.plan.micro_plan import ACTOR_LOG_PROB, ACTOR_UPDATE, CRITIC_UPDATE, CRITIC_VALUES, REF_LOG_PROB, REWARD_MODEL, TEACHER, MicroBatch, micro_batches
 from rlcore.plan.placement import placement
 from rlcore.plan.run_plan import plan_run
 

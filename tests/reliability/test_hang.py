@@ -4,8 +4,8 @@ that stopped answering and its log, and leaves no process of the run behind."""
 import time
 
 import pytest
-
 from e2e_utils import assert_no_workers_left, signalling_scorer, tiny_cfg
+
 from rlcore.train import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)

@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from rlcore.controller import ray_session
 
 REPO = Path(__file__).resolve().parents[2]

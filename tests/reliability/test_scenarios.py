@@ -12,8 +12,8 @@ import time
 
 import pytest
 import torch
-
 from e2e_utils import refuse_ray, tiny_cfg
+
 from rlcore.config.reward_model_schema import RewardModelConfig
 from rlcore.data.synthetic import make_addition_rows, write_parquet
 from rlcore.train import run

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from e2e_utils import signalling_scorer, tiny_cfg
+
 from rlcore.train import run
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # the pytest run's Ray cluster (tests/conftest.py)

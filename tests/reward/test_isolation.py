@@ -5,8 +5,8 @@ import time
 
 import pytest
 import torch
-
 from proc_utils import spawned_children
+
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.protocol import DataProto
 from rlcore.reward.isolation import IsolatedScorer

@@ -5,12 +5,12 @@ one base (multi-LoRA), switched per call."""
 
 import pytest
 import torch
+from conftest import build_tiny_llama_dir
 
 from rlcore.models import lora
 from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.native import NativeRollout
-from conftest import build_tiny_llama_dir
 
 pytestmark = pytest.mark.numerics
 IDS = torch.tensor([[0, 0, 7, 8, 9], [10, 11, 12, 13, 14], [0, 20, 21, 22, 23]])

@@ -6,15 +6,15 @@ import time
 
 import pytest
 import torch
+from test_agent_loop import every_turn_calls  # noqa: F401  (a fixture)
 
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.hf import load_causal_lm
+from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.models.random_init import build_model_dir
 from rlcore.models.router import ROUTES, Routing, to_routes
-from rlcore.models.logits import gather_log_probs, response_logits
 from rlcore.rollout.base import Carried, SamplingParams, Until, WeightGate, assemble_sequences
 from rlcore.rollout.native import NativeRollout
-from test_agent_loop import every_turn_calls  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.numerics  # compares floats across layouts/kernels: re-run under other CPU kernels (make test-numerics)
 
@@ -222,13 +222,15 @@ def test_a_failed_load_keeps_the_version_and_frees_the_gate():
         assert gate.active == 1
 
 
-def test_multi_turn_trajectories_record_a_load_between_turns_and_use_the_new_weights_after_it(tiny_model_dir, models, every_turn_calls):
+def test_multi_turn_trajectories_record_a_load_between_turns_and_use_the_new_weights_after_it(tiny_model_dir, models, every_turn_calls):  # noqa: F811
     """A sync while tools run (between two turns): the next turn prefills its history under the new weights (the
     kept KV is the old weights'), and each trajectory's versions span the load. Every sampled token's log-prob is
     its own turn's weights': turn 1 the old ones, later turns the new ones (fp32, 1e-5)."""
+    from test_agent_loop import EchoTools, stop_ids
+    from test_agent_loop import prompts as chat_prompts
+
     from rlcore.data.tokenizer import build_char_tokenizer
     from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
-    from test_agent_loop import EchoTools, prompts as chat_prompts, stop_ids
 
     old, new = models
     tokenizer = build_char_tokenizer()

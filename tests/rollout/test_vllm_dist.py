@@ -4,7 +4,6 @@ What comes back must be what the training forward computes, and DP replicas must
 
 import pytest
 import torch
-
 from conftest import build_tiny_llama_dir, build_tiny_model_dir
 from dist_utils import close_gloo, init_gloo, spawn_ranks
 

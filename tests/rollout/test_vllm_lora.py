@@ -4,11 +4,11 @@ the base loaded once by a sync, the adapters by `load_adapters`; greedy tokens e
 
 import pytest
 import torch
+from conftest import build_tiny_llama_dir
+from test_adapters import adapters_of, check_against, peft_model, redraw
 
 from rlcore.models import lora
 from rlcore.rollout.factory import build_rollout
-from test_adapters import adapters_of, check_against, peft_model, redraw
-from conftest import build_tiny_llama_dir
 
 pytestmark = pytest.mark.vllm
 

@@ -4,11 +4,11 @@ refused. `make test-vllm` runs it in .cache/vllm_venv."""
 
 import pytest
 import torch
+from conftest import build_tiny_model_dir
 
 from rlcore.models.hf import load_causal_lm
 from rlcore.protocol import position_ids_from_mask
 from rlcore.rollout.vllm_teacher import VLLMTeacher
-from conftest import build_tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 

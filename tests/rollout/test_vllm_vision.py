@@ -2,7 +2,6 @@
 the row's images, weights synced from HF's model (tower and language model) twice; the greedy tokens are HF's own
 generate's and the log-probs its forward's of the same tokens (fp32, 1e-5), on rows with zero, one and two images."""
 
-import io
 
 import numpy as np
 import pytest

@@ -204,8 +204,8 @@ def test_mlflow_key_keeps_allowed_characters_and_spells_out_at():
 
 
 def test_the_preflight_check_reports_logger_problems_before_ray_starts():
-    from rlcore.config import compose
     from rlcore.cli.preflight import preflight
+    from rlcore.config import compose
 
     errors = preflight(compose(["recipe=tiny_cpu", "trainer.logger=[console,tensorboard,swanlab]"]), "train").errors
     assert [e for e in errors if e.startswith("trainer.logger")] == [

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlcore.protocol import DataProto
 from rlcore.algos.group_filter import informative_samples
+from rlcore.protocol import DataProto
 from rlcore.trainer.dynamic_sampling import GroupCollector, sample_metric
 
 

@@ -12,8 +12,8 @@ import uuid
 
 import psutil
 import pytest
-
 from e2e_utils import SCORE_IN_CONTROLLER, assert_same_steps
+
 from rlcore.config import compose
 from rlcore.trainer.preemption import EXIT_CODE, StopNow, deferred_stop, resume_hint
 
@@ -146,7 +146,8 @@ def test_sigterm_mid_step_checkpoints_that_step_and_the_same_command_resumes_exa
     run(compose(straight), str(tmp_path / "straight"))
 
     # The preempted run: SIGTERM while step 2 is being scored.
-    command, run_dir, tag, sent = tiny_overrides(tiny_model_dir, tiny_task_dir, scorer, tmp_path / "ckpt"), tmp_path / "run", uuid.uuid4().hex, tmp_path / "sent"
+    command, run_dir, tag, sent = (tiny_overrides(tiny_model_dir, tiny_task_dir, scorer, tmp_path / "ckpt"), tmp_path / "run",
+                                   uuid.uuid4().hex, tmp_path / "sent")
     proc = train(command, run_dir, tag, STOP_AT_SAMPLE=str(SAMPLES_PER_STEP + 1), SIGNAL_SENT=str(sent))
     output = []
     try:

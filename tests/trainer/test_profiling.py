@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
-
 from e2e_utils import tiny_cfg
+
 from rlcore.config import compose
 from rlcore.config.schema import PPOConfig
 from rlcore.config.typed import typed

@@ -7,10 +7,10 @@ import os
 import pytest
 
 from rlcore.config import ConfigError
+from rlcore.telemetry.tracking import Tracker
 from rlcore.train_rm import compose_rm
 from rlcore.train_sft import compose_sft, sft_config_errors
 from rlcore.trainer.supervised import SupervisedTrainer, resume_point
-from rlcore.telemetry.tracking import Tracker
 from rlcore.workers.reward_trainer import RewardTrainerWorker
 from rlcore.workers.sft_trainer import SFTTrainerWorker
 

@@ -7,6 +7,7 @@ import threading
 import time
 
 from proc_utils import spawned_children
+
 from rlcore.utils.process_pool import ProcessPool, call_catching, serve
 
 

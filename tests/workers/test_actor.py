@@ -7,10 +7,10 @@ from dist_utils import assert_split_invariant, free_port, init_gloo, make_rollou
 from omegaconf import OmegaConf
 from transformers import AutoConfig
 
-from rlcore.engine.base import EngineSpec
-from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.data.micro_batches import MicroBatchSpec, make_micro_batches
 from rlcore.data.seqlen_balancing import budget_partitions
+from rlcore.engine.base import EngineSpec
+from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.protocol import DataProto
 from rlcore.workers.actor import compute_log_prob, make_policy_loss_fn, update_policy
 from rlcore.workers.common import mini_batch_counts

@@ -10,6 +10,7 @@ from rlcore.engine.base import EngineSpec
 from rlcore.plan.micro_plan import MicroBatch
 from rlcore.workers.common import RoleWorker
 
+
 def _engine(sp: int = 1, packed: bool = True):
     return SimpleNamespace(spec=EngineSpec(model_path="m", use_remove_padding=packed, ulysses_sp=sp))
 

@@ -6,10 +6,10 @@ from dist_utils import assert_split_invariant, free_port, init_gloo, make_rollou
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, Qwen2ForSequenceClassification
 
+from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.engine.base import EngineSpec
 from rlcore.engine.fsdp2 import FSDP2Engine
 from rlcore.models.hf import load_config, load_value_model
-from rlcore.data.micro_batches import MicroBatchSpec
 from rlcore.protocol import DataProto
 from rlcore.workers.common import mini_batch_counts
 from rlcore.workers.critic import compute_values, make_value_loss_fn, update_value

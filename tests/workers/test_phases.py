@@ -180,7 +180,6 @@ def test_bucket_megabytes_sizes_the_sync_and_free_cache_engine_sleeps_the_rollou
     """actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes reaches the actor's gather (and the
     generate phase's ledger counts the bucket it really held); free_cache_engine puts the rollout to sleep after."""
     from rlcore.config import compose
-    from rlcore.protocol import DataProto
 
     transient = []
     monkeypatch.setattr(phases, "enter", lambda engine, phase: None)

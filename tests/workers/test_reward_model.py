@@ -10,12 +10,12 @@ from dist_utils import close_gloo, free_port, init_gloo
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer, Qwen2ForSequenceClassification
 
-from rlcore.config.reward_model_schema import uses_token_budgets
 from rlcore.config import compose
+from rlcore.config.reward_model_schema import uses_token_budgets
+from rlcore.data.rm_inputs import right_aligned, same_tokenization, token_level
 from rlcore.models.hf import load_config
 from rlcore.protocol import DataProto
 from rlcore.reward.manager import RewardManager
-from rlcore.data.rm_inputs import right_aligned, same_tokenization, token_level
 from rlcore.rollout.base import RolloutOutput, assemble_sequences
 from rlcore.workers.reward_model import RewardModelWorker
 

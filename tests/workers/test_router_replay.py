@@ -12,11 +12,11 @@ from dist_utils import free_port, init_gloo
 from grpo_step import family_cfg, grpo_batch, prompts_batch
 
 from rlcore.config import ConfigError
-from rlcore.train import check_config
+from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.models.random_init import build_model_dir
 from rlcore.models.router import ROUTES
-from rlcore.data.tokenizer import build_char_tokenizer
 from rlcore.protocol import DataProto
+from rlcore.train import check_config
 from rlcore.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 pytestmark = pytest.mark.numerics  # compares floats across kernels: re-run under other CPU kernels (make test-numerics)

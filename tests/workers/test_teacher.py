@@ -27,8 +27,8 @@ def distill_cfg(student: str, other: str, task_dir: str, out_dir, *overrides: st
     """Teacher `same` (the student's own weights) for data_source a, teacher `other` (another, wider model) for b."""
     return family_cfg(student, task_dir, out_dir, f"{D}.enabled=True", f"+{D}.teacher_models.same.model_path={student}",
                       f"+{D}.teacher_models.same.key=a", f"+{D}.teacher_models.other.model_path={other}",
-                      f"+{D}.teacher_models.other.key=b", f"{D}.distillation_loss.topk={K}", "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.actor.use_kl_loss=False",
-                      *overrides)
+                      f"+{D}.teacher_models.other.key=b", f"{D}.distillation_loss.topk={K}", "actor_rollout_ref.rollout.temperature=1.0",
+                      "actor_rollout_ref.actor.use_kl_loss=False", *overrides)
 
 
 @pytest.fixture(scope="module")

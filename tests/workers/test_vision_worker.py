@@ -3,7 +3,6 @@ the training forward's (fp32, 1e-5), the update, a second sync the rollout follo
 trained, so synced every step) and on vLLM (`make test-vllm`; the tower frozen: the first sync carries it, later ones
 leave it out; and the HF export with the processor beside it). A whole run: tests/e2e/test_tiny_vllm.py.)"""
 
-import io
 
 import numpy as np
 import pytest

@@ -28,8 +28,8 @@ from rlcore.engine.megatron.routes import RouteReplay, RouterLoad
 from rlcore.engine.megatron.weights import export_hf, export_manifest, layer_map, load_hf
 from rlcore.families import family_of
 from rlcore.models.hf import load_config, to_torch_dtype
-from rlcore.models.lora import Adapters
 from rlcore.models.logits import TOKEN_CHANNELS, channel_names, stack_channels, token_log_probs
+from rlcore.models.lora import Adapters
 from rlcore.models.router import ROUTES
 from rlcore.utils.dist import ReduceOp, all_reduce_values, collective_timeout_minutes
 

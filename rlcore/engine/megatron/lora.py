@@ -24,9 +24,12 @@ import zlib
 import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, set_tensor_model_parallel_attributes
-from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
-                                                    reduce_from_tensor_model_parallel_region,
-                                                    reduce_scatter_to_sequence_parallel_region)
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
 
 from rlcore.config.names import LORA_A_INITS
 from rlcore.models.lora import LoraSpec

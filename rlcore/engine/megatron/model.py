@@ -219,8 +219,7 @@ def mark_tensor_parallel(model: torch.nn.Module) -> None:
     stride 2 (megatron-core's MLP passes it).
     Biases and the rest get theirs at construction. tests/engine/test_megatron_features.py compares them with
     megatron-core's own."""
-    from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                                      set_tensor_model_parallel_attributes)
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, set_tensor_model_parallel_attributes
 
     gated = model.config.gated_linear_unit
     for name, module in model.named_modules():

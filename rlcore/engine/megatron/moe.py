@@ -30,7 +30,6 @@ import torch
 from rlcore.families import is_moe, num_experts
 
 
-
 def layer_map(shared: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     """megatron-core name inside a MoE layer -> (kind, HF names inside model.layers.{i}); kinds as in weights.py.
     `shared`: the family's HF module of the shared expert(s) (rlcore.families: Megatron.shared_experts)."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state as mpu
-from megatron.core.transformer.moe.router_replay import RouterReplayAction
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
 from rlcore.engine.megatron.inputs import ModelInputs
 from rlcore.engine.megatron.moe import moe_columns
