@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from contextlib import ExitStack
 
 import pytest
@@ -132,8 +133,8 @@ def ray_cluster(request):
     a cluster of its own (ray_kwargs.ray_init.num_cpus: split pools and extra resource pools need more logical CPUs
     than the shared cluster's 2, which set each rank's threads) and must have shut it down at the end."""
     import ray
-
     from e2e_utils import assert_no_workers_left
+
     from rlcore.controller.ray_session import ray_cluster as local_cluster
 
     if request.node.get_closest_marker("own_ray_cluster"):
@@ -156,6 +157,7 @@ def ray_cluster(request):
 # the numerics passes keep their own) at the end of the run for `make test-durations` (tests/durations.py) to compare
 # with the checked-in baseline.
 _DURATIONS: dict[str, float] = {}
+_SUMMARY: list[str] = []
 _STARTED = [0.0]
 
 
@@ -170,10 +172,17 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import sys
     import time
 
     close_shared_ray()
+    if "rank_pool" in sys.modules:
+        rank_pool = sys.modules["rank_pool"]
+        rank_pool.close_all()
+        _SUMMARY.append("rank processes: " + ", ".join(f"{what} {n}" for what, n in rank_pool.COUNTS.items()))
+    from rlcore.controller.hosts import TOTALS
+
+    if TOTALS:  # how many worker processes the run's Ray groups started, and how many they found warm
+        _SUMMARY.append("worker hosts: " + ", ".join(f"{what} {n}" for what, n in sorted(TOTALS.items())))
     if not _DURATIONS:
         return
     import importlib.util
@@ -183,6 +192,11 @@ def pytest_sessionfinish(session, exitstatus):
     from durations import LAST, record
 
     record(os.environ.get("TEST_DURATIONS_FILE", LAST), _DURATIONS, time.monotonic() - _STARTED[0], sys.argv[1:])
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _SUMMARY:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ import pytest
 
 from rlcore.config import compose
 
-
 # The rule scorer runs in the controller (score_workers=0): the default's spawned scoring processes cost each run
 # about a second of set-up before its first step. Tests of scoring isolation (tests/reliability, tests/reward) ask
 # for the processes with reward_model.score_workers=2, and the learning tests run their recipes' defaults.
@@ -64,24 +63,32 @@ COMM_LEN = 15  # the kernel keeps a process's name in 15 characters (/proc/<pid>
 
 def assert_no_workers_left(timeout_s: float = 30.0) -> None:
     """A run on a cluster it joined (the tests' shared one) ended everything it started there: no actor alive, no
-    placement group kept, every CPU free and no actor's process still running. Killing is asynchronous: waits up to
-    `timeout_s` for it, then names what is left."""
+    placement group kept, every CPU free and no actor's process still running, but for the worker hosts parked for
+    the next run. Killing is asynchronous: waits up to `timeout_s` for it, then names what is left."""
     import psutil
     import ray
     from ray.util.placement_group import placement_group_table
 
+    from rlcore.controller.hosts import warm
+
     def left() -> list[str]:
-        table = ray._private.state.actors().values()
+        # The worker hosts parked for the next run, and their placement groups, are the cluster's (rlcore.controller.hosts)
+        actor_ids, pg_ids = warm().idle() if warm() else (set(), set())
+        pgs, every = placement_group_table(), ray._private.state.actors()
+        table = [a for actor_id, a in every.items() if actor_id not in actor_ids]
+        parked_pids = {every[actor_id]["Pid"] for actor_id in actor_ids if actor_id in every}
         actors = [f"actor {a['ActorClassName']} ({a['State']})" for a in table if a["State"] != "DEAD"]
-        groups = [f"placement group {pg_id[:8]} ({pg['state']})" for pg_id, pg in placement_group_table().items() if pg["state"] != "REMOVED"]
+        groups = [f"placement group {pg_id[:8]} ({pg['state']})" for pg_id, pg in pgs.items() if pg["state"] != "REMOVED" and pg_id not in pg_ids]
+        parked = sum(bundle.get("CPU", 0) for pg_id in pg_ids for bundle in pgs[pg_id]["bundles"].values())
         free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU")
-        cpus = [] if free == total else [f"{free} of {total} CPUs free"]
+        cpus = [] if free + parked == total else [f"{free} of {total} CPUs free ({parked} parked)"]
         # An actor's process is titled ray::<its class> (ray::<class>.<method> while in a call); the cluster's
         # processes are this one's descendants (it started the cluster), another pytest run's are not.
         # Compared on the kernel's 15 characters: a killed process being torn down has no command line left, so psutil
         # can only give its truncated name ("ray::ActorRollo") until it is gone.
         titles = tuple(f"ray::{a['ActorClassName']}"[:COMM_LEN] for a in table)
-        procs = [f"process {p.pid} {name}" for p in psutil.Process().children(recursive=True) if (name := _name(p))[:COMM_LEN].startswith(titles)]
+        procs = [f"process {p.pid} {name}" for p in psutil.Process().children(recursive=True)
+                 if p.pid not in parked_pids and (name := _name(p))[:COMM_LEN].startswith(titles)]
         return actors + groups + cpus + procs
 
     deadline = time.monotonic() + timeout_s

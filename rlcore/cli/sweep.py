@@ -4,7 +4,8 @@ Each job writes `summary.json` (held-out score last and best, training reward, s
 output directory; this callback, registered under `hydra.callbacks` in config/ppo_trainer.yaml, reads them back as
 jobs finish and prints the table at the end (with `trainer.verbosity=short` each job prints one line, not its
 report). Jobs that failed are listed with their error instead of numbers. It works with any sweeper (basic, Optuna)
-and with launchers that run jobs elsewhere, since it only reads the job directories.
+and with launchers that run jobs elsewhere, since it only reads the job directories. Jobs run in the sweep's own
+process share one local Ray cluster and its warm worker processes (rlcore.controller.ray_session).
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ class SweepSummary(Callback):
         self.rows: list[tuple[str, dict[str, Any] | None, str]] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from rlcore.controller.ray_session import keep_local_cluster
+
         self.rows = []
+        keep_local_cluster()  # the jobs share one Ray cluster and its warm worker processes
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         overrides = " ".join(job_return.overrides or [])
@@ -78,4 +82,7 @@ class SweepSummary(Callback):
             self.rows.append((overrides, None, f"failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rlcore.controller.ray_session import end_kept_cluster
+
+        end_kept_cluster()
         print(format_summary(self.rows), flush=True)

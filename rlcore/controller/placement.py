@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+from rlcore.controller.hosts import Parked, kill_all, warm
+
 
 @dataclass
 class ResourcePool:
@@ -20,7 +22,8 @@ class ResourcePool:
 
     `max_colocate_count` worker groups may share the pool: each rank of each group takes that fraction of the
     same bundle, so e.g. the actor and the critic run one process each on every device (their phases alternate,
-    and offload frees the device for the other). The placement groups live until `release()`.
+    and offload frees the device for the other). The placement groups live until `release()`, which parks them with
+    their idle worker hosts while rlcore's own cluster keeps hosts warm (rlcore.controller.hosts).
     """
 
     nnodes: int
@@ -30,6 +33,11 @@ class ResourcePool:
     cpus_per_rank: int = 1
     timeout_s: float = 120.0  # trainer.placement_timeout_s
     _pgs: list = field(default_factory=list, repr=False)
+    _idle: dict = field(default_factory=dict, repr=False)  # (rank, host options) -> idle host actors
+
+    def key(self) -> tuple:
+        """What makes two pools' placement groups interchangeable."""
+        return self.nnodes, self.n_gpus_per_node, self.device, self.cpus_per_rank
 
     @property
     def world_size(self) -> int:
@@ -45,17 +53,42 @@ class ResourcePool:
     def placement_groups(self) -> list:
         """One ready placement group per node, in node order (created on first use)."""
         if not self._pgs:
-            self._pgs = self._create_placement_groups()
+            parked = warm().take(self.key()) if warm() else None
+            if parked is not None:
+                self._pgs, self._idle = parked.pgs, parked.hosts
+            else:
+                self._pgs = self._create_placement_groups()
         return self._pgs
 
     def rank_bundle(self, rank: int) -> tuple[object, int]:
         """The (placement group, bundle index) rank `rank` runs in: node-major."""
         return self.placement_groups()[rank // self.n_gpus_per_node], rank % self.n_gpus_per_node
 
+    def take_host(self, rank: int, options: tuple):
+        """An idle host for `rank` started with `options` (rlcore.controller.hosts.host_options), or None."""
+        self.placement_groups()
+        idle = self._idle.get((rank, options))
+        if idle:
+            return idle.pop()
+        # Hosts started otherwise hold their share of the bundle a new host needs: they go
+        for (r, _), hosts in self._idle.items():
+            while r == rank and hosts:
+                ray.kill(hosts.pop())
+        return None
+
+    def park_host(self, rank: int, options: tuple, actor) -> bool:
+        """Keeps a retired rank's clean host for the next group on this pool, if hosts are kept warm."""
+        if warm() is None or not self._pgs:
+            return False
+        self._idle.setdefault((rank, options), []).append(actor)
+        return True
+
     def release(self) -> None:
-        for pg in self._pgs:
-            remove_placement_group(pg)
-        self._pgs = []
+        parked, self._pgs, self._idle = Parked(self.key(), self._pgs, self._idle), [], {}
+        if warm() is not None and parked.pgs:
+            warm().park(parked)
+        else:
+            kill_all(parked)
 
     def _create_placement_groups(self) -> list:
         """Node by node, each group on a node none of the earlier ones took (Ray's node-id label), so `nnodes`
@@ -85,8 +118,9 @@ class ResourcePool:
         return (f"Ray placed {placed} of trainer.nnodes={self.nnodes} nodes of {need} (trainer.n_gpus_per_node="
                 f"{self.n_gpus_per_node} ranks of {self.bundle()}) within {self.timeout_s:.0f}s (trainer.placement_timeout_s). "
                 f"The cluster has {len(nodes)} live node(s), {len(fit)} with room for one: {have}. "
-                f"{'Start ' + str(self.nnodes - len(fit)) + ' more node(s) (ray start --address=...) or lower trainer.nnodes' if len(fit) < self.nnodes else 'Free the resources other jobs hold'}"
-                f", or lower trainer.n_gpus_per_node (on CPU: ray_kwargs.ray_init.num_cpus).")
+                + ('Start ' + str(self.nnodes - len(fit)) + ' more node(s) (ray start --address=...) or lower trainer.nnodes'
+                   if len(fit) < self.nnodes else 'Free the resources other jobs hold')
+                + f", or lower trainer.n_gpus_per_node (on CPU: ray_kwargs.ray_init.num_cpus).")
 
 
 def placement_map(groups: dict) -> str:

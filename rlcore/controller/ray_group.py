@@ -13,6 +13,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlcore.controller.decorator import DISPATCH_ATTR, MESH_ATTR, DataLayout, dispatch_and_collect
+from rlcore.controller.hosts import Rank, host_class, host_options, warm
 from rlcore.controller.placement import ResourcePool
 from rlcore.controller.worker import node_ip
 
@@ -46,7 +47,6 @@ class RayWorkerGroup:
         # With record_calls (rlcore.telemetry.perf turns it on), every group call since the last drain_calls().
         self.record_calls, self.calls = False, []
         share = pool.share()
-        remote_cls = ray.remote(worker_cls)
         # On CPU a rank computes with the cores of its bundle (Ray would otherwise pin it to one thread per
         # requested CPU, and a colocated group's fractional share to one); colocated groups alternate phases, so
         # each of their processes may use the whole bundle.
@@ -57,22 +57,31 @@ class RayWorkerGroup:
         user = dict(runtime_env or {})
         env = {**env, **user.pop("env_vars", {})}
         actor_env = {**user, **({"env_vars": env} if env else {}), **({"nsight": nsight} if nsight else {})} or None
-        self.workers = [
-            remote_cls.options(
-                name=None,
-                num_cpus=share["CPU"],
-                num_gpus=share.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(*pool.rank_bundle(rank)),
-                runtime_env=actor_env,
-                max_concurrency=getattr(worker_cls, "max_concurrency", 1),  # >1: calls run in threads of the actor
-            ).remote(rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
-            for rank in range(self.world_size)
-        ]
+        concurrency = getattr(worker_cls, "max_concurrency", 1)  # >1: calls run in threads of the actor
+        options = host_options(worker_cls.__name__, share["CPU"], share.get("GPU", 0), concurrency, actor_env)
+        self.workers = [Rank(self._host(worker_cls.__name__, rank, options, share, concurrency, actor_env), options)
+                        for rank in range(self.world_size)]
+        try:
+            ray.get([w.actor.build.remote(worker_cls, rank=rank, world_size=self.world_size, device=pool.device, **init_kwargs)
+                     for rank, w in enumerate(self.workers)])
+        except BaseException:
+            for w in self.workers:  # a role that failed to build leaves its host in no known state
+                ray.kill(w.actor)
+            raise
         self._layouts: dict[str | None, list[DataLayout]] = {None: [DataLayout(r, self.world_size) for r in range(self.world_size)]}
         master_addr, master_port = ray.get(self.workers[0].get_master_addr_port.remote())
         ray.get([w.init_process_group.remote(master_addr, master_port, collective_timeout_s) for w in self.workers])
         self.processes = ray.get([w.process_info.remote() for w in self.workers])
         self._bind_registered_methods(worker_cls)
+
+    def _host(self, role: str, rank: int, options: tuple, share: dict, concurrency: int, runtime_env: dict | None):
+        """An idle host of the pool started with `options` (its imports done), else a new one in rank's bundle."""
+        actor = self.pool.take_host(rank, options)
+        if warm() is not None:
+            warm().count("reused" if actor is not None else "started")
+        return actor or host_class(role).options(
+            num_cpus=share["CPU"], num_gpus=share.get("GPU", 0), runtime_env=runtime_env, max_concurrency=concurrency,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(*self.pool.rank_bundle(rank))).remote()
 
     def _bind_registered_methods(self, worker_cls: type) -> None:
         for name, fn in inspect.getmembers(worker_cls, predicate=inspect.isfunction):
@@ -166,15 +175,21 @@ class RayWorkerGroup:
         return "\n".join(lines)
 
     def kill(self, graceful: bool = True) -> None:
-        """Tears the group down: destroys the process group (if graceful) and kills the actors. The pool's
-        placement group stays (another group may share it): `pool.release()` frees it."""
+        """Tears the group down: each rank leaves its process group (if graceful) and its host is parked for the
+        next group on the pool where it is clean and hosts are kept warm (rlcore.controller.hosts), else killed.
+        The pool's placement group stays (another group may share it): `pool.release()` frees it."""
+        left = None
         if graceful and not self.stuck:  # a rank blocked in a collective would not answer the shutdown call
             try:
-                ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+                left = ray.get([w.actor.retire.remote() for w in self.workers], timeout=30)
             except Exception:
                 pass  # a dead actor cannot tear down its process group; killing it is what matters
-        for w in self.workers:
-            ray.kill(w)
+        for rank, w in enumerate(self.workers):
+            clean = left is not None and not left[rank]
+            if warm() is not None and left is not None:
+                warm().count("parked" if clean else "dirty", left[rank])
+            if not (clean and self.pool.park_host(rank, w.options, w.actor)):
+                ray.kill(w.actor)
 
 
 class WorkerHang(RuntimeError):
@@ -195,7 +210,7 @@ def _outcome(ref) -> Any:
     """A finished call's result, or its exception wrapped (a result may itself be any object)."""
     try:
         return ray.get(ref)
-    except Exception as err:  # noqa: BLE001: the caller sorts the errors
+    except Exception as err:  # noqa: BLE001 -- the caller sorts the errors
         return _Raised(err)
 
 
@@ -209,7 +224,7 @@ def _process_state(pid: int) -> str:
         import psutil
 
         status = psutil.Process(pid).status()
-    except Exception:  # noqa: BLE001: gone, or psutil cannot see it
+    except Exception:  # noqa: BLE001 -- gone, or psutil cannot see it
         return "no longer running"
     if status == "stopped":
         return "STOPPED (SIGSTOP or a debugger): this is the rank holding the others"

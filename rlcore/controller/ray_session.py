@@ -7,12 +7,17 @@
   dashboard and runtime-env agents, workers) down with it: measured gone 0.2 s after the kill with Ray 2.x here,
   and tests/reliability/test_ray_session.py asserts it within 30 s.
 A cluster joined through trainer/RAY_ADDRESS is never touched.
+
+While a cluster rlcore started lasts, the worker hosts of torn-down groups are kept warm for the next run on it
+(rlcore.controller.hosts): a test session's runs, a sweep's jobs.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import json
 import os
 import signal
 import threading
@@ -20,6 +25,7 @@ import threading
 import psutil
 import ray
 
+from rlcore.controller.hosts import end_warm, keep_warm
 from rlcore.controller.ray_group import init_ray
 
 GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
@@ -75,21 +81,67 @@ def _exit_on_sigterm(previous, signum, frame):
 
 @contextlib.contextmanager
 def ray_cluster(address: str | None, num_cpus: int | None, runtime_env: dict | None = None):
-    """Joins `address` / RAY_ADDRESS, or starts a local cluster that is gone when the block exits (see module doc).
+    """Joins `address` / RAY_ADDRESS, or starts a local cluster that is gone when the block exits (see module doc),
+    or, between `keep_local_cluster()` and `end_kept_cluster()` (a sweep's jobs), joins the one kept for them.
     Yields whether this run started the cluster."""
+    if _KEPT.active and not (address or os.environ.get("RAY_ADDRESS")):
+        _kept(num_cpus, runtime_env)
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM)
     started, session_dir = False, None
     try:
         started = init_ray(address, num_cpus, runtime_env)
         session_dir = _session_dir() if started else None
+        if started:
+            keep_warm()
         if in_main:  # after ray.init, which installs a handler of its own
             signal.signal(signal.SIGTERM, functools.partial(_exit_on_sigterm, previous))
         yield started
     finally:
         if started:
+            end_warm()
             ray.shutdown()
         if session_dir:
             stop_processes(session_processes(session_dir))  # what outlived ray.shutdown() (agents, stuck workers)
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+# A sweep's jobs share one local cluster, and the worker hosts it keeps warm (rlcore.controller.hosts), instead of
+# each starting and stopping its own: its start is ~6 s and its workers' imports ~5 s per group on a 2-core CPU.
+# The cluster starts with the first job that needs it and again when a job asks for other ray_init settings.
+class _Kept:
+    active = False
+    stack: contextlib.ExitStack | None = None
+    key: tuple | None = None
+
+
+_KEPT = _Kept()
+
+
+def keep_local_cluster() -> None:
+    """From now, runs without a cluster address share one local cluster (rlcore.cli.sweep, at a sweep's start)."""
+    end_kept_cluster()
+    _KEPT.active = True
+    atexit.register(end_kept_cluster)
+
+
+def end_kept_cluster() -> None:
+    """Shuts the kept cluster down (at the sweep's end, or its process's)."""
+    stack, _KEPT.active, _KEPT.stack, _KEPT.key = _KEPT.stack, False, None, None
+    if stack is not None:
+        stack.close()
+
+
+def _kept(num_cpus: int | None, runtime_env: dict | None) -> None:
+    key = (num_cpus, json.dumps(runtime_env or {}, sort_keys=True))
+    if _KEPT.stack is not None and _KEPT.key == key and ray.is_initialized():
+        return
+    if _KEPT.stack is not None:
+        _KEPT.stack.close()
+    stack, _KEPT.active = contextlib.ExitStack(), False  # (the cluster below is a plain one)
+    try:
+        stack.enter_context(ray_cluster(None, num_cpus, runtime_env))
+    finally:
+        _KEPT.active = True
+    _KEPT.stack, _KEPT.key = stack, key

@@ -1,9 +1,12 @@
 """The multirun summary: job rows from each job's summary.json, failures listed, and a real 2-job sweep."""
 
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,7 +80,9 @@ def test_multirun_runs_each_job_in_its_own_directory_and_prints_the_table(tiny_m
         "trainer.save_freq=-1",
         f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.sweep.dir={sweep_dir}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Ray's sessions in a folder of the sweep's own (short: Ray's socket paths must fit in 107 characters)
+    ray_tmp = tempfile.mkdtemp(prefix="rls", dir="/tmp")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)
     # A session of its own: every process the sweep starts (its Ray clusters' too) carries its session id, its pid.
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -99,7 +104,10 @@ def test_multirun_runs_each_job_in_its_own_directory_and_prints_the_table(tiny_m
     ends = [line for line in stdout.splitlines() if line.startswith("rlcore: ") and ": held-out " in line]
     assert len(ends) == 2 and all(str(sweep_dir) in line for line in ends), stdout[-3000:]
     assert not any(text in stdout for text in ("memory plan:", "batch plan:", "rank -> node map", "step:1 -", "utilisation report")), stdout[-3000:]
-    # each job started its own local Ray cluster and shut it down: no process of them left behind
+    # The jobs shared one local Ray cluster (and its warm worker processes), shut down at the sweep's end: one Ray
+    # session for two jobs, no process of it left behind.
+    assert len(glob.glob(os.path.join(ray_tmp, "ray", "session_2*"))) == 1, os.listdir(os.path.join(ray_tmp, "ray"))
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     # A process killed as a job's cluster stopped is torn down by the kernel a moment later: gone within seconds,
     # not necessarily at the instant the sweep returns (seen once: a 'python' process still 'running').
     deadline = time.monotonic() + 30

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.controller.decorator import Dispatch, register
+from rlcore.controller.hosts import warm
 from rlcore.controller.ray_group import RayWorkerGroup, ResourcePool
 from rlcore.controller.worker import Worker
 from rlcore.protocol import DataProto
@@ -88,7 +89,9 @@ def test_worker_group_dispatch_over_gloo(ray_cluster):
     finally:
         group.kill()
         pool.release()
-    # The placement group's CPUs are returned once the pool is released.
+    # The placement group's CPUs are returned once the pool is released (and the hosts kept warm are let go: the
+    # shared cluster parks the pool for the next run, tests/controller/test_hosts.py).
+    warm().close()
     ray.get(ray.remote(num_cpus=2)(lambda: True).remote(), timeout=60)
 
 
