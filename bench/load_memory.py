@@ -44,8 +44,8 @@ def _rank(rank, port, world, model_dir, whole, out, kind="causal_lm"):
     import rlcore.engine.fsdp2 as fsdp2
     from rlcore.engine.base import EngineSpec
     from rlcore.engine.sharded_load import parameters_on_meta
-    from rlcore.models.hf import load_causal_lm, load_value_model
     from rlcore.models.experts import to_checkpoint_names
+    from rlcore.models.hf import load_causal_lm, load_value_model
     from rlcore.models.lora import LoraSpec
 
     init_gloo(rank, world, port)
@@ -117,16 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         config = AutoConfig.for_model(shape.pop("model_type"), max_position_embeddings=512, **shape)
         AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
         results = {}
+        # New rank processes each time (fresh=True): a rank's peak resident set is the measurement, and the whole-load
+        # mode patches fsdp2 in its process.
         if args.backend == "megatron":
             out = os.path.join(tmp, "megatron.pt")
-            spawn_ranks(_megatron_rank, args.world, lambda port: (port, args.world, model_dir, out))
+            spawn_ranks(_megatron_rank, args.world, lambda port: (port, args.world, model_dir, out), fresh=True)
             r = torch.load(out)
             print(f"megatron TP{args.world}, {args.shape}: peak host-memory growth per rank {r['growth'] / 2**30:.2f} GiB = "
                   f"{r['growth'] / r['full_bytes']:.2f} of the fp32 model  weights exact: {r['exact']}")
             return 0 if r["exact"] else 1
         for mode, whole in (("sharded", False), ("whole-then-shard", True)):
             out = os.path.join(tmp, f"{mode}.pt")
-            spawn_ranks(_rank, args.world, lambda port: (port, args.world, model_dir, whole, out, args.kind))
+            spawn_ranks(_rank, args.world, lambda port: (port, args.world, model_dir, whole, out, args.kind), fresh=True)
             results[mode] = torch.load(out)
     full = results["sharded"]["full_bytes"]
     print(f"{args.shape} ({args.kind}): {full / 4 / 1e6:.0f}M parameters, {full / 2**30:.2f} GiB in fp32, {args.world} ranks")

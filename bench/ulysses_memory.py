@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
                              num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=args.tokens, tie_word_embeddings=False)
         Qwen2ForCausalLM(config).save_pretrained(tmp)
         out = os.path.join(tmp, "results.pt")
-        spawn_ranks(_rank, 2, lambda port: (2, port, tmp, args, out))
+        spawn_ranks(_rank, 2, lambda port: (2, port, tmp, args, out), fresh=True)  # new processes: their peak memory is measured
         results = torch.load(out)
     print(f"one micro-batch of {args.rows} x {args.tokens} tokens, Qwen2 {args.layers} layers hidden {args.hidden}, "
           f"checkpointing {'on' if args.checkpointing else 'off'}; per rank (rank 0), MemTracker's peak by category:")

@@ -19,17 +19,23 @@ def init_gloo(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
 
 
-def spawn_ranks(fn, nprocs: int, args_for_port) -> None:
-    """`mp.spawn(fn, args_for_port(port), nprocs)` on a fresh port. A rank killed by a signal (a C++ abort in gloo's
-    transport threads, not a Python error) is retried once on a new port, loudly: CI saw it once, on a machine
-    where it never reproduced. A Python exception, or a second abort, fails the test."""
+def spawn_ranks(fn, nprocs: int, args_for_port, fresh: bool = False) -> None:
+    """`mp.spawn(fn, args_for_port(port), nprocs)` on a fresh port, in the pytest run's warm rank processes
+    (tests/rank_pool.py), or in new ones if `fresh` (what measures a process's memory, or patches its modules). A rank
+    killed by a signal (a C++ abort in gloo's transport threads, not a Python error) is retried once on a new port,
+    loudly: CI saw it once, on a machine where it never reproduced. A Python exception, or a second abort, fails the
+    test."""
     import sys
 
     import torch.multiprocessing as mp
+    from rank_pool import run_ranks
 
     for attempt in (1, 2):
         try:
-            mp.spawn(fn, args=args_for_port(free_port()), nprocs=nprocs, join=True)
+            if fresh:
+                mp.spawn(fn, args=args_for_port(free_port()), nprocs=nprocs, join=True)
+            else:
+                run_ranks(fn, nprocs, args_for_port(free_port()))
             return
         except mp.ProcessExitedException as e:
             if attempt == 2 or e.signal_name is None:
