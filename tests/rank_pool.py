@@ -6,9 +6,10 @@ and hands each test's function to them, as `mp.spawn(fn, args, nprocs)` would ru
 process at once, the first error (a raised exception, or a rank killed by a signal) failing the call the same way.
 
 A process serves the next test only if the test left it as a fresh one would be: no process group, no megatron-core
-parallel state; after each function its environment variables, torch's default dtype, grad mode and default
-generator's seed (a fresh process's) are put back. A rank that raised, died or left state behind ends the whole
-pool (its peers may be blocked in a collective with it): the next call starts fresh processes.
+parallel state, no vLLM engine ever built in it; after each function its environment variables, torch's default
+dtype, grad mode and default generator's seed (a fresh process's) are put back. A rank that raised, died or left
+state behind ends the whole pool (its peers may be blocked in a collective with it): the next call starts fresh
+processes.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _serve(rank: int, conn) -> None:
         except BaseException:  # noqa: BLE001 -- sent back to the test, as mp.spawn does
             error = traceback.format_exc()
         mpu = sys.modules.get("megatron.core.parallel_state")
-        dirty = dist.is_initialized() or (mpu is not None and mpu.model_parallel_is_initialized())
+        # (vLLM's distributed and compilation state outlive its engine: one engine per process)
+        dirty = dist.is_initialized() or (mpu is not None and mpu.model_parallel_is_initialized()) or "vllm" in sys.modules
         os.environ.clear()
         os.environ.update(environ)
         torch.set_default_dtype(torch.float32)

@@ -10,7 +10,8 @@ same place with the same process settings (role, environment, CPU/GPU share, con
 done.
 
 A host is parked only if its role left it as a fresh one would be: no process group, no thread the role started
-still running, no megatron-core parallel state (its globals live as long as the process). Otherwise, and for the
+still running, no megatron-core parallel state and no vLLM engine ever built in it (their globals live as long as the
+process). Otherwise, and for the
 hosts of a group torn down after a failure, it is killed. A cluster joined through an address never keeps hosts:
 parked hosts hold their placement group's devices, which another job on that cluster may need.
 """
@@ -65,9 +66,12 @@ class WorkerHost:
         mpu = sys.modules.get("megatron.core.parallel_state")
         if mpu is not None and mpu.model_parallel_is_initialized():
             left.append("megatron-core's parallel state")
-        # (threads of C++ code that called into Python, seen as _DummyThread, belong to the libraries: Ray's, gloo's)
-        threads = [t.name for t in threading.enumerate()
-                   if t.ident not in self.baseline and t.is_alive() and not isinstance(t, threading._DummyThread)]
+        if "vllm" in sys.modules:  # its distributed and compilation state outlive an engine: one engine per process
+            left.append("vLLM's process state")
+        # (threads of C++ code that called into Python, seen as _DummyThread, belong to the libraries: Ray's, gloo's;
+        # so does tqdm's monitor, one per process)
+        threads = [t.name for t in threading.enumerate() if t.ident not in self.baseline and t.is_alive()
+                   and not isinstance(t, threading._DummyThread) and t.name != "tqdm_monitor"]
         return left + [f"thread {name}" for name in threads]
 
 
