@@ -10,8 +10,8 @@ same place with the same process settings (role, environment, CPU/GPU share, con
 done.
 
 A host is parked only if its role left it as a fresh one would be: no process group, no thread the role started
-still running, no megatron-core parallel state and no vLLM engine ever built in it (their globals live as long as the
-process). Otherwise, and for the
+still running, megatron-core's parallel state reset, and no vLLM engine ever built in it (its globals live as long as
+the process). Otherwise, and for the
 hosts of a group torn down after a failure, it is killed. A cluster joined through an address never keeps hosts:
 parked hosts hold their placement group's devices, which another job on that cluster may need.
 """
@@ -64,6 +64,9 @@ class WorkerHost:
             torch.cuda.empty_cache()
         left = ["a process group"] if dist.is_initialized() else []
         mpu = sys.modules.get("megatron.core.parallel_state")
+        if mpu is not None and mpu.model_parallel_is_initialized() and not left:
+            # Its groups went with the process group; its globals still name them. The next role initialises its own.
+            mpu.destroy_model_parallel()
         if mpu is not None and mpu.model_parallel_is_initialized():
             left.append("megatron-core's parallel state")
         if "vllm" in sys.modules:  # its distributed and compilation state outlive an engine: one engine per process
