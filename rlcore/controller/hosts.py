@@ -1,19 +1,18 @@
 """Worker hosts: the processes a worker group's ranks run in, kept warm between the runs of one cluster.
 
 A rank of a worker group is a `WorkerHost` actor that builds the role it is given (a `Worker` subclass) and runs
-its methods (its actor class is named after the role, so `ps` and Ray's dashboard still say which role a process
-serves). Starting one costs a process and the imports of
-torch, transformers and rlcore (~5 s of a 2-core CPU, before any work). Where the cluster outlives the run -- the
-cluster rlcore itself started, while its `ray_cluster` block lasts: a test session, a Hydra sweep's jobs -- a
-torn-down rank's host is parked with the placement group it sits in, and the next worker group that asks for the
-same place with the same process settings (role, environment, CPU/GPU share, concurrency) gets it back, imports
-done.
+its methods; its actor class is named after the role, so `ps` and Ray's dashboard still say which role a process
+serves. Starting one costs a process and the imports of torch, transformers and rlcore (~5 s of a 2-core CPU, before
+any work). Where the cluster outlives the run -- the cluster rlcore itself started, while its `ray_cluster` block
+lasts: a test session, a Hydra sweep's jobs -- a torn-down rank's host is parked with the placement group it sits in,
+and the next worker group that asks for the same place with the same process settings (role, environment, CPU/GPU
+share, concurrency) gets it back, imports done.
 
 A host is parked only if its role left it as a fresh one would be: no process group, no thread the role started
-still running, megatron-core's parallel state reset, and no vLLM engine ever built in it (its globals live as long as
-the process). Otherwise, and for the
-hosts of a group torn down after a failure, it is killed. A cluster joined through an address never keeps hosts:
-parked hosts hold their placement group's devices, which another job on that cluster may need.
+still running, megatron-core's parallel state reset, and no vLLM engine ever built in it (vLLM's globals live as long
+as the process). Otherwise, and for the hosts of a group torn down after a failure, it is killed. A cluster joined
+through an address never keeps hosts: parked hosts hold their placement group's devices, which another job on that
+cluster may need.
 """
 
 from __future__ import annotations
