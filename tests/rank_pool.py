@@ -1,13 +1,13 @@
 """Warm rank processes for the tests that run N gloo ranks (tests/dist_utils.spawn_ranks).
 
 A spawned rank pays for a Python start and the imports of torch, transformers and rlcore (~5 s of a 2-core CPU)
-before its test's work; ~30 test modules spawn ranks. The pool keeps N processes per world size for the pytest run
+before its test's work; about 25 test modules spawn ranks. The pool keeps N processes per world size for the pytest run
 and hands each test's function to them, as `mp.spawn(fn, args, nprocs)` would run it: `fn(rank, *args)` in every
 process at once, the first error (a raised exception, or a rank killed by a signal) failing the call the same way.
 
 A process serves the next test only if the test left it as a fresh one would be: no process group, no megatron-core
 parallel state, no vLLM engine ever built in it; after each function its environment variables, torch's default
-dtype, grad mode and default generator's seed (a fresh process's) are put back. A rank that raised, died or left
+dtype, grad mode, thread count and default generator's seed (a fresh process's) are put back. A rank that raised, died or left
 state behind ends the whole pool (its peers may be blocked in a collective with it): the next call starts fresh
 processes.
 """
@@ -31,7 +31,7 @@ def _serve(rank: int, conn) -> None:
     import torch
     import torch.distributed as dist
 
-    environ = dict(os.environ)
+    environ, threads = dict(os.environ), torch.get_num_threads()
     while True:
         try:
             fn, args, path = conn.recv()
@@ -51,6 +51,7 @@ def _serve(rank: int, conn) -> None:
         os.environ.update(environ)
         torch.set_default_dtype(torch.float32)
         torch.set_grad_enabled(True)
+        torch.set_num_threads(threads)
         conn.send((error, dirty))
 
 
